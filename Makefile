@@ -1,0 +1,45 @@
+# walstream workspace. `make run` and `make test` install what they need first (idempotently).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Every dist of the workspace, core first (the others depend on it).
+DISTS := core plugins $(sort $(filter-out core/ plugins/,$(dir $(wildcard */pyproject.toml))))
+DEBIAN_PACKAGES := libaio1 fio
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test test-full lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
+	@missing=""; for pkg in $(DEBIAN_PACKAGES); do \
+	  dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]' $(foreach d,$(DISTS),-e ./$(d))
+	@touch $(STAMP)
+
+run: install
+	$(VENV)/bin/walstream demo
+
+lint: install
+	$(VENV)/bin/ruff check core plugins $(filter-out core/ plugins/,$(DISTS))
+	$(VENV)/bin/mypy core/src/walstream
+
+test: install
+	$(VENV)/bin/pytest -q -ra
+
+test-full: install
+	$(VENV)/bin/pytest -q -ra --soak
+
+bench: install
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) walstream-data

@@ -1,0 +1,117 @@
+"""The closed error taxonomy of walstream.
+
+Every failure a user can observe is an instance of one of the classes below. Backends translate
+their medium's errors into them (the conformance suite checks that they do). Each error says
+whether the operation **definitely did not happen** (``definitely_not_applied``) or **may have
+happened** (only :class:`AmbiguousError`, and :class:`FencedError` for writes that were in flight
+when the fence landed), and its message says what to do next.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "WalstreamError",
+    "FencedError",
+    "TailMismatchError",
+    "OutOfRangeError",
+    "StreamNotFound",
+    "StreamExists",
+    "CapacityError",
+    "CorruptionError",
+    "BackendUnavailable",
+    "AmbiguousError",
+    "ConfigError",
+    "NotFound",
+    "PreconditionFailed",
+    "Throttled",
+    "InvalidArgument",
+]
+
+
+class WalstreamError(Exception):
+    """Base of every error walstream raises on purpose."""
+
+    #: True when the failed operation certainly had no effect and may simply be retried.
+    definitely_not_applied: bool = True
+
+
+class ConfigError(WalstreamError, ValueError):
+    """A configuration value, key or plugin name is wrong. The message names the key."""
+
+
+class InvalidArgument(WalstreamError, ValueError):
+    """An API argument is malformed (empty batch, both ``start`` and ``tail_offset``, ...)."""
+
+
+class FencedError(WalstreamError):
+    """The writer lost ownership: a newer node epoch, stream epoch or fencing token won.
+
+    Nothing is acknowledged after this error. A write that was already in flight when the fence
+    landed may still be recovered by the new owner, so treat in-flight writes as ambiguous.
+    """
+
+
+class TailMismatchError(WalstreamError):
+    """``match_tail`` did not equal the stream's tail. Carries ``actual_tail``."""
+
+    def __init__(self, message: str, actual_tail: int) -> None:
+        super().__init__(message)
+        self.actual_tail = actual_tail
+
+
+class OutOfRangeError(WalstreamError):
+    """A read or trim position lies outside ``[start_offset, tail]``.
+
+    Carries ``start_offset`` and ``tail`` so the caller can resume at a valid position.
+    """
+
+    def __init__(self, message: str, start_offset: int, tail: int) -> None:
+        super().__init__(message)
+        self.start_offset = start_offset
+        self.tail = tail
+
+
+class StreamNotFound(WalstreamError, LookupError):
+    """No stream with this name or id (or it was deleted)."""
+
+
+class StreamExists(WalstreamError):
+    """A stream with this name already exists."""
+
+
+class CapacityError(WalstreamError):
+    """A bound was reached: a record larger than the WAL accepts, or back-pressure that did not
+    clear before the deadline. Nothing was written; retry later or raise the bound."""
+
+
+class CorruptionError(WalstreamError):
+    """Stored bytes failed a checksum, magic or structure check. Bad bytes are never returned."""
+
+
+class BackendUnavailable(WalstreamError):
+    """A backend could not be reached or refused service; the operation did not happen."""
+
+
+class Throttled(BackendUnavailable):
+    """The backend asked us to slow down (e.g. S3 ``503 SlowDown``)."""
+
+
+class NotFound(WalstreamError, LookupError):
+    """An object-store key does not exist."""
+
+
+class PreconditionFailed(WalstreamError):
+    """A conditional operation lost: ``put_if_absent`` found the key, a compare-and-set failed."""
+
+
+class AmbiguousError(WalstreamError):
+    """The operation may or may not have happened (e.g. a timeout after the request was sent).
+
+    Read back (``check_tail``, ``read``) to find out before retrying a non-idempotent write.
+    """
+
+    definitely_not_applied = False
+
+#: Object-store names for the same classes (DESIGN §7): ``Unavailable`` and ``DataError``.
+Unavailable = BackendUnavailable
+DataError = CorruptionError

@@ -1,0 +1,201 @@
+"""Reference in-memory backends. Small on purpose: they document the contracts.
+
+State lives in named, process-wide "volumes" so that closing a client and opening a new one on
+the same name sees the same data (the way a restart sees a disk). Nothing survives the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import BackendFactory, BuildContext, Option
+from .errors import FencedError, InvalidArgument, NotFound, PreconditionFailed
+from .objects import ObjectMeta, ObjectStore, ObjectStoreCapabilities, clamp_range
+from .wal import GroupCommitWal, PreparedGroup, WalCapabilities, WalMode, WalOffset, WalRecord
+
+__all__ = ["MemoryWal", "MemoryObjectStore", "MEMORY_WAL", "MEMORY_OBJECT_STORE"]
+
+
+@dataclass
+class _WalVolume:
+    records: list[WalRecord] = field(default_factory=list)
+    next_offset: int = 0
+    trim_offset: int = -1
+    owner_epoch: int = -1
+    used_bytes: int = 0
+
+
+_WAL_VOLUMES: dict[str, _WalVolume] = {}
+
+
+class MemoryWal(GroupCommitWal):
+    """A WAL in process memory. ``capacity_bytes`` bounds untrimmed bytes (back-pressure)."""
+
+    def __init__(
+        self,
+        name: str | None = None,
+        capacity_bytes: int = 256 << 20,
+        max_record_bytes: int = 16 << 20,
+        write_delay_s: float = 0.0,
+        **group_options: Any,
+    ) -> None:
+        super().__init__(
+            capabilities=WalCapabilities(
+                max_record_bytes=max_record_bytes,
+                capacity_bytes=capacity_bytes,
+                supports_failover=True,
+                survives_process_kill=False,
+                survives_power_loss=False,
+                shared_between_processes=False,
+            ),
+            **group_options,
+        )
+        self._volume = _WAL_VOLUMES.setdefault(name, _WalVolume()) if name else _WalVolume()
+        self._capacity_bytes = capacity_bytes
+        self._write_delay_s = write_delay_s
+        self._reserved_bytes = 0
+
+    async def _open(self, node_id: int, node_epoch: int, mode: WalMode) -> None:
+        volume = self._volume
+        if mode is not WalMode.READ_ONLY:
+            if node_epoch < volume.owner_epoch:
+                raise FencedError(
+                    f"memory WAL is owned by epoch {volume.owner_epoch} > {node_epoch}"
+                )
+            volume.owner_epoch = node_epoch
+
+    def _prepare_group(self, payloads: Sequence[bytes]) -> PreparedGroup:
+        from .errors import CapacityError
+
+        size = sum(len(payload) for payload in payloads)
+        if self._volume.used_bytes + self._reserved_bytes + size > self._capacity_bytes:
+            raise CapacityError(
+                f"memory WAL full: {self._volume.used_bytes} of {self._capacity_bytes} bytes "
+                "untrimmed"
+            )
+        self._reserved_bytes += size
+        offsets = []
+        for _ in payloads:
+            offsets.append(self._volume.next_offset)
+            self._volume.next_offset += 1
+        return PreparedGroup(offsets, list(payloads), state=size)
+
+    async def _write_group(self, group: PreparedGroup) -> None:
+        if self._write_delay_s:
+            await asyncio.sleep(self._write_delay_s)
+        volume = self._volume
+        self._reserved_bytes -= group.state
+        if volume.owner_epoch != self.node_epoch:
+            raise FencedError(
+                f"memory WAL was taken over by epoch {volume.owner_epoch}; "
+                f"this writer has epoch {self.node_epoch}"
+            )
+        for offset, payload in zip(group.offsets, group.payloads, strict=True):
+            volume.records.append(WalRecord(offset, payload))
+            volume.used_bytes += len(payload)
+
+    async def _recover(self) -> AsyncIterator[WalRecord]:
+        for record in list(self._volume.records):
+            if record.offset > self._volume.trim_offset:
+                yield record
+
+    async def _trim(self, offset: WalOffset) -> None:
+        volume = self._volume
+        if offset >= volume.next_offset:
+            raise InvalidArgument(f"trim({offset}) beyond the last offset {volume.next_offset - 1}")
+        volume.trim_offset = max(volume.trim_offset, offset)
+        offsets = [record.offset for record in volume.records]
+        cut = bisect.bisect_right(offsets, volume.trim_offset)
+        volume.used_bytes -= sum(len(record.data) for record in volume.records[:cut])
+        del volume.records[:cut]
+
+    async def _reset(self) -> None:
+        volume = self._volume
+        volume.records.clear()
+        volume.used_bytes = 0
+        volume.trim_offset = volume.next_offset - 1
+
+    async def _close(self) -> None:
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "memory", "untrimmed_bytes": self._volume.used_bytes}
+
+
+_OBJECT_VOLUMES: dict[str, dict[str, bytes]] = {}
+
+
+class MemoryObjectStore(ObjectStore):
+    capabilities = ObjectStoreCapabilities(conditional_put=True, list_page_size=1000)
+
+    def __init__(self, name: str | None = None) -> None:
+        self._objects: dict[str, bytes] = (
+            _OBJECT_VOLUMES.setdefault(name, {}) if name else {}
+        )
+
+    async def put(self, key: str, data: bytes) -> None:
+        self._objects[key] = bytes(data)
+
+    async def put_if_absent(self, key: str, data: bytes) -> None:
+        if key in self._objects:
+            raise PreconditionFailed(f"object {key!r} already exists")
+        self._objects[key] = bytes(data)
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        try:
+            data = self._objects[key]
+        except KeyError:
+            raise NotFound(f"no object {key!r}") from None
+        first, last = clamp_range(len(data), start, end)
+        return data[first:last]
+
+    async def head(self, key: str) -> ObjectMeta:
+        try:
+            return ObjectMeta(key, len(self._objects[key]))
+        except KeyError:
+            raise NotFound(f"no object {key!r}") from None
+
+    async def delete(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self._objects.pop(key, None)
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectMeta]:  # type: ignore[override]
+        for key in sorted(self._objects):
+            if key.startswith(prefix) and key in self._objects:
+                yield ObjectMeta(key, len(self._objects[key]))
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": "memory", "objects": len(self._objects)}
+
+
+def _make_memory_wal(options: dict[str, Any], context: BuildContext) -> MemoryWal:
+    return MemoryWal(
+        name=options["name"],
+        capacity_bytes=options["capacity"],
+        max_record_bytes=options["max_record_bytes"],
+    )
+
+
+MEMORY_WAL: BackendFactory[MemoryWal] = BackendFactory(
+    kind="wal",
+    name="memory",
+    description="WAL in process memory (tests, demos; nothing survives the process)",
+    options=(
+        Option("name", "str", "volume name: clients opened with the same name share the data"),
+        Option("capacity", "size", "untrimmed bytes it holds", default="256MiB"),
+        Option("max_record_bytes", "size", "largest append", default="16MiB"),
+    ),
+    create=_make_memory_wal,
+)
+
+MEMORY_OBJECT_STORE: BackendFactory[MemoryObjectStore] = BackendFactory(
+    kind="object_store",
+    name="memory",
+    description="objects in process memory (tests, demos)",
+    options=(Option("name", "str", "volume name shared by clients of one process"),),
+    create=lambda options, context: MemoryObjectStore(options["name"]),
+)

@@ -1,0 +1,248 @@
+"""The metadata contract (DESIGN §7): streams, objects and nodes, changed only by transactions."""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "StreamState",
+    "ObjectState",
+    "ObjectKind",
+    "NodeState",
+    "StreamInfo",
+    "StreamRange",
+    "ObjectInfo",
+    "ObjectCommit",
+    "NodeInfo",
+    "MetadataStore",
+]
+
+
+class StreamState(enum.Enum):
+    ACTIVE = "active"
+    DELETED = "deleted"
+
+
+class ObjectState(enum.Enum):
+    PREPARED = "prepared"
+    COMMITTED = "committed"
+    MARK_DESTROYED = "mark_destroyed"
+
+
+class ObjectKind(enum.Enum):
+    STREAM = "stream"
+    """Holds one stream's contiguous range."""
+    STREAM_SET = "stream_set"
+    """Holds ranges of several streams."""
+
+
+class NodeState(enum.Enum):
+    RUNNING = "running"
+    STOPPED = "stopped"
+    """Closed cleanly: its WAL holds nothing uncommitted."""
+    FAILING_OVER = "failing_over"
+    """Another node is recovering its WAL."""
+    FAILED_OVER = "failed_over"
+    """Its WAL was recovered by another node; its streams are released."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamInfo:
+    stream_id: int
+    name: str | None
+    epoch: int
+    """Bumped each time a node claims the stream for writing."""
+    start_offset: int
+    """First readable offset (moved by trim)."""
+    committed_end: int
+    """End of the data committed to object storage; the node's tail can be ahead of it."""
+    state: StreamState
+    owner_node_id: int | None
+    fencing_token: str | None = None
+    created_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamRange:
+    """A contiguous range ``[start_offset, end_offset)`` of one stream inside one object."""
+
+    stream_id: int
+    start_offset: int
+    end_offset: int
+    epoch: int = 0
+    """Stream epoch of the writer that uploaded it (checked at commit)."""
+    min_timestamp_ms: int = 0
+    max_timestamp_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    object_id: int
+    key: str
+    kind: ObjectKind
+    state: ObjectState
+    size: int
+    index_size: int
+    """Bytes of index block + footer at the object's end: one suffix GET reads both."""
+    ranges: tuple[StreamRange, ...] = ()
+    committed_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectCommit:
+    object_id: int
+    key: str
+    kind: ObjectKind
+    size: int
+    index_size: int
+    ranges: tuple[StreamRange, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    node_id: int
+    node_epoch: int
+    state: NodeState
+    wal_config: dict[str, Any] = field(default_factory=dict)
+    updated_ms: int = 0
+
+
+class MetadataStore(ABC):
+    """Durable catalogue of streams, objects and nodes.
+
+    Invariants (the conformance suite has a test named after each):
+
+    1. **atomic-commit** — :meth:`commit_objects` applies all of its objects and ranges or none.
+    2. **continuity** — a committed range of a stream starts exactly at the stream's
+       ``committed_end`` (else :class:`PreconditionFailed`), and moves it to the range's end.
+    3. **epochs-fence** — a commit whose ``node_epoch`` is not the node's current epoch, or whose
+       range epoch is not the stream's current epoch, raises :class:`FencedError`; so does a claim
+       or trim with a stale epoch.
+    4. **idempotent-commit** — repeating a commit whose objects are already committed with the
+       same ranges succeeds and changes nothing.
+    5. **prepared-ttl** — prepared object ids that are not committed before their TTL expire:
+       :meth:`expired_prepared` lists them (their keys may hold garbage to delete) and a late
+       commit of an expired id raises :class:`PreconditionFailed`.
+    6. **names-unique** — at most one ACTIVE stream has a given name; ids are never reused.
+    7. **trim-monotonic** — ``start_offset`` never moves backwards; objects wholly below it and
+       objects of deleted streams become MARK_DESTROYED.
+    8. **node-epochs** — :meth:`register_node` returns a node epoch greater than every earlier one
+       of that node; a failover bumps it again, fencing the old process.
+    9. **compaction-atomic** — :meth:`replace_objects` swaps source objects for their rewrite in
+       one transaction, and fails with :class:`PreconditionFailed` if a source changed.
+    10. **errors-typed** — failures are :mod:`walstream.errors` types.
+    """
+
+    # -- streams ------------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def create_stream(self, name: str | None) -> StreamInfo:
+        """Create an ACTIVE stream (``StreamExists`` if the name is taken)."""
+
+    @abstractmethod
+    async def get_stream(self, name_or_id: str | int) -> StreamInfo:
+        """The ACTIVE stream by name or id (``StreamNotFound`` otherwise)."""
+
+    @abstractmethod
+    async def get_streams(self, stream_ids: Sequence[int]) -> dict[int, StreamInfo]:
+        """Streams by id, including DELETED ones; unknown ids are absent from the result."""
+
+    @abstractmethod
+    async def list_streams(self, prefix: str = "") -> list[StreamInfo]:
+        """ACTIVE streams whose name starts with ``prefix``, by id."""
+
+    @abstractmethod
+    async def delete_stream(self, stream_id: int) -> None:
+        """Mark DELETED; its objects' ranges are dropped (objects left empty are destroyed)."""
+
+    @abstractmethod
+    async def claim_stream(self, stream_id: int, node_id: int, node_epoch: int) -> StreamInfo:
+        """Make ``node_id`` the writer: bump the stream epoch and set the owner.
+
+        Allowed when the stream has no owner, is owned by ``node_id``, or its owner's node
+        state is STOPPED or FAILED_OVER; otherwise :class:`FencedError` naming the owner.
+        """
+
+    @abstractmethod
+    async def release_streams(self, node_id: int, node_epoch: int) -> None:
+        """Clear ``owner_node_id`` of every stream owned by ``node_id``."""
+
+    @abstractmethod
+    async def trim_stream(self, stream_id: int, epoch: int, new_start: int) -> StreamInfo:
+        """Move ``start_offset`` forward (never back); ``epoch`` must be the stream's epoch."""
+
+    @abstractmethod
+    async def set_fencing_token(self, stream_id: int, epoch: int, token: str | None) -> None: ...
+
+    # -- objects ------------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def prepare_objects(self, count: int, ttl_ms: int) -> list[int]:
+        """Reserve ``count`` new, never-reused object ids, expiring after ``ttl_ms``."""
+
+    @abstractmethod
+    async def commit_objects(
+        self, node_id: int, node_epoch: int, objects: Sequence[ObjectCommit]
+    ) -> None:
+        """Commit uploaded objects in one transaction (invariants 1–4).
+
+        Ranges of DELETED streams are dropped; an object left with no range is MARK_DESTROYED.
+        """
+
+    @abstractmethod
+    async def replace_objects(
+        self, source_ids: Sequence[int], new_objects: Sequence[ObjectCommit]
+    ) -> None:
+        """Compaction: mark ``source_ids`` MARK_DESTROYED and commit ``new_objects`` covering the
+        same ranges (the new ranges keep their streams' committed data unchanged)."""
+
+    @abstractmethod
+    async def get_objects(
+        self, stream_id: int, start_offset: int, end_offset: int | None = None, limit: int = 100
+    ) -> list[ObjectInfo]:
+        """COMMITTED objects holding data of ``stream_id`` in ``[start_offset, end_offset)``,
+        ordered by the stream's offsets; each ``ranges`` holds only that stream's range."""
+
+    @abstractmethod
+    async def list_objects(
+        self, state: ObjectState | None = None, kind: ObjectKind | None = None
+    ) -> list[ObjectInfo]:
+        """Objects (with all their ranges), by id."""
+
+    @abstractmethod
+    async def expired_prepared(self, now_ms: int) -> list[int]:
+        """Prepared ids whose TTL has passed; marks them expired (a late commit then fails)."""
+
+    @abstractmethod
+    async def forget_objects(self, object_ids: Sequence[int]) -> None:
+        """Drop MARK_DESTROYED or expired-prepared objects once their keys are deleted."""
+
+    # -- nodes --------------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def register_node(self, node_id: int, wal_config: dict[str, Any]) -> NodeInfo:
+        """Start a node: bump its epoch, state RUNNING, remember its WAL config."""
+
+    @abstractmethod
+    async def get_node(self, node_id: int) -> NodeInfo | None: ...
+
+    @abstractmethod
+    async def list_nodes(self) -> list[NodeInfo]: ...
+
+    @abstractmethod
+    async def set_node_state(self, node_id: int, node_epoch: int, state: NodeState) -> None:
+        """Change state if ``node_epoch`` is current (else :class:`FencedError`)."""
+
+    @abstractmethod
+    async def begin_failover(self, node_id: int) -> NodeInfo:
+        """Bump the dead node's epoch (fencing it) and set FAILING_OVER; returns the new info."""
+
+    async def close(self) -> None:
+        """Release connections; idempotent."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": type(self).__name__}

@@ -1,0 +1,238 @@
+"""Records, batches and the batch codec (DESIGN §6).
+
+A **batch** is the unit that is appended atomically and stored with identical bytes in the WAL and
+in objects::
+
+    magic u8 | stream_id i64 | epoch i64 | base_offset i64 | count i32 | payload_len i32 | payload
+
+(33-byte header, big-endian). The payload is ``count`` records, each::
+
+    timestamp_ms i64 | key_len i32 (-1 = no key) | key | value_len i32 | value
+    | header_count u16 | (name_len u16 | name utf-8 | hvalue_len i32 | hvalue)*
+
+The batch itself carries no checksum: the enclosing WAL record or object data block does.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from .errors import CorruptionError, InvalidArgument
+
+__all__ = [
+    "Record",
+    "SequencedRecord",
+    "AppendAck",
+    "ReadResult",
+    "BatchHeader",
+    "BATCH_MAGIC",
+    "BATCH_HEADER",
+    "encode_batch",
+    "decode_batch_header",
+    "decode_batch",
+    "iter_batches",
+    "record_size",
+]
+
+BATCH_MAGIC = 0xB1  # batch format version 1
+BATCH_HEADER = struct.Struct(">BqqqiI")
+assert BATCH_HEADER.size == 33
+
+_REC_TS_KEYLEN = struct.Struct(">qi")
+_I32 = struct.Struct(">i")
+_U16 = struct.Struct(">H")
+_MAX_I32 = 2**31 - 1
+
+Headers = tuple[tuple[str, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A record to append. ``timestamp_ms=None`` takes the node's clock at append time."""
+
+    value: bytes
+    key: bytes | None = None
+    headers: Headers = ()
+    timestamp_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.value, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"Record.value must be bytes, not {type(self.value).__name__}")
+        if self.key is not None and not isinstance(self.key, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"Record.key must be bytes or None, not {type(self.key).__name__}")
+        if not isinstance(self.headers, tuple):
+            object.__setattr__(self, "headers", tuple(self.headers))
+        for header in self.headers:
+            if (
+                len(header) != 2
+                or not isinstance(header[0], str)
+                or not isinstance(header[1], (bytes, bytearray, memoryview))
+            ):
+                raise InvalidArgument(f"Record.headers must be (str, bytes) pairs, got {header!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class SequencedRecord:
+    """A record as read back: its stream offset and the stored fields."""
+
+    offset: int
+    value: bytes
+    key: bytes | None = None
+    headers: Headers = ()
+    timestamp_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AppendAck:
+    """``[start, end)`` are the offsets the batch got; ``tail`` is the stream's tail after it."""
+
+    start: int
+    end: int
+    tail: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    records: list[SequencedRecord] = field(default_factory=list)
+    tail: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    stream_id: int
+    epoch: int
+    base_offset: int
+    count: int
+    payload_len: int
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.count
+
+    @property
+    def size(self) -> int:
+        return BATCH_HEADER.size + self.payload_len
+
+
+def record_size(record: Record | SequencedRecord) -> int:
+    """Bytes a record takes in a batch payload (used for ``limit_bytes`` and accounting)."""
+    size = 8 + 4 + 4 + 2 + len(record.value) + (len(record.key) if record.key is not None else 0)
+    for name, value in record.headers:
+        size += 2 + len(name.encode()) + 4 + len(value)
+    return size
+
+
+def encode_batch(
+    stream_id: int,
+    epoch: int,
+    base_offset: int,
+    records: Sequence[Record],
+    timestamps_ms: Sequence[int],
+) -> bytes:
+    """Encode ``records`` with their resolved timestamps into one batch."""
+    if not records:
+        raise InvalidArgument("a batch needs at least one record")
+    parts: list[bytes] = []
+    append = parts.append
+    for record, timestamp_ms in zip(records, timestamps_ms, strict=True):
+        key = record.key
+        if key is None:
+            append(_REC_TS_KEYLEN.pack(timestamp_ms, -1))
+        else:
+            append(_REC_TS_KEYLEN.pack(timestamp_ms, len(key)))
+            append(bytes(key))
+        append(_I32.pack(len(record.value)))
+        append(bytes(record.value))
+        append(_U16.pack(len(record.headers)))
+        for name, value in record.headers:
+            name_bytes = name.encode()
+            append(_U16.pack(len(name_bytes)))
+            append(name_bytes)
+            append(_I32.pack(len(value)))
+            append(bytes(value))
+    payload = b"".join(parts)
+    if len(payload) > _MAX_I32:
+        raise InvalidArgument(f"batch payload of {len(payload)} bytes exceeds 2 GiB")
+    header = BATCH_HEADER.pack(BATCH_MAGIC, stream_id, epoch, base_offset, len(records), len(payload))
+    return header + payload
+
+
+def decode_batch_header(data: bytes | memoryview, position: int = 0) -> BatchHeader:
+    if len(data) - position < BATCH_HEADER.size:
+        raise CorruptionError(f"truncated batch header at byte {position}")
+    magic, stream_id, epoch, base_offset, count, payload_len = BATCH_HEADER.unpack_from(
+        data, position
+    )
+    if magic != BATCH_MAGIC:
+        raise CorruptionError(f"bad batch magic 0x{magic:02x} at byte {position}")
+    if count <= 0 or base_offset < 0:
+        raise CorruptionError(f"bad batch header (count={count}, base={base_offset}) at {position}")
+    if len(data) - position - BATCH_HEADER.size < payload_len:
+        raise CorruptionError(f"truncated batch payload at byte {position}")
+    return BatchHeader(stream_id, epoch, base_offset, count, payload_len)
+
+
+def decode_batch(
+    data: bytes | memoryview, position: int = 0
+) -> tuple[BatchHeader, list[SequencedRecord]]:
+    """Decode one batch starting at ``position``; raise :class:`CorruptionError` on bad bytes."""
+    header = decode_batch_header(data, position)
+    view = memoryview(data)
+    pos = position + BATCH_HEADER.size
+    end = pos + header.payload_len
+    records: list[SequencedRecord] = []
+    try:
+        for index in range(header.count):
+            timestamp_ms, key_len = _REC_TS_KEYLEN.unpack_from(view, pos)
+            pos += 12
+            key: bytes | None
+            if key_len < 0:
+                key = None
+            else:
+                key = bytes(view[pos : pos + key_len])
+                pos += key_len
+            (value_len,) = _I32.unpack_from(view, pos)
+            pos += 4
+            if value_len < 0 or pos + value_len > end:
+                raise CorruptionError("record value overruns its batch")
+            value = bytes(view[pos : pos + value_len])
+            pos += value_len
+            (header_count,) = _U16.unpack_from(view, pos)
+            pos += 2
+            headers: list[tuple[str, bytes]] = []
+            for _ in range(header_count):
+                (name_len,) = _U16.unpack_from(view, pos)
+                pos += 2
+                name = bytes(view[pos : pos + name_len]).decode()
+                pos += name_len
+                (hvalue_len,) = _I32.unpack_from(view, pos)
+                pos += 4
+                headers.append((name, bytes(view[pos : pos + hvalue_len])))
+                pos += hvalue_len
+            if pos > end:
+                raise CorruptionError("record overruns its batch")
+            records.append(
+                SequencedRecord(header.base_offset + index, value, key, tuple(headers), timestamp_ms)
+            )
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise CorruptionError(f"malformed record in batch at byte {position}: {exc}") from exc
+    if pos != end:
+        raise CorruptionError(f"batch payload length mismatch at byte {position}")
+    return header, records
+
+
+def iter_batches(data: bytes | memoryview) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield ``(position, header)`` of consecutive batches filling ``data`` exactly."""
+    position = 0
+    total = len(data)
+    while position < total:
+        header = decode_batch_header(data, position)
+        yield position, header
+        position += header.size
+
+
+def batch_records(data: bytes | memoryview) -> Iterable[SequencedRecord]:
+    for position, _ in iter_batches(data):
+        yield from decode_batch(data, position)[1]

@@ -1,0 +1,447 @@
+"""The write-ahead log contract and the shared group-commit machinery every WAL plugin builds on.
+
+A plugin implements a handful of medium-specific primitives on top of :class:`GroupCommitWal`
+(``_open``, ``_prepare_group``, ``_write_group``, ``_recover``, ``_trim``, ``_reset``,
+``_close``); grouping of concurrent appends, the sliding window of in-flight writes, in-order
+acknowledgement and error translation live here, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .clock import Clock, SystemClock
+from .errors import (
+    AmbiguousError,
+    BackendUnavailable,
+    CapacityError,
+    FencedError,
+    InvalidArgument,
+    WalstreamError,
+)
+
+__all__ = [
+    "WalOffset",
+    "WalMode",
+    "WalCapabilities",
+    "WalRecord",
+    "WriteAheadLog",
+    "GroupCommitWal",
+    "PreparedGroup",
+]
+
+log = logging.getLogger(__name__)
+
+#: A position in one WAL. Strictly increasing in append order; its unit is the WAL's own
+#: (a byte position on a block device, a record sequence number on S3, ...).
+WalOffset = int
+
+
+class WalMode(enum.Enum):
+    READ_WRITE = "read_write"
+    """Own the WAL: recover it, then append and trim."""
+    FAILOVER = "failover"
+    """Take over a dead node's WAL: fence its writer, recover, trim/reset; no appends."""
+    READ_ONLY = "read_only"
+    """Inspect: recover only, never write, never fence."""
+
+
+@dataclass(frozen=True)
+class WalCapabilities:
+    """What a WAL promises; the conformance suite skips tests whose capability is missing."""
+
+    max_record_bytes: int
+    """Largest ``data`` one ``append`` accepts."""
+    capacity_bytes: int | None = None
+    """Untrimmed bytes the WAL can hold (``None``: unbounded). The engine keeps well below it."""
+    supports_failover: bool = False
+    """``start(mode=FAILOVER)`` by another process fences the old writer."""
+    survives_process_kill: bool = True
+    """Acknowledged records survive SIGKILL of the writing process."""
+    survives_power_loss: bool = True
+    """Acknowledged records were synced to stable media (not only to the OS page cache)."""
+    shared_between_processes: bool = True
+    """Another process can open the same WAL (restart, failover). False for in-memory WALs."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WalRecord:
+    offset: WalOffset
+    data: bytes
+
+
+class WriteAheadLog(ABC):
+    """A durable, ordered log of opaque records owned by one node.
+
+    Lifecycle: ``start`` → ``recover`` (iterate to the end) → optionally ``reset`` → ``append`` /
+    ``trim`` … → ``close``.
+
+    Invariants (the conformance suite has a test named after each):
+
+    1. **ack-order** — futures returned by :meth:`append` complete in call order; a record is
+       acknowledged only once it and every record appended before it are durable.
+    2. **acked-recovered** — every acknowledged, untrimmed record is yielded by :meth:`recover`
+       after a restart (after a process kill too, when ``survives_process_kill``).
+    3. **recover-order-exactly-once** — :meth:`recover` yields records in append order, each
+       once, with the offset :meth:`append` returned and the exact bytes. It may also yield
+       records whose append failed ambiguously, but never bytes that were not appended.
+    4. **offsets-increase** — offsets strictly increase in append order, across restarts.
+    5. **trim-inclusive** — after ``trim(offset)``, no record at an offset ``<= offset`` is
+       recovered again, also after a restart; trimming is idempotent and never goes backwards.
+    6. **reset** — after ``reset()``, :meth:`recover` yields nothing and new offsets are greater
+       than every earlier offset.
+    7. **capacity** — ``append`` of more than ``capabilities.max_record_bytes`` raises
+       :class:`CapacityError` at once and writes nothing; when untrimmed records fill the WAL,
+       appends wait for a trim, then fail with :class:`CapacityError`.
+    8. **fencing** — once another process started the WAL in ``FAILOVER`` mode with a higher
+       node epoch, none of the old writer's later appends is acknowledged: they fail with
+       :class:`FencedError`.
+    9. **errors-typed** — every failure is a :mod:`walstream.errors` type; a write that failed
+       after reaching the medium is :class:`AmbiguousError`, and after any failed write the WAL
+       refuses further appends (a hole must never be followed by an acknowledged record).
+    10. **close** — ``close`` waits for in-flight appends to finish; afterwards ``append`` raises.
+    """
+
+    capabilities: WalCapabilities
+
+    @abstractmethod
+    async def start(self, node_id: int, node_epoch: int, mode: WalMode) -> None: ...
+
+    @abstractmethod
+    def append(self, data: bytes) -> Awaitable[WalOffset]:
+        """Enqueue ``data`` now (call order is log order); await the result for durability."""
+
+    @abstractmethod
+    def recover(self) -> AsyncIterator[WalRecord]: ...
+
+    @abstractmethod
+    async def trim(self, offset: WalOffset) -> None: ...
+
+    @abstractmethod
+    async def reset(self) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-friendly description for ``walstream inspect`` and logs."""
+        return {"type": type(self).__name__}
+
+
+@dataclass
+class PreparedGroup:
+    """A group of records with offsets assigned, ready for ``_write_group``."""
+
+    offsets: list[WalOffset]
+    payloads: list[bytes]
+    state: Any = None
+    """Whatever the plugin needs to write the group (buffer, position, object key, ...)."""
+
+
+@dataclass
+class _Group:
+    prepared: PreparedGroup
+    futures: list[asyncio.Future[WalOffset]]
+    done: bool = False
+
+
+class GroupCommitWal(WriteAheadLog):
+    """Group commit with a sliding window of in-flight writes, acknowledged in order.
+
+    Grouping policy: when no write is in flight, pending records are written at once (an idle
+    appender never waits for company). While writes are in flight, records accumulate until a
+    window slot is free and either ``max_group_bytes`` is reached or the oldest pending record
+    has waited ``max_group_delay_s``.
+
+    Subclasses implement:
+
+    - ``_open(node_id, node_epoch, mode)``: open the medium; in FAILOVER mode, fence first.
+    - ``_prepare_group(payloads) -> PreparedGroup``: synchronous; assigns offsets in order.
+      Raise :class:`CapacityError` when the records do not fit until a trim frees space.
+    - ``async _write_group(group)``: make the group durable; groups may be written concurrently
+      (up to ``max_inflight``); re-check the fence before returning; raise a walstream error.
+    - ``_recover() -> AsyncIterator[WalRecord]``: the records after the trim point.
+    - ``async _trim(offset)``, ``async _reset()``, ``async _close()``.
+    """
+
+    def __init__(
+        self,
+        *,
+        capabilities: WalCapabilities,
+        max_group_bytes: int = 1 << 20,
+        max_group_delay_s: float = 0.002,
+        max_inflight: int = 4,
+        capacity_wait_s: float = 5.0,
+        clock: Clock | None = None,
+    ) -> None:
+        self.capabilities = capabilities
+        self.max_group_bytes = max_group_bytes
+        self.max_group_delay_s = max_group_delay_s
+        self.max_inflight = max(1, max_inflight)
+        self.capacity_wait_s = capacity_wait_s
+        self.clock: Clock = clock or SystemClock()
+        self.node_id = -1
+        self.node_epoch = -1
+        self.mode: WalMode | None = None
+        self._pending: deque[tuple[bytes, asyncio.Future[WalOffset]]] = deque()
+        self._write_tasks: set[asyncio.Task[None]] = set()
+        self._pending_bytes = 0
+        self._pending_since = 0.0
+        self._inflight: deque[_Group] = deque()
+        self._wake: asyncio.Event | None = None
+        self._trimmed_event: asyncio.Event | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._failure: WalstreamError | None = None
+        self._writable = False
+        self._closed = False
+
+    # -- the contract ---------------------------------------------------------------------------
+
+    async def start(self, node_id: int, node_epoch: int, mode: WalMode) -> None:
+        if self.mode is not None:
+            raise InvalidArgument("WAL already started")
+        self.node_id, self.node_epoch, self.mode = node_id, node_epoch, mode
+        await self._open(node_id, node_epoch, mode)
+        self._wake = asyncio.Event()
+        self._trimmed_event = asyncio.Event()
+        if mode is WalMode.READ_WRITE:
+            self._flusher = asyncio.create_task(self._flush_loop(), name=f"wal-flush-{node_id}")
+
+    def append(self, data: bytes) -> asyncio.Future[WalOffset]:
+        self._check_can_write("append")
+        if not self._writable:
+            raise InvalidArgument("call recover() (to the end) or reset() before append()")
+        if self._failure is not None:
+            raise BackendUnavailable(
+                f"the WAL refused appends after an earlier failure ({self._failure}); "
+                "restart the node so recovery can resolve what was written"
+            )
+        if len(data) > self.capabilities.max_record_bytes:
+            raise CapacityError(
+                f"record of {len(data)} bytes exceeds this WAL's maximum of "
+                f"{self.capabilities.max_record_bytes} bytes; split the batch"
+            )
+        future: asyncio.Future[WalOffset] = asyncio.get_running_loop().create_future()
+        if not self._pending:
+            self._pending_since = self.clock.monotonic()
+        self._pending.append((bytes(data), future))
+        self._pending_bytes += len(data)
+        assert self._wake is not None
+        self._wake.set()
+        return future
+
+    async def recover(self) -> AsyncIterator[WalRecord]:  # type: ignore[override]
+        if self.mode is None:
+            raise InvalidArgument("start() the WAL before recover()")
+        async for record in self._recover():
+            yield record
+        if self.mode is WalMode.READ_WRITE:
+            self._writable = True
+
+    async def trim(self, offset: WalOffset) -> None:
+        self._check_can_write("trim")
+        await self._trim(offset)
+        if self._trimmed_event is not None:
+            self._trimmed_event.set()
+
+    async def reset(self) -> None:
+        self._check_can_write("reset")
+        if self._pending or self._inflight:
+            raise InvalidArgument("reset() with appends in flight")
+        await self._reset()
+        if self.mode is WalMode.READ_WRITE:
+            self._writable = True
+        if self._trimmed_event is not None:
+            self._trimmed_event.set()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._flusher is not None:
+            assert self._wake is not None
+            self._wake.set()
+            try:
+                await self._flusher
+            finally:
+                self._flusher = None
+        await self._close()
+
+    # -- primitives for subclasses ------------------------------------------------------------------
+
+    @abstractmethod
+    async def _open(self, node_id: int, node_epoch: int, mode: WalMode) -> None: ...
+
+    @abstractmethod
+    def _prepare_group(self, payloads: Sequence[bytes]) -> PreparedGroup: ...
+
+    @abstractmethod
+    async def _write_group(self, group: PreparedGroup) -> None: ...
+
+    @abstractmethod
+    def _recover(self) -> AsyncIterator[WalRecord]: ...
+
+    @abstractmethod
+    async def _trim(self, offset: WalOffset) -> None: ...
+
+    @abstractmethod
+    async def _reset(self) -> None: ...
+
+    @abstractmethod
+    async def _close(self) -> None: ...
+
+    # -- machinery ------------------------------------------------------------------------------------
+
+    @property
+    def failed(self) -> WalstreamError | None:
+        """The failure that stopped appends, if any."""
+        return self._failure
+
+    def _check_can_write(self, operation: str) -> None:
+        if self._closed:
+            raise InvalidArgument(f"{operation}() on a closed WAL")
+        if self.mode is None:
+            raise InvalidArgument(f"start() the WAL before {operation}()")
+        if self.mode is WalMode.READ_ONLY:
+            raise InvalidArgument(f"{operation}() on a WAL opened READ_ONLY")
+        if self.mode is WalMode.FAILOVER and operation == "append":
+            raise InvalidArgument("append() on a WAL opened for FAILOVER; it only recovers")
+
+    async def _flush_loop(self) -> None:
+        changed = self._wake
+        assert changed is not None
+        while True:
+            changed.clear()
+            if not self._pending:
+                if self._closed and not self._inflight:
+                    return
+                await changed.wait()
+                continue
+            if len(self._inflight) >= self.max_inflight:
+                await changed.wait()
+                continue
+            if self._inflight and not self._closed and self._pending_bytes < self.max_group_bytes:
+                remaining = self.max_group_delay_s - (self.clock.monotonic() - self._pending_since)
+                if remaining > 0:
+                    try:
+                        await asyncio.wait_for(changed.wait(), remaining)
+                    except TimeoutError:
+                        pass
+                    if self.clock.monotonic() - self._pending_since < self.max_group_delay_s:
+                        continue
+            await self._seal_and_write()
+
+    def _take_pending(self) -> list[tuple[bytes, asyncio.Future[WalOffset]]]:
+        taken: list[tuple[bytes, asyncio.Future[WalOffset]]] = []
+        size = 0
+        while self._pending and (not taken or size + len(self._pending[0][0]) <= self.max_group_bytes):
+            item = self._pending.popleft()
+            taken.append(item)
+            size += len(item[0])
+        self._pending_bytes -= size
+        self._pending_since = self.clock.monotonic()
+        return taken
+
+    async def _seal_and_write(self) -> None:
+        items = self._take_pending()
+        payloads = [data for data, _ in items]
+        futures = [future for _, future in items]
+        if self._failure is not None:
+            self._fail_futures(futures, self._failure)
+            return
+        deadline = self.clock.monotonic() + self.capacity_wait_s
+        while True:
+            try:
+                prepared = self._prepare_group(payloads)
+                break
+            except CapacityError as exc:
+                remaining = deadline - self.clock.monotonic()
+                if remaining <= 0 or self._closed:
+                    # Nothing of this group nor of the pending ones was written: a definite
+                    # failure, and the WAL stays usable once trimmed.
+                    self._fail_futures(futures, exc)
+                    rest = [future for _, future in self._pending]
+                    self._pending.clear()
+                    self._pending_bytes = 0
+                    self._fail_futures(rest, exc)
+                    return
+                assert self._trimmed_event is not None
+                self._trimmed_event.clear()
+                try:
+                    await asyncio.wait_for(self._trimmed_event.wait(), min(remaining, 0.05))
+                except TimeoutError:
+                    pass
+            except WalstreamError as exc:
+                self._record_failure(exc)
+                self._fail_futures(futures, self._failure or exc)
+                return
+        group = _Group(prepared, futures)
+        self._inflight.append(group)
+        task = asyncio.create_task(self._run_write(group))
+        self._write_tasks.add(task)
+        task.add_done_callback(self._write_tasks.discard)
+
+    async def _run_write(self, group: _Group) -> None:
+        try:
+            await self._write_group(group.prepared)
+        except BaseException as exc:  # noqa: BLE001 - every failure must fail the group
+            self._record_failure(exc)
+            # Acknowledge nothing from here on: this group and every later one fail.
+            failure = self._failure
+            assert failure is not None
+            while self._inflight:
+                failed = self._inflight.popleft()
+                self._fail_futures(failed.futures, failure)
+            rest = [future for _, future in self._pending]
+            self._pending.clear()
+            self._pending_bytes = 0
+            self._fail_futures(rest, failure)
+            self._wake_flusher()
+            if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, SystemExit)):
+                raise
+            return
+        group.done = True
+        while self._inflight and self._inflight[0].done:
+            finished = self._inflight.popleft()
+            for future, offset in zip(finished.futures, finished.prepared.offsets, strict=True):
+                if not future.done():
+                    future.set_result(offset)
+        self._wake_flusher()
+
+    def _wake_flusher(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _record_failure(self, exc: BaseException) -> None:
+        if self._failure is not None:
+            return
+        if isinstance(exc, FencedError):
+            self._failure = exc
+        elif isinstance(exc, AmbiguousError):
+            self._failure = exc
+        else:
+            ambiguous = AmbiguousError(
+                f"WAL write failed after it was issued ({type(exc).__name__}: {exc}); "
+                "the records may or may not be recovered after a restart"
+            )
+            ambiguous.__cause__ = exc
+            self._failure = ambiguous
+        log.error("WAL node=%s failed: %s", self.node_id, self._failure)
+
+    @staticmethod
+    def _fail_futures(
+        futures: Sequence[asyncio.Future[WalOffset]], exc: BaseException
+    ) -> None:
+        for future in futures:
+            if not future.done():
+                future.set_exception(exc)
+                # The engine may have stopped awaiting; keep asyncio from logging it twice.
+                future.exception()
