@@ -26,6 +26,10 @@ __all__ = [
     "BuildContext",
     "validate_options",
     "BackendKind",
+    "CacheConfig",
+    "UploadConfig",
+    "CompactionConfig",
+    "EngineConfig",
 ]
 
 #: Version of the interfaces in walstream.wal/objects/metadata. A plugin built for another
@@ -201,6 +205,9 @@ class BackendFactory(Generic[T]):
     provision: Callable[[Path], Any] | None = None
     """Optional: make a throwaway instance for the conformance suite; given a temp folder, it
     returns a context manager yielding the options dict for ``create``."""
+    inspect: Callable[[Path], Any] | None = None
+    """Optional (WALs): decode and verify the medium at a path for ``walstream inspect wal``;
+    returns an iterable of printable lines and raises CorruptionError on damage it cannot pass."""
 
     def build(self, section: Mapping[str, Any], context: BuildContext, key_prefix: str) -> T:
         return self.create(validate_options(self, section, context.base_dir, key_prefix), context)
@@ -240,3 +247,48 @@ def validate_options(
                 default = option.parse(default, f"{key_prefix}.{option.name}", base_dir)
             result[option.name] = default
     return result
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    log_cache_bytes: int = 256 << 20
+    """Bound of the LogCache (hot tail); appends wait (back-pressure) when un-uploaded data
+    reaches it."""
+    block_cache_bytes: int = 128 << 20
+    """Bound of the BlockCache (LRU of object data blocks) for cold reads."""
+    readahead_min_bytes: int = 512 << 10
+    readahead_max_bytes: int = 32 << 20
+
+
+@dataclass(frozen=True)
+class UploadConfig:
+    max_bytes: int = 32 << 20
+    """Seal the active LogCache block and upload it at this size …"""
+    max_interval_s: float = 0.25
+    """… or at this age."""
+    split_bytes: int = 8 << 20
+    """A stream with at least this much data in a block gets its own stream object."""
+    max_concurrency: int = 4
+    """Objects uploaded at once (commits stay in FIFO order)."""
+    prepare_ttl_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class CompactionConfig:
+    enabled: bool = True
+    interval_s: float = 30.0
+    min_objects: int = 4
+    """Compact when at least this many small objects wait."""
+    small_object_bytes: int = 8 << 20
+    """Stream-set objects and stream objects below this size are compaction candidates."""
+    max_object_bytes: int = 256 << 20
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    node_id: int = 1
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    upload: UploadConfig = field(default_factory=UploadConfig)
+    compaction: CompactionConfig = field(default_factory=CompactionConfig)
+    append_timeout_s: float = 30.0
+    """How long an append waits under back-pressure before failing with CapacityError."""
