@@ -1,0 +1,512 @@
+"""The object format (DESIGN §6): round trips, block cutting, index search, GET counts,
+corruption and truncation."""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections import Counter
+from collections.abc import Iterable
+
+import crc32c
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from walstream.errors import CorruptionError, InvalidArgument
+from walstream.memory import MemoryObjectStore
+from walstream.object_format import (
+    FOOTER_SIZE,
+    INDEX_ENTRY_SIZE,
+    OBJECT_MAGIC,
+    BuiltObject,
+    IndexEntry,
+    ObjectBuilder,
+    ObjectIndex,
+    decode_block,
+    decode_block_records,
+    describe_object,
+    object_key,
+    parse_footer,
+    parse_index,
+    read_index,
+    verify_object,
+)
+from walstream.records import Record, SequencedRecord, encode_batch
+
+StreamBatches = list[tuple[int, list[list[Record]]]]
+"""(stream_id, batches) in the order streams are added; each stream starts at offset 1000·id."""
+
+
+def _start_of(stream_id: int) -> int:
+    return 1000 * stream_id
+
+
+def _timestamp(stream_id: int, offset: int) -> int:
+    return 1_700_000_000_000 + stream_id * 1_000_000 + offset
+
+
+def build(streams: StreamBatches, block_target_bytes: int = 1 << 20) -> BuiltObject:
+    builder = ObjectBuilder(block_target_bytes)
+    for stream_id, batches in streams:
+        offset = _start_of(stream_id)
+        for records in batches:
+            timestamps = [_timestamp(stream_id, offset + i) for i in range(len(records))]
+            builder.add_batch(encode_batch(stream_id, 3, offset, records, timestamps))
+            offset += len(records)
+    return builder.finish()
+
+
+def expected_records(stream_id: int, batches: Iterable[list[Record]]) -> list[SequencedRecord]:
+    flat = [record for records in batches for record in records]
+    start = _start_of(stream_id)
+    return [
+        SequencedRecord(
+            start + i,
+            bytes(record.value),
+            None if record.key is None else bytes(record.key),
+            tuple((name, bytes(value)) for name, value in record.headers),
+            _timestamp(stream_id, start + i),
+        )
+        for i, record in enumerate(flat)
+    ]
+
+
+def read_stream(
+    data: bytes, index: ObjectIndex, stream_id: int, start: int, end: int | None = None
+) -> list[SequencedRecord]:
+    records: list[SequencedRecord] = []
+    for entry in index.blocks_for(stream_id, start, end):
+        block = data[entry.position : entry.position + entry.size]
+        records.extend(decode_block_records(block, entry))
+    return records
+
+
+def small_streams() -> StreamBatches:
+    """Three streams, added out of id order, several small blocks each (target 120 bytes)."""
+    return [
+        (7, [[Record(b"seven-%d" % i, key=b"k%d" % i)] for i in range(5)]),
+        (2, [[Record(b"", key=None), Record(b"two", headers=(("h", b"v"),))] for _ in range(3)]),
+        (5, [[Record(b"five" * 10, key=b"", headers=(("a", b""), ("b", b"bb")))]]),
+    ]
+
+
+class CountingStore(MemoryObjectStore):
+    """A real in-memory store that counts the GETs a reader makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets = 0
+
+    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        self.gets += 1
+        return await super().get(key, start, end)
+
+
+# ---------------------------------------------------------------- round trips
+
+
+def test_round_trip_through_index_and_blocks() -> None:
+    streams = small_streams()
+    built = build(streams, block_target_bytes=120)
+    index = parse_index(built.data[-built.index_size :], len(built.data))
+    assert index.index_size == built.index_size
+    assert index.stream_ids() == [2, 5, 7]
+    for stream_id, batches in streams:
+        assert read_stream(built.data, index, stream_id, 0) == expected_records(stream_id, batches)
+
+
+def test_slices_describe_each_stream_in_added_order() -> None:
+    streams = small_streams()
+    built = build(streams, block_target_bytes=120)
+    index = verify_object(built.data)
+    assert [s.stream_id for s in built.slices] == [7, 2, 5]
+    for piece in built.slices:
+        blocks = index.blocks_for(piece.stream_id, 0)
+        assert piece.start_offset == _start_of(piece.stream_id) == blocks[0].start_offset
+        assert piece.end_offset == blocks[-1].end_offset
+        assert piece.record_count == piece.end_offset - piece.start_offset
+        assert piece.size == sum(block.size for block in blocks)
+    assert sum(piece.size for piece in built.slices) + built.index_size == len(built.data)
+
+
+def test_decode_block_returns_the_exact_batch_bytes() -> None:
+    builder = ObjectBuilder()
+    batches = [
+        encode_batch(4, 9, offset, [Record(b"v%d" % offset)] * 2, [offset, offset])
+        for offset in range(0, 10, 2)
+    ]
+    for batch in batches:
+        builder.add_batch(batch)
+    built = builder.finish()
+    (entry,) = parse_index(built.data, len(built.data)).entries
+    decoded = decode_block(built.data[entry.position : entry.position + entry.size], entry)
+    assert [batch for _, batch in decoded] == batches
+    assert [header.base_offset for header, _ in decoded] == [0, 2, 4, 6, 8]
+    assert all(header.epoch == 9 for header, _ in decoded)
+
+
+_records = st.lists(
+    st.builds(
+        Record,
+        value=st.binary(max_size=300),
+        key=st.none() | st.binary(max_size=20),
+        headers=st.lists(
+            st.tuples(st.text(max_size=8), st.binary(max_size=16)), max_size=3
+        ).map(tuple),
+    ),
+    min_size=1,
+    max_size=6,
+)
+_streams = st.lists(
+    st.tuples(st.integers(0, 2**40), st.lists(_records, min_size=1, max_size=8)),
+    min_size=1,
+    max_size=5,
+    unique_by=lambda pair: pair[0],
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    streams=_streams,
+    block_target_bytes=st.sampled_from([1, 64, 500, 4096, 1 << 20]),
+    data=st.data(),
+)
+def test_property_records_in_equal_records_out(
+    streams: StreamBatches, block_target_bytes: int, data: st.DataObject
+) -> None:
+    built = build(streams, block_target_bytes)
+    index = parse_index(built.data[-built.index_size :], len(built.data))
+    assert index.entries == sorted(index.entries, key=lambda e: (e.stream_id, e.start_offset))
+    for stream_id, batches in streams:
+        expected = expected_records(stream_id, batches)
+        assert read_stream(built.data, index, stream_id, 0) == expected
+        # A read from any offset finds the block holding it first.
+        offset = data.draw(st.integers(expected[0].offset, expected[-1].offset))
+        blocks = index.blocks_for(stream_id, offset, offset + 1)
+        assert len(blocks) == 1 and blocks[0].start_offset <= offset < blocks[0].end_offset
+        got = read_stream(built.data, index, stream_id, offset)
+        assert [r for r in got if r.offset >= offset] == expected[offset - expected[0].offset :]
+    assert verify_object(built.data).entries == index.entries
+
+
+# ---------------------------------------------------------------- block cutting
+
+
+def test_blocks_are_cut_near_one_mib() -> None:
+    batch_bytes = 100 << 10
+    builder = ObjectBuilder()
+    for offset in range(50):  # ~5 MiB of one stream
+        builder.add_batch(encode_batch(1, 0, offset, [Record(bytes(batch_bytes))], [0]))
+    built = builder.finish()
+    blocks = parse_index(built.data, len(built.data)).entries
+    assert len(blocks) == 5
+    for block in blocks[:-1]:
+        assert (1 << 20) - batch_bytes - 100 < block.size <= (1 << 20) + 4
+    assert blocks[-1].end_offset == 50
+
+
+def test_a_batch_larger_than_the_target_gets_a_block_of_its_own() -> None:
+    builder = ObjectBuilder()
+    small = encode_batch(1, 0, 0, [Record(b"small")], [0])
+    large = encode_batch(1, 0, 1, [Record(bytes(3 << 19))], [0])  # 1.5 MiB
+    builder.add_batch(small)
+    builder.add_batch(large)
+    builder.add_batch(encode_batch(1, 0, 2, [Record(b"after")], [0]))
+    built = builder.finish()
+    blocks = parse_index(built.data, len(built.data)).entries
+    assert [(b.start_offset, b.end_offset) for b in blocks] == [(0, 1), (1, 2), (2, 3)]
+    assert blocks[1].size == len(large) + 4
+
+
+def test_a_new_stream_starts_a_new_block_and_size_bytes_grows() -> None:
+    builder = ObjectBuilder()
+    assert builder.size_bytes == 0
+    first = encode_batch(1, 0, 0, [Record(b"a")], [0])
+    builder.add_batch(first)
+    assert builder.size_bytes == len(first) + 4
+    builder.add_batch(encode_batch(2, 0, 0, [Record(b"b")], [0]))
+    assert builder.size_bytes == 2 * (len(first) + 4)
+    built = builder.finish()
+    assert len(built.data) == builder.size_bytes + built.index_size
+    assert [(e.stream_id, e.size) for e in parse_index(built.data, len(built.data)).entries] == [
+        (1, len(first) + 4),
+        (2, len(first) + 4),
+    ]
+
+
+# ---------------------------------------------------------------- builder misuse
+
+
+def test_builder_rejects_gaps_regrouping_and_bad_batches() -> None:
+    builder = ObjectBuilder()
+    builder.add_batch(encode_batch(1, 0, 10, [Record(b"a")], [0]))
+    with pytest.raises(InvalidArgument, match="contiguous"):
+        builder.add_batch(encode_batch(1, 0, 12, [Record(b"a")], [0]))
+    builder.add_batch(encode_batch(2, 0, 0, [Record(b"b")], [0]))
+    with pytest.raises(InvalidArgument, match="together"):
+        builder.add_batch(encode_batch(1, 0, 11, [Record(b"a")], [0]))
+    with pytest.raises(InvalidArgument, match="exactly one batch"):
+        builder.add_batch(encode_batch(2, 0, 1, [Record(b"b")], [0]) * 2)
+    with pytest.raises(InvalidArgument, match="not an encoded batch"):
+        builder.add_batch(b"\x00" * 40)
+    built = builder.finish()
+    assert [s.end_offset for s in built.slices] == [11, 1]
+    with pytest.raises(InvalidArgument):
+        builder.add_batch(encode_batch(3, 0, 0, [Record(b"c")], [0]))
+    with pytest.raises(InvalidArgument, match="at least one batch"):
+        ObjectBuilder().finish()
+    with pytest.raises(InvalidArgument):
+        ObjectBuilder(block_target_bytes=0)
+
+
+# ---------------------------------------------------------------- index search
+
+
+def test_index_sorted_and_binary_search_finds_every_offset() -> None:
+    builder = ObjectBuilder(block_target_bytes=100)
+    # Physical order 9, 3, 7; the index must still sort by (stream_id, start_offset).
+    layout = {9: (50, 40), 3: (0, 35), 7: (1000, 17)}
+    for stream_id, (start, count) in layout.items():
+        for offset in range(start, start + count):
+            builder.add_batch(encode_batch(stream_id, 0, offset, [Record(b"x" * 30)], [0]))
+    built = builder.finish()
+    index = parse_index(built.data[-built.index_size :], len(built.data))
+    keys = [(e.stream_id, e.start_offset) for e in index.entries]
+    assert keys == sorted(keys) and len(keys) > 30
+    assert [e.position for e in index.entries] != sorted(e.position for e in index.entries)
+    for stream_id, (start, count) in layout.items():
+        stream_blocks = [e for e in index.entries if e.stream_id == stream_id]
+        for offset in range(start, start + count):
+            (hit,) = index.blocks_for(stream_id, offset, offset + 1)
+            assert hit.start_offset <= offset < hit.end_offset
+            following = index.blocks_for(stream_id, offset)
+            assert following == stream_blocks[stream_blocks.index(hit) :]
+        assert index.blocks_for(stream_id, 0, start) == []
+        assert index.blocks_for(stream_id, start + count) == []
+        assert index.blocks_for(stream_id, 0) == stream_blocks
+        assert index.blocks_for(stream_id, start, start + count) == stream_blocks
+    assert index.blocks_for(4, 0) == []
+    assert index.blocks_for(100, 0) == []
+
+
+# ---------------------------------------------------------------- store reads
+
+
+async def test_any_offset_is_reached_with_at_most_two_gets() -> None:
+    streams = small_streams()
+    built = build(streams, block_target_bytes=120)
+    store = CountingStore()
+    key = object_key(42)
+    await store.put(key, built.data)
+    for stream_id, batches in streams:
+        for expected in expected_records(stream_id, batches):
+            store.gets = 0
+            index = await read_index(store, key, len(built.data), built.index_size)
+            (entry,) = index.blocks_for(stream_id, expected.offset, expected.offset + 1)
+            block = await store.get(key, entry.position, entry.position + entry.size)
+            found = [r for r in decode_block_records(block, entry) if r.offset == expected.offset]
+            assert found == [expected]
+            assert store.gets <= 2
+
+
+async def test_read_index_without_index_size_takes_two_gets() -> None:
+    built = build(small_streams(), block_target_bytes=120)
+    store = CountingStore()
+    await store.put("obj", built.data)
+    index = await read_index(store, "obj")
+    assert store.gets == 2
+    assert index.entries == verify_object(built.data).entries
+    store.gets = 0
+    assert (await read_index(store, "obj", index_size=built.index_size)).entries == index.entries
+    assert store.gets == 1
+
+
+async def test_read_index_with_a_too_small_index_size_is_corruption() -> None:
+    built = build(small_streams(), block_target_bytes=120)
+    store = MemoryObjectStore()
+    await store.put("obj", built.data)
+    with pytest.raises(CorruptionError, match="obj"):
+        await read_index(store, "obj", len(built.data), built.index_size - INDEX_ENTRY_SIZE)
+    with pytest.raises(CorruptionError):
+        await read_index(store, "obj", len(built.data) + 1, built.index_size)
+
+
+# ---------------------------------------------------------------- corruption
+
+
+def _flip(data: bytes, position: int, mask: int = 0xFF) -> bytes:
+    return data[:position] + bytes([data[position] ^ mask]) + data[position + 1 :]
+
+
+def _read_all_or_raise(data: bytes) -> dict[int, list[SequencedRecord]]:
+    index = parse_index(data, len(data))
+    return {sid: read_stream(data, index, sid, 0) for sid in index.stream_ids()}
+
+
+def test_flipping_any_byte_of_a_small_object_is_detected() -> None:
+    streams = small_streams()
+    built = build(streams, block_target_bytes=120)
+    good = built.data
+    original = parse_index(good, len(good))
+    expected = {sid: expected_records(sid, batches) for sid, batches in streams}
+    for position in range(len(good)):
+        bad = _flip(good, position)
+        with pytest.raises(CorruptionError):
+            verify_object(bad)
+        with pytest.raises(CorruptionError):
+            _read_all_or_raise(bad)
+        if position >= original.index_position:
+            with pytest.raises(CorruptionError):
+                parse_index(bad, len(bad))
+            continue
+        # A flip in the data area spoils only the block holding it; the others still read back.
+        index = parse_index(bad, len(bad))
+        for entry in index.entries:
+            block = bad[entry.position : entry.position + entry.size]
+            if entry.position <= position < entry.position + entry.size:
+                with pytest.raises(CorruptionError):
+                    decode_block_records(block, entry)
+            else:
+                records = decode_block_records(block, entry)
+                assert records == [
+                    r for r in expected[entry.stream_id]
+                    if entry.start_offset <= r.offset < entry.end_offset
+                ]
+
+
+@pytest.fixture(scope="module")
+def big_object() -> BuiltObject:
+    streams: StreamBatches = [
+        (sid, [[Record(bytes([sid, i % 251]) * 2000, key=b"k")] * 4 for i in range(120)])
+        for sid in (3, 1, 2)
+    ]
+    return build(streams)  # ~5.8 MiB, several 1 MiB blocks per stream
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(position_fraction=st.floats(0, 1, exclude_max=True), mask=st.integers(1, 255))
+async def test_flipping_a_sampled_byte_of_a_big_object_is_detected(
+    big_object: BuiltObject, position_fraction: float, mask: int
+) -> None:
+    good = big_object.data
+    position = int(position_fraction * len(good))
+    bad = _flip(good, position, mask)
+    store = MemoryObjectStore()
+    await store.put("big", bad)
+    try:
+        index = await read_index(store, "big", len(bad), big_object.index_size)
+    except CorruptionError:
+        assert position >= len(good) - big_object.index_size
+        return
+    (entry,) = [e for e in index.entries if e.position <= position < e.position + e.size]
+    block = await store.get("big", entry.position, entry.position + entry.size)
+    with pytest.raises(CorruptionError):
+        decode_block(block, entry)
+
+
+def test_truncation_at_every_length_is_detected() -> None:
+    good = build(small_streams(), block_target_bytes=120).data
+    for length in range(len(good)):
+        cut = good[:length]
+        with pytest.raises(CorruptionError):
+            parse_index(cut, length)
+        with pytest.raises(CorruptionError):
+            verify_object(cut)
+
+
+async def test_truncated_object_read_with_recorded_sizes_is_detected() -> None:
+    built = build(small_streams(), block_target_bytes=120)
+    store = MemoryObjectStore()
+    for length in range(0, len(built.data), 7):
+        await store.put("obj", built.data[:length])
+        with pytest.raises(CorruptionError):
+            # metadata still says the full size: the suffix read lands on the wrong bytes
+            await read_index(store, "obj", len(built.data), built.index_size)
+        with pytest.raises(CorruptionError):
+            await read_index(store, "obj")
+
+
+def test_a_block_read_short_or_against_the_wrong_entry_is_detected() -> None:
+    built = build(small_streams(), block_target_bytes=120)
+    index = parse_index(built.data, len(built.data))
+    first, second = index.entries[0], index.entries[1]
+    block = built.data[first.position : first.position + first.size]
+    with pytest.raises(CorruptionError, match="bytes"):
+        decode_block(block[:-1], first)
+    with pytest.raises(CorruptionError):
+        decode_block(block, second)
+    shifted = IndexEntry(
+        first.stream_id, first.start_offset + 1, first.end_offset + 1, first.record_count,
+        first.position, first.size,
+    )
+    with pytest.raises(CorruptionError):
+        decode_block(block, shifted)
+
+
+@settings(max_examples=300, deadline=None)
+@given(junk=st.binary(max_size=400))
+def test_random_bytes_only_ever_raise_corruption(junk: bytes) -> None:
+    with pytest.raises(CorruptionError):
+        verify_object(junk)
+    with pytest.raises(CorruptionError):
+        verify_object(junk + OBJECT_MAGIC)
+
+
+def _refooter(data: bytes, **changes: int) -> bytes:
+    """Rewrite footer fields with a valid footer CRC, to test checks beyond the checksum."""
+    fields = struct.Struct(">QIIIHH12s")
+    values = dict(
+        zip(
+            ("index_position", "index_length", "index_crc", "entry_count", "version", "flags"),
+            fields.unpack_from(data, len(data) - FOOTER_SIZE)[:6],
+            strict=True,
+        )
+    )
+    values.update(changes)
+    packed = fields.pack(*values.values(), bytes(12))
+    footer = packed + struct.pack(">I", crc32c.crc32c(packed)) + OBJECT_MAGIC
+    return data[:-FOOTER_SIZE] + footer
+
+
+def test_footer_checks_beyond_the_checksum() -> None:
+    good = build(small_streams(), block_target_bytes=120).data
+    assert _refooter(good) == good
+    with pytest.raises(CorruptionError, match="version 2 is not supported"):
+        parse_footer(_refooter(good, version=2)[-FOOTER_SIZE:], len(good))
+    with pytest.raises(CorruptionError, match="flags"):
+        parse_index(_refooter(good, flags=1), len(good))
+    with pytest.raises(CorruptionError, match="entries"):
+        parse_index(_refooter(good, entry_count=1), len(good))
+    with pytest.raises(CorruptionError):
+        parse_index(_refooter(good, index_position=0), len(good))
+
+
+# ---------------------------------------------------------------- inspect and keys
+
+
+def test_describe_object_lists_the_footer_and_every_block() -> None:
+    built = build(small_streams(), block_target_bytes=120)
+    index = parse_index(built.data, len(built.data))
+    lines = describe_object(built.data)
+    assert "format version 1" in lines[0]
+    assert len(lines) == 2 + len(index.entries)
+    assert all("crc ok" in line for line in lines[2:])
+    victim = index.entries[3]
+    bad = _flip(built.data, victim.position + 5)
+    lines = describe_object(bad)
+    bad_lines = [line for line in lines if "BAD" in line]
+    assert len(bad_lines) == 1 and f"position {victim.position} " in bad_lines[0]
+
+
+def test_object_keys_are_stable_and_spread_over_hashed_prefixes() -> None:
+    assert object_key(1) == object_key(1)
+    key = object_key(0x1234, prefix="objects/")
+    assert re.fullmatch(r"objects/[0-9a-f]{2}/[0-9a-f]{2}/0000000000001234\.wso", key)
+    firsts = Counter(object_key(object_id)[:2] for object_id in range(65536))
+    assert len(firsts) == 256
+    assert min(firsts.values()) > 160 and max(firsts.values()) < 360
+    assert object_key(1)[:5] != object_key(2)[:5]
+    with pytest.raises(InvalidArgument):
+        object_key(-1)
