@@ -1,0 +1,515 @@
+"""Deployments: one YAML file (or mapping) that names a node's backends and tunes its engine.
+
+```yaml
+node: {id: 1}
+wal: {type: ebs, path: ./walstream-data/wal.img, capacity: 1GiB}
+object_store: {type: local, root: ./walstream-data/objects}
+metadata: {type: sqlite, path: ./walstream-data/meta.db}
+cache: {log_cache_bytes: 256MiB, block_cache_bytes: 128MiB}
+upload: {max_bytes: 32MiB, max_interval: 250ms}
+compaction: {enabled: true, interval: 30s}
+append_timeout: 30s
+server: {listen: 127.0.0.1:7400, token: "${WALSTREAM_TOKEN}"}
+hooks: {disable: [metrics]}
+```
+
+Rules kept here:
+
+1. Every wrong key or value fails at load time with :class:`ConfigError` naming the dotted key
+   (``wal.capacity``) and what is accepted, with a did-you-mean for near misses.
+2. Relative paths resolve against the folder of the YAML file (the working directory for a
+   mapping, unless ``base_dir`` is given).
+3. ``${VAR}`` and ``${VAR:-default}`` in string values expand from the environment; ``$${``
+   stands for a literal ``${``. A missing variable without default names the key and variable.
+4. Loading validates and never touches a medium; :meth:`Deployment.build_backends` creates the
+   backend objects (the engine starts them).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+from walstream.config import (
+    BackendFactory,
+    BackendKind,
+    BuildContext,
+    CacheConfig,
+    CompactionConfig,
+    EngineConfig,
+    Option,
+    UploadConfig,
+    validate_options,
+)
+from walstream.errors import ConfigError, WalstreamError
+from walstream.metadata import MetadataStore
+from walstream.objects import ObjectStore
+from walstream.wal import WriteAheadLog
+
+from .hooks import PluggyHooks, make_plugin_manager
+from .registry import installed_names, load_factory
+
+__all__ = [
+    "EMBEDDED_DEFAULT",
+    "TOP_LEVEL_KEYS",
+    "Backends",
+    "Deployment",
+    "default_deployment",
+    "load_deployment",
+]
+
+#: The deployment ``walstream.open(None)`` uses, relative to its data folder. Change the
+#: embedded default here and only here.
+EMBEDDED_DEFAULT: Mapping[str, Any] = {
+    "node": {"id": 1},
+    "wal": {"type": "ebs", "path": "wal.img", "capacity": "512MiB"},
+    "object_store": {"type": "local", "root": "objects"},
+    "metadata": {"type": "sqlite", "path": "meta.db"},
+}
+
+BACKEND_KINDS: tuple[BackendKind, ...] = ("wal", "object_store", "metadata")
+
+_NODE_OPTIONS = (
+    Option("id", "int", "this node's id; unique among the nodes sharing a metadata store",
+           default=1, minimum=0),
+)
+_CACHE_OPTIONS = (
+    Option("log_cache_bytes", "size", "bound of the hot-tail LogCache (back-pressure above)",
+           default=CacheConfig.log_cache_bytes, minimum=1),
+    Option("block_cache_bytes", "size", "bound of the BlockCache of object data blocks",
+           default=CacheConfig.block_cache_bytes),
+    Option("readahead_min_bytes", "size", "first read-ahead of a sequential reader",
+           default=CacheConfig.readahead_min_bytes),
+    Option("readahead_max_bytes", "size", "largest read-ahead of a sequential reader",
+           default=CacheConfig.readahead_max_bytes),
+)
+_UPLOAD_OPTIONS = (
+    Option("max_bytes", "size", "seal and upload the active block at this size",
+           default=UploadConfig.max_bytes, minimum=1),
+    Option("max_interval", "duration", "… or at this age",
+           default=UploadConfig.max_interval_s, minimum=0.001),
+    Option("split_bytes", "size", "a stream with this much data in a block gets its own object",
+           default=UploadConfig.split_bytes, minimum=1),
+    Option("max_concurrency", "int", "objects uploaded at once",
+           default=UploadConfig.max_concurrency, minimum=1),
+    Option("prepare_ttl", "duration", "how long a prepared object id stays reserved",
+           default=UploadConfig.prepare_ttl_s, minimum=1),
+)
+_COMPACTION_OPTIONS = (
+    Option("enabled", "bool", "run compaction on this node", default=CompactionConfig.enabled),
+    Option("interval", "duration", "time between compaction passes",
+           default=CompactionConfig.interval_s, minimum=0.001),
+    Option("min_objects", "int", "compact when at least this many small objects wait",
+           default=CompactionConfig.min_objects, minimum=2),
+    Option("small_object_bytes", "size", "objects below this size are compaction candidates",
+           default=CompactionConfig.small_object_bytes, minimum=1),
+    Option("max_object_bytes", "size", "largest object compaction writes",
+           default=CompactionConfig.max_object_bytes, minimum=1),
+)
+_SERVER_OPTIONS = (
+    Option("listen", "str", "host:port the HTTP service listens on", default="127.0.0.1:7400"),
+    Option("token", "str", "bearer token clients must send (use ${ENV} for secrets)"),
+)
+_HOOKS_OPTIONS = (
+    Option("disable", "str_list", "hook extensions (walstream.hooks names) not to load",
+           default=()),
+)
+
+_ENGINE_SECTIONS: dict[str, tuple[Option, ...]] = {
+    "node": _NODE_OPTIONS,
+    "cache": _CACHE_OPTIONS,
+    "upload": _UPLOAD_OPTIONS,
+    "compaction": _COMPACTION_OPTIONS,
+    "server": _SERVER_OPTIONS,
+    "hooks": _HOOKS_OPTIONS,
+}
+_APPEND_TIMEOUT = Option(
+    "append_timeout", "duration", "how long an append waits under back-pressure",
+    default=EngineConfig.append_timeout_s, minimum=0.001,
+)
+
+TOP_LEVEL_KEYS: tuple[str, ...] = (
+    "node", "wal", "object_store", "metadata", "cache", "upload", "compaction",
+    "append_timeout", "server", "hooks",
+)
+
+_SECRET_WORDS = ("token", "secret", "password", "credential", "access_key")
+
+
+class Backends(NamedTuple):
+    wal: WriteAheadLog
+    objects: ObjectStore
+    metadata: MetadataStore
+
+
+_BACKEND_TYPES: dict[BackendKind, type] = {
+    "wal": WriteAheadLog,
+    "object_store": ObjectStore,
+    "metadata": MetadataStore,
+}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A validated deployment: engine settings plus the chosen backend factories."""
+
+    source: Path | None
+    """The YAML file it came from (None for a mapping or the embedded default)."""
+    base_dir: Path
+    """Folder relative paths were resolved against."""
+    engine_config: EngineConfig
+    sections: Mapping[str, Any]
+    """Every top-level key after validation: defaults filled in, sizes in bytes, durations in
+    seconds, paths absolute. Backend sections keep their ``type``; ``append_timeout`` is a
+    number of seconds."""
+    factories: Mapping[BackendKind, BackendFactory[Any]] = field(repr=False)
+
+    @property
+    def node_id(self) -> int:
+        return self.engine_config.node_id
+
+    @property
+    def disabled_hooks(self) -> tuple[str, ...]:
+        return tuple(self.sections["hooks"]["disable"])
+
+    def build_context(self) -> BuildContext:
+        return BuildContext(base_dir=self.base_dir, node_id=self.node_id)
+
+    def build_backends(self) -> Backends:
+        """Create the WAL, object store and metadata store (not started)."""
+        context = self.build_context()
+        built: dict[BackendKind, Any] = {}
+        for kind in BACKEND_KINDS:
+            factory = self.factories[kind]
+            options = {key: value for key, value in self.sections[kind].items() if key != "type"}
+            try:
+                backend = factory.create(options, context)
+            except WalstreamError:
+                raise
+            except Exception as error:
+                raise ConfigError(
+                    f"{kind}: {factory.kind} type {factory.name!r} could not be created: "
+                    f"{type(error).__name__}: {error}"
+                ) from error
+            if not isinstance(backend, _BACKEND_TYPES[kind]):
+                raise ConfigError(
+                    f"{kind}.type: plugin {factory.name!r} built a {type(backend).__name__}, "
+                    f"which is not a {_BACKEND_TYPES[kind].__name__}; fix or upgrade the plugin"
+                )
+            built[kind] = backend
+        return Backends(built["wal"], built["object_store"], built["metadata"])
+
+    def make_hooks(self) -> PluggyHooks:
+        """Engine hooks with every ``walstream.hooks`` extension except ``hooks.disable``."""
+        return PluggyHooks(make_plugin_manager(disabled=self.disabled_hooks))
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-friendly view for ``walstream serve`` and status pages; secrets are masked."""
+        return {
+            "source": str(self.source) if self.source is not None else None,
+            "base_dir": str(self.base_dir),
+            "sections": {
+                name: (
+                    {key: _printable(key, value) for key, value in section.items()}
+                    if isinstance(section, Mapping)
+                    else _printable(name, section)
+                )
+                for name, section in self.sections.items()
+            },
+        }
+
+
+def _printable(key: str, value: Any) -> Any:
+    if value is not None and any(word in key.lower() for word in _SECRET_WORDS):
+        return "***"
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_printable("", item) for item in value]
+    return value
+
+
+# -- loading --------------------------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (a second ``wal:`` would silently win)."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.Node) -> dict[Any, Any]:
+    if not isinstance(node, yaml.MappingNode):
+        raise yaml.constructor.ConstructorError(
+            None, None, f"expected a mapping, found {type(node).__name__}", node.start_mark
+        )
+    loader.flatten_mapping(node)
+    result: dict[Any, Any] = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in result:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", mark
+            )
+        result[key] = loader.construct_object(value_node, deep=True)
+    return result
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"deployment file not found: {path} (give the path of a YAML file, or none to use "
+            f"the embedded default in ./walstream-data)"
+        ) from None
+    except IsADirectoryError:
+        raise ConfigError(f"deployment path is a folder, not a YAML file: {path}") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read deployment file {path}: {error}") from error
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = error.problem or error.context or "invalid YAML"
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: YAML syntax error: {error}") from None
+
+
+_ENV_REFERENCE = re.compile(
+    r"\$\$\{"  # escaped: a literal "${"
+    r"|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}"  # ${NAME} or ${NAME:-default}
+    r"|\$\{"  # anything else starting with "${" is malformed
+)
+
+
+def _expand_string(value: str, key: str, environ: Mapping[str, str]) -> str:
+    def substitute(match: re.Match[str]) -> str:
+        whole, variable, default = match.group(0), match.group(1), match.group(2)
+        if whole == "$${":
+            return "${"
+        if variable is None:
+            raise ConfigError(
+                f"{key}: malformed variable reference in {value!r}; write ${{NAME}}, "
+                f"${{NAME:-default}}, or $${{ for a literal ${{"
+            )
+        found = environ.get(variable)
+        if found is not None and (found != "" or default is None):
+            return found
+        if default is not None:
+            return default
+        raise ConfigError(
+            f"{key}: environment variable {variable} is not set (set it, or write "
+            f"${{{variable}:-default}} to give a default)"
+        )
+
+    return _ENV_REFERENCE.sub(substitute, value)
+
+
+def _expand(value: Any, key: str, environ: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+        return _expand_string(value, key, environ)
+    if isinstance(value, Mapping):
+        return {
+            item_key: _expand(item, f"{key}.{item_key}" if key else str(item_key), environ)
+            for item_key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_expand(item, f"{key}[{index}]", environ) for index, item in enumerate(value)]
+    return value
+
+
+def _did_you_mean(word: str, accepted: list[str]) -> str:
+    close = difflib.get_close_matches(word, accepted, n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+def _as_section(value: Any, key: str, example: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key}: expected a mapping like {example}, got {value!r}")
+    for item_key in value:
+        if not isinstance(item_key, str):
+            raise ConfigError(f"{key}: keys must be strings, got {item_key!r}")
+    return value
+
+
+def _validate_section(
+    name: str, raw: Any, options: tuple[Option, ...], base_dir: Path
+) -> dict[str, Any]:
+    example = "{" + f"{options[0].name}: ..." + "}"
+    section = _as_section(raw, name, example)
+    known = {option.name: option for option in options}
+    result: dict[str, Any] = {}
+    for key, value in section.items():
+        if key not in known:
+            accepted = ", ".join(known)
+            raise ConfigError(
+                f"{name}.{key}: unknown key.{_did_you_mean(key, list(known))} "
+                f"Accepted keys: {accepted}"
+            )
+        result[key] = known[key].parse(value, f"{name}.{key}", base_dir)
+    for option in options:
+        if result.get(option.name) is None:
+            result[option.name] = option.default
+    return result
+
+
+def _check_listen(listen: str) -> None:
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(
+            f"server.listen: expected host:port such as 127.0.0.1:7400 or [::1]:7400, "
+            f"got {listen!r}"
+        )
+
+
+def _validate_backend(
+    kind: BackendKind, raw: Any, base_dir: Path
+) -> tuple[BackendFactory[Any], dict[str, Any]]:
+    if raw is None:
+        names = ", ".join(installed_names(kind)) or "(none installed)"
+        raise ConfigError(
+            f"{kind}: section missing; name a backend with {kind}: {{type: NAME, ...}} "
+            f"(installed: {names})"
+        )
+    if isinstance(raw, str):
+        raw = {"type": raw}
+    section = _as_section(raw, kind, "{type: memory}")
+    backend_type = section.get("type")
+    if backend_type is None:
+        names = ", ".join(installed_names(kind)) or "(none installed)"
+        raise ConfigError(f"{kind}.type: required; installed: {names}")
+    factory = load_factory(kind, backend_type)
+    options = validate_options(factory, section, base_dir, kind)
+    return factory, {"type": factory.name, **options}
+
+
+def _from_mapping(
+    document: Any, *, source: Path | None, base_dir: Path, environ: Mapping[str, str]
+) -> Deployment:
+    where = f" in {source}" if source is not None else ""
+    if document is None:
+        raise ConfigError(
+            f"empty deployment{where}; expected the sections {', '.join(TOP_LEVEL_KEYS)}"
+        )
+    if not isinstance(document, Mapping):
+        raise ConfigError(
+            f"a deployment is a mapping of sections ({', '.join(TOP_LEVEL_KEYS)}); "
+            f"got {type(document).__name__}{where}"
+        )
+    for key in document:
+        if key not in TOP_LEVEL_KEYS:
+            raise ConfigError(
+                f"{key}: unknown top-level key{where}."
+                f"{_did_you_mean(str(key), list(TOP_LEVEL_KEYS))}"
+                f" Accepted keys: {', '.join(TOP_LEVEL_KEYS)}"
+            )
+    document = _expand(document, "", environ)
+
+    sections: dict[str, dict[str, Any]] = {}
+    for name, options in _ENGINE_SECTIONS.items():
+        sections[name] = _validate_section(name, document.get(name), options, base_dir)
+    timeout_raw = document.get("append_timeout")
+    append_timeout_s = (
+        _APPEND_TIMEOUT.default
+        if timeout_raw is None
+        else _APPEND_TIMEOUT.parse(timeout_raw, "append_timeout", base_dir)
+    )
+    sections_extra: dict[str, Any] = {"append_timeout": append_timeout_s}
+    _check_listen(sections["server"]["listen"])
+    cache = sections["cache"]
+    if cache["readahead_min_bytes"] > cache["readahead_max_bytes"]:
+        raise ConfigError(
+            f"cache.readahead_min_bytes ({cache['readahead_min_bytes']}) must not exceed "
+            f"cache.readahead_max_bytes ({cache['readahead_max_bytes']})"
+        )
+
+    factories: dict[BackendKind, BackendFactory[Any]] = {}
+    for kind in BACKEND_KINDS:
+        factories[kind], sections[kind] = _validate_backend(kind, document.get(kind), base_dir)
+
+    upload = sections["upload"]
+    compaction = sections["compaction"]
+    engine_config = EngineConfig(
+        node_id=sections["node"]["id"],
+        cache=CacheConfig(**cache),
+        upload=UploadConfig(
+            max_bytes=upload["max_bytes"],
+            max_interval_s=upload["max_interval"],
+            split_bytes=upload["split_bytes"],
+            max_concurrency=upload["max_concurrency"],
+            prepare_ttl_s=upload["prepare_ttl"],
+        ),
+        compaction=CompactionConfig(
+            enabled=compaction["enabled"],
+            interval_s=compaction["interval"],
+            min_objects=compaction["min_objects"],
+            small_object_bytes=compaction["small_object_bytes"],
+            max_object_bytes=compaction["max_object_bytes"],
+        ),
+        append_timeout_s=append_timeout_s,
+    )
+    merged: dict[str, Any] = {**sections, **sections_extra}
+    ordered = {name: merged[name] for name in TOP_LEVEL_KEYS}
+    return Deployment(
+        source=source,
+        base_dir=base_dir,
+        engine_config=engine_config,
+        sections=ordered,
+        factories=factories,
+    )
+
+
+def load_deployment(
+    source: str | os.PathLike[str] | Mapping[str, Any] | Deployment | None,
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Deployment:
+    """Read and validate a deployment.
+
+    ``source`` is the path of a YAML file, an already parsed mapping, a :class:`Deployment`
+    (returned as is) or None (the embedded default, see :func:`default_deployment`).
+    ``base_dir`` overrides the folder relative paths resolve against; ``environ`` replaces
+    ``os.environ`` for ``${VAR}`` expansion.
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    if isinstance(source, Deployment):
+        return source
+    if source is None:
+        root = Path(base_dir) if base_dir is not None else Path("walstream-data")
+        return default_deployment(root)
+    if isinstance(source, Mapping):
+        folder = Path(base_dir) if base_dir is not None else Path.cwd()
+        return _from_mapping(source, source=None, base_dir=folder.absolute(), environ=env)
+    if not isinstance(source, (str, os.PathLike)):
+        raise ConfigError(
+            f"a deployment is a YAML file path or a mapping, got {type(source).__name__}"
+        )
+    path = Path(source).expanduser().absolute()
+    document = _read_yaml(path)
+    folder = Path(base_dir).absolute() if base_dir is not None else path.parent
+    return _from_mapping(document, source=path, base_dir=folder, environ=env)
+
+
+def default_deployment(root: Path = Path("walstream-data")) -> Deployment:
+    """The embedded default: node 1, an ``ebs`` WAL file, a ``local`` object store and a
+    ``sqlite`` metadata store, all inside ``root`` (relative to the working directory)."""
+    return _from_mapping(
+        EMBEDDED_DEFAULT, source=None, base_dir=Path(root).expanduser().absolute(),
+        environ={},
+    )
+
