@@ -1,0 +1,889 @@
+"""The ``walstream`` command line.
+
+Every command takes ``--config FILE`` (a deployment YAML; default: the embedded deployment in
+``./walstream-data``) and ``-v`` (debug logging, tracebacks on errors). Failures print one line,
+``walstream: error: <ErrorClass>: <message>``, and exit with 1 (2 for configuration and usage
+errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from .errors import (
+    ConfigError,
+    InvalidArgument,
+    OutOfRangeError,
+    WalstreamError,
+)
+from .records import ReadResult, Record, SequencedRecord
+
+__all__ = ["ProgressBar", "build_parser", "main", "progress_bar"]
+
+log = logging.getLogger("walstream.cli")
+
+PROG = "walstream"
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+READ_PAGE_RECORDS = 1000
+DEFAULT_APPEND_BATCH = 100
+DEFAULT_TAIL_LINES = 10
+
+EPILOG = """\
+examples:
+  walstream streams create orders
+  seq 1 1000 | walstream append orders
+  walstream append orders --file events.txt --key user-42 --batch 500
+  walstream read orders --start 0 --limit 10 --format json
+  walstream tail orders -f
+  walstream trim orders 500
+  walstream --config deploy.yaml streams list --prefix ord
+  walstream inspect object ./walstream-data/objects/51/99/0000000000000001.wso
+  walstream inspect metadata
+  walstream plugins
+  walstream demo --streams 3 --records 20000
+
+Without --config every command uses the embedded deployment in ./walstream-data
+(an ebs or memory WAL, a local object store and SQLite metadata).
+Exit status: 0 ok, 1 error (one line on stderr), 2 bad configuration or usage.
+"""
+
+
+# -- progress -------------------------------------------------------------------------------------
+
+
+class ProgressBar(Protocol):
+    def update(self, amount: int) -> Any: ...
+
+    def close(self) -> Any: ...
+
+
+class _TextProgress:
+    """A dependency-free progress line on stderr, redrawn at most ten times a second."""
+
+    def __init__(self, total: int | None, description: str, unit: str, stream: IO[str]) -> None:
+        self._total = total
+        self._description = description
+        self._unit = unit
+        self._stream = stream
+        self._done = 0
+        self._started = time.monotonic()
+        self._last_draw = 0.0
+
+    def update(self, amount: int) -> None:
+        self._done += amount
+        now = time.monotonic()
+        if now - self._last_draw >= 0.1:
+            self._last_draw = now
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        elapsed = max(now - self._started, 1e-9)
+        done = _human(self._done, self._unit)
+        rate = _human(int(self._done / elapsed), self._unit)
+        if self._total:
+            percent = 100.0 * self._done / self._total
+            width = 30
+            filled = int(width * min(self._done, self._total) / self._total)
+            bar = "#" * filled + "-" * (width - filled)
+            line = f"{self._description} [{bar}] {percent:5.1f}% {done} {rate}/s"
+        else:
+            line = f"{self._description} {done} {rate}/s"
+        self._stream.write("\r" + line)
+        self._stream.flush()
+
+    def close(self) -> None:
+        self._draw(time.monotonic())
+        self._stream.write("\n")
+        self._stream.flush()
+
+
+class _NoProgress:
+    def update(self, amount: int) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def _human(amount: int, unit: str) -> str:
+    if unit != "B":
+        return f"{amount} {unit}"
+    value = float(amount)
+    for suffix in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or suffix == "GiB":
+            return f"{value:.0f} {suffix}" if suffix == "B" else f"{value:.1f} {suffix}"
+        value /= 1024
+    return f"{amount} B"
+
+
+def progress_bar(
+    total: int | None, description: str, unit: str = "B", enabled: bool = True
+) -> ProgressBar:
+    """A progress bar on stderr: tqdm when installed, else a plain redrawn line."""
+    if not enabled:
+        return _NoProgress()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _TextProgress(total, description, unit, sys.stderr)
+    bar: ProgressBar = tqdm(
+        total=total,
+        desc=description,
+        unit=unit,
+        unit_scale=unit == "B",
+        unit_divisor=1024,
+        file=sys.stderr,
+        leave=True,
+        dynamic_ncols=True,
+    )
+    return bar
+
+
+# -- deployments and clients ----------------------------------------------------------------------
+
+
+def _open_client(config: str | None) -> AbstractAsyncContextManager[Any]:
+    """``walstream.open(config)`` as an async context manager (flushes and closes on exit)."""
+    import walstream
+
+    opened: AbstractAsyncContextManager[Any] = walstream.open(config)  # type: ignore[attr-defined]
+    return opened
+
+
+def _load_deployment(config: str | None) -> Any:
+    """The deployment of ``--config``, or the embedded default one."""
+    import walstream_plugins
+
+    if config is None:
+        return walstream_plugins.default_deployment()
+    return walstream_plugins.load_deployment(config)
+
+
+@asynccontextmanager
+async def _backend(config: str | None, kind: str) -> AsyncIterator[Any]:
+    """Build one backend (``object_store`` or ``metadata``) of the deployment without starting
+    a node: inspecting must not register a node or claim a WAL."""
+    deployment = _load_deployment(config)
+    factory = deployment.factories[kind]
+    options = {key: value for key, value in deployment.sections[kind].items() if key != "type"}
+    backend = factory.create(options, deployment.build_context())
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+# -- formatting -----------------------------------------------------------------------------------
+
+
+def _text(data: bytes | None) -> str:
+    if data is None:
+        return ""
+    return data.decode("utf-8", errors="backslashreplace")
+
+
+def _json_bytes(data: bytes | None) -> Any:
+    """UTF-8 text when the bytes are valid UTF-8, else ``{"base64": ...}``: never lossy."""
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def format_record(record: SequencedRecord, output_format: str) -> str:
+    if output_format == "json":
+        return json.dumps(
+            {
+                "offset": record.offset,
+                "timestamp_ms": record.timestamp_ms,
+                "key": _json_bytes(record.key),
+                "value": _json_bytes(record.value),
+                "headers": [[name, _json_bytes(value)] for name, value in record.headers],
+            },
+            ensure_ascii=False,
+        )
+    if output_format == "hex":
+        key = "" if record.key is None else record.key.hex()
+        return f"{record.offset}\t{key}\t{record.value.hex()}"
+    return f"{record.offset}\t{_text(record.value)}"
+
+
+def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    cells = [[str(cell) for cell in row] for row in [header, *rows]]
+    widths = [max(len(row[column]) for row in cells) for column in range(len(header))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+             for row in cells]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _enum_value(value: Any) -> Any:
+    return getattr(value, "value", value)
+
+
+def _out(line: str = "") -> None:
+    sys.stdout.write(line + "\n")
+
+
+# -- commands: streams ----------------------------------------------------------------------------
+
+
+async def cmd_streams_create(args: argparse.Namespace) -> int:
+    async with _open_client(args.config) as client:
+        stream = await client.create_stream(args.name)
+        _out(f"created stream {stream.name!r} (id {stream.stream_id})")
+    return EXIT_OK
+
+
+async def cmd_streams_list(args: argparse.Namespace) -> int:
+    async with _open_client(args.config) as client:
+        infos = await client.list_streams(prefix=args.prefix)
+    if args.json:
+        for info in infos:
+            _out(json.dumps({
+                "stream_id": info.stream_id,
+                "name": info.name,
+                "start_offset": info.start_offset,
+                "committed_end": info.committed_end,
+                "epoch": info.epoch,
+                "owner_node_id": info.owner_node_id,
+            }))
+        return EXIT_OK
+    rows = [(info.stream_id, info.name or "-", info.start_offset, info.committed_end,
+             info.epoch, "-" if info.owner_node_id is None else info.owner_node_id)
+            for info in infos]
+    _out(_table(rows, ("ID", "NAME", "START", "COMMITTED_END", "EPOCH", "OWNER")))
+    return EXIT_OK
+
+
+async def cmd_streams_delete(args: argparse.Namespace) -> int:
+    async with _open_client(args.config) as client:
+        await client.delete_stream(_name_or_id(args.name))
+        _out(f"deleted stream {args.name!r}")
+    return EXIT_OK
+
+
+def _name_or_id(text: str) -> str | int:
+    """Streams are named; a bare number selects a stream by id (``#7`` also works)."""
+    if text.startswith("#") and text[1:].isdigit():
+        return int(text[1:])
+    return text
+
+
+# -- commands: append -----------------------------------------------------------------------------
+
+
+def _lines(source: IO[bytes]) -> Iterator[bytes]:
+    for line in source:
+        if line.endswith(b"\n"):
+            line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+        yield line
+
+
+def _batches(values: Iterable[bytes], batch_size: int) -> Iterator[list[bytes]]:
+    batch: list[bytes] = []
+    for value in values:
+        batch.append(value)
+        if len(batch) >= batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+async def cmd_append(args: argparse.Namespace) -> int:
+    if args.batch < 1:
+        raise InvalidArgument(f"--batch must be at least 1, got {args.batch}")
+    key = None if args.key is None else os.fsencode(args.key)
+    headers = tuple(_parse_header(text) for text in args.header)
+    source: IO[bytes]
+    if args.file is not None:
+        path = Path(args.file)
+        source = path.open("rb")
+        progress = progress_bar(path.stat().st_size, f"append {args.stream}",
+                                enabled=not args.no_progress)
+    else:
+        source = sys.stdin.buffer
+        progress = _NoProgress()
+    appended = 0
+    batches = 0
+    tail = None
+    try:
+        async with _open_client(args.config) as client:
+            stream = await client.open_stream(_name_or_id(args.stream))
+            for values in _batches(_lines(source), args.batch):
+                records = [Record(value, key=key, headers=headers) for value in values]
+                ack = await stream.append(records)
+                appended += len(records)
+                batches += 1
+                tail = ack.tail
+                _out(f"offsets {ack.start}..{ack.end - 1}")
+                progress.update(sum(len(value) + 1 for value in values))
+    finally:
+        progress.close()
+        if source is not sys.stdin.buffer:
+            source.close()
+    if appended:
+        print(f"appended {appended} records in {batches} batches to {args.stream!r} "
+              f"(tail {tail})", file=sys.stderr)
+    else:
+        print("nothing to append (no input lines)", file=sys.stderr)
+    return EXIT_OK
+
+
+def _parse_header(text: str) -> tuple[str, bytes]:
+    name, separator, value = text.partition("=")
+    if not separator or not name:
+        raise InvalidArgument(f"--header expects NAME=VALUE, got {text!r}")
+    return name, os.fsencode(value)
+
+
+# -- commands: read / tail / trim -----------------------------------------------------------------
+
+
+async def _first_read(stream: Any, args: argparse.Namespace, page: int) -> ReadResult:
+    """The first page of ``read``: at --start, --from-timestamp or --tail-offset; without any of
+    them at the stream's first readable offset."""
+    if args.from_timestamp is not None:
+        result: ReadResult = await stream.read(from_timestamp=args.from_timestamp,
+                                               limit_records=page)
+        return result
+    if args.tail_offset is not None:
+        return await stream.read(tail_offset=args.tail_offset, limit_records=page)
+    if args.start is not None:
+        return await stream.read(start=args.start, limit_records=page)
+    try:
+        return await stream.read(start=0, limit_records=page)
+    except OutOfRangeError as trimmed:
+        # Trimmed: begin where the stream begins now.
+        return await stream.read(start=trimmed.start_offset, limit_records=page)
+
+
+async def cmd_read(args: argparse.Namespace) -> int:
+    if args.limit is not None and args.limit < 0:
+        raise InvalidArgument(f"--limit cannot be negative, got {args.limit}")
+    remaining = args.limit
+    async with _open_client(args.config) as client:
+        stream = await client.open_stream(_name_or_id(args.stream))
+        page = READ_PAGE_RECORDS if remaining is None else min(READ_PAGE_RECORDS, remaining)
+        if page == 0:
+            return EXIT_OK
+        result = await _first_read(stream, args, page)
+        end = result.tail  # the records present when the read began
+        while True:
+            records = result.records if remaining is None else result.records[:remaining]
+            for record in records:
+                _out(format_record(record, args.format))
+            if remaining is not None:
+                remaining -= len(records)
+            if not records or remaining == 0:
+                break
+            position = records[-1].offset + 1
+            if position >= end:
+                break
+            page = READ_PAGE_RECORDS if remaining is None else min(READ_PAGE_RECORDS, remaining)
+            result = await stream.read(start=position, limit_records=page)
+    return EXIT_OK
+
+
+async def cmd_tail(args: argparse.Namespace) -> int:
+    async with _open_client(args.config) as client:
+        stream = await client.open_stream(_name_or_id(args.stream))
+        if args.start is not None:
+            position = args.start
+        else:
+            position = await _print_last(stream, args.lines, args.format)
+        if args.start is not None and not args.follow:
+            tail = await stream.check_tail()
+            while position < tail:
+                result = await stream.read(start=position,
+                                           limit_records=min(READ_PAGE_RECORDS, tail - position))
+                if not result.records:
+                    break
+                for record in result.records:
+                    _out(format_record(record, args.format))
+                position = result.records[-1].offset + 1
+        if args.follow:
+            async for record in stream.tail(start=position):
+                _out(format_record(record, args.format))
+                sys.stdout.flush()
+    return EXIT_OK
+
+
+async def _print_last(stream: Any, lines: int, output_format: str) -> int:
+    """Print the last ``lines`` records; return the offset after them."""
+    if lines <= 0:
+        tail: int = await stream.check_tail()
+        return tail
+    try:
+        result = await stream.read(tail_offset=lines, limit_records=lines)
+    except OutOfRangeError as trimmed:
+        result = await stream.read(start=trimmed.start_offset, limit_records=lines)
+    for record in result.records:
+        _out(format_record(record, output_format))
+    return result.records[-1].offset + 1 if result.records else result.tail
+
+
+async def cmd_trim(args: argparse.Namespace) -> int:
+    async with _open_client(args.config) as client:
+        stream = await client.open_stream(_name_or_id(args.stream))
+        await stream.trim(args.offset)
+        _out(f"trimmed {args.stream!r}: offsets before {args.offset} are gone")
+    return EXIT_OK
+
+
+# -- commands: plugins / inspect ------------------------------------------------------------------
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    import walstream_plugins
+
+    backends = sorted(walstream_plugins.installed_backends(),
+                      key=lambda entry: (_kind_order(entry.kind), entry.name))
+    if args.json:
+        for backend in backends:
+            _out(json.dumps(_backend_dict(backend)))
+        return EXIT_OK
+    current_kind = None
+    for backend in backends:
+        if backend.kind != current_kind:
+            current_kind = backend.kind
+            _out(f"{current_kind} (entry-point group walstream.{current_kind}):")
+        distribution = f"{backend.dist} {backend.version or ''}".strip() if backend.dist else "-"
+        _out(f"  {backend.name:<14} {distribution:<30} {backend.description}")
+        for option in backend.options:
+            _out(f"      {option.describe()}")
+        if backend.error:
+            _out(f"      (cannot be loaded: {backend.error})")
+    return EXIT_OK
+
+
+def _kind_order(kind: str) -> int:
+    return {"wal": 0, "object_store": 1, "metadata": 2}.get(kind, 3)
+
+
+def _backend_dict(backend: Any) -> dict[str, Any]:
+    return {
+        "kind": backend.kind,
+        "name": backend.name,
+        "dist": backend.dist,
+        "version": backend.version,
+        "description": backend.description,
+        "options": [
+            {"name": option.name, "kind": option.kind, "default": _jsonable(option.default),
+             "required": option.required, "doc": option.doc}
+            for option in backend.options
+        ],
+        "error": backend.error,
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+async def cmd_inspect_object(args: argparse.Namespace) -> int:
+    from . import object_format
+
+    path = Path(args.object)
+    if path.is_file():
+        data = path.read_bytes()
+        source = str(path)
+    else:
+        async with _backend(args.config, "object_store") as objects:
+            data = await objects.get(args.object)
+        source = f"key {args.object}"
+    description = object_format.describe_object(data)
+    _out(f"object {source}: {len(data)} bytes")
+    for line in _describe_lines(description):
+        _out(line)
+    object_format.verify_object(data)
+    _out("verified: every block checksum is correct")
+    return EXIT_OK
+
+
+def _describe_lines(description: Any) -> list[str]:
+    if isinstance(description, str):
+        return description.splitlines()
+    if isinstance(description, dict):
+        return [f"{key}: {value}" for key, value in description.items()]
+    return [str(line) for line in description]
+
+
+async def cmd_inspect_metadata(args: argparse.Namespace) -> int:
+    async with _backend(args.config, "metadata") as metadata:
+        streams = await metadata.list_streams()
+        objects = await metadata.list_objects()
+        nodes = await metadata.list_nodes()
+    _out(f"streams ({len(streams)} active):")
+    _out(_table(
+        [(info.stream_id, info.name or "-", info.start_offset, info.committed_end, info.epoch,
+          "-" if info.owner_node_id is None else info.owner_node_id) for info in streams],
+        ("ID", "NAME", "START", "COMMITTED_END", "EPOCH", "OWNER"),
+    ))
+    _out()
+    total_bytes = sum(info.size for info in objects)
+    _out(f"objects ({len(objects)}, {_human(total_bytes, 'B')}):")
+    _out(_table(
+        [(info.object_id, _enum_value(info.kind), _enum_value(info.state), info.size,
+          " ".join(f"{rng.stream_id}:[{rng.start_offset},{rng.end_offset})"
+                   for rng in info.ranges) or "-", info.key) for info in objects],
+        ("ID", "KIND", "STATE", "SIZE", "RANGES", "KEY"),
+    ))
+    _out()
+    _out(f"nodes ({len(nodes)}):")
+    _out(_table(
+        [(info.node_id, info.node_epoch, _enum_value(info.state),
+          info.wal_config.get("type", "-") if info.wal_config else "-") for info in nodes],
+        ("ID", "EPOCH", "STATE", "WAL"),
+    ))
+    return EXIT_OK
+
+
+def cmd_inspect_wal(args: argparse.Namespace) -> int:
+    import walstream_plugins
+
+    factory = walstream_plugins.load_factory("wal", args.type)
+    if factory.inspect is None:
+        raise ConfigError(f"the {args.type!r} WAL cannot be inspected from a path "
+                          "(its factory has no inspect)")
+    for line in factory.inspect(Path(args.path)):
+        _out(str(line))
+    return EXIT_OK
+
+
+# -- commands: conformance / demo -----------------------------------------------------------------
+
+
+def cmd_conformance(args: argparse.Namespace, extra: list[str]) -> int:
+    try:
+        from walstream_conformance import cli as conformance_cli
+    except ImportError:
+        print(f"{PROG}: error: the conformance suite is not installed; "
+              "run: pip install walstream-conformance", file=sys.stderr)
+        return EXIT_USAGE
+    parser = argparse.ArgumentParser(
+        prog=f"{PROG} conformance",
+        description="Run the shared conformance suite against a backend.",
+    )
+    conformance_cli.add_arguments(parser)
+    conformance_args = parser.parse_args(extra)
+    if not hasattr(conformance_args, "config"):
+        conformance_args.config = args.config
+    if not hasattr(conformance_args, "verbose"):
+        conformance_args.verbose = args.verbose
+    return int(conformance_cli.run(conformance_args) or 0)
+
+
+async def cmd_demo(args: argparse.Namespace) -> int:
+    from . import demo
+
+    return await demo.run_demo(
+        config=args.config,
+        streams=args.streams,
+        records=args.records,
+        value_bytes=args.value_bytes,
+        batch_records=args.batch,
+        progress=not args.no_progress,
+    )
+
+
+# -- parser ---------------------------------------------------------------------------------------
+
+
+def _common_options(suppress_defaults: bool) -> argparse.ArgumentParser:
+    """--config and -v, accepted before or after the command."""
+    parser = argparse.ArgumentParser(add_help=False)
+    default: Any = argparse.SUPPRESS if suppress_defaults else None
+    parser.add_argument(
+        "--config", "-c", metavar="FILE", default=default,
+        help="deployment YAML (node, wal, object_store, metadata, cache, upload sections); "
+             "default: the embedded deployment in ./walstream-data",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        default=argparse.SUPPRESS if suppress_defaults else False,
+        help="debug logging on stderr, and full tracebacks on errors",
+    )
+    return parser
+
+
+def _add_command(
+    subparsers: Any,
+    name: str,
+    help_text: str,
+    handler: Callable[..., Any],
+    common: argparse.ArgumentParser,
+    epilog: str | None = None,
+) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help=help_text, description=help_text, parents=[common], epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def _add_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format", choices=("text", "json", "hex"), default="text",
+        help="text: OFFSET<TAB>VALUE (UTF-8, undecodable bytes escaped); json: one object per "
+             "line with offset, timestamp_ms, key, value, headers (bytes that are not UTF-8 "
+             "appear as {\"base64\": ...}); hex: OFFSET<TAB>KEY<TAB>VALUE in hex",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_options(suppress_defaults=True)
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="walstream: append-only streams, durable in a write-ahead log, stored in "
+                    "object storage.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[_common_options(suppress_defaults=False)],
+    )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    # streams
+    streams = commands.add_parser(
+        "streams", help="create, list and delete streams", parents=[common],
+        description="Create, list and delete streams.",
+        epilog="examples:\n  walstream streams create orders\n  walstream streams list "
+               "--prefix ord\n  walstream streams delete orders",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    streams_commands = streams.add_subparsers(dest="streams_command", metavar="ACTION",
+                                              required=True)
+    create = _add_command(streams_commands, "create", "create a stream", cmd_streams_create,
+                          common, "example:\n  walstream streams create orders")
+    create.add_argument("name", help="the new stream's name (unique among active streams)")
+    listing = _add_command(streams_commands, "list", "list active streams", cmd_streams_list,
+                           common, "example:\n  walstream streams list --prefix orders-")
+    listing.add_argument("--prefix", default="", help="only streams whose name starts with it")
+    listing.add_argument("--json", action="store_true", help="one JSON object per stream")
+    delete = _add_command(streams_commands, "delete", "delete a stream and its data",
+                          cmd_streams_delete, common, "example:\n  walstream streams delete orders")
+    delete.add_argument("name", help="stream name (or #ID)")
+
+    # append
+    append = _add_command(
+        commands, "append",
+        "append one record per input line (stdin or --file); prints the offsets of each batch",
+        cmd_append, common,
+        "examples:\n  echo hello | walstream append orders\n"
+        "  walstream append orders --file events.txt --batch 1000 --key k1\n\n"
+        "Each line (without its newline) becomes one record's value. Batches are appended\n"
+        "atomically and printed as 'offsets FIRST..LAST'. Reading a file shows a progress bar\n"
+        "on stderr.",
+    )
+    append.add_argument("stream", help="stream name (or #ID)")
+    append.add_argument("--file", "-f", metavar="F", help="read lines from this file, not stdin")
+    append.add_argument("--key", "-k", metavar="K", help="key of every appended record")
+    append.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
+                        help="a header on every record (repeatable)")
+    append.add_argument("--batch", "-b", type=int, default=DEFAULT_APPEND_BATCH, metavar="N",
+                        help=f"records per atomic batch (default {DEFAULT_APPEND_BATCH})")
+    append.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    # read
+    read = _add_command(
+        commands, "read", "print records of a stream up to its current tail", cmd_read, common,
+        "examples:\n  walstream read orders                 # from the first readable offset\n"
+        "  walstream read orders --start 100 --limit 10\n"
+        "  walstream read orders --tail-offset 5 --format json   # the last 5 records\n"
+        "  walstream read orders --from-timestamp 1700000000000",
+    )
+    read.add_argument("stream", help="stream name (or #ID)")
+    position = read.add_mutually_exclusive_group()
+    position.add_argument("--start", type=int, metavar="N",
+                          help="first offset to read (default: the first readable offset)")
+    position.add_argument("--from-timestamp", type=int, metavar="MS",
+                          help="start at the first record with timestamp_ms >= MS")
+    position.add_argument("--tail-offset", type=int, metavar="N",
+                          help="start N records before the tail")
+    read.add_argument("--limit", type=int, metavar="N", help="print at most N records")
+    _add_format(read)
+
+    # tail
+    tail = _add_command(
+        commands, "tail", "print the last records of a stream; with -f keep following",
+        cmd_tail, common,
+        "examples:\n  walstream tail orders            # the last 10 records\n"
+        "  walstream tail orders -f         # then follow new records until Ctrl-C\n"
+        "  walstream tail orders -f --start 0",
+    )
+    tail.add_argument("stream", help="stream name (or #ID)")
+    tail.add_argument("-f", "--follow", action="store_true",
+                      help="keep printing new records as they are appended, until Ctrl-C "
+                           "(exits 0)")
+    tail.add_argument("--start", type=int, metavar="N",
+                      help="begin at offset N instead of the last --lines records")
+    tail.add_argument("-n", "--lines", type=int, default=DEFAULT_TAIL_LINES, metavar="N",
+                      help=f"how many of the last records to print first (default "
+                           f"{DEFAULT_TAIL_LINES})")
+    _add_format(tail)
+
+    # trim
+    trim = _add_command(commands, "trim", "make every offset before OFFSET unreadable", cmd_trim,
+                        common, "example:\n  walstream trim orders 1000")
+    trim.add_argument("stream", help="stream name (or #ID)")
+    trim.add_argument("offset", type=int, help="the new first readable offset")
+
+    # plugins
+    plugins = _add_command(
+        commands, "plugins",
+        "list installed backends (WAL, object store, metadata) with versions and options",
+        cmd_plugins, common, "example:\n  walstream plugins",
+    )
+    plugins.add_argument("--json", action="store_true", help="one JSON object per backend")
+
+    # inspect
+    inspect = commands.add_parser(
+        "inspect", help="decode and verify objects, metadata and WALs", parents=[common],
+        description="Decode and verify stored data.",
+        epilog="examples:\n"
+               "  walstream inspect object ./walstream-data/objects/51/99/0000000000000001.wso\n"
+               "  walstream inspect object 51/99/0000000000000001.wso  # a key in the store\n"
+               "  walstream inspect metadata\n  walstream inspect wal walstream-data/wal.img",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    inspect_commands = inspect.add_subparsers(dest="inspect_command", metavar="WHAT",
+                                              required=True)
+    inspect_object = _add_command(
+        inspect_commands, "object",
+        "decode an object (index, blocks) and verify every checksum; exit 1 on damage",
+        cmd_inspect_object, common,
+        "examples:\n"
+        "  walstream inspect object ./walstream-data/objects/51/99/0000000000000001.wso\n"
+        "  walstream inspect object <key>   # fetched from the configured object store",
+    )
+    inspect_object.add_argument(
+        "object", metavar="FILE|KEY",
+        help="a local object file, or else a key in the configured object store")
+    _add_command(inspect_commands, "metadata",
+                 "print the streams, objects and nodes of the configured metadata store",
+                 cmd_inspect_metadata, common, "example:\n  walstream inspect metadata")
+    inspect_wal = _add_command(
+        inspect_commands, "wal", "decode and verify a WAL medium (e.g. an ebs WAL file)",
+        cmd_inspect_wal, common,
+        "example:\n  walstream inspect wal ./walstream-data/wal.img --type ebs",
+    )
+    inspect_wal.add_argument("path", help="the WAL's file, device or folder")
+    inspect_wal.add_argument("--type", default="ebs",
+                             help="WAL plugin name whose inspector decodes it (default ebs)")
+
+    # conformance
+    commands.add_parser(
+        "conformance", add_help=False,
+        help="run the conformance suite (needs walstream-conformance); "
+             "'walstream conformance --help' lists its options",
+    ).set_defaults(handler=cmd_conformance)
+
+    # demo
+    demo = _add_command(
+        commands, "demo",
+        "append a generated workload to a few streams, read it back, restart, verify again "
+        "and print a summary (what `make run` runs)",
+        cmd_demo, common,
+        "examples:\n  walstream demo\n  walstream demo --streams 3 --records 20000 "
+        "--value-bytes 256\n  walstream demo --config deploy.yaml",
+    )
+    demo.add_argument("--streams", type=int, default=3, metavar="N",
+                      help="streams written concurrently (default 3)")
+    demo.add_argument("--records", type=int, default=20_000, metavar="N",
+                      help="records per stream (default 20000)")
+    demo.add_argument("--value-bytes", type=int, default=256, metavar="N",
+                      help="bytes per record value (default 256)")
+    demo.add_argument("--batch", type=int, default=100, metavar="N",
+                      help="records per append (default 100)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser
+
+
+# -- entry point ----------------------------------------------------------------------------------
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _error(exc: BaseException, verbose: bool) -> None:
+    if verbose:
+        traceback.print_exception(exc, file=sys.stderr)
+    message = str(exc).strip() or "(no message)"
+    print(f"{PROG}: error: {type(exc).__name__}: {message}", file=sys.stderr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return the process exit status."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "conformance":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    _configure_logging(args.verbose)
+    handler: Callable[..., Any] = args.handler
+    try:
+        if handler is cmd_conformance:
+            return cmd_conformance(args, extra)
+        outcome = handler(args)
+        if isinstance(outcome, Awaitable):
+            outcome = asyncio.run(_run(outcome))
+        return int(outcome)
+    except KeyboardInterrupt:
+        if args.command == "tail":
+            return EXIT_OK
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`walstream read s | head`): not an error.
+        _silence_stdout()
+        return EXIT_OK
+    except ConfigError as exc:
+        _error(exc, args.verbose)
+        return EXIT_USAGE
+    except WalstreamError as exc:
+        _error(exc, args.verbose)
+        return EXIT_ERROR
+    except OSError as exc:
+        _error(exc, args.verbose)
+        return EXIT_ERROR
+
+
+async def _run(outcome: Awaitable[Any]) -> Any:
+    return await outcome
+
+
+def _silence_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
