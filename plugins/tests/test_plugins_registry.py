@@ -9,7 +9,7 @@ import pytest
 from walstream.config import CONTRACT_VERSION, BackendFactory, Option
 from walstream.errors import ConfigError
 from walstream.memory import MEMORY_WAL, MemoryWal
-from walstream_plugins import installed_backends, load_factory, register_factory
+from walstream_plugins import installed_backends, load_factory, register_factory, registry
 from walstream_plugins.registry import installed_names
 
 MakeDist = Callable[..., str]  # the third_party_dist fixture (conftest.py)
@@ -236,3 +236,18 @@ def test_registered_factory_with_another_contract_is_refused() -> None:
             load_factory("object_store", "stale")
     finally:
         unregister()
+
+
+def test_install_hint_for_a_known_provider_that_is_not_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Deterministic whichever walstream plugins happen to be installed here."""
+    monkeypatch.setitem(registry.PROVIDERS["object_store"], "gcs", "walstream-object-gcs")
+    with pytest.raises(ConfigError) as exact:
+        load_factory("object_store", "gcs")
+    assert "object store 'gcs' is not installed" in str(exact.value)
+    assert "pip install walstream-object-gcs" in str(exact.value)
+    assert "memory" in str(exact.value)
+    with pytest.raises(ConfigError) as near:
+        load_factory("object_store", "gsc")
+    assert "Did you mean 'gcs'? (provided by walstream-object-gcs)" in str(near.value)
