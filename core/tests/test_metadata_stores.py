@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -682,6 +683,67 @@ async def test_sqlite_two_processes(tmp_path: Path) -> None:
         committed = await store.list_objects(state=ObjectState.COMMITTED)
         assert sorted(o.object_id for o in committed) == sorted(objects)
         assert [(n.node_id, n.node_epoch) for n in await store.list_nodes()] == [(1, 1), (2, 1)]
+    finally:
+        await store.close()
+
+
+_COMMIT_FOREVER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from walstream.metadata import ObjectCommit, ObjectKind, StreamRange
+    from walstream.sqlite import SqliteMetadataStore
+
+    async def main(path: str) -> None:
+        store = SqliteMetadataStore(path)
+        node = await store.register_node(1, {})
+        stream = await store.create_stream("orders")
+        stream = await store.claim_stream(stream.stream_id, 1, node.node_epoch)
+        end = 0
+        while True:
+            [object_id] = await store.prepare_objects(1, 60_000)
+            await store.commit_objects(1, node.node_epoch, [
+                ObjectCommit(object_id, f"k{object_id}", ObjectKind.STREAM, 1, 1,
+                             (StreamRange(stream.stream_id, end, end + 7, stream.epoch),)),
+            ])
+            end += 7
+            print(end, flush=True)
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+async def test_sqlite_keeps_acknowledged_commits_after_sigkill(tmp_path: Path) -> None:
+    path = tmp_path / "meta.db"
+    process = subprocess.Popen(
+        [sys.executable, "-c", _COMMIT_FOREVER, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    acknowledged = 0
+    try:
+        for line in process.stdout:
+            acknowledged = int(line)
+            if acknowledged >= 7 * 25:
+                break
+    finally:
+        process.send_signal(signal.SIGKILL)
+        rest, err = process.communicate(timeout=30)
+    assert acknowledged >= 7 * 25, err
+    acknowledged = max([acknowledged, *(int(line) for line in rest.split())])
+
+    store = SqliteMetadataStore(path)
+    try:
+        stream = await store.get_stream("orders")
+        assert stream.committed_end >= acknowledged
+        objects = await store.get_objects(stream.stream_id, 0, limit=10_000)
+        ranges = [(o.ranges[0].start_offset, o.ranges[0].end_offset) for o in objects]
+        assert ranges == [(start, start + 7) for start in range(0, stream.committed_end, 7)]
+        # The store is usable after the crash: the next id is new.
+        [next_id] = await store.prepare_objects(1, 1000)
+        assert next_id > max(o.object_id for o in objects)
     finally:
         await store.close()
 

@@ -695,15 +695,21 @@ class SqliteMetadataStore(MetadataStore):
     async def list_objects(
         self, state: ObjectState | None = None, kind: ObjectKind | None = None
     ) -> list[ObjectInfo]:
+        filters: list[str] = []
+        values: list[str] = []
+        if state is not None:
+            filters.append("state = ?")
+            values.append(state.value)
+        if kind is not None:
+            filters.append("kind = ?")
+            values.append(kind.value)
+        where = f"WHERE {' AND '.join(filters)}" if filters else ""
+
         def work(tables: _Tables) -> list[ObjectInfo]:
-            ids = [row[0] for row in tables.db.execute("SELECT object_id FROM objects")]
+            rows = tables.db.execute(f"SELECT object_id FROM objects {where}", values)
+            ids = [row[0] for row in rows]
             records = tables.records(ids)
-            return [
-                records[object_id].info
-                for object_id in sorted(records)
-                if (state is None or records[object_id].info.state is state)
-                and (kind is None or records[object_id].info.kind is kind)
-            ]
+            return [records[object_id].info for object_id in sorted(records)]
 
         return await self._read(work)
 
