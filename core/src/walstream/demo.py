@@ -107,7 +107,9 @@ class DemoReport:
                              + _verdict(self.after_restart)),
         ]
         width = max(len(name) for name, _ in rows)
-        return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
+        lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
+        rule = "-" * max(len(line) for line in lines)
+        return "\n".join(["walstream demo summary", rule, *lines, rule])
 
 
 def _verdict(verification: Verification) -> str:

@@ -22,6 +22,7 @@ concurrently on its loop, exactly as concurrent tasks would on the async client.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
@@ -65,18 +66,25 @@ class EventLoopThread:
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> Future[T]:
         """Schedule ``coroutine`` on the loop; the returned future completes with its result."""
-        if threading.current_thread() is self._thread:
-            coroutine.close()
-            raise RuntimeError("a walstream.sync call was made from its own event loop thread; "
-                               "use the async API there")
-        if not self.running:
-            coroutine.close()
-            raise RuntimeError("this walstream.sync client is closed")
+        self._check_usable(coroutine)
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     def run(self, awaitable: Awaitable[T]) -> T:
         """Run ``awaitable`` on the loop and block until it is done; its exception is re-raised."""
+        self._check_usable(awaitable)
         return self.submit(_await(awaitable)).result()
+
+    def _check_usable(self, awaitable: Awaitable[Any]) -> None:
+        problem = None
+        if threading.current_thread() is self._thread:
+            problem = ("a walstream.sync call was made from its own event loop thread; use the "
+                       "async API there")
+        elif not self.running:
+            problem = "this walstream.sync client is closed"
+        if problem is not None:
+            if isinstance(awaitable, Coroutine):
+                awaitable.close()  # never started: close it so no "never awaited" warning
+            raise RuntimeError(problem)
 
     def stop(self) -> None:
         """Stop the loop and join its thread (idempotent)."""
@@ -207,9 +215,12 @@ class TailIterator(Iterator[SequencedRecord]):
 
     def __del__(self) -> None:
         # An abandoned iterator must not keep a reader registered on the loop.
-        if not self._closed and self._runner.running:
-            aclose = getattr(self._records, "aclose", None)
-            if aclose is not None:
+        if self._closed:
+            return
+        self._closed = True
+        aclose = getattr(self._records, "aclose", None)
+        if aclose is not None and self._runner.running:
+            with contextlib.suppress(RuntimeError):
                 self._runner.submit(aclose())
 
 
