@@ -1,0 +1,325 @@
+"""The metadata suite: one test per numbered invariant of :class:`walstream.metadata.MetadataStore`.
+
+A backend provides ``walstream_metadata_factory``: a callable making a new store instance on the
+same database (so a test can check what survives a reopen). Tests use their own node ids and
+stream names, so a shared database works too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import pytest
+from walstream.errors import (
+    FencedError,
+    PreconditionFailed,
+    StreamExists,
+    StreamNotFound,
+    WalstreamError,
+)
+from walstream.metadata import (
+    MetadataStore,
+    NodeState,
+    ObjectCommit,
+    ObjectKind,
+    ObjectState,
+    StreamRange,
+)
+
+from ..requirements import check_version
+
+__all__ = ["MetadataSuite", "MetadataKit"]
+
+_unique = itertools.count(1)
+_TTL_MS = 600_000
+
+
+@dataclass
+class MetadataKit:
+    factory: Callable[[], MetadataStore]
+    tag: str = field(default_factory=lambda: f"{os.getpid()}-{next(_unique)}")
+    _opened: list[MetadataStore] = field(default_factory=list)
+
+    def open(self) -> MetadataStore:
+        store = self.factory()
+        self._opened.append(store)
+        return store
+
+    def node_id(self, index: int = 0) -> int:
+        # Distinct per test so a shared database keeps working.
+        return (os.getpid() % 10_000) * 100_000 + next(_unique) * 10 + index
+
+    def name(self, label: str) -> str:
+        return f"conformance-{self.tag}-{label}"
+
+    async def aclose(self) -> None:
+        for store in self._opened:
+            await store.close()
+
+
+@dataclass
+class _Writer:
+    """A registered node that owns one stream: the usual shape of a commit."""
+
+    store: MetadataStore
+    node_id: int
+    node_epoch: int
+    stream_id: int
+    stream_epoch: int
+
+    async def prepare(self, count: int = 1, ttl_ms: int = _TTL_MS) -> list[int]:
+        return await self.store.prepare_objects(count, ttl_ms)
+
+    def commit_of(self, object_id: int, start: int, end: int, epoch: int | None = None) -> ObjectCommit:
+        return ObjectCommit(
+            object_id=object_id,
+            key=f"objects/{object_id:08d}",
+            kind=ObjectKind.STREAM,
+            size=1000 + end - start,
+            index_size=64,
+            ranges=(StreamRange(self.stream_id, start, end, self.stream_epoch if epoch is None else epoch),),
+        )
+
+    async def commit(self, *commits: ObjectCommit, node_epoch: int | None = None) -> None:
+        await self.store.commit_objects(
+            self.node_id, self.node_epoch if node_epoch is None else node_epoch, list(commits)
+        )
+
+
+async def _writer(kit: MetadataKit, store: MetadataStore, label: str) -> _Writer:
+    node_id = kit.node_id()
+    node = await store.register_node(node_id, {"type": "conformance"})
+    stream = await store.create_stream(kit.name(label))
+    claimed = await store.claim_stream(stream.stream_id, node_id, node.node_epoch)
+    return _Writer(store, node_id, node.node_epoch, stream.stream_id, claimed.epoch)
+
+
+class MetadataSuite:
+    """Subclass with one line next to a ``walstream_metadata_factory`` fixture."""
+
+    @pytest.fixture(autouse=True)
+    def _walstream_contract_version(self) -> None:
+        check_version()
+
+    @pytest.fixture
+    async def walstream_metadata_kit(
+        self, walstream_metadata_factory: Callable[[], MetadataStore]
+    ) -> AsyncIterator[MetadataKit]:
+        kit = MetadataKit(walstream_metadata_factory)
+        try:
+            yield kit
+        finally:
+            await kit.aclose()
+
+    # 1 ------------------------------------------------------------------------------------------
+    async def test_atomic_commit(self, walstream_metadata_kit: MetadataKit) -> None:
+        """A commit whose second object breaks a rule leaves no trace of its first."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        writer = await _writer(kit, store, "atomic")
+        first, second = await writer.prepare(2)
+        with pytest.raises(PreconditionFailed):
+            await writer.commit(writer.commit_of(first, 0, 10), writer.commit_of(second, 11, 20))
+        stream = await store.get_stream(writer.stream_id)
+        assert stream.committed_end == 0, f"a rejected commit moved committed_end to {stream.committed_end}"
+        assert await store.get_objects(writer.stream_id, 0) == [], "a rejected commit left an object"
+        await writer.commit(writer.commit_of(first, 0, 10), writer.commit_of(second, 10, 20))
+        objects = await store.get_objects(writer.stream_id, 0)
+        assert [o.object_id for o in objects] == [first, second]
+        assert (await store.get_stream(writer.stream_id)).committed_end == 20
+
+    # 2 ------------------------------------------------------------------------------------------
+    async def test_continuity(self, walstream_metadata_kit: MetadataKit) -> None:
+        kit = walstream_metadata_kit
+        store = kit.open()
+        writer = await _writer(kit, store, "continuity")
+        ids = await writer.prepare(4)
+        await writer.commit(writer.commit_of(ids[0], 0, 100))
+        for gap_start in (99, 101, 0, 200):
+            with pytest.raises(PreconditionFailed):
+                await writer.commit(writer.commit_of(ids[1], gap_start, gap_start + 5))
+        await writer.commit(writer.commit_of(ids[1], 100, 150))
+        assert (await store.get_stream(writer.stream_id)).committed_end == 150
+        objects = await store.get_objects(writer.stream_id, 120, 130)
+        assert [(o.object_id, o.ranges[0].start_offset, o.ranges[0].end_offset) for o in objects] == [
+            (ids[1], 100, 150)
+        ]
+
+    # 3 ------------------------------------------------------------------------------------------
+    async def test_epochs_fence(self, walstream_metadata_kit: MetadataKit) -> None:
+        """Stale node epochs and stale stream epochs are refused with FencedError."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        writer = await _writer(kit, store, "fence")
+        ids = await writer.prepare(4)
+        await writer.commit(writer.commit_of(ids[0], 0, 10))
+        restarted = await store.register_node(writer.node_id, {"type": "conformance"})
+        assert restarted.node_epoch > writer.node_epoch
+        with pytest.raises(FencedError):
+            await writer.commit(writer.commit_of(ids[1], 10, 20))  # stale node epoch
+        reclaimed = await store.claim_stream(writer.stream_id, writer.node_id, restarted.node_epoch)
+        with pytest.raises(FencedError):  # current node epoch, stale stream epoch
+            await writer.commit(writer.commit_of(ids[1], 10, 20), node_epoch=restarted.node_epoch)
+        with pytest.raises(FencedError):
+            await store.trim_stream(writer.stream_id, writer.stream_epoch, 5)
+        with pytest.raises(FencedError):
+            await store.claim_stream(writer.stream_id, writer.node_id, writer.node_epoch)
+        with pytest.raises(FencedError):
+            await store.set_node_state(writer.node_id, writer.node_epoch, NodeState.STOPPED)
+        stream = await store.get_stream(writer.stream_id)
+        assert (stream.committed_end, stream.start_offset) == (10, 0), "a fenced call changed the stream"
+        await store.commit_objects(
+            writer.node_id, restarted.node_epoch,
+            [writer.commit_of(ids[1], 10, 20, epoch=reclaimed.epoch)],
+        )
+        assert (await store.get_stream(writer.stream_id)).committed_end == 20
+
+    # 4 ------------------------------------------------------------------------------------------
+    async def test_idempotent_commit(self, walstream_metadata_kit: MetadataKit) -> None:
+        kit = walstream_metadata_kit
+        store = kit.open()
+        writer = await _writer(kit, store, "idempotent")
+        ids = await writer.prepare(2)
+        commits = (writer.commit_of(ids[0], 0, 10), writer.commit_of(ids[1], 10, 30))
+        await writer.commit(*commits)
+        before = await store.get_objects(writer.stream_id, 0)
+        await writer.commit(*commits)
+        await writer.commit(commits[1])
+        assert (await store.get_stream(writer.stream_id)).committed_end == 30
+        assert await store.get_objects(writer.stream_id, 0) == before
+
+    # 5 ------------------------------------------------------------------------------------------
+    async def test_prepared_ttl(self, walstream_metadata_kit: MetadataKit) -> None:
+        kit = walstream_metadata_kit
+        store = kit.open()
+        writer = await _writer(kit, store, "ttl")
+        expiring = await writer.prepare(2, ttl_ms=1)
+        lasting = await writer.prepare(1, ttl_ms=_TTL_MS * 100)
+        await asyncio.sleep(0.01)
+        # Far enough in the future for any store clock (system or an injected one near now).
+        expired = await store.expired_prepared(time.time_ns() // 1_000_000 + 3_600_000)
+        assert set(expiring) <= set(expired), f"ids {expiring} with a 1 ms TTL were not listed: {expired}"
+        assert not set(lasting) & set(expired), "an id with a long TTL was listed as expired"
+        with pytest.raises(PreconditionFailed):
+            await writer.commit(writer.commit_of(expiring[0], 0, 10))
+        await writer.commit(writer.commit_of(lasting[0], 0, 10))
+        assert (await store.get_stream(writer.stream_id)).committed_end == 10
+
+    # 6 ------------------------------------------------------------------------------------------
+    async def test_names_unique(self, walstream_metadata_kit: MetadataKit) -> None:
+        kit = walstream_metadata_kit
+        store = kit.open()
+        name = kit.name("unique")
+        first = await store.create_stream(name)
+        with pytest.raises(StreamExists):
+            await store.create_stream(name)
+        results = await asyncio.gather(
+            *[store.create_stream(kit.name("raced")) for _ in range(5)], return_exceptions=True
+        )
+        assert sum(not isinstance(r, BaseException) for r in results) == 1, "a name was created twice"
+        await store.delete_stream(first.stream_id)
+        with pytest.raises(StreamNotFound):
+            await store.get_stream(name)
+        second = await store.create_stream(name)
+        assert second.stream_id > first.stream_id, "a stream id was reused"
+        assert (await store.get_stream(name)).stream_id == second.stream_id
+        listed = [s.stream_id for s in await store.list_streams(kit.name(""))]
+        assert first.stream_id not in listed and second.stream_id in listed
+        deleted = await store.get_streams([first.stream_id])
+        assert deleted[first.stream_id].state.value == "deleted"
+
+    # 7 ------------------------------------------------------------------------------------------
+    async def test_trim_monotonic(self, walstream_metadata_kit: MetadataKit) -> None:
+        kit = walstream_metadata_kit
+        store = kit.open()
+        writer = await _writer(kit, store, "trim")
+        ids = await writer.prepare(3)
+        await writer.commit(
+            writer.commit_of(ids[0], 0, 10), writer.commit_of(ids[1], 10, 20), writer.commit_of(ids[2], 20, 30)
+        )
+        trimmed = await store.trim_stream(writer.stream_id, writer.stream_epoch, 15)
+        assert trimmed.start_offset == 15
+        try:
+            await store.trim_stream(writer.stream_id, writer.stream_epoch, 5)
+        except WalstreamError:
+            pass
+        assert (await store.get_stream(writer.stream_id)).start_offset == 15, "trim moved start backwards"
+        states = {o.object_id: o.state for o in await store.list_objects()}
+        assert states[ids[0]] is ObjectState.MARK_DESTROYED, "an object wholly below start stayed live"
+        assert states[ids[1]] is ObjectState.COMMITTED and states[ids[2]] is ObjectState.COMMITTED
+        assert [o.object_id for o in await store.get_objects(writer.stream_id, 15)] == ids[1:]
+        await store.delete_stream(writer.stream_id)
+        states = {o.object_id: o.state for o in await store.list_objects()}
+        assert all(states[i] is ObjectState.MARK_DESTROYED for i in ids), "a deleted stream's object stayed live"
+
+    # 8 ------------------------------------------------------------------------------------------
+    async def test_node_epochs(self, walstream_metadata_kit: MetadataKit) -> None:
+        kit = walstream_metadata_kit
+        store = kit.open()
+        node_id = kit.node_id()
+        epochs = [(await store.register_node(node_id, {"path": "/x"})).node_epoch for _ in range(3)]
+        assert epochs == sorted(set(epochs)), f"register_node epochs do not grow: {epochs}"
+        failing = await store.begin_failover(node_id)
+        assert failing.node_epoch > epochs[-1] and failing.state is NodeState.FAILING_OVER
+        with pytest.raises(FencedError):
+            await store.set_node_state(node_id, epochs[-1], NodeState.RUNNING)
+        await store.set_node_state(node_id, failing.node_epoch, NodeState.FAILED_OVER)
+        node = await store.get_node(node_id)
+        assert node is not None and node.state is NodeState.FAILED_OVER
+        assert node.wal_config == {"path": "/x"}
+        again = await kit.open().register_node(node_id, {})
+        assert again.node_epoch > failing.node_epoch, "a reopened store forgot the node epoch"
+
+    # 9 ------------------------------------------------------------------------------------------
+    async def test_compaction_atomic(self, walstream_metadata_kit: MetadataKit) -> None:
+        kit = walstream_metadata_kit
+        store = kit.open()
+        writer = await _writer(kit, store, "compaction")
+        ids = await writer.prepare(3)
+        await writer.commit(writer.commit_of(ids[0], 0, 10), writer.commit_of(ids[1], 10, 20))
+        (merged,) = await writer.prepare(1)
+        merged_commit = writer.commit_of(merged, 0, 20)
+        with pytest.raises(PreconditionFailed):  # a source that is not committed
+            await store.replace_objects([ids[0], ids[2]], [merged_commit])
+        assert [o.object_id for o in await store.get_objects(writer.stream_id, 0)] == ids[:2]
+        await store.replace_objects(ids[:2], [merged_commit])
+        assert [o.object_id for o in await store.get_objects(writer.stream_id, 0)] == [merged]
+        with pytest.raises(PreconditionFailed):  # the sources changed (already replaced)
+            await store.replace_objects(ids[:2], [writer.commit_of((await writer.prepare(1))[0], 0, 20)])
+        assert (await store.get_stream(writer.stream_id)).committed_end == 20
+
+    # 10 -----------------------------------------------------------------------------------------
+    async def test_errors_typed(self, walstream_metadata_kit: MetadataKit) -> None:
+        kit = walstream_metadata_kit
+        store = kit.open()
+        with pytest.raises(StreamNotFound):
+            await store.get_stream(kit.name("missing"))
+        with pytest.raises(StreamNotFound):
+            await store.get_stream(10**12)
+        assert await store.get_streams([10**12]) == {}
+        assert await store.get_node(kit.node_id()) is None
+        with pytest.raises(FencedError):
+            await store.commit_objects(kit.node_id(), 1, [])
+
+    # durability -----------------------------------------------------------------------------------
+    async def test_reopen_keeps_state(self, walstream_metadata_kit: MetadataKit) -> None:
+        """A new instance on the same database sees committed streams, objects and nodes."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        writer = await _writer(kit, store, "reopen")
+        (object_id,) = await writer.prepare(1)
+        await writer.commit(writer.commit_of(object_id, 0, 42))
+        await store.close()
+        reopened = kit.open()
+        stream = await reopened.get_stream(kit.name("reopen"))
+        assert (stream.stream_id, stream.committed_end, stream.epoch) == (
+            writer.stream_id, 42, writer.stream_epoch
+        )
+        assert [o.object_id for o in await reopened.get_objects(writer.stream_id, 0)] == [object_id]
+        node = await reopened.get_node(writer.node_id)
+        assert node is not None and node.node_epoch == writer.node_epoch
