@@ -20,6 +20,9 @@ from .errors import (
     TailMismatchError,
     WalstreamError,
 )
+from .client import Client, Stream
+from .config import EngineConfig
+from .opener import open
 from .records import AppendAck, ReadResult, Record, SequencedRecord
 
 __version__ = "0.1.0"
@@ -29,6 +32,10 @@ __all__ = [
     "AppendAck",
     "BackendUnavailable",
     "CapacityError",
+    "Client",
+    "EngineConfig",
+    "Stream",
+    "open",
     "ConfigError",
     "CorruptionError",
     "FencedError",

@@ -1,0 +1,90 @@
+"""``walstream.open(config)``: a client from a deployment (YAML path, dict or Deployment).
+
+Deployment files are assembled by the plugin host (``walstream-plugins``), imported lazily so
+that core never depends on it at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Mapping
+from typing import Any
+
+from .client import Client
+from .clock import Clock
+from .errors import ConfigError
+from .hooks import EngineHooks
+
+__all__ = ["open", "OpenClient"]
+
+
+def _build_client(config: Any, hooks: EngineHooks | None, clock: Clock | None) -> Client:
+    if isinstance(config, Client):
+        return config
+    try:
+        from walstream_plugins import PluggyHooks, load_deployment, make_plugin_manager
+    except ImportError as exc:  # pragma: no cover - the workspace always installs it
+        raise ConfigError(
+            "walstream.open(config) assembles backends through the plugin host: "
+            "pip install walstream-plugins (or build a walstream.Client from backends directly)"
+        ) from exc
+    deployment = config if hasattr(config, "build_backends") else load_deployment(config)
+    backends = deployment.build_backends()
+    if hooks is None:
+        disabled = tuple(deployment.sections.get("hooks", {}).get("disable", ()) or ())
+        hooks = PluggyHooks(make_plugin_manager(load_entrypoints=True, disabled=disabled))
+    return Client(
+        wal=backends.wal,
+        objects=backends.objects,
+        metadata=backends.metadata,
+        config=deployment.engine_config,
+        hooks=hooks,
+        clock=clock,
+    )
+
+
+class OpenClient:
+    """Both awaitable (``client = await walstream.open(cfg)``) and an async context manager
+    (``async with walstream.open(cfg) as client``)."""
+
+    def __init__(self, config: Any, hooks: EngineHooks | None, clock: Clock | None) -> None:
+        self._config = config
+        self._hooks = hooks
+        self._clock = clock
+        self._client: Client | None = None
+
+    async def _start(self) -> Client:
+        self._client = _build_client(self._config, self._hooks, self._clock)
+        try:
+            return await self._client.start()
+        except BaseException:
+            await _close_quietly(self._client)
+            raise
+
+    def __await__(self) -> Generator[Any, None, Client]:
+        return self._start().__await__()
+
+    async def __aenter__(self) -> Client:
+        return await self._start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+
+async def _close_quietly(client: Client) -> None:
+    try:
+        await client.close()
+    except Exception:  # noqa: BLE001 - the start failure is the error to report
+        pass
+
+
+def open(  # noqa: A001 - the public name is walstream.open
+    config: str | os.PathLike[str] | Mapping[str, Any] | Any | None = None,
+    *,
+    hooks: EngineHooks | None = None,
+    clock: Clock | None = None,
+) -> OpenClient:
+    """Open a node from a deployment: a YAML file path, a dict of the same shape, a
+    ``walstream_plugins.Deployment``, or ``None`` for the embedded default in ./walstream-data."""
+    return OpenClient(config, hooks, clock)

@@ -1,0 +1,209 @@
+"""Reading committed stream data straight from object storage (DESIGN §5).
+
+Used by the node's read path below its LogCache, and by readers that run no node at all (Spark
+executors, ``walstream read`` on a stopped deployment): metadata says which objects hold a range,
+one suffix GET reads an object's index, one ranged GET reads its blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from .cache import BlockCache
+from .errors import CorruptionError, NotFound
+from .hooks import EngineHooks, NullHooks
+from .metadata import MetadataStore, ObjectInfo
+from .object_format import IndexEntry, ObjectIndex, decode_block_records, read_index
+from .objects import ObjectStore
+from .records import SequencedRecord, record_size
+
+__all__ = ["ObjectReader", "read_committed"]
+
+log = logging.getLogger(__name__)
+
+_INDEX_CACHE_ENTRIES = 4096
+_MAX_STALE_RETRIES = 3
+
+
+@dataclass
+class _Sequential:
+    next_offset: int
+    window_bytes: int
+
+
+class ObjectReader:
+    """Reads a stream's committed records through a bounded BlockCache with read-ahead.
+
+    Read-ahead: a reader that keeps reading where it stopped gets a window that doubles from
+    ``readahead_min_bytes`` to ``readahead_max_bytes``; the window's following blocks of the
+    same object are fetched with the same ranged GET.
+    """
+
+    def __init__(
+        self,
+        objects: ObjectStore,
+        metadata: MetadataStore,
+        block_cache_bytes: int = 128 << 20,
+        readahead_min_bytes: int = 512 << 10,
+        readahead_max_bytes: int = 32 << 20,
+        hooks: EngineHooks | None = None,
+    ) -> None:
+        self.objects = objects
+        self.metadata = metadata
+        self.blocks: BlockCache[tuple[int, int], list[SequencedRecord]] = BlockCache(
+            block_cache_bytes
+        )
+        self._indexes: BlockCache[int, ObjectIndex] = BlockCache(_INDEX_CACHE_ENTRIES)
+        self.readahead_min_bytes = readahead_min_bytes
+        self.readahead_max_bytes = readahead_max_bytes
+        self._sequential: dict[int, _Sequential] = {}
+        self._hooks: EngineHooks = hooks or NullHooks()
+        self.gets = 0
+
+    async def read(
+        self,
+        stream_id: int,
+        start: int,
+        end: int | None,
+        limit_records: int,
+        limit_bytes: int,
+    ) -> list[SequencedRecord]:
+        """Committed records of ``stream_id`` in ``[start, end)``, at most the limits (at least
+        one record when any exists). Stops early at the end of committed data."""
+        records: list[SequencedRecord] = []
+        size = 0
+        position = start
+        window = [self._window(stream_id, start)]
+        stale_retries = 0
+        while len(records) < limit_records and size < limit_bytes and (end is None or position < end):
+            infos = await self.metadata.get_objects(stream_id, position, end, limit=16)
+            if not infos or infos[0].ranges[0].start_offset > position:
+                break
+            before = position
+            try:
+                for info in infos:
+                    for batch_records in await self._records_in(info, stream_id, position, end, window):
+                        for record in batch_records:
+                            if record.offset < position:
+                                continue
+                            if end is not None and record.offset >= end:
+                                break
+                            if records and (len(records) >= limit_records or size >= limit_bytes):
+                                break
+                            records.append(record)
+                            size += record_size(record)
+                            position = record.offset + 1
+                    if len(records) >= limit_records or size >= limit_bytes:
+                        break
+            except NotFound:
+                # The object was compacted away between the metadata lookup and the GET.
+                stale_retries += 1
+                if stale_retries > _MAX_STALE_RETRIES:
+                    raise
+                continue
+            if position == before:
+                break
+        if records:
+            self._sequential[stream_id] = _Sequential(records[-1].offset + 1, window[0])
+            self._hooks.read_served(stream_id, len(records), size, "object")
+        return records
+
+    def _window(self, stream_id: int, start: int) -> int:
+        state = self._sequential.get(stream_id)
+        if state is not None and state.next_offset == start:
+            return state.window_bytes
+        return self.readahead_min_bytes
+
+    async def _records_in(
+        self, info: ObjectInfo, stream_id: int, start: int, end: int | None, window: list[int]
+    ) -> list[list[SequencedRecord]]:
+        """Decoded blocks of ``stream_id`` from ``start``; fetches at most one read-ahead
+        window beyond what is cached. ``window[0]`` doubles after each GET of a sequential scan."""
+        index = await self.index(info)
+        entries = index.blocks_for(stream_id, start, end)
+        result: list[list[SequencedRecord]] = []
+        position = 0
+        while position < len(entries):
+            entry = entries[position]
+            cached = self.blocks.get((info.object_id, entry.position))
+            if cached is not None:
+                result.append(cached)
+                position += 1
+                continue
+            # Fetch this block and, within the read-ahead window, the physically following
+            # blocks of the same stream with one ranged GET.
+            run = [entry]
+            run_bytes = entry.size
+            while (
+                position + len(run) < len(entries)
+                and run_bytes < window[0]
+                and entries[position + len(run)].position == run[-1].position + run[-1].size
+                and (info.object_id, entries[position + len(run)].position) not in self.blocks
+            ):
+                run.append(entries[position + len(run)])
+                run_bytes += run[-1].size
+            for decoded in await self._fetch_run(info, run):
+                result.append(decoded)
+            position += len(run)
+            fetched_window = window[0]
+            window[0] = min(self.readahead_max_bytes, window[0] * 2)
+            if run_bytes >= fetched_window:
+                break
+        return result
+
+    async def _fetch_run(self, info: ObjectInfo, run: list[IndexEntry]) -> list[list[SequencedRecord]]:
+        first, last = run[0].position, run[-1].position + run[-1].size
+        self.gets += 1
+        data = await self.objects.get(info.key, first, last)
+        if len(data) != last - first:
+            raise CorruptionError(
+                f"object {info.key}: short read {len(data)} of {last - first} bytes at {first}"
+            )
+        decoded_run: list[list[SequencedRecord]] = []
+        for entry in run:
+            block = data[entry.position - first : entry.position - first + entry.size]
+            decoded = decode_block_records(block, entry)
+            self.blocks.put((info.object_id, entry.position), decoded, entry.size)
+            decoded_run.append(decoded)
+        return decoded_run
+
+    async def index(self, info: ObjectInfo) -> ObjectIndex:
+        index = self._indexes.get(info.object_id)
+        if index is None:
+            self.gets += 1
+            index = await read_index(self.objects, info.key, info.size, info.index_size)
+            self._indexes.put(info.object_id, index, 1)
+        return index
+
+    def forget_objects(self, object_ids: set[int]) -> None:
+        self.blocks.discard_if(lambda key: key[0] in object_ids)
+        self._indexes.discard_if(lambda key: key in object_ids)
+
+
+async def read_committed(
+    objects: ObjectStore,
+    metadata: MetadataStore,
+    stream_id: int,
+    start: int,
+    end: int | None = None,
+    *,
+    batch_records: int = 10_000,
+    reader: ObjectReader | None = None,
+) -> AsyncIterator[SequencedRecord]:
+    """Every committed record of ``stream_id`` in ``[max(start, start_offset), end)``, in order,
+    read straight from the object store (no node involved)."""
+    reader = reader or ObjectReader(objects, metadata)
+    info = (await metadata.get_streams([stream_id])).get(stream_id)
+    if info is None:
+        return
+    position = max(start, info.start_offset)
+    stop = info.committed_end if end is None else min(end, info.committed_end)
+    while position < stop:
+        records = await reader.read(stream_id, position, stop, batch_records, 64 << 20)
+        if not records:
+            break
+        for record in records:
+            yield record
+        position = records[-1].offset + 1

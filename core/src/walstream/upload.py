@@ -1,0 +1,295 @@
+"""The uploader: moves sealed LogCache blocks into object storage (DESIGN §4, steps 4–5).
+
+For each sealed block, in FIFO order of commits: ``prepare`` object ids → build and put the
+object(s) (several blocks may be building and putting at once) → ``commit`` to metadata strictly
+in block order → ``wal.trim`` up to the block's last WAL offset → the block becomes evictable.
+
+A block with one stream becomes a *stream object*; otherwise streams with at least
+``split_bytes`` in the block get their own stream object and the rest share one *stream-set
+object*.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .cache import CachedBatch, LogBlock, LogCache
+from .clock import Clock
+from .config import UploadConfig
+from .errors import BackendUnavailable, WalstreamError
+from .hooks import EngineHooks
+from .metadata import MetadataStore, ObjectCommit, ObjectKind, StreamRange
+from .object_format import ObjectBuilder, object_key
+from .objects import ObjectStore
+from .wal import WriteAheadLog
+
+__all__ = ["Uploader", "retry_transient"]
+
+log = logging.getLogger(__name__)
+
+_OFFLOAD_BUILD_BYTES = 1 << 20
+
+
+async def retry_transient(
+    operation: Callable[[], asyncio.Future[object] | object],
+    *,
+    what: str,
+    clock: Clock,
+    rng: random.Random,
+    give_up: Callable[[], bool],
+    max_delay_s: float = 5.0,
+) -> object:
+    """Run ``operation`` until it succeeds, retrying :class:`BackendUnavailable` (and
+    ``Throttled``) with jittered exponential backoff; other errors propagate."""
+    delay = 0.02
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            result = operation()
+            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                return await result
+            return result
+        except BackendUnavailable as exc:
+            if give_up():
+                raise
+            if attempt in (1, 10) or attempt % 100 == 0:
+                log.warning("%s failed (attempt %d, retrying): %s", what, attempt, exc)
+            await clock.sleep(rng.uniform(delay / 2, delay))
+            delay = min(max_delay_s, delay * 2)
+
+
+@dataclass
+class _PlannedObject:
+    kind: ObjectKind
+    streams: list[list[CachedBatch]]
+
+
+class Uploader:
+    def __init__(
+        self,
+        *,
+        cache: LogCache,
+        wal: WriteAheadLog,
+        objects: ObjectStore,
+        metadata: MetadataStore,
+        node_id: int,
+        node_epoch: int,
+        config: UploadConfig,
+        hooks: EngineHooks,
+        clock: Clock,
+        rng: random.Random,
+        is_live: Callable[[int], bool],
+        on_fatal: Callable[[BaseException], None],
+        trim_wal: bool = True,
+    ) -> None:
+        self._cache = cache
+        self._wal = wal
+        self._objects = objects
+        self._metadata = metadata
+        self.node_id = node_id
+        self.node_epoch = node_epoch
+        self._config = config
+        self._hooks = hooks
+        self._clock = clock
+        self._rng = rng
+        self._is_live = is_live
+        self._on_fatal = on_fatal
+        self.trim_wal = trim_wal
+        """False while recovery still iterates the WAL (its final ``reset`` covers the trim)."""
+        self._semaphore = asyncio.Semaphore(max(1, config.max_concurrency))
+        self._kick = asyncio.Event()
+        self._last_commit: asyncio.Future[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sealer: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._aborted = False
+        self.objects_written = 0
+        self.bytes_written = 0
+        self.failure: BaseException | None = None
+
+    def start(self) -> None:
+        self._sealer = asyncio.create_task(self._seal_loop(), name=f"uploader-{self.node_id}")
+
+    def notify_added(self) -> None:
+        """Called after each append: seal at once when the block is full, start its timer when
+        it was empty."""
+        active = self._cache.active
+        if active.size_bytes >= self._config.max_bytes or len(active.batches) == 1:
+            self._kick.set()
+
+    def request_upload(self) -> None:
+        """Seal the active block now (back-pressure, flush)."""
+        self._seal_now()
+
+    async def flush(self) -> None:
+        """Seal the active block and wait until everything sealed so far is committed."""
+        self._seal_now()
+        last = self._last_commit
+        if last is not None:
+            await asyncio.shield(last)
+
+    async def close(self, abort: bool = False) -> None:
+        """Stop the sealer; unless ``abort``, upload and commit everything first."""
+        if not abort and self.failure is None:
+            await self.flush()
+        self._stopping = True
+        self._aborted = abort
+        self._kick.set()
+        if self._sealer is not None:
+            await asyncio.gather(self._sealer, return_exceptions=True)
+        if abort:
+            for task in list(self._tasks):
+                task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- sealing --------------------------------------------------------------------------------
+
+    async def _seal_loop(self) -> None:
+        while not self._stopping:
+            self._kick.clear()
+            active = self._cache.active
+            if active.size_bytes >= self._config.max_bytes:
+                self._seal_now()
+                continue
+            if active.batches:
+                remaining = self._config.max_interval_s - self._cache.active_age()
+                if remaining <= 0:
+                    self._seal_now()
+                    continue
+                try:
+                    await asyncio.wait_for(self._kick.wait(), remaining)
+                except TimeoutError:
+                    pass
+            else:
+                await self._kick.wait()
+
+    def _seal_now(self) -> None:
+        block = self._cache.seal_active()
+        if block is None:
+            return
+        previous = self._last_commit
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._last_commit = done
+        task = asyncio.create_task(self._upload(block, previous, done))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- one block --------------------------------------------------------------------------------
+
+    async def _upload(
+        self, block: LogBlock, previous: asyncio.Future[None] | None, done: asyncio.Future[None]
+    ) -> None:
+        try:
+            await block.settled.wait()
+            batches = [batch for batch in block.batches if batch.acked and self._is_live(batch.stream_id)]
+            commits: list[ObjectCommit] = []
+            if batches:
+                async with self._semaphore:
+                    commits = await self._write_objects(batches)
+            if previous is not None:
+                await asyncio.shield(previous)
+            if commits:
+                await retry_transient(
+                    lambda: self._metadata.commit_objects(self.node_id, self.node_epoch, commits),
+                    what="metadata commit",
+                    clock=self._clock,
+                    rng=self._rng,
+                    give_up=lambda: self._aborted,
+                )
+            wal_offset = block.last_acked_wal_offset
+            if wal_offset >= 0 and self.trim_wal:
+                await self._wal.trim(wal_offset)
+            self._cache.mark_committed(block)
+            self._hooks.object_committed(
+                self.node_id, [commit.object_id for commit in commits],
+                sum(commit.size for commit in commits), wal_offset,
+            )
+            done.set_result(None)
+        except BaseException as exc:  # noqa: BLE001 - the chain must learn about every failure
+            if self.failure is None:
+                self.failure = exc
+                if not isinstance(exc, asyncio.CancelledError):
+                    log.error("upload of block %d failed: %s", block.block_id, exc)
+                    self._on_fatal(exc)
+            done.set_exception(exc if isinstance(exc, WalstreamError) else BackendUnavailable(
+                f"upload failed: {exc!r}"))
+            done.exception()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    def _plan(self, batches: list[CachedBatch]) -> list[_PlannedObject]:
+        by_stream: dict[int, list[CachedBatch]] = {}
+        for batch in batches:
+            by_stream.setdefault(batch.stream_id, []).append(batch)
+        if len(by_stream) == 1:
+            return [_PlannedObject(ObjectKind.STREAM, list(by_stream.values()))]
+        planned: list[_PlannedObject] = []
+        shared: list[list[CachedBatch]] = []
+        for stream_batches in by_stream.values():
+            if sum(len(batch.data) for batch in stream_batches) >= self._config.split_bytes:
+                planned.append(_PlannedObject(ObjectKind.STREAM, [stream_batches]))
+            else:
+                shared.append(stream_batches)
+        if shared:
+            kind = ObjectKind.STREAM if len(shared) == 1 else ObjectKind.STREAM_SET
+            planned.append(_PlannedObject(kind, shared))
+        return planned
+
+    async def _write_objects(self, batches: list[CachedBatch]) -> list[ObjectCommit]:
+        planned = self._plan(batches)
+        ttl_ms = int(self._config.prepare_ttl_s * 1000)
+        object_ids = await retry_transient(
+            lambda: self._metadata.prepare_objects(len(planned), ttl_ms),
+            what="prepare object ids",
+            clock=self._clock,
+            rng=self._rng,
+            give_up=lambda: self._aborted,
+        )
+        assert isinstance(object_ids, list)
+        commits = await asyncio.gather(
+            *(self._write_one(object_id, plan) for object_id, plan in zip(object_ids, planned, strict=True))
+        )
+        return list(commits)
+
+    async def _write_one(self, object_id: int, plan: _PlannedObject) -> ObjectCommit:
+        total = sum(len(batch.data) for stream in plan.streams for batch in stream)
+        if total >= _OFFLOAD_BUILD_BYTES:
+            built = await asyncio.to_thread(_build, plan.streams)
+        else:
+            built = _build(plan.streams)
+        key = object_key(object_id)
+        await retry_transient(
+            lambda: self._objects.put(key, built.data),
+            what=f"put {key}",
+            clock=self._clock,
+            rng=self._rng,
+            give_up=lambda: self._aborted,
+        )
+        self.objects_written += 1
+        self.bytes_written += len(built.data)
+        self._hooks.object_uploaded(self.node_id, object_id, key, len(built.data), plan.kind.value)
+        ranges = tuple(
+            StreamRange(
+                stream_id=stream[0].stream_id,
+                start_offset=stream[0].base_offset,
+                end_offset=stream[-1].end_offset,
+                epoch=stream[-1].epoch,
+                min_timestamp_ms=min(batch.min_timestamp_ms for batch in stream),
+                max_timestamp_ms=max(batch.max_timestamp_ms for batch in stream),
+            )
+            for stream in plan.streams
+        )
+        return ObjectCommit(object_id, key, plan.kind, len(built.data), built.index_size, ranges)
+
+
+def _build(streams: list[list[CachedBatch]]):  # type: ignore[no-untyped-def]
+    builder = ObjectBuilder()
+    for stream in streams:
+        for batch in stream:
+            builder.add_batch(batch.data)
+    return builder.finish()
