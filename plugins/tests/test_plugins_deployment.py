@@ -361,3 +361,23 @@ def test_embedded_default_with_the_real_plugins(tmp_path: Path,
     assert deployment.base_dir == tmp_path / "walstream-data"
     assert deployment.sections["metadata"]["path"] == tmp_path / "walstream-data" / "meta.db"
     assert os.path.basename(deployment.sections["wal"]["path"]) == "wal.img"
+
+
+def test_disabling_an_unknown_hook_extension_warns_with_a_suggestion(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="walstream_plugins.deployment"):
+        deployment = load_deployment(with_section(hooks={"disable": ["metric"]}))
+    assert deployment.disabled_hooks == ("metric",)
+    assert any("hooks.disable" in record.getMessage()
+               and "Did you mean 'metrics'?" in record.getMessage() for record in caplog.records)
+
+
+def test_yaml_boolean_words_as_keys_are_explained(write_yaml: WriteYaml) -> None:
+    path = write_yaml("""\
+        wal: {type: memory}
+        object_store: {type: memory}
+        metadata: {type: memory}
+        compaction: {on: true}
+    """)
+    assert "quote YAML words such as 'on'" in config_error(path)

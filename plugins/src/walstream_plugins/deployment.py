@@ -28,6 +28,7 @@ Rules kept here:
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -52,7 +53,7 @@ from walstream.metadata import MetadataStore
 from walstream.objects import ObjectStore
 from walstream.wal import WriteAheadLog
 
-from .hooks import PluggyHooks, make_plugin_manager
+from .hooks import PluggyHooks, installed_hook_names, make_plugin_manager
 from .registry import installed_names, load_factory
 
 __all__ = [
@@ -63,6 +64,8 @@ __all__ = [
     "default_deployment",
     "load_deployment",
 ]
+
+log = logging.getLogger(__name__)
 
 #: The deployment ``walstream.open(None)`` uses, relative to its data folder. Change the
 #: embedded default here and only here.
@@ -341,7 +344,10 @@ def _as_section(value: Any, key: str, example: str) -> Mapping[str, Any]:
         raise ConfigError(f"{key}: expected a mapping like {example}, got {value!r}")
     for item_key in value:
         if not isinstance(item_key, str):
-            raise ConfigError(f"{key}: keys must be strings, got {item_key!r}")
+            raise ConfigError(
+                f"{key}: keys must be strings, got {item_key!r} (quote YAML words such as "
+                f"'on', 'yes' or 'null' used as keys)"
+            )
     return value
 
 
@@ -374,6 +380,18 @@ def _check_listen(listen: str) -> None:
             f"server.listen: expected host:port such as 127.0.0.1:7400 or [::1]:7400, "
             f"got {listen!r}"
         )
+
+
+def _check_disabled_hooks(disabled: list[str]) -> None:
+    """Disabling an extension that is not installed is harmless (the same file may serve hosts
+    with other extensions), so a likely typo is only logged."""
+    installed = installed_hook_names()
+    for name in disabled:
+        if name not in installed:
+            log.warning(
+                "hooks.disable: no hook extension %r is installed (installed: %s).%s",
+                name, ", ".join(installed) or "none", _did_you_mean(name, installed),
+            )
 
 
 def _validate_backend(
@@ -419,7 +437,7 @@ def _from_mapping(
             )
     document = _expand(document, "", environ)
 
-    sections: dict[str, dict[str, Any]] = {}
+    sections: dict[str, Any] = {}
     for name, options in _ENGINE_SECTIONS.items():
         sections[name] = _validate_section(name, document.get(name), options, base_dir)
     timeout_raw = document.get("append_timeout")
@@ -428,8 +446,9 @@ def _from_mapping(
         if timeout_raw is None
         else _APPEND_TIMEOUT.parse(timeout_raw, "append_timeout", base_dir)
     )
-    sections_extra: dict[str, Any] = {"append_timeout": append_timeout_s}
+    sections["append_timeout"] = append_timeout_s
     _check_listen(sections["server"]["listen"])
+    _check_disabled_hooks(sections["hooks"]["disable"])
     cache = sections["cache"]
     if cache["readahead_min_bytes"] > cache["readahead_max_bytes"]:
         raise ConfigError(
@@ -462,8 +481,7 @@ def _from_mapping(
         ),
         append_timeout_s=append_timeout_s,
     )
-    merged: dict[str, Any] = {**sections, **sections_extra}
-    ordered = {name: merged[name] for name in TOP_LEVEL_KEYS}
+    ordered = {name: sections[name] for name in TOP_LEVEL_KEYS}
     return Deployment(
         source=source,
         base_dir=base_dir,

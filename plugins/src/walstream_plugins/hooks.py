@@ -27,6 +27,7 @@ __all__ = [
     "WalstreamHookSpecs",
     "hookimpl",
     "hookspec",
+    "installed_hook_names",
     "make_plugin_manager",
 ]
 
@@ -81,6 +82,14 @@ class WalstreamHookSpecs:
         ``object``."""
 
 
+def installed_hook_names() -> list[str]:
+    """Names of the installed ``walstream.hooks`` extensions (nothing is imported)."""
+    listing = NamedExtensionManager(
+        HOOKS_GROUP, names=[], on_missing_entrypoints_callback=None
+    ).list_entry_points()
+    return sorted({entry_point.name for entry_point in listing})
+
+
 def make_plugin_manager(
     load_entrypoints: bool = True, disabled: Iterable[str] = ()
 ) -> pluggy.PluginManager:
@@ -101,10 +110,7 @@ def make_plugin_manager(
             entry_point.name, entry_point.value, type(error).__name__, error,
         )
 
-    listing = NamedExtensionManager(
-        HOOKS_GROUP, names=[], on_missing_entrypoints_callback=None
-    ).list_entry_points()
-    wanted = sorted({entry_point.name for entry_point in listing} - disabled_names)
+    wanted = sorted(set(installed_hook_names()) - disabled_names)
     extensions = NamedExtensionManager(
         HOOKS_GROUP,
         names=wanted,

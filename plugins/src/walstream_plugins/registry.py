@@ -284,7 +284,7 @@ def installed_backends() -> list[BackendDescription]:
                 descriptions.append(
                     BackendDescription(
                         kind, candidate.name, candidate.dist, candidate.version, "", (),
-                        error=str(error),
+                        error=str(error).removeprefix(f"{kind}.type: "),
                     )
                 )
                 continue
