@@ -1,0 +1,256 @@
+"""The medium under the ebs WAL: a block device or a preallocated file, opened for durable,
+4 KiB-aligned I/O.
+
+With ``direct=True`` (the default) the file is opened ``O_DIRECT | O_DSYNC`` and every read and
+write goes through Linux AIO (``io_submit``), completions arriving on an eventfd watched by the
+asyncio loop: no thread per write, many writes in flight at once. Buffers are anonymous ``mmap``
+regions, hence page aligned, as ``O_DIRECT`` requires.
+
+With ``direct=False`` (filesystems that refuse ``O_DIRECT``, such as some tmpfs) the file is opened
+``O_DSYNC`` only and writes run ``pwrite`` on the default thread pool.
+
+Durability: ``O_DSYNC`` on the descriptor, rather than ``fdatasync`` after each write. Each AIO
+write then completes only once its own data (and the extent metadata needed to read it back) is on
+stable media — the kernel issues it with FUA or follows it with a cache flush — so every write of
+the sliding window is durable on its own completion, in one system call, without waiting for the
+other in-flight writes the way an ``fdatasync`` of the whole file would. (An AIO ``fdatasync``
+command is also refused by most filesystems.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import mmap
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+from walstream.errors import AmbiguousError, BackendUnavailable, ConfigError
+
+from .layout import BLOCK_BYTES
+
+__all__ = ["WalDevice", "aligned_buffer", "create_preallocated_file", "supports_direct_io"]
+
+_AIO_MAX_EVENTS = 512
+
+
+def aligned_buffer(length: int) -> mmap.mmap:
+    """A zero-filled, page-aligned buffer (anonymous mmap) of ``length`` bytes."""
+    return mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+
+def create_preallocated_file(path: Path, size_bytes: int) -> None:
+    """Create ``path`` with ``size_bytes`` allocated (``fallocate``); fsync it and its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot create the WAL file {path}: {exc}") from exc
+    try:
+        os.posix_fallocate(fd, 0, size_bytes)
+        os.fsync(fd)
+    except OSError as exc:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise BackendUnavailable(
+            f"cannot preallocate {size_bytes} bytes for the WAL file {path}: {exc}; "
+            "free space or lower wal.capacity"
+        ) from exc
+    os.close(fd)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def supports_direct_io(folder: Path) -> bool:
+    """Whether files in ``folder`` accept ``O_DIRECT`` (tmpfs, for one, may not)."""
+    probe = folder / ".walstream-direct-probe"
+    try:
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_DIRECT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    else:
+        os.close(fd)
+        return True
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+class WalDevice:
+    """An open WAL medium. ``write`` returns once the bytes are durable."""
+
+    def __init__(self, path: Path, *, direct: bool, writable: bool) -> None:
+        self.path = path
+        self.direct = direct
+        flags = (os.O_RDWR | os.O_DSYNC) if writable else os.O_RDONLY
+        flags |= os.O_CLOEXEC
+        if direct:
+            flags |= os.O_DIRECT
+        try:
+            self.fd = os.open(path, flags)
+        except FileNotFoundError as exc:
+            raise BackendUnavailable(
+                f"the WAL file {path} does not exist; set wal.create: true to create it"
+            ) from exc
+        except OSError as exc:
+            if direct and exc.errno == errno.EINVAL:
+                raise ConfigError(
+                    f"wal.direct: the filesystem holding {path} refuses O_DIRECT (tmpfs?); "
+                    "set direct: false for this WAL or move it to a disk"
+                ) from exc
+            raise BackendUnavailable(f"cannot open the WAL file {path}: {exc}") from exc
+        mode = os.fstat(self.fd).st_mode
+        self.is_block_device = stat.S_ISBLK(mode)
+        self.size_bytes = os.lseek(self.fd, 0, os.SEEK_END)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._context: object | None = None
+        self._eventfd: object | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start delivering AIO completions to ``loop`` (direct mode only)."""
+        self._loop = loop
+        if not self.direct:
+            return
+        import libaio
+
+        self._context = libaio.AIOContext(_AIO_MAX_EVENTS)
+        efd = libaio.EventFD(0, libaio.EFD_NONBLOCK | libaio.EFD_CLOEXEC)
+        self._eventfd = efd
+        loop.add_reader(efd.fileno(), self._reap)
+
+    def close(self) -> None:
+        if self._eventfd is not None and self._loop is not None:
+            self._loop.remove_reader(self._eventfd.fileno())  # type: ignore[attr-defined]
+        if self._context is not None:
+            self._context.close()  # type: ignore[attr-defined]
+            self._context = None
+        if self._eventfd is not None:
+            self._eventfd.close()  # type: ignore[attr-defined]
+            self._eventfd = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    # -- I/O -----------------------------------------------------------------------------------
+
+    async def write_all(self, writes: Sequence[tuple[mmap.mmap, int]]) -> None:
+        """Write each ``(buffer, position)`` (4 KiB aligned) concurrently; durable on return."""
+        if self.direct:
+            results = await self._submit(writes, write=True)
+        else:
+            loop = self._require_loop()
+            results = await asyncio.gather(
+                *(
+                    loop.run_in_executor(None, _pwrite_or_errno, self.fd, buffer, position)
+                    for buffer, position in writes
+                )
+            )
+        for (buffer, position), result in zip(writes, results, strict=True):
+            if result != len(buffer):
+                raise AmbiguousError(self._io_problem("write", position, len(buffer), result))
+
+    async def read(self, position: int, length: int) -> bytes:
+        """Read ``length`` bytes at ``position`` (both 4 KiB aligned) from the medium."""
+        if position % BLOCK_BYTES or length % BLOCK_BYTES:
+            raise ValueError("unaligned read")
+        buffer = aligned_buffer(length)
+        try:
+            if self.direct:
+                (result,) = await self._submit([(buffer, position)], write=False)
+            else:
+                loop = self._require_loop()
+                result = await loop.run_in_executor(
+                    None, _pread_or_errno, self.fd, buffer, position
+                )
+            if result < 0:
+                raise BackendUnavailable(self._io_problem("read", position, length, result))
+            return bytes(buffer[:result]) + bytes(length - result)
+        finally:
+            buffer.close()
+
+    def _require_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("WalDevice.attach() was not called")
+        return self._loop
+
+    async def _submit(
+        self, requests: Sequence[tuple[mmap.mmap, int]], *, write: bool
+    ) -> list[int]:
+        import libaio
+
+        loop = self._require_loop()
+        futures: list[asyncio.Future[int]] = []
+        blocks = []
+        mode = libaio.AIOBLOCK_MODE_WRITE if write else libaio.AIOBLOCK_MODE_READ
+        for buffer, position in requests:
+            future: asyncio.Future[int] = loop.create_future()
+            futures.append(future)
+            blocks.append(
+                libaio.AIOBlock(
+                    mode,
+                    target_file=self.fd,
+                    buffer_list=[buffer],
+                    offset=position,
+                    eventfd=self._eventfd,
+                    onCompletion=_completer(future),
+                )
+            )
+        submitted = 0
+        try:
+            while submitted < len(blocks):
+                submitted += self._context.submit(blocks[submitted:])  # type: ignore[attr-defined]
+        except OSError as exc:
+            action = "write" if write else "read"
+            problem = f"io_submit of a {action} to {self.path} failed: {exc}"
+            if submitted:
+                # Part of the request reached the device: wait for it before reporting.
+                await asyncio.gather(*futures[:submitted], return_exceptions=True)
+            if write and submitted:
+                raise AmbiguousError(problem) from exc
+            raise BackendUnavailable(problem) from exc
+        return list(await asyncio.gather(*futures))
+
+    def _reap(self) -> None:
+        try:
+            self._eventfd.read()  # type: ignore[attr-defined]
+        except BlockingIOError:
+            pass
+        # The completion callbacks resolve the futures created in _submit.
+        self._context.getEvents(min_nr=0, timeout=0)  # type: ignore[attr-defined]
+
+    def _io_problem(self, action: str, position: int, length: int, result: int) -> str:
+        if result < 0:
+            reason = os.strerror(-result)
+            if self.direct and -result == errno.EINVAL:
+                reason += " (the filesystem may refuse O_DIRECT: set direct: false)"
+        else:
+            reason = f"only {result} bytes transferred"
+        return f"{action} of {length} bytes at {position} on {self.path} failed: {reason}"
+
+
+def _completer(future: asyncio.Future[int]):  # type: ignore[no-untyped-def]
+    def on_completion(_block: object, result: int, _result2: int) -> None:
+        if not future.done():
+            future.set_result(result)
+
+    return on_completion
+
+
+def _pwrite_or_errno(fd: int, buffer: mmap.mmap, position: int) -> int:
+    try:
+        return os.pwrite(fd, buffer, position)
+    except OSError as exc:
+        return -(exc.errno or errno.EIO)
+
+
+def _pread_or_errno(fd: int, buffer: mmap.mmap, position: int) -> int:
+    try:
+        return os.preadv(fd, [buffer], position)
+    except OSError as exc:
+        return -(exc.errno or errno.EIO)

@@ -1,0 +1,536 @@
+"""``EbsWal``: the write-ahead log on a raw block device (an EBS volume) or a preallocated file.
+
+Layout and record format: :mod:`walstream_wal_ebs.layout`. I/O and durability (``O_DIRECT`` +
+``O_DSYNC`` through Linux AIO): :mod:`walstream_wal_ebs.device`.
+
+Write path. :class:`~walstream.wal.GroupCommitWal` groups concurrent appends; ``_prepare_group``
+packs one group's records back to back into fresh 4 KiB blocks at the next logical offsets (the
+``WalOffset`` of a record is the logical byte offset of its header), ends the group with a padding
+record up to the block boundary, and — when the group would cross the end of the ring — first
+writes a padding record from the current position to the ring end and starts the group at the
+beginning of the ring. Groups never share a block, so in-flight groups never overlap.
+``_write_group`` writes the blocks and then re-reads the header slots: if another node id or epoch
+owns the WAL, the group fails with :class:`FencedError` before anything is acknowledged.
+
+Recovery walks the chain from the header's tail offset (:mod:`walstream_wal_ebs.scan`) and yields
+records only once the walk reaches a 4 KiB boundary after them (a group's end): a record of a group
+whose later part is torn or corrupt is dropped with it.
+
+Restarts. Up to ``max_inflight`` groups were in flight when the previous writer died; some may
+have landed beyond the point where the walk stops. A writer therefore never resumes at the stop
+point itself: it resumes at the same physical position but a whole number of capacities further
+in logical offsets, beyond ``max(head_floor, tail) + capacity`` (every offset ever written is
+below that), and records that resume point in the header (``head_floor``) before its first
+write. Bytes left by an earlier writer then carry offsets that can never match the walk, and the
+first record of the new writer is found as a *jump*. ``reset`` resumes the same way, so stale bytes
+never parse as records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from walstream.clock import Clock
+from walstream.errors import (
+    BackendUnavailable,
+    CapacityError,
+    ConfigError,
+    CorruptionError,
+    FencedError,
+    InvalidArgument,
+    WalstreamError,
+)
+from walstream.wal import (
+    GroupCommitWal,
+    PreparedGroup,
+    WalCapabilities,
+    WalMode,
+    WalOffset,
+    WalRecord,
+)
+
+from .device import WalDevice, aligned_buffer, create_preallocated_file
+from .layout import (
+    BLOCK_BYTES,
+    PADDING_MAGIC,
+    RECORD_AREA_START,
+    RECORD_HEADER_BYTES,
+    RECORD_MAGIC,
+    HeaderSlot,
+    align_up,
+    body_crc,
+    has_header_magic,
+    pack_record_header,
+    pick_header,
+    salt_seed,
+)
+from .scan import scan_ring
+
+__all__ = ["MIN_CAPACITY_BYTES", "EbsWal"]
+
+log = logging.getLogger(__name__)
+
+MIN_CAPACITY_BYTES = RECORD_AREA_START + 16 * BLOCK_BYTES
+_MAX_RECORD_BYTES = 64 << 20
+
+
+class EbsWal(GroupCommitWal):
+    """A circular WAL on a block device or a preallocated file (see the module docstring)."""
+
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        capacity_bytes: int = 1 << 30,
+        create: bool = True,
+        direct: bool = True,
+        max_inflight: int = 4,
+        max_group_bytes: int = 1 << 20,
+        max_group_delay_s: float = 0.0005,
+        capacity_wait_s: float = 5.0,
+        clock: Clock | None = None,
+        salt: int | None = None,
+    ) -> None:
+        if capacity_bytes < MIN_CAPACITY_BYTES:
+            raise ConfigError(
+                f"wal.capacity: at least {MIN_CAPACITY_BYTES} bytes, got {capacity_bytes}"
+            )
+        self.path = Path(path)
+        self.create = create
+        self.direct = direct
+        self._requested_bytes = capacity_bytes
+        self._salt = salt
+        super().__init__(
+            capabilities=self._capabilities_for(align_down(capacity_bytes - RECORD_AREA_START)),
+            max_group_bytes=max_group_bytes,
+            max_group_delay_s=max_group_delay_s,
+            max_inflight=min(max_inflight, 64),
+            capacity_wait_s=capacity_wait_s,
+            clock=clock,
+        )
+        self._device: WalDevice | None = None
+        self._header: HeaderSlot | None = None
+        self._header_lock = asyncio.Lock()
+        self._capacity = 0
+        self._area_start = RECORD_AREA_START
+        self._seed = 0
+        self._head = 0
+        """Next logical write position (4 KiB aligned)."""
+        self._tail = 0
+        """First untrimmed logical offset (what the header's tail offset says)."""
+        self._trim_offset = -1
+        self._segments: deque[list[int]] = deque()
+        """Untrimmed logical runs ``[start, end)``; runs are physically contiguous, a restart
+        starts a new run further in logical offsets."""
+        self._used_bytes = 0
+        self._records: deque[tuple[int, int]] = deque()
+        """``(offset, end)`` of every untrimmed record, written or in flight, in order."""
+        self._fence_waiters: list[asyncio.Future[None]] = []
+        self._fence_task: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def _capabilities_for(ring_bytes: int) -> WalCapabilities:
+        return WalCapabilities(
+            max_record_bytes=max(1, min(_MAX_RECORD_BYTES, ring_bytes // 4)),
+            capacity_bytes=ring_bytes,
+            supports_failover=True,
+            survives_process_kill=True,
+            survives_power_loss=True,
+            shared_between_processes=True,
+            extra={"block_bytes": BLOCK_BYTES},
+        )
+
+    # -- primitives ----------------------------------------------------------------------------
+
+    async def _open(self, node_id: int, node_epoch: int, mode: WalMode) -> None:
+        if not self.path.exists():
+            if mode is not WalMode.READ_WRITE or not self.create:
+                raise BackendUnavailable(
+                    f"the WAL file {self.path} does not exist "
+                    + ("(create: false)" if not self.create else f"(nothing to {mode.value})")
+                )
+            create_preallocated_file(self.path, self._requested_bytes)
+        device = WalDevice(self.path, direct=self.direct, writable=mode is not WalMode.READ_ONLY)
+        try:
+            device.attach(asyncio.get_running_loop())
+            self._device = device
+            raw = await device.read(0, RECORD_AREA_START)
+            slots = [raw[i * BLOCK_BYTES : (i + 1) * BLOCK_BYTES] for i in range(2)]
+            header, problems = pick_header(slots)
+            if header is not None:
+                for problem in problems:
+                    log.warning("WAL %s: header %s; using the other slot", self.path, problem)
+            if header is None:
+                header = await self._format(slots, problems, mode)
+            self._adopt(header)
+            if mode is WalMode.FAILOVER:
+                await self._take_over()
+            elif mode is WalMode.READ_WRITE:
+                await self._claim()
+        except BaseException:
+            device.close()
+            self._device = None
+            raise
+
+    async def _format(self, slots: list[bytes], problems: list[str], mode: WalMode) -> HeaderSlot:
+        if any(has_header_magic(slot) for slot in slots):
+            raise CorruptionError(
+                f"both header slots of the WAL {self.path} are damaged ({'; '.join(problems)}); "
+                "its records cannot be located. Restore the device, or delete the file to start "
+                "an empty WAL (unuploaded records are lost)"
+            )
+        if mode is not WalMode.READ_WRITE or not self.create:
+            raise BackendUnavailable(
+                f"{self.path} holds no walstream WAL; open it READ_WRITE with create: true "
+                "to format it"
+            )
+        assert self._device is not None
+        ring_bytes = align_down(self._device.size_bytes - RECORD_AREA_START)
+        if ring_bytes + RECORD_AREA_START < MIN_CAPACITY_BYTES:
+            raise ConfigError(
+                f"wal.path: {self.path} has {self._device.size_bytes} bytes; the WAL needs at "
+                f"least {MIN_CAPACITY_BYTES}"
+            )
+        salt = self._salt if self._salt is not None else secrets.randbits(63)
+        header = HeaderSlot(
+            sequence=1,
+            timestamp_ms=self.clock.now_ms(),
+            capacity_bytes=ring_bytes,
+            area_start=RECORD_AREA_START,
+            tail_offset=0,
+            trim_offset=-1,
+            head_floor=0,
+            node_id=self.node_id,
+            node_epoch=self.node_epoch,
+            salt=salt,
+        )
+        # Both slots, so that a header left by an earlier format can never win.
+        await self._write_slot(header)
+        await self._write_slot(header.next())
+        log.info("WAL %s formatted: %d bytes of ring", self.path, ring_bytes)
+        return header.next()
+
+    def _adopt(self, header: HeaderSlot) -> None:
+        self._header = header
+        self._capacity = header.capacity_bytes
+        self._area_start = header.area_start
+        self._seed = salt_seed(header.salt)
+        self._tail = self._head = header.tail_offset
+        self._trim_offset = header.trim_offset
+        self.capabilities = self._capabilities_for(self._capacity)
+        requested = align_down(self._requested_bytes - RECORD_AREA_START)
+        if requested != self._capacity and not (self._device and self._device.is_block_device):
+            log.info(
+                "WAL %s keeps its formatted ring of %d bytes (wal.capacity asks for %d)",
+                self.path, self._capacity, requested,
+            )
+
+    async def _claim(self) -> None:
+        """READ_WRITE: become the owner unless a newer epoch already is."""
+        header = self._header
+        assert header is not None
+        if header.node_epoch > self.node_epoch or (
+            header.node_epoch == self.node_epoch and header.node_id != self.node_id
+        ):
+            raise FencedError(
+                f"the WAL {self.path} is owned by node {header.node_id} epoch "
+                f"{header.node_epoch}; this node (id {self.node_id}, epoch {self.node_epoch}) "
+                "must start with a higher epoch"
+            )
+        await self._persist_header(take_over=True)
+
+    async def _take_over(self) -> None:
+        """FAILOVER: fence the old writer by owning the header with a higher epoch.
+
+        The new owner is written to both slots one after the other: a racing header write of
+        the old writer (it read the header before the first of them) can then overwrite at most
+        one of them, and the other still carries the newest sequence.
+        """
+        header = self._header
+        assert header is not None
+        if self.node_epoch <= header.node_epoch:
+            raise FencedError(
+                f"FAILOVER of the WAL {self.path} needs an epoch above its owner's "
+                f"({header.node_epoch}); got {self.node_epoch}"
+            )
+        await self._persist_header(take_over=True)
+        await self._persist_header()
+
+    def _prepare_group(self, payloads: Sequence[bytes]) -> PreparedGroup:
+        capacity = self._capacity
+        content_bytes = sum(RECORD_HEADER_BYTES + len(payload) for payload in payloads)
+        span = align_up(content_bytes)
+        if 0 < span - content_bytes < RECORD_HEADER_BYTES:
+            span += BLOCK_BYTES  # the closing padding record needs room for its header
+        ring_position = self._head % capacity
+        wrap_bytes = capacity - ring_position if ring_position + span > capacity else 0
+        total = wrap_bytes + span
+        if self._used_bytes + total > capacity:
+            raise CapacityError(
+                f"the WAL {self.path} is full: {self._used_bytes} of {capacity} bytes are "
+                f"untrimmed and this group needs {total}; upload and trim, or raise wal.capacity"
+            )
+        writes = []
+        if wrap_bytes:
+            padding = aligned_buffer(BLOCK_BYTES)
+            with memoryview(padding) as view:
+                pack_record_header(
+                    view, 0, PADDING_MAGIC, wrap_bytes - RECORD_HEADER_BYTES, self._head, 0,
+                    self._seed,
+                )
+            writes.append((padding, self._area_start + ring_position))
+        start = self._head + wrap_bytes
+        buffer = aligned_buffer(span)
+        offsets: list[WalOffset] = []
+        position = 0
+        with memoryview(buffer) as view:
+            for payload in payloads:
+                offset = start + position
+                size = len(payload)
+                pack_record_header(
+                    view, position, RECORD_MAGIC, size, offset, body_crc(payload), self._seed
+                )
+                body_at = position + RECORD_HEADER_BYTES
+                view[body_at : body_at + size] = payload
+                offsets.append(offset)
+                position = body_at + size
+                self._records.append((offset, start + position))
+            if position < span:
+                pack_record_header(
+                    view, position, PADDING_MAGIC, span - position - RECORD_HEADER_BYTES,
+                    start + position, 0, self._seed,
+                )
+        writes.append((buffer, self._area_start + start % capacity))
+        if self._segments and self._segments[-1][1] == self._head:
+            self._segments[-1][1] += total
+        else:
+            self._segments.append([self._head, self._head + total])
+        self._head += total
+        self._used_bytes += total
+        return PreparedGroup(offsets, list(payloads), state=writes)
+
+    async def _write_group(self, group: PreparedGroup) -> None:
+        device = self._require_device()
+        try:
+            await device.write_all(group.state)
+        finally:
+            for buffer, _ in group.state:
+                buffer.close()
+            group.state = None
+        await self._check_fence()
+
+    async def _recover(self) -> AsyncIterator[WalRecord]:
+        device = self._require_device()
+        header = self._header
+        assert header is not None
+        self._records.clear()
+        self._segments = deque([[self._tail, self._tail]])
+        chain_end = self._tail
+        uncommitted: list[WalRecord] = []
+        async for step in scan_ring(device.read, header):
+            if step.kind == "stop":
+                message = (
+                    f"WAL {self.path}: recovery stopped at offset {step.offset}: {step.problem}"
+                )
+                if step.corrupt:
+                    log.warning("%s", CorruptionError(message))
+                else:
+                    log.info("%s", message)
+                if uncommitted:
+                    log.warning(
+                        "WAL %s: dropped %d record(s) of a group that was not completely "
+                        "written (never acknowledged)", self.path, len(uncommitted),
+                    )
+                break
+            if step.kind == "jump":
+                self._segments.append([step.offset, step.offset])
+                chain_end = step.offset
+                continue
+            if step.kind == "record":
+                assert step.data is not None
+                uncommitted.append(WalRecord(step.offset, step.data))
+            if step.end % BLOCK_BYTES == 0:
+                # A group ends on a block boundary: everything up to here was written whole.
+                chain_end = step.end
+                self._segments[-1][1] = chain_end
+                for record in uncommitted:
+                    self._records.append(
+                        (record.offset, record.offset + RECORD_HEADER_BYTES + len(record.data))
+                    )
+                    if record.offset > self._trim_offset:
+                        yield record
+                uncommitted.clear()
+        self._used_bytes = sum(end - start for start, end in self._segments)
+        self._head = chain_end
+        if self.mode is WalMode.READ_WRITE:
+            await self._resume_after(chain_end)
+
+    async def _resume_after(self, chain_end: int) -> None:
+        """Resume writing beyond everything an earlier writer may have left (module docstring)."""
+        frontier = align_up(chain_end)
+        if frontier != chain_end:
+            # Only the tail itself can be unaligned; what follows it up to the block boundary
+            # did not parse, so the walk restarts at the boundary.
+            self._tail = frontier
+            self._segments.clear()
+            self._used_bytes = 0
+        resume = self._resume_offset(frontier)
+        await self._persist_header(tail_offset=self._tail, head_floor=resume)
+        self._head = resume
+
+    def _resume_offset(self, frontier: int) -> int:
+        assert self._header is not None
+        capacity = self._capacity
+        bound = max(self._header.head_floor, self._tail, frontier) + 2 * capacity
+        laps = max(1, -(-(bound - frontier) // capacity))
+        return frontier + laps * capacity
+
+    async def _trim(self, offset: WalOffset) -> None:
+        if offset <= self._trim_offset:
+            return
+        if offset >= self._head:
+            raise InvalidArgument(
+                f"trim({offset}) beyond the last written offset of the WAL {self.path}"
+            )
+        kept = 0
+        while kept < len(self._records) and self._records[kept][0] <= offset:
+            kept += 1
+        new_tail = self._records[kept][0] if kept < len(self._records) else self._head
+        await self._persist_header(tail_offset=new_tail, trim_offset=offset)
+        for _ in range(kept):
+            self._records.popleft()
+        self._tail = new_tail
+        self._trim_offset = offset
+        while self._segments and self._segments[0][1] <= new_tail:
+            start, end = self._segments.popleft()
+            self._used_bytes -= end - start
+        if self._segments and self._segments[0][0] < new_tail:
+            self._used_bytes -= new_tail - self._segments[0][0]
+            self._segments[0][0] = new_tail
+
+    async def _reset(self) -> None:
+        resume = self._resume_offset(align_up(self._head))
+        await self._persist_header(tail_offset=resume, trim_offset=resume - 1, head_floor=resume)
+        self._head = self._tail = resume
+        self._trim_offset = resume - 1
+        self._segments.clear()
+        self._records.clear()
+        self._used_bytes = 0
+
+    async def _close(self) -> None:
+        if self._fence_task is not None:
+            await asyncio.gather(self._fence_task, return_exceptions=True)
+        if self._device is not None:
+            self._device.close()
+            self._device = None
+
+    # -- header and fence ------------------------------------------------------------------------
+
+    def _require_device(self) -> WalDevice:
+        if self._device is None:
+            raise InvalidArgument(f"the WAL {self.path} is not open")
+        return self._device
+
+    async def _read_header(self) -> HeaderSlot:
+        raw = await self._require_device().read(0, RECORD_AREA_START)
+        header, problems = pick_header(
+            [raw[i * BLOCK_BYTES : (i + 1) * BLOCK_BYTES] for i in range(2)]
+        )
+        if header is None:
+            raise CorruptionError(
+                f"both header slots of the WAL {self.path} are damaged ({'; '.join(problems)})"
+            )
+        return header
+
+    def _owner_check(self, header: HeaderSlot) -> None:
+        if (header.node_id, header.node_epoch) != (self.node_id, self.node_epoch):
+            raise FencedError(
+                f"the WAL {self.path} was taken over by node {header.node_id} epoch "
+                f"{header.node_epoch}; this writer (node {self.node_id}, epoch "
+                f"{self.node_epoch}) is fenced and must stop"
+            )
+
+    async def _write_slot(self, header: HeaderSlot) -> None:
+        buffer = aligned_buffer(BLOCK_BYTES)
+        try:
+            buffer[:] = header.encode()
+            await self._require_device().write_all([(buffer, header.slot_index * BLOCK_BYTES)])
+        finally:
+            buffer.close()
+
+    async def _persist_header(self, *, take_over: bool = False, **changes: int) -> None:
+        """Write the next header slot; unless taking over, only while this node still owns it."""
+        async with self._header_lock:
+            on_device = await self._read_header()
+            if take_over:
+                if on_device.node_epoch > self.node_epoch:
+                    raise FencedError(
+                        f"the WAL {self.path} was just taken by epoch {on_device.node_epoch}"
+                    )
+            else:
+                self._owner_check(on_device)
+            assert self._header is not None
+            new = dataclasses.replace(
+                self._header,
+                sequence=on_device.sequence + 1,
+                timestamp_ms=self.clock.now_ms(),
+                node_id=self.node_id,
+                node_epoch=self.node_epoch,
+                **changes,
+            )
+            await self._write_slot(new)
+            self._header = new
+
+    async def _check_fence(self) -> None:
+        """Wait for a header read that started after this call: it proves that no FAILOVER
+        took the WAL before the caller's write was durable. Concurrent callers share reads."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._fence_waiters.append(waiter)
+        if self._fence_task is None or self._fence_task.done():
+            self._fence_task = asyncio.create_task(self._read_fences())
+        await waiter
+
+    async def _read_fences(self) -> None:
+        while self._fence_waiters:
+            waiters, self._fence_waiters = self._fence_waiters, []
+            problem: WalstreamError | None = None
+            try:
+                self._owner_check(await self._read_header())
+            except WalstreamError as exc:
+                problem = exc
+            except OSError as exc:
+                problem = BackendUnavailable(f"reading the WAL header of {self.path}: {exc}")
+            for waiter in waiters:
+                if waiter.done():
+                    continue
+                if problem is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(problem)
+
+    # -- description ---------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "type": "ebs",
+            "path": str(self.path),
+            "direct": self.direct,
+            "capacity_bytes": self._capacity,
+            "untrimmed_bytes": self._used_bytes,
+            "head_offset": self._head,
+            "tail_offset": self._tail,
+            "trim_offset": self._trim_offset,
+            "block_device": bool(self._device and self._device.is_block_device),
+        }
+
+
+def align_down(value: int) -> int:
+    return max(0, value - value % BLOCK_BYTES)
+
