@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import importlib
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from .errors import (
     ConfigError,
@@ -29,6 +30,9 @@ from .errors import (
     WalstreamError,
 )
 from .records import ReadResult, Record, SequencedRecord
+
+if TYPE_CHECKING:
+    from .client import Stream
 
 __all__ = ["ProgressBar", "build_parser", "main", "progress_bar"]
 
@@ -162,7 +166,7 @@ def _open_client(config: str | None) -> AbstractAsyncContextManager[Any]:
     """``walstream.open(config)`` as an async context manager (flushes and closes on exit)."""
     import walstream
 
-    opened: AbstractAsyncContextManager[Any] = walstream.open(config)  # type: ignore[attr-defined]
+    opened: AbstractAsyncContextManager[Any] = walstream.open(config)
     return opened
 
 
@@ -358,13 +362,11 @@ def _parse_header(text: str) -> tuple[str, bytes]:
 # -- commands: read / tail / trim -----------------------------------------------------------------
 
 
-async def _first_read(stream: Any, args: argparse.Namespace, page: int) -> ReadResult:
+async def _first_read(stream: Stream, args: argparse.Namespace, page: int) -> ReadResult:
     """The first page of ``read``: at --start, --from-timestamp or --tail-offset; without any of
     them at the stream's first readable offset."""
     if args.from_timestamp is not None:
-        result: ReadResult = await stream.read(from_timestamp=args.from_timestamp,
-                                               limit_records=page)
-        return result
+        return await stream.read(from_timestamp=args.from_timestamp, limit_records=page)
     if args.tail_offset is not None:
         return await stream.read(tail_offset=args.tail_offset, limit_records=page)
     if args.start is not None:
@@ -427,11 +429,10 @@ async def cmd_tail(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _print_last(stream: Any, lines: int, output_format: str) -> int:
+async def _print_last(stream: Stream, lines: int, output_format: str) -> int:
     """Print the last ``lines`` records; return the offset after them."""
     if lines <= 0:
-        tail: int = await stream.check_tail()
-        return tail
+        return await stream.check_tail()
     try:
         result = await stream.read(tail_offset=lines, limit_records=lines)
     except OutOfRangeError as trimmed:
@@ -576,10 +577,19 @@ def cmd_inspect_wal(args: argparse.Namespace) -> int:
 
 def cmd_conformance(args: argparse.Namespace, extra: list[str]) -> int:
     try:
-        from walstream_conformance import cli as conformance_cli
+        import walstream_conformance
     except ImportError:
         print(f"{PROG}: error: the conformance suite is not installed; "
               "run: pip install walstream-conformance", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        conformance_cli = importlib.import_module("walstream_conformance.cli")
+    except ModuleNotFoundError as missing:
+        if missing.name != "walstream_conformance.cli":
+            raise
+        print(f"{PROG}: error: the installed walstream-conformance "
+              f"({walstream_conformance.__file__}) has no command line; upgrade it, or run "
+              "its pytest plugin directly: pytest -p walstream_conformance", file=sys.stderr)
         return EXIT_USAGE
     parser = argparse.ArgumentParser(
         prog=f"{PROG} conformance",

@@ -213,7 +213,7 @@ async def _objects_of(client: Any, stream_ids: set[int]) -> tuple[int, int]:
 def _open(config: Any) -> Any:
     import walstream
 
-    return walstream.open(config)  # type: ignore[attr-defined]
+    return walstream.open(config)
 
 
 async def run_demo(
