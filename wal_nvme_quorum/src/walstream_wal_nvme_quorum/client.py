@@ -1,0 +1,262 @@
+"""The client side of one chunk server: a :class:`walstream.quorum.Replica` over TCP.
+
+One connection per server carries many requests at once (each frame has a request id). When
+the server cannot be reached, requests fail at once with :class:`BackendUnavailable` and the
+next connection attempt waits an exponential backoff (50 ms doubling to 2 s), so a dead server
+costs the writer nothing. A request whose connection breaks after it was sent fails with
+:class:`AmbiguousError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+
+import crc32c
+from walstream.clock import Clock, SystemClock
+from walstream.errors import (
+    AmbiguousError,
+    BackendUnavailable,
+    CorruptionError,
+    FencedError,
+    InvalidArgument,
+    NotFound,
+    PreconditionFailed,
+    WalstreamError,
+)
+from walstream.quorum import LogListing
+
+from .protocol import (
+    FRAME_PREFIX,
+    MIN_FRAME_LENGTH,
+    FrameError,
+    Op,
+    Status,
+    decode_listing,
+    encode_frame,
+    pack_i64,
+    pack_str,
+    pack_u32,
+    pack_u64,
+    parse_frame,
+)
+
+__all__ = ["ChunkServerReplica", "parse_address"]
+
+log = logging.getLogger(__name__)
+
+MAX_REPLY_BYTES = 1 << 30
+_INITIAL_BACKOFF_S = 0.05
+_MAX_BACKOFF_S = 2.0
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise InvalidArgument(f"chunk server address must be HOST:PORT, got {address!r}")
+    return host, int(port)
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.pending: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
+        self.closed = False
+        self.task: asyncio.Task[None] | None = None
+
+    def fail_all(self, exc: WalstreamError) -> None:
+        self.closed = True
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(exc)
+                future.exception()
+        self.pending.clear()
+
+
+class ChunkServerReplica:
+    """A chunk server at ``host:port`` as a quorum replica."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        connect_timeout_s: float = 1.0,
+        clock: Clock | None = None,
+    ) -> None:
+        self.name = address
+        self.host, self.port = parse_address(address)
+        self.token = token
+        self.connect_timeout_s = connect_timeout_s
+        self.clock: Clock = clock or SystemClock()
+        self._connection: _Connection | None = None
+        self._connecting: asyncio.Lock | None = None
+        self._retry_at = 0.0
+        self._backoff_s = _INITIAL_BACKOFF_S
+        self._request_ids = itertools.count(1)
+        self._closed = False
+
+    # -- connection management --------------------------------------------------------------------
+
+    def healthy(self) -> bool:
+        return self._connection is not None and not self._connection.closed
+
+    async def _connect(self) -> _Connection:
+        connection = self._connection
+        if connection is not None and not connection.closed:
+            return connection
+        if self._closed:
+            raise BackendUnavailable(f"chunk server client {self.name} is closed")
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            connection = self._connection
+            if connection is not None and not connection.closed:
+                return connection
+            now = self.clock.monotonic()
+            if now < self._retry_at:
+                raise BackendUnavailable(
+                    f"chunk server {self.name} is unreachable; next attempt in "
+                    f"{self._retry_at - now:.2f}s"
+                )
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port), self.connect_timeout_s
+                )
+            except (OSError, TimeoutError) as exc:
+                self._retry_at = self.clock.monotonic() + self._backoff_s
+                self._backoff_s = min(self._backoff_s * 2, _MAX_BACKOFF_S)
+                raise BackendUnavailable(
+                    f"cannot connect to chunk server {self.name} ({exc or type(exc).__name__}); "
+                    "check that walstream-chunkd runs there"
+                ) from None
+            connection = _Connection(reader, writer)
+            connection.task = asyncio.create_task(
+                self._read_replies(connection), name=f"chunkd-replies-{self.name}"
+            )
+            self._connection = connection
+            self._backoff_s = _INITIAL_BACKOFF_S
+            if self.token is not None:
+                status, body = await self._send(connection, Op.HELLO, self.token.encode())
+                if status != Status.OK:
+                    self._drop(connection, BackendUnavailable("chunk server refused the token"))
+                    reason = body.decode(errors="replace")
+                    raise BackendUnavailable(
+                        f"chunk server {self.name} refused the token ({reason})"
+                        "; set the same token on the WAL and on walstream-chunkd"
+                    )
+            return connection
+
+    def _drop(self, connection: _Connection, exc: WalstreamError) -> None:
+        connection.fail_all(exc)
+        if self._connection is connection:
+            self._connection = None
+        try:
+            connection.writer.close()
+        except (OSError, RuntimeError):
+            pass
+
+    async def _read_replies(self, connection: _Connection) -> None:
+        reason = "the connection closed"
+        try:
+            while True:
+                (length,) = FRAME_PREFIX.unpack(
+                    await connection.reader.readexactly(FRAME_PREFIX.size)
+                )
+                if length < MIN_FRAME_LENGTH or length > MAX_REPLY_BYTES:
+                    reason = f"a reply frame of impossible length {length}"
+                    break
+                frame = parse_frame(await connection.reader.readexactly(length))
+                future = connection.pending.pop(frame.request_id, None)
+                if future is not None and not future.done():
+                    future.set_result((frame.code, frame.body))
+                elif frame.request_id == 0 and frame.code == Status.BAD_REQUEST:
+                    log.warning("chunk server %s: %s", self.name, frame.body.decode("replace"))
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        except FrameError as exc:
+            reason = f"a damaged reply ({exc})"
+        self._retry_at = 0.0
+        self._drop(
+            connection,
+            AmbiguousError(
+                f"lost the connection to chunk server {self.name} ({reason}) with the request in "
+                "flight; it may have been applied"
+            ),
+        )
+
+    async def _send(self, connection: _Connection, op: Op, body: bytes) -> tuple[int, bytes]:
+        request_id = next(self._request_ids) & 0xFFFFFFFF or 1
+        future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
+        connection.pending[request_id] = future
+        try:
+            connection.writer.write(encode_frame(op, request_id, body))
+            await connection.writer.drain()
+            return await future
+        except (ConnectionError, OSError) as exc:
+            self._drop(connection, AmbiguousError(f"chunk server {self.name}: {exc}"))
+            raise AmbiguousError(
+                f"connection to chunk server {self.name} failed while sending ({exc}); the "
+                "request may have been applied"
+            ) from None
+        finally:
+            connection.pending.pop(request_id, None)
+
+    async def _request(self, op: Op, body: bytes) -> bytes:
+        connection = await self._connect()
+        status, reply = await self._send(connection, op, body)
+        if status == Status.OK:
+            return reply
+        message = f"chunk server {self.name}: {reply.decode(errors='replace')}"
+        if status == Status.FENCED:
+            raise FencedError(message)
+        if status == Status.NOT_FOUND:
+            raise NotFound(message)
+        if status == Status.CONFLICT:
+            raise PreconditionFailed(message)
+        if status == Status.CORRUPT:
+            raise CorruptionError(message)
+        if status == Status.UNAUTHORIZED:
+            raise BackendUnavailable(f"{message}; configure the server's token")
+        if status == Status.BAD_REQUEST:
+            raise InvalidArgument(f"{message} (a client/server version mismatch?)")
+        raise AmbiguousError(f"{message}; the request may have been applied")
+
+    # -- the Replica operations -----------------------------------------------------------------
+
+    async def claim(self, log_id: str, epoch: int) -> LogListing:
+        return decode_listing(await self._request(Op.CLAIM, pack_str(log_id) + pack_u64(epoch)))
+
+    async def list_chunks(self, log_id: str) -> LogListing:
+        return decode_listing(await self._request(Op.LIST, pack_str(log_id)))
+
+    async def write_chunk(self, log_id: str, epoch: int, seq: int, data: bytes) -> None:
+        body = pack_str(log_id) + pack_u64(epoch, seq) + pack_u32(crc32c.crc32c(data)) + data
+        await self._request(Op.WRITE, body)
+
+    async def read_chunk(self, log_id: str, seq: int) -> tuple[int, bytes]:
+        reply = await self._request(Op.READ, pack_str(log_id) + pack_u64(seq))
+        if len(reply) < 8:
+            raise CorruptionError(f"chunk server {self.name}: short READ reply")
+        return int.from_bytes(reply[:8], "big"), reply[8:]
+
+    async def seal(self, log_id: str, epoch: int, end_seq: int) -> None:
+        await self._request(Op.SEAL, pack_str(log_id) + pack_u64(epoch, end_seq))
+
+    async def trim(self, log_id: str, epoch: int, through_seq: int, trim_offset: int) -> None:
+        body = pack_str(log_id) + pack_u64(epoch, through_seq) + pack_i64(trim_offset)
+        await self._request(Op.TRIM, body)
+
+    async def ping(self) -> None:
+        await self._request(Op.PING, b"")
+
+    async def close(self) -> None:
+        self._closed = True
+        connection = self._connection
+        if connection is not None:
+            self._drop(connection, BackendUnavailable(f"chunk server client {self.name} closed"))
+            if connection.task is not None:
+                connection.task.cancel()
+                await asyncio.gather(connection.task, return_exceptions=True)

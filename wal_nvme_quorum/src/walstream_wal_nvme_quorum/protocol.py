@@ -1,0 +1,203 @@
+"""The chunk-server wire protocol: length-prefixed binary frames over TCP (see README.md).
+
+Every frame, in both directions, is::
+
+    length u32 | code u8 | request_id u32 | body | crc32c u32
+
+``length`` counts the bytes after itself; ``code`` is the operation in a request and the status
+in a reply; the CRC32C covers ``code``, ``request_id`` and ``body``. All integers big-endian.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+import crc32c
+from walstream.quorum import ChunkInfo, LogListing, Seal
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "FRAME_OVERHEAD",
+    "FRAME_PREFIX",
+    "MIN_FRAME_LENGTH",
+    "BodyReader",
+    "Frame",
+    "FrameError",
+    "Op",
+    "Status",
+    "decode_listing",
+    "encode_frame",
+    "encode_listing",
+    "pack_str",
+    "parse_frame",
+]
+
+FRAME_PREFIX = struct.Struct(">I")
+_FRAME_HEAD = struct.Struct(">BI")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
+#: code + request_id + crc: the smallest legal value of ``length``.
+MIN_FRAME_LENGTH = _FRAME_HEAD.size + 4
+FRAME_OVERHEAD = FRAME_PREFIX.size + MIN_FRAME_LENGTH
+DEFAULT_MAX_FRAME_BYTES = (16 << 20) + 4096
+MAX_LOG_ID_BYTES = 255
+
+
+class Op(enum.IntEnum):
+    HELLO = 1  # body: token bytes
+    CLAIM = 2  # log_id, epoch u64 -> listing
+    LIST = 3  # log_id -> listing
+    WRITE = 4  # log_id, epoch u64, seq u64, data_crc u32, data
+    READ = 5  # log_id, seq u64 -> epoch u64, data
+    SEAL = 6  # log_id, epoch u64, end_seq u64
+    TRIM = 7  # log_id, epoch u64, through_seq u64, trim_offset i64
+    PING = 8  # -> empty
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    FENCED = 1  # body: claimed_epoch u64, message
+    NOT_FOUND = 2
+    CONFLICT = 3
+    BAD_REQUEST = 4
+    UNAUTHORIZED = 5
+    CORRUPT = 6
+    INTERNAL = 7
+
+
+class FrameError(ValueError):
+    """A frame that cannot be parsed; the message says what was wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    code: int
+    request_id: int
+    body: bytes
+
+
+def encode_frame(code: int, request_id: int, body: bytes = b"") -> bytes:
+    head = _FRAME_HEAD.pack(code, request_id)
+    crc = crc32c.crc32c(body, crc32c.crc32c(head))
+    return FRAME_PREFIX.pack(len(head) + len(body) + 4) + head + body + _U32.pack(crc)
+
+
+def parse_frame(payload: bytes) -> Frame:
+    """Parse the bytes after the length prefix; :class:`FrameError` when they are damaged."""
+    if len(payload) < MIN_FRAME_LENGTH:
+        raise FrameError(f"frame of {len(payload)} bytes is shorter than {MIN_FRAME_LENGTH}")
+    (crc,) = _U32.unpack_from(payload, len(payload) - 4)
+    if crc32c.crc32c(payload[:-4]) != crc:
+        raise FrameError("frame checksum mismatch")
+    code, request_id = _FRAME_HEAD.unpack_from(payload, 0)
+    return Frame(code, request_id, payload[_FRAME_HEAD.size : -4])
+
+
+def pack_str(text: str) -> bytes:
+    raw = text.encode()
+    if len(raw) > MAX_LOG_ID_BYTES:
+        raise ValueError(f"log id longer than {MAX_LOG_ID_BYTES} bytes")
+    return _U16.pack(len(raw)) + raw
+
+
+class BodyReader:
+    """Reads fields off a body; any overrun raises :class:`FrameError`."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+        self._position = 0
+
+    def _take(self, size: int) -> bytes:
+        end = self._position + size
+        if size < 0 or end > len(self._body):
+            raise FrameError("body shorter than its fields")
+        data = self._body[self._position : end]
+        self._position = end
+        return data
+
+    def u32(self) -> int:
+        return int(_U32.unpack(self._take(4))[0])
+
+    def u64(self) -> int:
+        return int(_U64.unpack(self._take(8))[0])
+
+    def i64(self) -> int:
+        return int(_I64.unpack(self._take(8))[0])
+
+    def string(self) -> str:
+        (length,) = _U16.unpack(self._take(2))
+        if length == 0 or length > MAX_LOG_ID_BYTES:
+            raise FrameError(f"log id of {length} bytes (1..{MAX_LOG_ID_BYTES} allowed)")
+        try:
+            return self._take(length).decode()
+        except UnicodeDecodeError:
+            raise FrameError("log id is not UTF-8") from None
+
+    def rest(self) -> bytes:
+        data = self._body[self._position :]
+        self._position = len(self._body)
+        return data
+
+    def end(self) -> None:
+        if self._position != len(self._body):
+            raise FrameError(f"{len(self._body) - self._position} unexpected bytes after the body")
+
+
+_CHUNK_ENTRY = struct.Struct(">QQII")
+_SEAL_ENTRY = struct.Struct(">QQ")
+_LISTING_HEAD = struct.Struct(">QQq")
+
+
+def encode_listing(listing: LogListing) -> bytes:
+    parts = [
+        _LISTING_HEAD.pack(listing.claimed_epoch, listing.trim_seq, listing.trim_offset),
+        _U32.pack(len(listing.seals)),
+    ]
+    parts.extend(_SEAL_ENTRY.pack(seal.epoch, seal.end_seq) for seal in listing.seals)
+    parts.append(_U32.pack(len(listing.chunks)))
+    parts.extend(
+        _CHUNK_ENTRY.pack(chunk.seq, chunk.epoch, chunk.size, chunk.crc)
+        for chunk in sorted(listing.chunks.values(), key=lambda chunk: chunk.seq)
+    )
+    return b"".join(parts)
+
+
+def decode_listing(body: bytes) -> LogListing:
+    try:
+        claimed_epoch, trim_seq, trim_offset = _LISTING_HEAD.unpack_from(body, 0)
+        position = _LISTING_HEAD.size
+        (seal_count,) = _U32.unpack_from(body, position)
+        position += 4
+        seals = []
+        for _ in range(seal_count):
+            epoch, end_seq = _SEAL_ENTRY.unpack_from(body, position)
+            seals.append(Seal(epoch, end_seq))
+            position += _SEAL_ENTRY.size
+        (chunk_count,) = _U32.unpack_from(body, position)
+        position += 4
+        chunks = {}
+        for _ in range(chunk_count):
+            seq, epoch, size, crc = _CHUNK_ENTRY.unpack_from(body, position)
+            chunks[seq] = ChunkInfo(seq, epoch, size, crc)
+            position += _CHUNK_ENTRY.size
+    except struct.error as exc:
+        raise FrameError(f"malformed listing: {exc}") from None
+    if position != len(body):
+        raise FrameError("listing has trailing bytes")
+    return LogListing(claimed_epoch, trim_seq, trim_offset, tuple(seals), chunks)
+
+
+def pack_u64(*values: int) -> bytes:
+    return b"".join(_U64.pack(value) for value in values)
+
+
+def pack_i64(value: int) -> bytes:
+    return _I64.pack(value)
+
+
+def pack_u32(value: int) -> bytes:
+    return _U32.pack(value)

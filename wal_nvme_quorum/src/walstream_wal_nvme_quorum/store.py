@@ -1,0 +1,412 @@
+"""The chunk server's storage: append-only segment files on a local disk.
+
+A data folder holds numbered segment files ``0000000001.seg`` … Each is a sequence of records::
+
+    kind u8 | body_len u32 | body | crc32c u32      (CRC over kind, body_len and body)
+
+Kinds: CHUNK (log_id, epoch, seq, data_crc, data), CLAIM (log_id, epoch), SEAL (log_id, epoch,
+end_seq), TRIM (log_id, through_seq, trim_offset) and CHECKPOINT (the claims, seals and trim
+points of every log). Every segment starts with a CHECKPOINT, so a segment whose chunks are all
+trimmed or replaced can be deleted without losing any log's epochs or trim point.
+
+Durability: a request is answered only after its record was written and ``fdatasync`` returned
+(concurrent requests share one sync). On start the store replays every segment in order; a torn
+record at the end of the last segment (a crash mid-write) is cut off, anything damaged earlier is
+reported as :class:`CorruptionError` and the server refuses to start. Writing always continues in
+a fresh segment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import crc32c
+from walstream.errors import CorruptionError, FencedError, NotFound, PreconditionFailed
+from walstream.quorum import MAX_SEALS, ChunkInfo, LogListing, Seal
+
+from .protocol import BodyReader, FrameError, pack_str
+
+__all__ = ["DEFAULT_SEGMENT_BYTES", "ChunkStore"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEGMENT_BYTES = 64 << 20
+_RECORD_HEAD = struct.Struct(">BI")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_I64 = struct.Struct(">q")
+_MAX_RECORD_BODY = 1 << 30
+
+KIND_CHUNK = 1
+KIND_CLAIM = 2
+KIND_SEAL = 3
+KIND_TRIM = 4
+KIND_CHECKPOINT = 5
+
+
+@dataclass(slots=True)
+class _StoredChunk:
+    epoch: int
+    segment: int
+    position: int
+    size: int
+    crc: int
+
+
+@dataclass
+class _Log:
+    claimed_epoch: int = 0
+    trim_seq: int = 0
+    trim_offset: int = -1
+    seals: list[Seal] = field(default_factory=list)
+    chunks: dict[int, _StoredChunk] = field(default_factory=dict)
+
+
+@dataclass
+class _Segment:
+    index: int
+    path: Path
+    read_fd: int
+    live_chunks: int = 0
+
+
+def _segment_name(index: int) -> str:
+    return f"{index:010d}.seg"
+
+
+class ChunkStore:
+    """Chunks of many logs in append-only segments, with per-log epoch fencing."""
+
+    def __init__(self, root: Path, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+        self.root = root
+        self.segment_bytes = segment_bytes
+        self._logs: dict[str, _Log] = {}
+        self._segments: dict[int, _Segment] = {}
+        self._active: _Segment | None = None
+        self._active_fd = -1
+        self._active_size = 0
+        self._written = 0
+        self._synced = 0
+        self._sync_task: asyncio.Task[None] | None = None
+        self.truncated_bytes = 0
+        """Bytes of a torn tail cut off at open (for logs and tests)."""
+
+    # -- opening ----------
+
+    def open(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        indexes = sorted(
+            int(path.stem) for path in self.root.glob("*.seg") if path.stem.isdigit()
+        )
+        for position, index in enumerate(indexes):
+            self._replay(index, last=position == len(indexes) - 1)
+        for state in self._logs.values():
+            for stored in state.chunks.values():
+                self._segments[stored.segment].live_chunks += 1
+        self._rotate(next_index=(indexes[-1] + 1) if indexes else 1)
+        self._delete_dead_segments()
+
+    def _replay(self, index: int, *, last: bool) -> None:
+        path = self.root / _segment_name(index)
+        with open(path, "rb") as file:
+            data = file.read()
+        self._segments[index] = _Segment(index, path, os.open(path, os.O_RDONLY))
+        position = 0
+        while position < len(data):
+            problem = None
+            if len(data) - position < _RECORD_HEAD.size + 4:
+                problem = "a truncated record header"
+            else:
+                kind, body_len = _RECORD_HEAD.unpack_from(data, position)
+                end = position + _RECORD_HEAD.size + body_len + 4
+                if body_len > _MAX_RECORD_BODY or end > len(data):
+                    problem = "a truncated record"
+                else:
+                    (crc,) = _U32.unpack_from(data, end - 4)
+                    if crc32c.crc32c(data[position : end - 4]) != crc:
+                        problem = "a record with a bad checksum"
+            if problem is not None:
+                if not last:
+                    raise CorruptionError(
+                        f"segment {path} has {problem} at byte {position} but is not the last "
+                        "segment; the disk is damaged: restore this chunk server's data from a "
+                        "peer (delete the folder and let the writers catch it up)"
+                    )
+                self.truncated_bytes = len(data) - position
+                log.warning("cutting a torn tail of %d bytes off %s", self.truncated_bytes, path)
+                with open(path, "r+b") as file:
+                    file.truncate(position)
+                    os.fsync(file.fileno())
+                return
+            body_start = position + _RECORD_HEAD.size
+            try:
+                self._apply_record(kind, data[body_start : end - 4], index, body_start)
+            except FrameError as exc:
+                raise CorruptionError(
+                    f"segment {path}: bad record at byte {position}: {exc}"
+                ) from exc
+            position = end
+
+    def _apply_record(self, kind: int, body: bytes, segment: int, body_start: int) -> None:
+        reader = BodyReader(body)
+        if kind == KIND_CHUNK:
+            log_id = reader.string()
+            epoch, seq = reader.u64(), reader.u64()
+            crc = reader.u32()
+            size = len(reader.rest())
+            state = self._log(log_id)
+            state.claimed_epoch = max(state.claimed_epoch, epoch)
+            if seq > state.trim_seq and not self._invalidated(state, seq, epoch):
+                data_start = body_start + len(body) - size
+                state.chunks[seq] = _StoredChunk(epoch, segment, data_start, size, crc)
+        elif kind == KIND_CLAIM:
+            state = self._log(reader.string())
+            state.claimed_epoch = max(state.claimed_epoch, reader.u64())
+        elif kind == KIND_SEAL:
+            state = self._log(reader.string())
+            self._apply_seal(state, Seal(reader.u64(), reader.u64()), count_live=False)
+        elif kind == KIND_TRIM:
+            state = self._log(reader.string())
+            self._apply_trim(state, reader.u64(), reader.i64(), count_live=False)
+        elif kind == KIND_CHECKPOINT:
+            for _ in range(reader.u32()):
+                state = self._log(reader.string())
+                state.claimed_epoch = max(state.claimed_epoch, reader.u64())
+                through_seq, trim_offset = reader.u64(), reader.i64()
+                for _ in range(reader.u32()):
+                    self._apply_seal(state, Seal(reader.u64(), reader.u64()), count_live=False)
+                self._apply_trim(state, through_seq, trim_offset, count_live=False)
+        else:
+            raise FrameError(f"unknown record kind {kind}")
+
+    # -- state rules ----------
+
+    def _log(self, log_id: str) -> _Log:
+        state = self._logs.get(log_id)
+        if state is None:
+            state = self._logs[log_id] = _Log()
+        return state
+
+    @staticmethod
+    def _invalidated(state: _Log, seq: int, epoch: int) -> bool:
+        return any(seal.epoch > epoch and seq > seal.end_seq for seal in state.seals)
+
+    def _forget(self, stored: _StoredChunk, count_live: bool) -> None:
+        if count_live:
+            self._segments[stored.segment].live_chunks -= 1
+
+    def _apply_seal(self, state: _Log, seal: Seal, *, count_live: bool) -> None:
+        state.claimed_epoch = max(state.claimed_epoch, seal.epoch)
+        if seal not in state.seals:
+            state.seals = sorted([*state.seals, seal])[-MAX_SEALS:]
+        for seq, stored in list(state.chunks.items()):
+            if stored.epoch < seal.epoch and seq > seal.end_seq:
+                del state.chunks[seq]
+                self._forget(stored, count_live)
+
+    def _apply_trim(
+        self, state: _Log, through_seq: int, trim_offset: int, *, count_live: bool
+    ) -> None:
+        state.trim_seq = max(state.trim_seq, through_seq)
+        state.trim_offset = max(state.trim_offset, trim_offset)
+        for seq in [seq for seq in state.chunks if seq <= state.trim_seq]:
+            self._forget(state.chunks.pop(seq), count_live)
+
+    def _check_epoch(self, log_id: str, state: _Log, epoch: int) -> None:
+        if epoch < state.claimed_epoch:
+            raise FencedError(
+                f"log {log_id} is owned by epoch {state.claimed_epoch}; a request of epoch "
+                f"{epoch} is refused"
+            )
+
+    # -- writing records ----------
+
+    def _append_record(self, kind: int, body: bytes) -> tuple[int, int]:
+        """Write one record to the active segment (not yet synced); returns (segment, body pos)."""
+        if self._active_size >= self.segment_bytes:
+            self._rotate(next_index=self._active_index + 1)
+        head = _RECORD_HEAD.pack(kind, len(body))
+        crc = crc32c.crc32c(body, crc32c.crc32c(head))
+        record = head + body + _U32.pack(crc)
+        body_position = self._active_size + len(head)
+        written = os.write(self._active_fd, record)
+        if written != len(record):
+            raise OSError(f"short write of {written} of {len(record)} bytes to a segment")
+        self._active_size += len(record)
+        self._written += 1
+        return self._active_index, body_position
+
+    @property
+    def _active_index(self) -> int:
+        assert self._active is not None
+        return self._active.index
+
+    def _rotate(self, next_index: int) -> None:
+        if self._active_fd >= 0:
+            os.fdatasync(self._active_fd)
+            os.close(self._active_fd)
+            self._synced = self._written
+        path = self.root / _segment_name(next_index)
+        self._active_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self._active = self._segments[next_index] = _Segment(
+            next_index, path, os.open(path, os.O_RDONLY)
+        )
+        self._active_size = 0
+        self._append_record(KIND_CHECKPOINT, self._checkpoint_body())
+        os.fdatasync(self._active_fd)
+        self._synced = self._written
+        directory = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def _checkpoint_body(self) -> bytes:
+        parts = [_U32.pack(len(self._logs))]
+        for log_id, state in self._logs.items():
+            parts.append(pack_str(log_id))
+            parts.append(_U64.pack(state.claimed_epoch))
+            parts.append(_U64.pack(state.trim_seq))
+            parts.append(_I64.pack(state.trim_offset))
+            parts.append(_U32.pack(len(state.seals)))
+            parts.extend(_U64.pack(seal.epoch) + _U64.pack(seal.end_seq) for seal in state.seals)
+        return b"".join(parts)
+
+    async def _sync(self) -> None:
+        """Wait until every record written so far is on stable storage (group commit)."""
+        target = self._written
+        while self._synced < target:
+            if self._sync_task is None:
+                self._sync_task = asyncio.create_task(self._sync_once())
+            await asyncio.shield(self._sync_task)
+
+    async def _sync_once(self) -> None:
+        try:
+            upto, fd = self._written, self._active_fd
+            await asyncio.to_thread(os.fdatasync, fd)
+            self._synced = max(self._synced, upto)
+        finally:
+            self._sync_task = None
+
+    def _delete_dead_segments(self) -> None:
+        dead = [
+            segment
+            for index, segment in self._segments.items()
+            if segment.live_chunks <= 0 and segment is not self._active
+        ]
+        for segment in dead:
+            del self._segments[segment.index]
+            os.close(segment.read_fd)
+            segment.path.unlink(missing_ok=True)
+        if dead:
+            directory = os.open(self.root, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+
+    # -- the operations ----------
+
+    def listing(self, log_id: str) -> LogListing:
+        state = self._logs.get(log_id) or _Log()
+        return LogListing(
+            state.claimed_epoch,
+            state.trim_seq,
+            state.trim_offset,
+            tuple(state.seals),
+            {
+                seq: ChunkInfo(seq, stored.epoch, stored.size, stored.crc)
+                for seq, stored in state.chunks.items()
+            },
+        )
+
+    async def claim(self, log_id: str, epoch: int) -> LogListing:
+        state = self._log(log_id)
+        self._check_epoch(log_id, state, epoch)
+        if epoch > state.claimed_epoch:
+            state.claimed_epoch = epoch
+            self._append_record(KIND_CLAIM, pack_str(log_id) + _U64.pack(epoch))
+        await self._sync()
+        return self.listing(log_id)
+
+    async def list_chunks(self, log_id: str) -> LogListing:
+        await self._sync()
+        return self.listing(log_id)
+
+    async def write(self, log_id: str, epoch: int, seq: int, data: bytes, crc: int) -> None:
+        if crc32c.crc32c(data) != crc:
+            raise CorruptionError(f"chunk {seq} of log {log_id} arrived damaged (CRC mismatch)")
+        state = self._log(log_id)
+        self._check_epoch(log_id, state, epoch)
+        if seq <= state.trim_seq:
+            return
+        existing = state.chunks.get(seq)
+        if existing is not None and existing.epoch == epoch:
+            if existing.crc != crc or existing.size != len(data):
+                raise PreconditionFailed(
+                    f"log {log_id} already holds other bytes for chunk {seq} of epoch {epoch}"
+                )
+            await self._sync()
+            return
+        body = pack_str(log_id) + _U64.pack(epoch) + _U64.pack(seq) + _U32.pack(crc) + data
+        segment, body_position = self._append_record(KIND_CHUNK, body)
+        state.claimed_epoch = max(state.claimed_epoch, epoch)
+        if existing is not None:
+            self._forget(existing, count_live=True)
+        state.chunks[seq] = _StoredChunk(
+            epoch, segment, body_position + len(body) - len(data), len(data), crc
+        )
+        self._segments[segment].live_chunks += 1
+        await self._sync()
+        if existing is not None:
+            self._delete_dead_segments()
+
+    async def read(self, log_id: str, seq: int) -> tuple[int, bytes]:
+        state = self._logs.get(log_id)
+        stored = state.chunks.get(seq) if state is not None else None
+        if stored is None:
+            raise NotFound(f"no chunk {seq} in log {log_id}")
+        segment = self._segments[stored.segment]
+        # A synchronous read (page cache, chunks of at most a few MiB): a trim running meanwhile
+        # could otherwise close the segment under a reading thread.
+        data = os.pread(segment.read_fd, stored.size, stored.position)
+        if len(data) != stored.size or crc32c.crc32c(data) != stored.crc:
+            raise CorruptionError(f"chunk {seq} of log {log_id} failed its checksum on disk")
+        return stored.epoch, data
+
+    async def seal(self, log_id: str, epoch: int, end_seq: int) -> None:
+        state = self._log(log_id)
+        self._check_epoch(log_id, state, epoch)
+        self._append_record(KIND_SEAL, pack_str(log_id) + _U64.pack(epoch) + _U64.pack(end_seq))
+        self._apply_seal(state, Seal(epoch, end_seq), count_live=True)
+        await self._sync()
+        self._delete_dead_segments()
+
+    async def trim(self, log_id: str, epoch: int, through_seq: int, trim_offset: int) -> None:
+        state = self._log(log_id)
+        self._check_epoch(log_id, state, epoch)
+        state.claimed_epoch = max(state.claimed_epoch, epoch)
+        if through_seq > state.trim_seq or trim_offset > state.trim_offset:
+            self._append_record(
+                KIND_TRIM, pack_str(log_id) + _U64.pack(through_seq) + _I64.pack(trim_offset)
+            )
+            self._apply_trim(state, through_seq, trim_offset, count_live=True)
+        await self._sync()
+        self._delete_dead_segments()
+
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    def close(self) -> None:
+        if self._active_fd >= 0:
+            os.fdatasync(self._active_fd)
+            os.close(self._active_fd)
+            self._active_fd = -1
+        for segment in self._segments.values():
+            os.close(segment.read_fd)
+        self._segments.clear()
