@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from walstream import (
     Client,
     CorruptionError,
@@ -94,7 +93,11 @@ async def test_three_streams_concurrently_read_back_reopen_trim(backends: Backen
     async def produce(stream, name: str) -> None:  # type: ignore[no-untyped-def]
         for base in range(0, per_stream, batch):
             records = [
-                Record(value_for(name, offset), key=str(offset).encode(), headers=(("n", name.encode()),))
+                Record(
+                    value_for(name, offset),
+                    key=str(offset).encode(),
+                    headers=(("n", name.encode()),),
+                )
                 for offset in range(base, base + batch)
             ]
             ack = await stream.append(records)
@@ -105,7 +108,10 @@ async def test_three_streams_concurrently_read_back_reopen_trim(backends: Backen
         records = await read_all(stream)
         assert [r.offset for r in records] == list(range(per_stream))
         assert all(r.value == value_for(name, r.offset) for r in records)
-        assert all(r.key == str(r.offset).encode() and r.headers == (("n", name.encode()),) for r in records)
+        assert all(
+            r.key == str(r.offset).encode() and r.headers == (("n", name.encode()),)
+            for r in records
+        )
     await client.close()
 
     reopened = await backends.client().start()
@@ -266,13 +272,20 @@ async def test_failover_takes_over_dead_nodes_wal(tmp_path: Path) -> None:
         upload=UploadConfig(max_bytes=64 << 20, max_interval_s=3600),
         compaction=CompactionConfig(enabled=False),
     )
-    dead = Client(wal=MemoryWal(name="node1"), objects=backends.objects, metadata=backends.metadata(), config=config)
+    dead = Client(
+        wal=MemoryWal(name="node1"),
+        objects=backends.objects,
+        metadata=backends.metadata(),
+        config=config,
+    )
     await dead.start()
     stream = await dead.create_stream("f")
     for i in range(10):
         await stream.append([Record(b"%d" % i)])
     survivor = Client(
-        wal=MemoryWal(name="node2"), objects=backends.objects, metadata=backends.metadata(),
+        wal=MemoryWal(name="node2"),
+        objects=backends.objects,
+        metadata=backends.metadata(),
         config=EngineConfig(node_id=2, compaction=CompactionConfig(enabled=False)),
     )
     await survivor.start()
@@ -290,7 +303,9 @@ async def test_failover_takes_over_dead_nodes_wal(tmp_path: Path) -> None:
 async def test_uploads_commit_in_order_and_split_large_streams(tmp_path: Path) -> None:
     backends = Backends("memory", tmp_path)
     config = EngineConfig(
-        upload=UploadConfig(max_bytes=256 << 10, max_interval_s=3600, split_bytes=100 << 10, max_concurrency=4),
+        upload=UploadConfig(
+            max_bytes=256 << 10, max_interval_s=3600, split_bytes=100 << 10, max_concurrency=4
+        ),
         compaction=CompactionConfig(enabled=False),
     )
     async with backends.client(config) as client:
@@ -327,7 +342,9 @@ async def test_compaction_rewrites_small_objects_and_deletes_them(tmp_path: Path
         streams = [await client.create_stream(f"c{i}") for i in range(3)]
         for round_ in range(6):
             for index, stream in enumerate(streams):
-                await stream.append([Record(value_for(f"c{index}", round_ * 10 + j)) for j in range(10)])
+                await stream.append(
+                    [Record(value_for(f"c{index}", round_ * 10 + j)) for j in range(10)]
+                )
             await client.flush()
         before = await client.metadata.list_objects(state=ObjectState.COMMITTED)
         assert len(before) == 6 and all(info.kind is ObjectKind.STREAM_SET for info in before)
@@ -341,10 +358,14 @@ async def test_compaction_rewrites_small_objects_and_deletes_them(tmp_path: Path
         for index, stream in enumerate(streams):
             start = 30 if index == 2 else 0
             records = await read_all(stream, start)
-            assert [r.value for r in records] == [value_for(f"c{index}", i) for i in range(start, 60)]
+            assert [r.value for r in records] == [
+                value_for(f"c{index}", i) for i in range(start, 60)
+            ]
 
 
-async def test_back_pressure_waits_for_uploads_then_fails_when_store_is_stuck(tmp_path: Path) -> None:
+async def test_back_pressure_waits_for_uploads_then_fails_when_store_is_stuck(
+    tmp_path: Path,
+) -> None:
     backends = Backends("memory", tmp_path)
     config = EngineConfig(
         cache=CacheConfig(log_cache_bytes=64 << 10),
@@ -419,7 +440,9 @@ async def test_sequential_cold_reads_grow_readahead(tmp_path: Path) -> None:
     async with backends.client(config) as client:
         stream = await client.create_stream("cold")
         for base in range(0, 20_000, 500):
-            await stream.append([Record(value_for("cold", i, 512)) for i in range(base, base + 500)])
+            await stream.append(
+                [Record(value_for("cold", i, 512)) for i in range(base, base + 500)]
+            )
     async with backends.client(config) as client:  # a restarted node: nothing cached
         stream = await client.open_stream("cold")
         records = await read_all(stream)

@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 
 from .clock import Clock
 
-__all__ = ["CachedBatch", "LogBlock", "LogCache", "BlockCache"]
+__all__ = ["BlockCache", "CachedBatch", "LogBlock", "LogCache"]
 
 
 @dataclass(eq=False, slots=True)
@@ -100,7 +100,14 @@ class LogCache:
         if not block.batches:
             block.created_at = self._clock.monotonic()
         batch = CachedBatch(
-            stream_id, epoch, base_offset, end_offset, data, min_timestamp_ms, max_timestamp_ms, block
+            stream_id,
+            epoch,
+            base_offset,
+            end_offset,
+            data,
+            min_timestamp_ms,
+            max_timestamp_ms,
+            block,
         )
         block.batches.append(batch)
         block.size_bytes += len(data)

@@ -35,7 +35,15 @@ from .hooks import EngineHooks, NullHooks
 from .metadata import MetadataStore, NodeState, StreamInfo, StreamState
 from .objects import ObjectStore
 from .reader import ObjectReader
-from .records import AppendAck, ReadResult, Record, SequencedRecord, decode_batch, encode_batch, record_size
+from .records import (
+    AppendAck,
+    ReadResult,
+    Record,
+    SequencedRecord,
+    decode_batch,
+    encode_batch,
+    record_size,
+)
 from .recovery import RecoveryStats, failover_node, replay_wal
 from .upload import Uploader
 from .wal import WalMode, WriteAheadLog
@@ -236,11 +244,16 @@ class Client:
         await self.wal.reset()
         self._uploader.trim_wal = True
         self.recovery = stats
-        self.hooks.recovered(self.node_id, stats.records, stats.batches, stats.dropped_batches, False)
+        self.hooks.recovered(
+            self.node_id, stats.records, stats.batches, stats.dropped_batches, False
+        )
         if stats.batches:
             log.info(
                 "node %d recovered %d records in %d batches (%d dropped)",
-                self.node_id, stats.records, stats.batches, stats.dropped_batches,
+                self.node_id,
+                stats.records,
+                stats.batches,
+                stats.dropped_batches,
             )
         if self.config.compaction.enabled:
             self._compactor = Compactor(
@@ -299,8 +312,12 @@ class Client:
         """Run one compaction pass now (normally periodic); True if it rewrote objects."""
         self._check_open()
         compactor = self._compactor or Compactor(
-            objects=self.objects, metadata=self.metadata, config=self.config.compaction,
-            hooks=self.hooks, clock=self.clock, on_destroyed=self.reader.forget_objects,
+            objects=self.objects,
+            metadata=self.metadata,
+            config=self.config.compaction,
+            hooks=self.hooks,
+            clock=self.clock,
+            on_destroyed=self.reader.forget_objects,
         )
         changed = await compactor.compact_once()
         await compactor.collect_garbage()
@@ -311,8 +328,14 @@ class Client:
         streams (they can then be claimed by this or any node)."""
         self._check_open()
         return await failover_node(
-            dead_node_id=dead_node_id, wal=wal, objects=self.objects, metadata=self.metadata,
-            config=self.config, hooks=self.hooks, clock=self.clock, rng=self._rng,
+            dead_node_id=dead_node_id,
+            wal=wal,
+            objects=self.objects,
+            metadata=self.metadata,
+            config=self.config,
+            hooks=self.hooks,
+            clock=self.clock,
+            rng=self._rng,
         )
 
     # -- streams ------------------------------------------------------------------------------------
@@ -372,7 +395,9 @@ class Client:
         async with state.lock:
             if state.claimed:
                 return
-            info = await self.metadata.claim_stream(state.info.stream_id, self.node_id, self.node_epoch)
+            info = await self.metadata.claim_stream(
+                state.info.stream_id, self.node_id, self.node_epoch
+            )
             state.info = info
             state.epoch = info.epoch
             state.next_offset = max(state.next_offset, info.committed_end)
@@ -396,7 +421,9 @@ class Client:
             raise InvalidArgument("append needs at least one record")
         for record in records:
             if not isinstance(record, Record):
-                raise InvalidArgument(f"append takes walstream.Record objects, got {type(record).__name__}")
+                raise InvalidArgument(
+                    f"append takes walstream.Record objects, got {type(record).__name__}"
+                )
         await self._claim(state)
         started = self.clock.monotonic()
         async with state.lock:
@@ -408,7 +435,8 @@ class Client:
                 )
             if match_tail is not None and match_tail != state.next_offset:
                 raise TailMismatchError(
-                    f"match_tail={match_tail} but the tail is {state.next_offset}", state.next_offset
+                    f"match_tail={match_tail} but the tail is {state.next_offset}",
+                    state.next_offset,
                 )
             now_ms = self.clock.now_ms()
             timestamps: list[int] = []
@@ -428,8 +456,13 @@ class Client:
             self._check_writable(state)
             # No await between the cache insert and the WAL submission: WAL order = cache order.
             batch = self._cache.add(
-                state.info.stream_id, state.epoch, base, base + len(records), data,
-                timestamps[0], timestamps[-1],
+                state.info.stream_id,
+                state.epoch,
+                base,
+                base + len(records),
+                data,
+                timestamps[0],
+                timestamps[-1],
             )
             future = self.wal.append(data)
             future.add_done_callback(
@@ -458,7 +491,9 @@ class Client:
         if future.cancelled() or future.exception() is not None:
             batch.failed = True
             batch.block.settle_one()
-            error = future.exception() if not future.cancelled() else BackendUnavailable("cancelled")
+            error = (
+                future.exception() if not future.cancelled() else BackendUnavailable("cancelled")
+            )
             self._on_fatal(error or BackendUnavailable("WAL append failed"))
             return
         batch.wal_offset = future.result()
@@ -467,7 +502,11 @@ class Client:
         state.acked_tail = max(state.acked_tail, batch.end_offset)
         state.notify()
         self.hooks.wal_appended(
-            self.node_id, state.info.stream_id, count, len(batch.data), self.clock.monotonic() - started
+            self.node_id,
+            state.info.stream_id,
+            count,
+            len(batch.data),
+            self.clock.monotonic() - started,
         )
 
     async def _wait_for_space(self, size: int) -> None:
@@ -499,7 +538,8 @@ class Client:
             if new_start > state.next_offset or new_start < 0:
                 raise OutOfRangeError(
                     f"trim({new_start}) is beyond the tail {state.next_offset}",
-                    state.start_offset, state.next_offset,
+                    state.start_offset,
+                    state.next_offset,
                 )
             if new_start <= state.start_offset:
                 return
@@ -565,7 +605,8 @@ class Client:
             raise OutOfRangeError(
                 f"offset {start} is outside [{state.start_offset}, {state.acked_tail}] of stream "
                 f"{state.info.stream_id}" + (" (trimmed)" if start < state.start_offset else ""),
-                state.start_offset, state.acked_tail,
+                state.start_offset,
+                state.acked_tail,
             )
         deadline = self.clock.monotonic() + wait
         while start >= state.acked_tail:
@@ -614,7 +655,11 @@ class Client:
                 self.hooks.read_served(stream_id, served, size, "log_cache")
                 continue
             first_cached = self._cache.first_offset(stream_id)
-            end = first_cached if first_cached is not None and first_cached > position else state.acked_tail
+            end = (
+                first_cached
+                if first_cached is not None and first_cached > position
+                else state.acked_tail
+            )
             found = await self.reader.read(
                 stream_id, position, end, limit_records - len(records), max(1, limit_bytes - size)
             )
@@ -645,15 +690,22 @@ class Client:
                 stream_range = info.ranges[0]
                 if stream_range.max_timestamp_ms >= timestamp_ms:
                     records = await self.reader.read(
-                        stream_id, max(position, stream_range.start_offset), stream_range.end_offset,
-                        1 << 30, 1 << 62,
+                        stream_id,
+                        max(position, stream_range.start_offset),
+                        stream_range.end_offset,
+                        1 << 30,
+                        1 << 62,
                     )
                     for record in records:
                         if record.timestamp_ms >= timestamp_ms:
                             return record.offset
                 position = stream_range.end_offset
         for batch in self._cache.stream_batches(stream_id):
-            if batch.acked and batch.end_offset > position and batch.max_timestamp_ms >= timestamp_ms:
+            if (
+                batch.acked
+                and batch.end_offset > position
+                and batch.max_timestamp_ms >= timestamp_ms
+            ):
                 for record in decode_batch(batch.data)[1]:
                     if record.offset >= position and record.timestamp_ms >= timestamp_ms:
                         return record.offset

@@ -8,7 +8,7 @@ import random
 import time
 from typing import Protocol
 
-__all__ = ["Clock", "SystemClock", "ManualClock", "make_rng"]
+__all__ = ["Clock", "ManualClock", "SystemClock", "make_rng"]
 
 
 class Clock(Protocol):

@@ -132,22 +132,16 @@ class Compactor:
             if run:
                 runs.append(run)
         rewrite = [
-            run
-            for run in runs
-            if len(run) >= 2 or run[0].info.kind is ObjectKind.STREAM_SET
+            run for run in runs if len(run) >= 2 or run[0].info.kind is ObjectKind.STREAM_SET
         ]
-        sources = {
-            piece.info.object_id: piece.info
-            for run in rewrite
-            for piece in run
-        }
+        sources = {piece.info.object_id: piece.info for run in rewrite for piece in run}
         # A stream-set object is destroyed as a whole: all of its live ranges must be rewritten.
         for info in selected:
             if info.kind is ObjectKind.STREAM_SET:
                 sources[info.object_id] = info
-        if not sources or (len(sources) < 2 and all(
-            info.kind is ObjectKind.STREAM for info in sources.values()
-        )):
+        if not sources or (
+            len(sources) < 2 and all(info.kind is ObjectKind.STREAM for info in sources.values())
+        ):
             return False
 
         new_commits: list[ObjectCommit] = []
@@ -169,7 +163,9 @@ class Compactor:
         self._hooks.compacted(sorted(sources), [c.object_id for c in new_commits], size)
         log.info(
             "compacted %d objects into %d stream objects (%d bytes)",
-            len(sources), len(new_commits), size,
+            len(sources),
+            len(new_commits),
+            size,
         )
         return True
 
@@ -179,13 +175,25 @@ class Compactor:
         builder = ObjectBuilder()
         covered: list[StreamRange] = []
         for piece in run:
-            index = await read_index(self._objects, piece.info.key, piece.info.size, piece.info.index_size)
-            for entry in index.blocks_for(stream_id, piece.range.start_offset, piece.range.end_offset):
-                block = await self._objects.get(piece.info.key, entry.position, entry.position + entry.size)
+            index = await read_index(
+                self._objects, piece.info.key, piece.info.size, piece.info.index_size
+            )
+            for entry in index.blocks_for(
+                stream_id, piece.range.start_offset, piece.range.end_offset
+            ):
+                block = await self._objects.get(
+                    piece.info.key, entry.position, entry.position + entry.size
+                )
                 for header, batch in decode_block(block, entry):
-                    if header.base_offset < piece.range.start_offset or header.base_offset >= piece.range.end_offset:
+                    if (
+                        header.base_offset < piece.range.start_offset
+                        or header.base_offset >= piece.range.end_offset
+                    ):
                         continue
-                    if builder.size_bytes and builder.size_bytes + len(batch) > self._config.max_object_bytes:
+                    if (
+                        builder.size_bytes
+                        and builder.size_bytes + len(batch) > self._config.max_object_bytes
+                    ):
                         outputs.append((builder, covered))
                         builder, covered = ObjectBuilder(), []
                     builder.add_batch(batch)
@@ -198,7 +206,16 @@ class Compactor:
             built = output.finish()
             key = object_key(object_id)
             await self._objects.put(key, built.data)
-            commits.append(ObjectCommit(object_id, key, ObjectKind.STREAM, len(built.data), built.index_size, tuple(ranges)))
+            commits.append(
+                ObjectCommit(
+                    object_id,
+                    key,
+                    ObjectKind.STREAM,
+                    len(built.data),
+                    built.index_size,
+                    tuple(ranges),
+                )
+            )
         return commits
 
     async def collect_garbage(self) -> int:
@@ -216,20 +233,29 @@ class Compactor:
         return len(ids)
 
 
-def _extend(ranges: list[StreamRange], source: StreamRange, start: int, end: int) -> list[StreamRange]:
+def _extend(
+    ranges: list[StreamRange], source: StreamRange, start: int, end: int
+) -> list[StreamRange]:
     """Grow the output's single range of the stream by one batch ``[start, end)``."""
     if ranges:
         last = ranges[-1]
         return [
             StreamRange(
-                last.stream_id, last.start_offset, end, last.epoch,
+                last.stream_id,
+                last.start_offset,
+                end,
+                last.epoch,
                 min(last.min_timestamp_ms, source.min_timestamp_ms),
                 max(last.max_timestamp_ms, source.max_timestamp_ms),
             )
         ]
     return [
         StreamRange(
-            source.stream_id, start, end, source.epoch,
-            source.min_timestamp_ms, source.max_timestamp_ms,
+            source.stream_id,
+            start,
+            end,
+            source.epoch,
+            source.min_timestamp_ms,
+            source.max_timestamp_ms,
         )
     ]

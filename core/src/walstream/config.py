@@ -19,17 +19,17 @@ from .errors import ConfigError
 
 __all__ = [
     "CONTRACT_VERSION",
-    "parse_size",
-    "parse_duration",
-    "Option",
     "BackendFactory",
-    "BuildContext",
-    "validate_options",
     "BackendKind",
+    "BuildContext",
     "CacheConfig",
-    "UploadConfig",
     "CompactionConfig",
     "EngineConfig",
+    "Option",
+    "UploadConfig",
+    "parse_duration",
+    "parse_size",
+    "validate_options",
 ]
 
 #: Version of the interfaces in walstream.wal/objects/metadata. A plugin built for another
@@ -71,9 +71,7 @@ def parse_size(value: Any, key: str = "size") -> int:
         match = _NUMBER_UNIT.match(value)
         if match and match.group(2).lower() in _SIZE_UNITS:
             return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
-    raise ConfigError(
-        f"{key}: expected a size like 4096, 64KiB, 32MiB or 1GiB, got {value!r}"
-    )
+    raise ConfigError(f"{key}: expected a size like 4096, 64KiB, 32MiB or 1GiB, got {value!r}")
 
 
 def parse_duration(value: Any, key: str = "duration") -> float:
@@ -94,7 +92,16 @@ def parse_duration(value: Any, key: str = "duration") -> float:
 def _parse_bool(value: Any, key: str) -> bool:
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.lower() in {"true", "yes", "on", "1", "false", "no", "off", "0"}:
+    if isinstance(value, str) and value.lower() in {
+        "true",
+        "yes",
+        "on",
+        "1",
+        "false",
+        "no",
+        "off",
+        "0",
+    }:
         return value.lower() in {"true", "yes", "on", "1"}
     raise ConfigError(f"{key}: expected true or false, got {value!r}")
 
@@ -228,7 +235,7 @@ def validate_options(
             continue
         if key not in known:
             close = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+            hint = f"; did you mean {close[0]!r}?" if close else "."
             accepted = ", ".join(sorted(known)) or "(none)"
             raise ConfigError(
                 f"{key_prefix}.{key}: unknown option for {factory.kind} type "

@@ -10,21 +10,21 @@ when the fence landed), and its message says what to do next.
 from __future__ import annotations
 
 __all__ = [
-    "WalstreamError",
-    "FencedError",
-    "TailMismatchError",
-    "OutOfRangeError",
-    "StreamNotFound",
-    "StreamExists",
-    "CapacityError",
-    "CorruptionError",
-    "BackendUnavailable",
     "AmbiguousError",
+    "BackendUnavailable",
+    "CapacityError",
     "ConfigError",
-    "NotFound",
-    "PreconditionFailed",
-    "Throttled",
+    "CorruptionError",
+    "FencedError",
     "InvalidArgument",
+    "NotFound",
+    "OutOfRangeError",
+    "PreconditionFailed",
+    "StreamExists",
+    "StreamNotFound",
+    "TailMismatchError",
+    "Throttled",
+    "WalstreamError",
 ]
 
 
@@ -111,6 +111,7 @@ class AmbiguousError(WalstreamError):
     """
 
     definitely_not_applied = False
+
 
 #: Object-store names for the same classes (DESIGN §7): ``Unavailable`` and ``DataError``.
 Unavailable = BackendUnavailable

@@ -15,24 +15,29 @@ __all__ = ["EngineHooks", "NullHooks"]
 
 
 class EngineHooks(Protocol):
-    def wal_appended(self, node_id: int, stream_id: int, records: int, size_bytes: int,
-                     latency_s: float) -> None:
+    def wal_appended(
+        self, node_id: int, stream_id: int, records: int, size_bytes: int, latency_s: float
+    ) -> None:
         """A batch became durable in the WAL (acknowledged)."""
 
-    def object_uploaded(self, node_id: int, object_id: int, key: str, size_bytes: int,
-                        kind: str) -> None:
+    def object_uploaded(
+        self, node_id: int, object_id: int, key: str, size_bytes: int, kind: str
+    ) -> None:
         """An object was written to the object store (not yet committed)."""
 
-    def object_committed(self, node_id: int, object_ids: Sequence[int], size_bytes: int,
-                         wal_offset: int) -> None:
+    def object_committed(
+        self, node_id: int, object_ids: Sequence[int], size_bytes: int, wal_offset: int
+    ) -> None:
         """Objects were committed to metadata and the WAL trimmed up to ``wal_offset``."""
 
-    def recovered(self, node_id: int, records: int, batches: int, dropped_batches: int,
-                  failover: bool) -> None:
+    def recovered(
+        self, node_id: int, records: int, batches: int, dropped_batches: int, failover: bool
+    ) -> None:
         """Restart or failover recovery finished."""
 
-    def compacted(self, source_object_ids: Sequence[int], new_object_ids: Sequence[int],
-                  size_bytes: int) -> None:
+    def compacted(
+        self, source_object_ids: Sequence[int], new_object_ids: Sequence[int], size_bytes: int
+    ) -> None:
         """Compaction replaced objects."""
 
     def read_served(self, stream_id: int, records: int, size_bytes: int, source: str) -> None:
@@ -40,24 +45,29 @@ class EngineHooks(Protocol):
 
 
 class NullHooks:
-    def wal_appended(self, node_id: int, stream_id: int, records: int, size_bytes: int,
-                     latency_s: float) -> None:
+    def wal_appended(
+        self, node_id: int, stream_id: int, records: int, size_bytes: int, latency_s: float
+    ) -> None:
         return None
 
-    def object_uploaded(self, node_id: int, object_id: int, key: str, size_bytes: int,
-                        kind: str) -> None:
+    def object_uploaded(
+        self, node_id: int, object_id: int, key: str, size_bytes: int, kind: str
+    ) -> None:
         return None
 
-    def object_committed(self, node_id: int, object_ids: Sequence[int], size_bytes: int,
-                         wal_offset: int) -> None:
+    def object_committed(
+        self, node_id: int, object_ids: Sequence[int], size_bytes: int, wal_offset: int
+    ) -> None:
         return None
 
-    def recovered(self, node_id: int, records: int, batches: int, dropped_batches: int,
-                  failover: bool) -> None:
+    def recovered(
+        self, node_id: int, records: int, batches: int, dropped_batches: int, failover: bool
+    ) -> None:
         return None
 
-    def compacted(self, source_object_ids: Sequence[int], new_object_ids: Sequence[int],
-                  size_bytes: int) -> None:
+    def compacted(
+        self, source_object_ids: Sequence[int], new_object_ids: Sequence[int], size_bytes: int
+    ) -> None:
         return None
 
     def read_served(self, stream_id: int, records: int, size_bytes: int, source: str) -> None:

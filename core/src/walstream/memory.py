@@ -17,7 +17,7 @@ from .errors import FencedError, InvalidArgument, NotFound, PreconditionFailed
 from .objects import ObjectMeta, ObjectStore, ObjectStoreCapabilities, clamp_range
 from .wal import GroupCommitWal, PreparedGroup, WalCapabilities, WalMode, WalOffset, WalRecord
 
-__all__ = ["MemoryWal", "MemoryObjectStore", "MEMORY_WAL", "MEMORY_OBJECT_STORE"]
+__all__ = ["MEMORY_OBJECT_STORE", "MEMORY_WAL", "MemoryObjectStore", "MemoryWal"]
 
 
 @dataclass
@@ -133,9 +133,7 @@ class MemoryObjectStore(ObjectStore):
     capabilities = ObjectStoreCapabilities(conditional_put=True, list_page_size=1000)
 
     def __init__(self, name: str | None = None) -> None:
-        self._objects: dict[str, bytes] = (
-            _OBJECT_VOLUMES.setdefault(name, {}) if name else {}
-        )
+        self._objects: dict[str, bytes] = _OBJECT_VOLUMES.setdefault(name, {}) if name else {}
 
     async def put(self, key: str, data: bytes) -> None:
         self._objects[key] = bytes(data)

@@ -9,16 +9,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "StreamState",
-    "ObjectState",
-    "ObjectKind",
+    "MetadataStore",
+    "NodeInfo",
     "NodeState",
+    "ObjectCommit",
+    "ObjectInfo",
+    "ObjectKind",
+    "ObjectState",
     "StreamInfo",
     "StreamRange",
-    "ObjectInfo",
-    "ObjectCommit",
-    "NodeInfo",
-    "MetadataStore",
+    "StreamState",
 ]
 
 

@@ -7,7 +7,13 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ObjectStore", "ObjectMeta", "ObjectWriter", "BufferedObjectWriter", "ObjectStoreCapabilities"]
+__all__ = [
+    "BufferedObjectWriter",
+    "ObjectMeta",
+    "ObjectStore",
+    "ObjectStoreCapabilities",
+    "ObjectWriter",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from .clock import Clock
 from .errors import ConfigError
 from .hooks import EngineHooks
 
-__all__ = ["open", "OpenClient"]
+__all__ = ["OpenClient", "open"]
 
 
 def _build_client(config: Any, hooks: EngineHooks | None, clock: Clock | None) -> Client:
@@ -75,11 +75,11 @@ class OpenClient:
 async def _close_quietly(client: Client) -> None:
     try:
         await client.close()
-    except Exception:  # noqa: BLE001 - the start failure is the error to report
+    except Exception:
         pass
 
 
-def open(  # noqa: A001 - the public name is walstream.open
+def open(
     config: str | os.PathLike[str] | Mapping[str, Any] | Any | None = None,
     *,
     hooks: EngineHooks | None = None,

@@ -77,14 +77,18 @@ class ObjectReader:
         position = start
         window = [self._window(stream_id, start)]
         stale_retries = 0
-        while len(records) < limit_records and size < limit_bytes and (end is None or position < end):
+        while (
+            len(records) < limit_records and size < limit_bytes and (end is None or position < end)
+        ):
             infos = await self.metadata.get_objects(stream_id, position, end, limit=16)
             if not infos or infos[0].ranges[0].start_offset > position:
                 break
             before = position
             try:
                 for info in infos:
-                    for batch_records in await self._records_in(info, stream_id, position, end, window):
+                    for batch_records in await self._records_in(
+                        info, stream_id, position, end, window
+                    ):
                         for record in batch_records:
                             if record.offset < position:
                                 continue
@@ -153,7 +157,9 @@ class ObjectReader:
                 break
         return result
 
-    async def _fetch_run(self, info: ObjectInfo, run: list[IndexEntry]) -> list[list[SequencedRecord]]:
+    async def _fetch_run(
+        self, info: ObjectInfo, run: list[IndexEntry]
+    ) -> list[list[SequencedRecord]]:
         first, last = run[0].position, run[-1].position + run[-1].size
         self.gets += 1
         data = await self.objects.get(info.key, first, last)

@@ -22,16 +22,16 @@ from dataclasses import dataclass, field
 from .errors import CorruptionError, InvalidArgument
 
 __all__ = [
+    "BATCH_HEADER",
+    "BATCH_MAGIC",
+    "AppendAck",
+    "BatchHeader",
+    "ReadResult",
     "Record",
     "SequencedRecord",
-    "AppendAck",
-    "ReadResult",
-    "BatchHeader",
-    "BATCH_MAGIC",
-    "BATCH_HEADER",
-    "encode_batch",
-    "decode_batch_header",
     "decode_batch",
+    "decode_batch_header",
+    "encode_batch",
     "iter_batches",
     "record_size",
 ]
@@ -61,7 +61,9 @@ class Record:
         if not isinstance(self.value, (bytes, bytearray, memoryview)):
             raise InvalidArgument(f"Record.value must be bytes, not {type(self.value).__name__}")
         if self.key is not None and not isinstance(self.key, (bytes, bytearray, memoryview)):
-            raise InvalidArgument(f"Record.key must be bytes or None, not {type(self.key).__name__}")
+            raise InvalidArgument(
+                f"Record.key must be bytes or None, not {type(self.key).__name__}"
+            )
         if not isinstance(self.headers, tuple):
             object.__setattr__(self, "headers", tuple(self.headers))
         for header in self.headers:
@@ -155,7 +157,9 @@ def encode_batch(
     payload = b"".join(parts)
     if len(payload) > _MAX_I32:
         raise InvalidArgument(f"batch payload of {len(payload)} bytes exceeds 2 GiB")
-    header = BATCH_HEADER.pack(BATCH_MAGIC, stream_id, epoch, base_offset, len(records), len(payload))
+    header = BATCH_HEADER.pack(
+        BATCH_MAGIC, stream_id, epoch, base_offset, len(records), len(payload)
+    )
     return header + payload
 
 
@@ -214,7 +218,9 @@ def decode_batch(
             if pos > end:
                 raise CorruptionError("record overruns its batch")
             records.append(
-                SequencedRecord(header.base_offset + index, value, key, tuple(headers), timestamp_ms)
+                SequencedRecord(
+                    header.base_offset + index, value, key, tuple(headers), timestamp_ms
+                )
             )
     except (struct.error, UnicodeDecodeError) as exc:
         raise CorruptionError(f"malformed record in batch at byte {position}: {exc}") from exc

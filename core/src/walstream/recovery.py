@@ -28,7 +28,7 @@ from .records import decode_batch
 from .upload import Uploader
 from .wal import WalMode, WriteAheadLog
 
-__all__ = ["RecoveryStats", "replay_wal", "failover_node"]
+__all__ = ["RecoveryStats", "failover_node", "replay_wal"]
 
 log = logging.getLogger(__name__)
 

@@ -186,7 +186,9 @@ class Uploader:
     ) -> None:
         try:
             await block.settled.wait()
-            batches = [batch for batch in block.batches if batch.acked and self._is_live(batch.stream_id)]
+            batches = [
+                batch for batch in block.batches if batch.acked and self._is_live(batch.stream_id)
+            ]
             commits: list[ObjectCommit] = []
             if batches:
                 async with self._semaphore:
@@ -206,18 +208,23 @@ class Uploader:
                 await self._wal.trim(wal_offset)
             self._cache.mark_committed(block)
             self._hooks.object_committed(
-                self.node_id, [commit.object_id for commit in commits],
-                sum(commit.size for commit in commits), wal_offset,
+                self.node_id,
+                [commit.object_id for commit in commits],
+                sum(commit.size for commit in commits),
+                wal_offset,
             )
             done.set_result(None)
-        except BaseException as exc:  # noqa: BLE001 - the chain must learn about every failure
+        except BaseException as exc:
             if self.failure is None:
                 self.failure = exc
                 if not isinstance(exc, asyncio.CancelledError):
                     log.error("upload of block %d failed: %s", block.block_id, exc)
                     self._on_fatal(exc)
-            done.set_exception(exc if isinstance(exc, WalstreamError) else BackendUnavailable(
-                f"upload failed: {exc!r}"))
+            done.set_exception(
+                exc
+                if isinstance(exc, WalstreamError)
+                else BackendUnavailable(f"upload failed: {exc!r}")
+            )
             done.exception()
             if isinstance(exc, asyncio.CancelledError):
                 raise
@@ -252,7 +259,10 @@ class Uploader:
         )
         assert isinstance(object_ids, list)
         commits = await asyncio.gather(
-            *(self._write_one(object_id, plan) for object_id, plan in zip(object_ids, planned, strict=True))
+            *(
+                self._write_one(object_id, plan)
+                for object_id, plan in zip(object_ids, planned, strict=True)
+            )
         )
         return list(commits)
 

@@ -13,7 +13,7 @@ import enum
 import logging
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,13 +28,13 @@ from .errors import (
 )
 
 __all__ = [
-    "WalOffset",
-    "WalMode",
-    "WalCapabilities",
-    "WalRecord",
-    "WriteAheadLog",
     "GroupCommitWal",
     "PreparedGroup",
+    "WalCapabilities",
+    "WalMode",
+    "WalOffset",
+    "WalRecord",
+    "WriteAheadLog",
 ]
 
 log = logging.getLogger(__name__)
@@ -116,8 +116,9 @@ class WriteAheadLog(ABC):
     async def start(self, node_id: int, node_epoch: int, mode: WalMode) -> None: ...
 
     @abstractmethod
-    def append(self, data: bytes) -> Awaitable[WalOffset]:
-        """Enqueue ``data`` now (call order is log order); await the result for durability."""
+    def append(self, data: bytes) -> asyncio.Future[WalOffset]:
+        """Enqueue ``data`` now (call order is log order) and return a future that completes
+        with its offset once it is durable (futures complete in call order, invariant 1)."""
 
     @abstractmethod
     def recover(self) -> AsyncIterator[WalRecord]: ...
@@ -342,7 +343,9 @@ class GroupCommitWal(WriteAheadLog):
     def _take_pending(self) -> list[tuple[bytes, asyncio.Future[WalOffset]]]:
         taken: list[tuple[bytes, asyncio.Future[WalOffset]]] = []
         size = 0
-        while self._pending and (not taken or size + len(self._pending[0][0]) <= self.max_group_bytes):
+        while self._pending and (
+            not taken or size + len(self._pending[0][0]) <= self.max_group_bytes
+        ):
             item = self._pending.popleft()
             taken.append(item)
             size += len(item[0])
@@ -392,7 +395,7 @@ class GroupCommitWal(WriteAheadLog):
     async def _run_write(self, group: _Group) -> None:
         try:
             await self._write_group(group.prepared)
-        except BaseException as exc:  # noqa: BLE001 - every failure must fail the group
+        except BaseException as exc:
             self._record_failure(exc)
             # Acknowledge nothing from here on: this group and every later one fail.
             failure = self._failure
@@ -437,9 +440,7 @@ class GroupCommitWal(WriteAheadLog):
         log.error("WAL node=%s failed: %s", self.node_id, self._failure)
 
     @staticmethod
-    def _fail_futures(
-        futures: Sequence[asyncio.Future[WalOffset]], exc: BaseException
-    ) -> None:
+    def _fail_futures(futures: Sequence[asyncio.Future[WalOffset]], exc: BaseException) -> None:
         for future in futures:
             if not future.done():
                 future.set_exception(exc)
