@@ -62,7 +62,8 @@ _PATH_MODULES: dict[str, ModuleType] = {}
 
 
 def load_target(target: str) -> Any:
-    """``package.module:attr`` or ``/path/to/file.py:attr`` → the attribute."""
+    """``package.module:attr`` or ``/path/to/file.py:attr`` → the attribute
+    (``:__loader_module__`` → the module itself)."""
     module_part, _, attr = target.rpartition(":")
     if not module_part or not attr:
         raise ConfigError(f"target {target!r}: expected module:attribute or file.py:attribute")
@@ -81,6 +82,8 @@ def load_target(target: str) -> Any:
         module = _PATH_MODULES[path]
     else:
         module = importlib.import_module(module_part)
+    if attr == "__loader_module__":
+        return module
     return getattr(module, attr)
 
 

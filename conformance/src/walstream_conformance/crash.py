@@ -135,8 +135,9 @@ class _LineReader:
                 break
             self._buffer += chunk
             *complete, self._buffer = self._buffer.split(b"\n")
-            lines.extend(line.decode() for line in complete)
-            if any(line.startswith(("READY", "DONE")) for line in complete):
+            decoded = [line.decode() for line in complete]
+            lines.extend(decoded)
+            if any(line in ("READY", "DONE") for line in decoded):
                 break
         return lines
 

@@ -432,7 +432,6 @@ class WalSuite:
         assert await _typed(lambda: append_now(unstarted, b"x"), "append() before start()")
         wal = await kit.fresh()
         kept = await wal.append(b"kept")
-        await _typed(lambda: wal.trim(kept + 1_000_000), "trim() beyond the last offset")
         await wal.close()
         reader, recovered = await kit.open(WalMode.READ_ONLY)
         _assert_same_records(recovered, [(kept, b"kept")], "READ_ONLY recovery")
@@ -440,8 +439,10 @@ class WalSuite:
             "append() on a READ_ONLY WAL was accepted"
         )
         await reader.close()
-        _, recovered = await kit.open()
+        wal, recovered = await kit.open()
         _assert_same_records(recovered, [(kept, b"kept")], "after a READ_ONLY instance")
+        # Trimming past the end may be refused or may trim everything; either way, typed.
+        await _typed(lambda: wal.trim(kept + 1_000_000), "trim() beyond the last offset")
 
     async def test_errors_typed_medium_failure(self, walstream_wal_kit: WalKit) -> None:
         """A failing medium surfaces as a walstream error and, after a failed write, the WAL

@@ -1,0 +1,121 @@
+"""Deliberately broken backends. Each breaks one promise; the conformance tests must catch every
+one of them (see test_conformance_planted.py). Loaded by file path, also in child processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Any
+
+from walstream.errors import PreconditionFailed
+from walstream.memory import MemoryObjectStore, MemoryWal
+from walstream.memory_metadata import MemoryMetadataStore
+from walstream.metadata import ObjectCommit
+from walstream.wal import PreparedGroup, WalMode, WalOffset, WalRecord, WriteAheadLog
+from walstream_conformance.backends import load_target
+
+_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "appendfile_wal.py"
+AppendFileWal: Any = load_target(f"{_EXAMPLE}:AppendFileWal")
+
+
+class MemoryAckFileWal(AppendFileWal):  # type: ignore[misc]
+    """Acknowledges while the records are only in process memory; writes them at close.
+
+    Declares ``survives_process_kill`` (inherited) — the crash harness proves it false.
+    """
+
+    def __init__(self, path: str, **options: Any) -> None:
+        super().__init__(path, **options)
+        self._unwritten: list[tuple[int, bytes]] = []
+
+    async def _write_group(self, group: PreparedGroup) -> None:
+        position, buffer, _previous, done = group.state
+        self._unwritten.append((position, buffer))
+        done.set_result(None)
+
+    async def _close(self) -> None:
+        for position, buffer in self._unwritten:
+            self._durable_write(position, buffer)
+        self._unwritten.clear()
+        await super()._close()
+
+
+class UnsyncedFileWal(AppendFileWal):  # type: ignore[misc]
+    """Acknowledges once the write reached the OS, without fsync (claims power-loss safety)."""
+
+    def _durable_write(self, position: int, buffer: bytes) -> None:
+        self._call("write", self.io.pwrite, self._fd, buffer, position)
+
+
+class ReorderingWal(WriteAheadLog):
+    """Durable in order, but acknowledges in a random order (each ack after a random delay)."""
+
+    def __init__(self, volume: str, seed: int = 0) -> None:
+        self._inner = MemoryWal(volume)
+        self.capabilities = self._inner.capabilities
+        self._rng = random.Random(seed)
+
+    async def start(self, node_id: int, node_epoch: int, mode: WalMode) -> None:
+        await self._inner.start(node_id, node_epoch, mode)
+
+    def append(self, data: bytes) -> Awaitable[WalOffset]:
+        durable = self._inner.append(data)
+        delay = self._rng.uniform(0, 0.005)
+
+        async def acknowledge() -> WalOffset:
+            offset = await durable
+            await asyncio.sleep(delay)
+            return offset
+
+        return asyncio.ensure_future(acknowledge())
+
+    def recover(self) -> AsyncIterator[WalRecord]:
+        return self._inner.recover()
+
+    async def trim(self, offset: WalOffset) -> None:
+        await self._inner.trim(offset)
+
+    async def reset(self) -> None:
+        await self._inner.reset()
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+class ExclusiveTrimWal(MemoryWal):
+    """``trim(offset)`` keeps the record at ``offset``: returns a trimmed record after restart."""
+
+    async def _trim(self, offset: WalOffset) -> None:
+        await super()._trim(offset - 1)
+
+
+class StaleEpochMetadata(MemoryMetadataStore):
+    """Accepts commits from a stale node epoch (a zombie node's commits go through)."""
+
+    async def commit_objects(
+        self, node_id: int, node_epoch: int, objects: Any
+    ) -> None:
+        node = await self.get_node(node_id)
+        current = node.node_epoch if node is not None else node_epoch
+        await super().commit_objects(node_id, current, list[ObjectCommit](objects))
+
+
+class RacyConditionalStore(MemoryObjectStore):
+    """``put_if_absent`` checks, then writes: two concurrent creators can both win."""
+
+    async def put_if_absent(self, key: str, data: bytes) -> None:
+        if key in self._objects:
+            raise PreconditionFailed(f"object {key!r} already exists")
+        await asyncio.sleep(0)  # e.g. a HEAD then a PUT over the network
+        self._objects[key] = bytes(data)
+
+
+def make_memory_ack_wal(path: str) -> WriteAheadLog:
+    return MemoryAckFileWal(os.fspath(path))
+
+
+def make_unsynced_wal(path: str) -> WriteAheadLog:
+    return UnsyncedFileWal(os.fspath(path))
