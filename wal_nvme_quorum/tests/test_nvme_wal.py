@@ -164,11 +164,11 @@ def test_factory_validates_options() -> None:
     from walstream.config import BuildContext
 
     context = BuildContext(node_id=3)
-    with pytest.raises(ConfigError, match="wal.servers"):
+    with pytest.raises(ConfigError, match=r"wal\.servers"):
         NVME_QUORUM_WAL.build({}, context, "wal")
-    with pytest.raises(ConfigError, match="wal.write_quorum"):
+    with pytest.raises(ConfigError, match=r"wal\.write_quorum"):
         NVME_QUORUM_WAL.build({"servers": ["a:1", "b:2"], "write_quorum": 3}, context, "wal")
-    with pytest.raises(ConfigError, match="wal.replication"):
+    with pytest.raises(ConfigError, match=r"wal\.replication"):
         NVME_QUORUM_WAL.build({"servers": "a:1,b:2", "replication": 3}, context, "wal")
     wal = NVME_QUORUM_WAL.build({"servers": "a:1,b:2,c:3,d:4", "replication": 3}, context, "wal")
     assert wal.log_id == "node-3"
