@@ -454,3 +454,22 @@ async def test_sequential_cold_reads_grow_readahead(tmp_path: Path) -> None:
         assert blocks >= 10
         # read-ahead coalesces the sequential reader's blocks into fewer GETs than blocks
         assert gets < blocks
+
+
+async def test_large_read_spans_objects_bigger_than_the_readahead_window(tmp_path: Path) -> None:
+    backends = Backends("memory", tmp_path)
+    config = EngineConfig(
+        cache=CacheConfig(readahead_min_bytes=64 << 10, readahead_max_bytes=128 << 10),
+        upload=UploadConfig(max_bytes=3 << 20, max_interval_s=3600),
+        compaction=CompactionConfig(enabled=False),
+    )
+    async with backends.client(config) as client:
+        stream = await client.create_stream("wide")
+        for base in range(0, 12_000, 500):
+            await stream.append([Record(value_for("w", i, 1024)) for i in range(base, base + 500)])
+    async with backends.client(config) as client:
+        stream = await client.open_stream("wide")
+        assert len(await client.metadata.list_objects(state=ObjectState.COMMITTED)) >= 3
+        result = await stream.read(start=0, limit_records=100_000, limit_bytes=1 << 30)
+        assert [r.offset for r in result.records] == list(range(12_000))
+        assert all(r.value == value_for("w", r.offset, 1024) for r in result.records)

@@ -86,20 +86,38 @@ class ObjectReader:
             before = position
             try:
                 for info in infos:
-                    for batch_records in await self._records_in(
-                        info, stream_id, position, end, window
+                    range_end = info.ranges[0].end_offset
+                    if end is not None:
+                        range_end = min(range_end, end)
+                    # One object may take several read-ahead windows to consume.
+                    while position < range_end and not self._full(
+                        records, size, limit_records, limit_bytes
                     ):
-                        for record in batch_records:
-                            if record.offset < position:
-                                continue
-                            if end is not None and record.offset >= end:
-                                break
-                            if records and (len(records) >= limit_records or size >= limit_bytes):
-                                break
-                            records.append(record)
-                            size += record_size(record)
-                            position = record.offset + 1
-                    if len(records) >= limit_records or size >= limit_bytes:
+                        progress = position
+                        for batch_records in await self._records_in(
+                            info, stream_id, position, end, window
+                        ):
+                            for record in batch_records:
+                                if record.offset < position:
+                                    continue
+                                if end is not None and record.offset >= end:
+                                    break
+                                if records and self._full(
+                                    records, size, limit_records, limit_bytes
+                                ):
+                                    break
+                                records.append(record)
+                                size += record_size(record)
+                                position = record.offset + 1
+                        if position == progress:
+                            raise CorruptionError(
+                                f"object {info.key} lacks offset {position} of stream {stream_id} "
+                                "that metadata says it holds"
+                            )
+                    if (
+                        self._full(records, size, limit_records, limit_bytes)
+                        or position < range_end
+                    ):
                         break
             except NotFound:
                 # The object was compacted away between the metadata lookup and the GET.
@@ -113,6 +131,12 @@ class ObjectReader:
             self._sequential[stream_id] = _Sequential(records[-1].offset + 1, window[0])
             self._hooks.read_served(stream_id, len(records), size, "object")
         return records
+
+    @staticmethod
+    def _full(
+        records: list[SequencedRecord], size: int, limit_records: int, limit_bytes: int
+    ) -> bool:
+        return len(records) >= limit_records or size >= limit_bytes
 
     def _window(self, stream_id: int, start: int) -> int:
         state = self._sequential.get(stream_id)
