@@ -4,6 +4,7 @@ with its checksum status. Reads only; never fences nor writes."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,13 @@ __all__ = ["inspect_wal"]
 def inspect_wal(path: Path | str) -> Iterator[str]:
     """Printable lines describing the WAL at ``path``; raises CorruptionError when no header
     slot is valid (the records cannot be located)."""
-    return iter(asyncio.run(_inspect(Path(path))))
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return iter(asyncio.run(_inspect(Path(path))))
+    # Called from async code (a test, a service): decode on a thread with its own loop.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return iter(pool.submit(asyncio.run, _inspect(Path(path))).result())
 
 
 async def _inspect(path: Path) -> list[str]:

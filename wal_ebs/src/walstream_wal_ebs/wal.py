@@ -340,7 +340,7 @@ class EbsWal(GroupCommitWal):
                     f"WAL {self.path}: recovery stopped at offset {step.offset}: {step.problem}"
                 )
                 if step.corrupt:
-                    log.warning("%s", CorruptionError(message))
+                    log.warning("CorruptionError: %s", CorruptionError(message))
                 else:
                     log.info("%s", message)
                 if uncommitted:
