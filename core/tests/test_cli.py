@@ -120,7 +120,11 @@ def test_append_from_stdin_and_file_then_read_json(cli: Cli, tmp_path: Path) -> 
                                              "offsets 203..252"]
     assert "appended 250 records in 3 batches" in from_file.stderr
 
+    cli("append", "events", "--header", "source=cli", "--header", "n=2", input="with headers\n")
     records = json_lines(cli("read", "events", "--format", "json").stdout)
+    with_headers = records.pop()
+    assert with_headers["offset"] == 253 and with_headers["value"] == "with headers"
+    assert with_headers["headers"] == [["source", "cli"], ["n", "2"]]
     assert [record["offset"] for record in records] == list(range(253))
     assert [record["value"] for record in records[:3]] == ["alpha", "beta", "γάμμα"]
     assert all(record["key"] is None for record in records[:3])
@@ -130,7 +134,7 @@ def test_append_from_stdin_and_file_then_read_json(cli: Cli, tmp_path: Path) -> 
     page = cli("read", "events", "--start", "10", "--limit", "3").stdout
     assert page.splitlines() == ["10\tline 7", "11\tline 8", "12\tline 9"]
     last = json_lines(cli("read", "events", "--tail-offset", "2", "--format", "json").stdout)
-    assert [record["offset"] for record in last] == [251, 252]
+    assert [record["offset"] for record in last] == [252, 253]
     hex_lines = cli("read", "events", "--start", "0", "--limit", "1", "--format", "hex").stdout
     assert hex_lines.splitlines() == [f"0\t\t{b'alpha'.hex()}"]
 
@@ -220,6 +224,10 @@ def test_usage_errors_exit_2(cli: Cli) -> None:
     assert "usage:" in result.stderr
     result = cli("read", "s", "--start", "1", "--tail-offset", "2", expect=2)
     assert "not allowed with" in result.stderr
+    result = cli("append", "s", "--batch", "0", input="a\n", expect=2)
+    assert "--batch" in result.stderr and "at least 1" in result.stderr
+    result = cli("append", "s", "--header", "novalue", input="a\n", expect=2)
+    assert "NAME=VALUE" in result.stderr
 
 
 def test_plugins_lists_the_builtin_backends(cli: Cli) -> None:

@@ -61,6 +61,7 @@ def test_append_read_trim_and_errors_propagate_unchanged(deployment: Path) -> No
             client.open_stream("nope")
 
         stream.trim(2)
+        assert stream.start_offset() == 2
         with pytest.raises(OutOfRangeError) as trimmed:
             stream.read(start=0)
         assert trimmed.value.start_offset == 2
@@ -111,6 +112,15 @@ def test_tail_iterates_and_follows_appends_from_another_thread(deployment: Path)
                     break
         writer.join()
         assert seen == [(0, b"0"), (1, b"1"), (2, b"2"), (3, b"3")]
+
+        # Without a start, tail begins at the current tail: only later records show.
+        follower = stream.tail()
+        threading.Timer(0.2, lambda: stream.append([Record(b"4")])).start()
+        first = next(follower)
+        follower.close()
+        assert (first.offset, first.value) == (4, b"4")
+        with pytest.raises(StopIteration):
+            next(follower)
 
 
 def test_many_threads_share_one_client(deployment: Path) -> None:

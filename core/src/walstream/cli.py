@@ -25,7 +25,6 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from .errors import (
     ConfigError,
-    InvalidArgument,
     OutOfRangeError,
     WalstreamError,
 )
@@ -88,6 +87,7 @@ class _TextProgress:
         self._done = 0
         self._started = time.monotonic()
         self._last_draw = 0.0
+        self._drawn_width = 0
 
     def update(self, amount: int) -> None:
         self._done += amount
@@ -108,7 +108,9 @@ class _TextProgress:
             line = f"{self._description} [{bar}] {percent:5.1f}% {done} {rate}/s"
         else:
             line = f"{self._description} {done} {rate}/s"
-        self._stream.write("\r" + line)
+        # Pad over the rest of a longer previous line.
+        self._stream.write("\r" + line.ljust(self._drawn_width))
+        self._drawn_width = len(line)
         self._stream.flush()
 
     def close(self) -> None:
@@ -313,10 +315,8 @@ def _batches(values: Iterable[bytes], batch_size: int) -> Iterator[list[bytes]]:
 
 
 async def cmd_append(args: argparse.Namespace) -> int:
-    if args.batch < 1:
-        raise InvalidArgument(f"--batch must be at least 1, got {args.batch}")
     key = None if args.key is None else os.fsencode(args.key)
-    headers = tuple(_parse_header(text) for text in args.header)
+    headers = tuple(args.header)
     source: IO[bytes]
     if args.file is not None:
         path = Path(args.file)
@@ -352,10 +352,11 @@ async def cmd_append(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _parse_header(text: str) -> tuple[str, bytes]:
+def _header(text: str) -> tuple[str, bytes]:
+    """An argparse type for ``--header NAME=VALUE``."""
     name, separator, value = text.partition("=")
     if not separator or not name:
-        raise InvalidArgument(f"--header expects NAME=VALUE, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
     return name, os.fsencode(value)
 
 
@@ -379,8 +380,6 @@ async def _first_read(stream: Stream, args: argparse.Namespace, page: int) -> Re
 
 
 async def cmd_read(args: argparse.Namespace) -> int:
-    if args.limit is not None and args.limit < 0:
-        raise InvalidArgument(f"--limit cannot be negative, got {args.limit}")
     remaining = args.limit
     async with _open_client(args.config) as client:
         stream = await client.open_stream(_name_or_id(args.stream))
@@ -620,6 +619,22 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 # -- parser ---------------------------------------------------------------------------------------
 
 
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum`` (a bad one is a usage error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
 def _common_options(suppress_defaults: bool) -> argparse.ArgumentParser:
     """--config and -v, accepted before or after the command."""
     parser = argparse.ArgumentParser(add_help=False)
@@ -712,9 +727,10 @@ def build_parser() -> argparse.ArgumentParser:
     append.add_argument("stream", help="stream name (or #ID)")
     append.add_argument("--file", "-f", metavar="F", help="read lines from this file, not stdin")
     append.add_argument("--key", "-k", metavar="K", help="key of every appended record")
-    append.add_argument("--header", action="append", default=[], metavar="NAME=VALUE",
+    append.add_argument("--header", action="append", type=_header, default=[],
+                        metavar="NAME=VALUE",
                         help="a header on every record (repeatable)")
-    append.add_argument("--batch", "-b", type=int, default=DEFAULT_APPEND_BATCH, metavar="N",
+    append.add_argument("--batch", "-b", type=_count(1), default=DEFAULT_APPEND_BATCH, metavar="N",
                         help=f"records per atomic batch (default {DEFAULT_APPEND_BATCH})")
     append.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -728,13 +744,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     read.add_argument("stream", help="stream name (or #ID)")
     position = read.add_mutually_exclusive_group()
-    position.add_argument("--start", type=int, metavar="N",
+    position.add_argument("--start", type=_count(0), metavar="N",
                           help="first offset to read (default: the first readable offset)")
     position.add_argument("--from-timestamp", type=int, metavar="MS",
                           help="start at the first record with timestamp_ms >= MS")
-    position.add_argument("--tail-offset", type=int, metavar="N",
+    position.add_argument("--tail-offset", type=_count(0), metavar="N",
                           help="start N records before the tail")
-    read.add_argument("--limit", type=int, metavar="N", help="print at most N records")
+    read.add_argument("--limit", type=_count(0), metavar="N", help="print at most N records")
     _add_format(read)
 
     # tail
@@ -749,9 +765,9 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("-f", "--follow", action="store_true",
                       help="keep printing new records as they are appended, until Ctrl-C "
                            "(exits 0)")
-    tail.add_argument("--start", type=int, metavar="N",
+    tail.add_argument("--start", type=_count(0), metavar="N",
                       help="begin at offset N instead of the last --lines records")
-    tail.add_argument("-n", "--lines", type=int, default=DEFAULT_TAIL_LINES, metavar="N",
+    tail.add_argument("-n", "--lines", type=_count(0), default=DEFAULT_TAIL_LINES, metavar="N",
                       help=f"how many of the last records to print first (default "
                            f"{DEFAULT_TAIL_LINES})")
     _add_format(tail)
@@ -760,7 +776,7 @@ def build_parser() -> argparse.ArgumentParser:
     trim = _add_command(commands, "trim", "make every offset before OFFSET unreadable", cmd_trim,
                         common, "example:\n  walstream trim orders 1000")
     trim.add_argument("stream", help="stream name (or #ID)")
-    trim.add_argument("offset", type=int, help="the new first readable offset")
+    trim.add_argument("offset", type=_count(0), help="the new first readable offset")
 
     # plugins
     plugins = _add_command(
@@ -821,13 +837,13 @@ def build_parser() -> argparse.ArgumentParser:
         "examples:\n  walstream demo\n  walstream demo --streams 3 --records 20000 "
         "--value-bytes 256\n  walstream demo --config deploy.yaml",
     )
-    demo.add_argument("--streams", type=int, default=3, metavar="N",
+    demo.add_argument("--streams", type=_count(1), default=3, metavar="N",
                       help="streams written concurrently (default 3)")
-    demo.add_argument("--records", type=int, default=20_000, metavar="N",
+    demo.add_argument("--records", type=_count(1), default=20_000, metavar="N",
                       help="records per stream (default 20000)")
-    demo.add_argument("--value-bytes", type=int, default=256, metavar="N",
+    demo.add_argument("--value-bytes", type=_count(1), default=256, metavar="N",
                       help="bytes per record value (default 256)")
-    demo.add_argument("--batch", type=int, default=100, metavar="N",
+    demo.add_argument("--batch", type=_count(1), default=100, metavar="N",
                       help="records per append (default 100)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser

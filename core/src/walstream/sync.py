@@ -156,8 +156,9 @@ class SyncStream:
             kwargs["limit_bytes"] = limit_bytes
         return self._runner.run(self._stream.read(**kwargs))
 
-    def tail(self, start: int = 0) -> TailIterator:
-        """Iterate records from ``start`` on, following new appends forever.
+    def tail(self, start: int | None = None) -> TailIterator:
+        """Iterate records from ``start`` (default: the current tail) on, following new appends
+        forever.
 
         Leave the loop with ``break`` (or call :meth:`TailIterator.close`); the underlying async
         iterator is closed on the client's loop.
@@ -172,7 +173,12 @@ class SyncStream:
         return self._runner.run(self._stream.check_tail())
 
     def set_fencing_token(self, token: str | None) -> None:
+        """Require ``fencing_token=token`` on later appends (``None`` removes it)."""
         self._runner.run(self._stream.set_fencing_token(token))
+
+    def start_offset(self) -> int:
+        """The first readable offset (moved by trim)."""
+        return self._runner.run(self._stream.start_offset())
 
     def __repr__(self) -> str:
         return f"SyncStream(stream_id={self.stream_id}, name={self.name!r})"
