@@ -1,0 +1,179 @@
+"""Benchmark: the nvme-quorum WAL on 3 local chunk servers — all healthy, one slowed by +50 ms,
+one down — beside the ebs WAL on the same disk (when walstream_wal_ebs is installed).
+
+    .venv/bin/python bench/wal_nvme_quorum.py [--quick] [--records N] [--concurrency C]
+
+Prints a table and writes bench/results/wal_nvme_quorum.json. The acknowledgement latency is
+measured per append (from ``append`` to its acknowledgement) with C appenders running at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from walstream.config import BuildContext
+from walstream.wal import WalMode, WriteAheadLog
+from walstream_wal_nvme_quorum import NVME_QUORUM_WAL, ChunkServerProcess, chunk_servers
+
+RESULTS = Path(__file__).resolve().parent / "results" / "wal_nvme_quorum.json"
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+async def run_workload(
+    wal: WriteAheadLog, records: int, record_bytes: int, concurrency: int
+) -> dict[str, float]:
+    payload = b"w" * record_bytes
+    latencies: list[float] = []
+    remaining = records
+
+    async def appender() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            started = time.perf_counter()
+            await wal.append(payload)
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(appender() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - started
+    return {
+        "records": len(latencies),
+        "p50_ms": percentile(latencies, 0.50) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
+        "mean_ms": statistics.fmean(latencies) * 1000,
+        "records_per_s": len(latencies) / elapsed,
+        "mib_per_s": len(latencies) * record_bytes / elapsed / (1 << 20),
+    }
+
+
+async def bench_quorum(
+    servers: list[ChunkServerProcess], epoch: int, args: argparse.Namespace
+) -> dict[str, float]:
+    options = {"servers": [server.address for server in servers], "log_id": "bench"}
+    wal = NVME_QUORUM_WAL.build(options, BuildContext(node_id=1), "wal")
+    await wal.start(1, epoch, WalMode.READ_WRITE)
+    async for _ in wal.recover():
+        pass
+    await wal.reset()
+    await run_workload(wal, args.records // 10, args.record_bytes, args.concurrency)  # warm-up
+    result = await run_workload(wal, args.records, args.record_bytes, args.concurrency)
+    await wal.close()
+    return result
+
+
+async def bench_ebs(folder: Path, args: argparse.Namespace) -> dict[str, float] | None:
+    try:
+        from walstream_wal_ebs import EBS_WAL
+        from walstream_wal_ebs.device import supports_direct_io
+    except ImportError:
+        return None
+    options = {"path": str(folder / "wal.img"), "capacity": "256MiB",
+               "direct": supports_direct_io(folder)}
+    wal = EBS_WAL.build(options, BuildContext(node_id=1, base_dir=folder), "wal")
+    await wal.start(1, 1, WalMode.READ_WRITE)
+    async for _ in wal.recover():
+        pass
+    await wal.reset()
+    await run_workload(wal, args.records // 10, args.record_bytes, args.concurrency)
+    result = await run_workload(wal, args.records, args.record_bytes, args.concurrency)
+    await wal.close()
+    return result
+
+
+@contextlib.contextmanager
+def slowed(servers: list[ChunkServerProcess], index: int, delay_ms: float) -> Iterator[None]:
+    server = servers[index]
+    server.stop()
+    server.delay_ms = delay_ms
+    server.start()
+    try:
+        yield
+    finally:
+        server.stop()
+        server.delay_ms = 0.0
+        server.start()
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-nvme-quorum-", dir=args.dir) as folder:
+        root = Path(folder)
+        with chunk_servers(root / "servers") as servers:
+            results["nvme-quorum healthy"] = await bench_quorum(servers, 1, args)
+            with slowed(servers, 2, args.slow_ms):
+                await asyncio.sleep(0.2)
+                results[f"nvme-quorum one +{args.slow_ms:g}ms"] = await bench_quorum(
+                    servers, 2, args
+                )
+            servers[2].kill()
+            results["nvme-quorum one down"] = await bench_quorum(servers, 3, args)
+        ebs = await bench_ebs(root, args)
+        if ebs is not None:
+            results["ebs (same disk)"] = ebs
+    return results
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print(f"{'scenario':<26} {'p50 ms':>8} {'p99 ms':>8} {'rec/s':>9} {'MiB/s':>7}")
+    for name, row in results.items():
+        print(
+            f"{name:<26} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
+            f"{row['records_per_s']:>9.0f} {row['mib_per_s']:>7.2f}"
+        )
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short run (CI, smoke)")
+    parser.add_argument("--records", type=int, default=None)
+    parser.add_argument("--record-bytes", type=int, default=1024)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--slow-ms", type=float, default=50.0)
+    parser.add_argument("--dir", default=None, help="folder for data (default: system temp)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.records is None:
+        args.records = 3000 if args.quick else 30000
+    results = asyncio.run(main(args))
+    print_table(results)
+    healthy = results["nvme-quorum healthy"]["p99_ms"]
+    slow = results[f"nvme-quorum one +{args.slow_ms:g}ms"]["p99_ms"]
+    ratio = slow / healthy
+    print(f"p99 with one server +{args.slow_ms:g}ms / healthy p99 = {ratio:.2f} (target <= 1.2)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "benchmark": "wal_nvme_quorum",
+        "settings": {
+            "records": args.records,
+            "record_bytes": args.record_bytes,
+            "concurrency": args.concurrency,
+            "slow_ms": args.slow_ms,
+            "servers": 3,
+            "write_quorum": 2,
+            "quick": args.quick,
+        },
+        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+        "results": results,
+        "slow_p99_over_healthy_p99": ratio,
+    }
+    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    cli()
