@@ -33,7 +33,7 @@ def make_settings(endpoint_url: str, default_bucket: str, **overrides: Any) -> S
 
 
 @pytest.fixture
-def make_store(s3_bucket: S3Bucket) -> Any:
+def make_store(s3_bucket: S3Bucket) -> Any:  # noqa: F811 - the imported fixture
     """``make_store(endpoint_url=None, **store_options)`` → an S3ObjectStore on the test bucket
     (through another endpoint, e.g. the fault proxy, when given)."""
     stores: list[S3ObjectStore] = []
@@ -52,7 +52,7 @@ def make_store(s3_bucket: S3Bucket) -> Any:
 
 
 @pytest.fixture
-def make_wal(s3_bucket: S3Bucket) -> Any:
+def make_wal(s3_bucket: S3Bucket) -> Any:  # noqa: F811 - the imported fixture
     """``make_wal(endpoint_url=None, **wal_options)`` → an unstarted S3Wal on the test bucket."""
 
     def make(endpoint_url: str | None = None, settings: dict[str, Any] | None = None,

@@ -144,7 +144,9 @@ async def test_s3_put_if_absent_single_and_race(make_store: Any) -> None:
     await store.close()
 
 
-async def test_s3_multipart_put_uploads_parts_concurrently(make_store: Any, fault_proxy: Any) -> None:
+async def test_s3_multipart_put_uploads_parts_concurrently(
+    make_store: Any, fault_proxy: Any
+) -> None:
     store = make_store(
         fault_proxy.endpoint_url, multipart_threshold_bytes=5 * MiB,
         multipart_part_bytes=5 * MiB, part_concurrency=4,
@@ -289,8 +291,8 @@ async def test_s3_factory_options_and_create_bucket(s3_bucket: Any) -> None:
     await store.put("k", b"v")
     assert await store.get("k") == b"v"
     await store.close()
-    with pytest.raises(ConfigError, match="object_store.multipart_part_size"):
+    with pytest.raises(ConfigError, match=r"object_store\.multipart_part_size"):
         validate_options(S3_OBJECT_STORE, s3_bucket.options(multipart_part_size="1MiB"),
                          BuildContext().base_dir, "object_store")
-    with pytest.raises(ConfigError, match="object_store.bucket"):
+    with pytest.raises(ConfigError, match=r"object_store\.bucket"):
         validate_options(S3_OBJECT_STORE, {}, BuildContext().base_dir, "object_store")
