@@ -461,13 +461,18 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         for backend in backends:
             _out(json.dumps(_backend_dict(backend)))
         return EXIT_OK
+    def distribution(backend: Any) -> str:
+        return f"{backend.dist} {backend.version or ''}".strip() if backend.dist else "-"
+
+    name_width = max((len(backend.name) for backend in backends), default=0)
+    dist_width = max((len(distribution(backend)) for backend in backends), default=0)
     current_kind = None
     for backend in backends:
         if backend.kind != current_kind:
             current_kind = backend.kind
             _out(f"{current_kind} (entry-point group walstream.{current_kind}):")
-        distribution = f"{backend.dist} {backend.version or ''}".strip() if backend.dist else "-"
-        _out(f"  {backend.name:<14} {distribution:<30} {backend.description}")
+        _out(f"  {backend.name:<{name_width}}  {distribution(backend):<{dist_width}}  "
+             f"{backend.description}")
         for option in backend.options:
             _out(f"      {option.describe()}")
         if backend.error:
