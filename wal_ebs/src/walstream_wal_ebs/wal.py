@@ -56,7 +56,7 @@ from walstream.wal import (
     WalRecord,
 )
 
-from .device import WalDevice, aligned_buffer, create_preallocated_file
+from .device import BufferPool, WalDevice, aligned_buffer, create_preallocated_file
 from .layout import (
     BLOCK_BYTES,
     PADDING_MAGIC,
@@ -132,6 +132,7 @@ class EbsWal(GroupCommitWal):
         self._used_bytes = 0
         self._records: deque[tuple[int, int]] = deque()
         """``(offset, end)`` of every untrimmed record, written or in flight, in order."""
+        self._buffers = BufferPool()
         self._fence_waiters: list[asyncio.Future[None]] = []
         self._fence_task: asyncio.Task[None] | None = None
 
@@ -277,54 +278,69 @@ class EbsWal(GroupCommitWal):
                 f"the WAL {self.path} is full: {self._used_bytes} of {capacity} bytes are "
                 f"untrimmed and this group needs {total}; upload and trim, or raise wal.capacity"
             )
-        writes = []
+        buffers = []
+        writes: list[tuple[memoryview, int]] = []
         if wrap_bytes:
-            padding = aligned_buffer(BLOCK_BYTES)
-            with memoryview(padding) as view:
-                pack_record_header(
-                    view, 0, PADDING_MAGIC, wrap_bytes - RECORD_HEADER_BYTES, self._head, 0,
-                    self._seed,
-                )
-            writes.append((padding, self._area_start + ring_position))
+            padding = self._buffers.take(BLOCK_BYTES)
+            buffers.append(padding)
+            view = memoryview(padding)[:BLOCK_BYTES]
+            pack_record_header(
+                view, 0, PADDING_MAGIC, wrap_bytes - RECORD_HEADER_BYTES, self._head, 0,
+                self._seed,
+            )
+            writes.append((view, self._area_start + ring_position))
         start = self._head + wrap_bytes
-        buffer = aligned_buffer(span)
+        # A pooled buffer may hold an earlier group's bytes past ``span``: never written, and
+        # the bytes inside this group's closing padding are never parsed.
+        buffer = self._buffers.take(span)
+        buffers.append(buffer)
         offsets: list[WalOffset] = []
         position = 0
-        with memoryview(buffer) as view:
-            for payload in payloads:
-                offset = start + position
-                size = len(payload)
-                pack_record_header(
-                    view, position, RECORD_MAGIC, size, offset, body_crc(payload), self._seed
-                )
-                body_at = position + RECORD_HEADER_BYTES
-                view[body_at : body_at + size] = payload
-                offsets.append(offset)
-                position = body_at + size
-                self._records.append((offset, start + position))
-            if position < span:
-                pack_record_header(
-                    view, position, PADDING_MAGIC, span - position - RECORD_HEADER_BYTES,
-                    start + position, 0, self._seed,
-                )
-        writes.append((buffer, self._area_start + start % capacity))
+        view = memoryview(buffer)[:span]
+        for payload in payloads:
+            offset = start + position
+            size = len(payload)
+            pack_record_header(
+                view, position, RECORD_MAGIC, size, offset, body_crc(payload), self._seed
+            )
+            body_at = position + RECORD_HEADER_BYTES
+            view[body_at : body_at + size] = payload
+            offsets.append(offset)
+            position = body_at + size
+            self._records.append((offset, start + position))
+        if position < span:
+            pack_record_header(
+                view, position, PADDING_MAGIC, span - position - RECORD_HEADER_BYTES,
+                start + position, 0, self._seed,
+            )
+        writes.append((view, self._area_start + start % capacity))
         if self._segments and self._segments[-1][1] == self._head:
             self._segments[-1][1] += total
         else:
             self._segments.append([self._head, self._head + total])
         self._head += total
         self._used_bytes += total
-        return PreparedGroup(offsets, list(payloads), state=writes)
+        return PreparedGroup(offsets, list(payloads), state=(writes, buffers))
 
     async def _write_group(self, group: PreparedGroup) -> None:
         device = self._require_device()
+        writes, buffers = group.state
+        group.state = None
         try:
-            await device.write_all(group.state)
-        finally:
-            for buffer, _ in group.state:
-                buffer.close()
-            group.state = None
+            await device.write_all(writes)
+        except asyncio.CancelledError:
+            raise  # the kernel may still read the buffers: never reuse them
+        except BaseException:
+            self._recycle(writes, buffers)
+            raise
+        self._recycle(writes, buffers)
         await self._check_fence()
+
+    def _recycle(self, writes: list[tuple[memoryview, int]], buffers: list[Any]) -> None:
+        for view, _ in writes:
+            view.release()
+        for buffer in buffers:
+            self._buffers.give_back(buffer)
 
     async def _recover(self) -> AsyncIterator[WalRecord]:
         device = self._require_device()
