@@ -23,7 +23,7 @@ def _entry(kind: int, offset: int, data: bytes) -> bytes:
 
 
 class AppendFileWal(GroupCommitWal):
-    def __init__(self, path: str | os.PathLike[str], io: Any = os, max_record_bytes: int = 1 << 20) -> None:
+    def __init__(self, path: str | os.PathLike[str], io: Any = os, max_record_bytes: int = 1 << 20):
         caps = WalCapabilities(max_record_bytes=max_record_bytes, supports_failover=False)
         super().__init__(capabilities=caps, max_inflight=1)
         self.path, self.io = os.fspath(path), io
@@ -34,8 +34,8 @@ class AppendFileWal(GroupCommitWal):
     def _call(self, what: str, function: Callable[..., Any], *args: Any) -> Any:
         try:
             return function(*args)
-        except OSError as exc:
-            raise BackendUnavailable(f"WAL file {self.path}: {what} failed ({exc}); check the disk") from exc
+        except OSError as error:
+            raise BackendUnavailable(f"WAL {self.path}: {what}: {error}; check the disk") from error
 
     async def _open(self, node_id: int, node_epoch: int, mode: WalMode) -> None:
         flags = os.O_RDONLY if mode is WalMode.READ_ONLY else os.O_RDWR | os.O_CREAT
@@ -45,7 +45,7 @@ class AppendFileWal(GroupCommitWal):
         while position + HEADER.size <= len(data):
             kind, offset, length, _ = HEADER.unpack_from(data, position)
             body = data[position + HEADER.size : position + HEADER.size + length]
-            if len(body) != length or _entry(kind, offset, body) != data[position : position + HEADER.size + length]:
+            if _entry(kind, offset, body) != data[position : position + HEADER.size + length]:
                 break  # a torn or never-written entry: the end of the log
             if kind == TRIM:
                 self._trimmed = max(self._trimmed, offset)

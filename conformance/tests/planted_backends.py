@@ -95,9 +95,7 @@ class ExclusiveTrimWal(MemoryWal):
 class StaleEpochMetadata(MemoryMetadataStore):
     """Accepts commits from a stale node epoch (a zombie node's commits go through)."""
 
-    async def commit_objects(
-        self, node_id: int, node_epoch: int, objects: Any
-    ) -> None:
+    async def commit_objects(self, node_id: int, node_epoch: int, objects: Any) -> None:
         node = await self.get_node(node_id)
         current = node.node_epoch if node is not None else node_epoch
         await super().commit_objects(node_id, current, list[ObjectCommit](objects))

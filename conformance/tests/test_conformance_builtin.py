@@ -21,8 +21,9 @@ class TestMemoryWal(WalSuite):
     @pytest.fixture
     def walstream_wal_factory(self) -> Callable[[], WriteAheadLog]:
         volume = f"conformance-memory-wal-{next(_volumes)}"
-        return lambda: MemoryWal(volume, capacity_bytes=1 << 20, max_record_bytes=256 << 10,
-                                 capacity_wait_s=1.0)
+        return lambda: MemoryWal(
+            volume, capacity_bytes=1 << 20, max_record_bytes=256 << 10, capacity_wait_s=1.0
+        )
 
 
 class TestMemoryObjectStore(ObjectStoreSuite):

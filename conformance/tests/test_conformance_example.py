@@ -18,8 +18,11 @@ class TestAppendFileWal(WalSuite):
     @pytest.fixture
     def walstream_wal_spec(self, tmp_path: Path, example_wal_path: Path) -> BackendSpec:
         # Real os calls, for the crash harness's child processes.
-        return BackendSpec("wal", target=f"{example_wal_path}:AppendFileWal",
-                           kwargs={"path": str(tmp_path / "crash.wal")})
+        return BackendSpec(
+            "wal",
+            target=f"{example_wal_path}:AppendFileWal",
+            kwargs={"path": str(tmp_path / "crash.wal")},
+        )
 
     @pytest.fixture
     def walstream_wal_factory(

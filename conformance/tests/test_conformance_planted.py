@@ -28,10 +28,17 @@ def _volume() -> str:
 async def test_acking_from_process_memory_is_caught_by_the_crash_harness(
     planted: ModuleType, tmp_path: Path
 ) -> None:
-    spec = BackendSpec("wal", target=f"{planted.__file__}:make_memory_ack_wal",
-                       kwargs={"path": str(tmp_path / "planted.wal")})
-    kit = WalKit(factory=lambda: planted.make_memory_ack_wal(str(tmp_path / "in-process.wal")),
-                 spec=spec, crash_cycles=4, seed=11)
+    spec = BackendSpec(
+        "wal",
+        target=f"{planted.__file__}:make_memory_ack_wal",
+        kwargs={"path": str(tmp_path / "planted.wal")},
+    )
+    kit = WalKit(
+        factory=lambda: planted.make_memory_ack_wal(str(tmp_path / "in-process.wal")),
+        spec=spec,
+        crash_cycles=4,
+        seed=11,
+    )
     try:
         # In one process, with clean closes, nothing is lost: only a kill shows the bug.
         await WalSuite().test_acked_recovered(kit)
@@ -45,11 +52,15 @@ async def test_acking_before_sync_is_caught_by_the_power_loss_simulation(
     planted: ModuleType, appendfile_wal_class: type, tmp_path: Path
 ) -> None:
     broken_disk = SimulatedDisk(random.Random(3))
-    broken = WalKit(factory=lambda: planted.UnsyncedFileWal(tmp_path / "unsynced.wal", io=broken_disk),
-                    power_loss=broken_disk.lose_power)
+    broken = WalKit(
+        factory=lambda: planted.UnsyncedFileWal(tmp_path / "unsynced.wal", io=broken_disk),
+        power_loss=broken_disk.lose_power,
+    )
     sound_disk = SimulatedDisk(random.Random(3))
-    sound = WalKit(factory=lambda: appendfile_wal_class(tmp_path / "synced.wal", io=sound_disk),
-                   power_loss=sound_disk.lose_power)
+    sound = WalKit(
+        factory=lambda: appendfile_wal_class(tmp_path / "synced.wal", io=sound_disk),
+        power_loss=sound_disk.lose_power,
+    )
     try:
         with pytest.raises(CAUGHT, match="lost in a power loss"):
             await WalSuite().test_acked_recovered_after_power_loss(broken)
@@ -60,10 +71,15 @@ async def test_acking_before_sync_is_caught_by_the_power_loss_simulation(
         await sound.aclose()
 
 
-async def test_acking_before_sync_survives_a_process_kill(planted: ModuleType, tmp_path: Path) -> None:
+async def test_acking_before_sync_survives_a_process_kill(
+    planted: ModuleType, tmp_path: Path
+) -> None:
     """The page cache survives SIGKILL: only the power-loss simulation can catch this bug."""
-    spec = BackendSpec("wal", target=f"{planted.__file__}:make_unsynced_wal",
-                       kwargs={"path": str(tmp_path / "unsynced.wal")})
+    spec = BackendSpec(
+        "wal",
+        target=f"{planted.__file__}:make_unsynced_wal",
+        kwargs={"path": str(tmp_path / "unsynced.wal")},
+    )
     kit = WalKit(factory=lambda: spec.build(), spec=spec, crash_cycles=2, seed=5)
     try:
         await WalSuite().test_acked_recovered_after_process_kill(kit, tmp_path)

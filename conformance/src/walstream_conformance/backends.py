@@ -21,11 +21,11 @@ from walstream.errors import ConfigError
 __all__ = [
     "GROUPS",
     "BackendSpec",
+    "backend_options",
+    "build_backend",
     "load_factory",
     "load_target",
     "read_config_section",
-    "build_backend",
-    "backend_options",
 ]
 
 GROUPS: dict[str, str] = {
@@ -169,11 +169,14 @@ def backend_options(
         yield BackendSpec(kind, name=name, section=section, base_dir=str(config.parent))
         return
     if factory.provision is None:
-        yield BackendSpec(kind, name=name, section=_default_section(factory, scratch),
-                          base_dir=str(scratch))
+        yield BackendSpec(
+            kind, name=name, section=_default_section(factory, scratch), base_dir=str(scratch)
+        )
         return
     with factory.provision(scratch) as options:
-        section = {key: value for key, value in _jsonable(dict(options)).items() if value is not None}
+        section = {
+            key: value for key, value in _jsonable(dict(options)).items() if value is not None
+        }
         yield BackendSpec(kind, name=name, section=section, base_dir=str(scratch))
 
 

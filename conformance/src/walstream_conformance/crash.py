@@ -37,7 +37,7 @@ from walstream.wal import WalMode, WriteAheadLog
 
 from .backends import BackendSpec
 
-__all__ = ["CrashReport", "run_crash_cycles", "crash_payload"]
+__all__ = ["CrashReport", "crash_payload", "run_crash_cycles"]
 
 _READY_TIMEOUT_S = 90.0
 
@@ -91,10 +91,19 @@ def _fail(report: CrashReport, cycle: int, message: str) -> None:
     )
 
 
-def _spawn(spec: BackendSpec, seed: int, cycle: int, mode: str, workdir: Path) -> subprocess.Popen[str]:
+def _spawn(
+    spec: BackendSpec, seed: int, cycle: int, mode: str, workdir: Path
+) -> subprocess.Popen[str]:
     command = [
-        sys.executable, "-m", "walstream_conformance.crash",
-        "--seed", str(seed), "--cycle", str(cycle), "--mode", mode,
+        sys.executable,
+        "-m",
+        "walstream_conformance.crash",
+        "--seed",
+        str(seed),
+        "--cycle",
+        str(cycle),
+        "--mode",
+        mode,
     ]
     stderr = (workdir / f"crash-cycle-{cycle}.stderr").open("w")
     process = subprocess.Popen(
@@ -160,12 +169,24 @@ def _check_recovery(
             _fail(report, cycle, f"recovered bytes at offset {offset} that were never appended")
         identity = (int(cycle_text), int(seq_text))
         if offsets and offset <= offsets[-1]:
-            _fail(report, cycle, f"recovery yielded offset {offset} after {offsets[-1]} (order/duplicate)")
+            _fail(
+                report,
+                cycle,
+                f"recovery yielded offset {offset} after {offsets[-1]} (order/duplicate)",
+            )
         if offset <= model.trim_point:
-            _fail(report, cycle, f"recovered offset {offset} at or below the finished trim {model.trim_point}")
+            _fail(
+                report,
+                cycle,
+                f"recovered offset {offset} at or below the finished trim {model.trim_point}",
+            )
         expected = model.present.get(offset)
         if expected is not None and expected != identity:
-            _fail(report, cycle, f"offset {offset} holds record {identity}, acknowledged as {expected}")
+            _fail(
+                report,
+                cycle,
+                f"offset {offset} holds record {identity}, acknowledged as {expected}",
+            )
         offsets.append(offset)
         model.present[offset] = identity  # a recovered record must stay recoverable
         model.highest_offset = max(model.highest_offset, offset)
@@ -173,8 +194,10 @@ def _check_recovery(
         missing = sorted(set(model.present) - set(offsets))
         if missing:
             _fail(
-                report, cycle,
-                f"{len(missing)} acknowledged records were not recovered, e.g. offsets {missing[:10]} "
+                report,
+                cycle,
+                f"{len(missing)} acknowledged records were not recovered, "
+                f"e.g. offsets {missing[:10]} "
                 f"(records {[model.present[o] for o in missing[:5]]})",
             )
         report.recovered_last = len(offsets)
@@ -186,7 +209,12 @@ def _apply_writer_lines(report: CrashReport, cycle: int, model: _Model, lines: l
         if kind == "A":
             offset, record_cycle, seq = (int(value) for value in fields)
             if offset <= model.highest_offset and offset not in model.present:
-                _fail(report, cycle, f"acknowledged offset {offset} is not above earlier offset {model.highest_offset}")
+                _fail(
+                    report,
+                    cycle,
+                    f"acknowledged offset {offset} is not above earlier offset "
+                    f"{model.highest_offset}",
+                )
             model.present[offset] = (record_cycle, seq)
             model.highest_offset = max(model.highest_offset, offset)
             report.acknowledged += 1
@@ -214,7 +242,9 @@ def run_crash_cycles(spec: BackendSpec, *, cycles: int, seed: int, workdir: Path
                     process.wait()
                     lines += reader.read_until(time.monotonic() + 5)
                     # A partial recovery still must not show unappended or trimmed bytes.
-                    _check_recovery(report, cycle, model, [x for x in lines if x.startswith("R ")], False)
+                    _check_recovery(
+                        report, cycle, model, [x for x in lines if x.startswith("R ")], False
+                    )
                     report.kills_during_recovery += 1
                     continue
             else:
@@ -222,10 +252,17 @@ def run_crash_cycles(spec: BackendSpec, *, cycles: int, seed: int, workdir: Path
             while not any(line in ("READY", "DONE") for line in lines) and not reader.eof:
                 more = reader.read_until(time.monotonic() + _READY_TIMEOUT_S)
                 if not more and not reader.eof:
-                    _fail(report, cycle, f"writer not ready after {_READY_TIMEOUT_S}s: {_stderr_tail(workdir, cycle)}")
+                    _fail(
+                        report,
+                        cycle,
+                        f"writer not ready after {_READY_TIMEOUT_S}s: "
+                        f"{_stderr_tail(workdir, cycle)}",
+                    )
                 lines += more
             if "READY" not in lines:
-                _fail(report, cycle, f"writer exited during recovery: {_stderr_tail(workdir, cycle)}")
+                _fail(
+                    report, cycle, f"writer exited during recovery: {_stderr_tail(workdir, cycle)}"
+                )
             ready_at = lines.index("READY")
             _check_recovery(report, cycle, model, lines[:ready_at], True)
             _apply_writer_lines(report, cycle, model, lines[ready_at + 1 :])
@@ -238,7 +275,12 @@ def run_crash_cycles(spec: BackendSpec, *, cycles: int, seed: int, workdir: Path
             # Lines written before the kill are acknowledgements the writer saw: they count.
             _apply_writer_lines(report, cycle, model, reader.read_until(time.monotonic() + 5))
             if process.returncode != -signal.SIGKILL:
-                _fail(report, cycle, f"writer exited by itself ({process.returncode}): {_stderr_tail(workdir, cycle)}")
+                _fail(
+                    report,
+                    cycle,
+                    f"writer exited by itself ({process.returncode}): "
+                    f"{_stderr_tail(workdir, cycle)}",
+                )
         finally:
             if process.poll() is None:
                 process.kill()
@@ -312,7 +354,7 @@ async def _child(spec: BackendSpec, seed: int, cycle: int, mode: str) -> None:
 
     try:
         await asyncio.gather(*[appender() for _ in range(rng.choice((1, 4, 8)))], trimmer())
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the test
+    except Exception as exc:
         _say(f"E {type(exc).__name__}: {exc}".replace("\n", " "))
         raise
 

@@ -27,17 +27,17 @@ from walstream.objects import BufferedObjectWriter, ObjectMeta, ObjectStore, Obj
 from walstream.wal import WalMode, WalOffset, WalRecord, WriteAheadLog
 
 __all__ = [
-    "Latency",
-    "fixed",
-    "uniform",
-    "exponential",
-    "long_tail",
-    "InjectedFault",
-    "Gate",
-    "ObjectFaultPlan",
     "FaultyObjectStore",
-    "WalFaultPlan",
     "FaultyWal",
+    "Gate",
+    "InjectedFault",
+    "Latency",
+    "ObjectFaultPlan",
+    "WalFaultPlan",
+    "exponential",
+    "fixed",
+    "long_tail",
+    "uniform",
 ]
 
 #: A latency distribution: seconds drawn from the given RNG.
@@ -299,7 +299,8 @@ class FaultyWal(WriteAheadLog):
                     await self._clock.sleep(delay)
                 if previous is not None:
                     await asyncio.wait([previous])
-            if previous is not None and previous.exception() is not None:
+            if previous is not None and isinstance(previous.exception(), AmbiguousError):
+                # Behind an injected ambiguous failure: never acknowledge after a possible hole.
                 raise AmbiguousError(
                     "an earlier WAL append failed; this one was written after it and is not "
                     "acknowledged"

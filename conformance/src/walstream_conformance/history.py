@@ -30,14 +30,14 @@ from walstream.errors import (
 )
 
 __all__ = [
-    "Operation",
-    "History",
-    "StreamModel",
     "CheckResult",
-    "check_linearizable",
+    "History",
+    "Operation",
+    "StreamModel",
     "StreamUnderTest",
-    "run_stream_workload",
+    "check_linearizable",
     "run_engine_workload",
+    "run_stream_workload",
 ]
 
 log = logging.getLogger(__name__)
@@ -108,8 +108,10 @@ class History:
             operation.completed = self._tick()
             operation.outcome = "ok"
             operation.result = ("out_of_range", error.start_offset, error.tail)
-        elif isinstance(error, WalstreamError) and error.definitely_not_applied and not isinstance(
-            error, AmbiguousError
+        elif (
+            isinstance(error, WalstreamError)
+            and error.definitely_not_applied
+            and not isinstance(error, AmbiguousError)
         ):
             operation.completed = self._tick()
             operation.outcome = "fail"
@@ -118,7 +120,9 @@ class History:
             operation.outcome = "ambiguous"  # completion stays unknown: any time after invoke
             operation.result = type(error).__name__
 
-    async def record(self, client: int, kind: OpKind, call: Callable[[], Awaitable[Any]], **args: Any) -> Any:
+    async def record(
+        self, client: int, kind: OpKind, call: Callable[[], Awaitable[Any]], **args: Any
+    ) -> Any:
         """Invoke ``call`` as operation ``kind`` and record its outcome; never raises walstream
         errors (returns them)."""
         operation = self.invoke(client, kind, **args)
@@ -210,7 +214,8 @@ def check_linearizable(
     effect), ambiguous operations may be placed anywhere after their invocation or left out."""
     model = model or StreamModel()
     operations = [
-        op for op in (history.operations if isinstance(history, History) else history)
+        op
+        for op in (history.operations if isinstance(history, History) else history)
         if op.outcome in ("ok", "ambiguous", "pending")
     ]
     for op in operations:
@@ -233,7 +238,8 @@ def check_linearizable(
             if not mask >> index & 1 and op.outcome == "ok":
                 horizon = min(horizon, op.completed)
         return [
-            index for index, op in enumerate(operations)
+            index
+            for index, op in enumerate(operations)
             if not mask >> index & 1 and op.invoked < horizon
         ]
 
@@ -264,12 +270,15 @@ def check_linearizable(
         stack.append((new_mask, new_state, new_path, candidates(new_mask)))
     prefix = [operations[index] for index in best]
     stuck = [
-        operations[index] for index in range(count)
+        operations[index]
+        for index in range(count)
         if index not in set(best) and operations[index].outcome == "ok"
     ]
     lines = "\n  ".join(op.describe() for op in stuck[:8])
     return CheckResult(
-        False, count, explored,
+        False,
+        count,
+        explored,
         f"not linearizable: the longest valid order covers {len(prefix)} of {count} operations; "
         f"none of these can come next:\n  {lines}",
         prefix,
@@ -315,8 +324,11 @@ async def run_stream_workload(
                 batch = tuple(f"v{next(counter)}".encode() for _ in range(client_rng.randint(1, 3)))
                 match_tail = known_tail if client_rng.random() < match_tail_fraction else None
                 result = await history.record(
-                    client_id, "append", lambda b=batch, m=match_tail: stream.append(b, m),
-                    values=batch, match_tail=match_tail,
+                    client_id,
+                    "append",
+                    lambda b=batch, m=match_tail: stream.append(b, m),
+                    values=batch,
+                    match_tail=match_tail,
                 )
                 if isinstance(result, tuple):
                     known_tail = max(known_tail, result[1])
@@ -327,7 +339,11 @@ async def run_stream_workload(
                     start = client_rng.randint(0, known_tail + 1)
                 limit = client_rng.randint(1, 8)
                 await history.record(
-                    client_id, "read", lambda s=start, n=limit: stream.read(s, n), start=start, limit=limit
+                    client_id,
+                    "read",
+                    lambda s=start, n=limit: stream.read(s, n),
+                    start=start,
+                    limit=limit,
                 )
             elif roll < 0.8 + trim_weight:
                 new_start = client_rng.randint(0, max(0, known_tail - 2))
@@ -404,13 +420,21 @@ async def run_engine_workload(
         random.Random(rng.random()),
     )
     config = EngineConfig(node_id=1, upload=UploadConfig(max_bytes=2048, max_interval_s=0.01))
-    client = Client(wal=wal, objects=objects, metadata=MemoryMetadataStore(), config=config,
-                    rng=random.Random(rng.random()))
+    client = Client(
+        wal=wal,
+        objects=objects,
+        metadata=MemoryMetadataStore(),
+        config=config,
+        rng=random.Random(rng.random()),
+    )
     await client.start()
     try:
         stream = await client.create_stream(f"linearizability-{seed}")
         history = await run_stream_workload(
-            _EngineStream(stream), rng, clients=clients, operations_per_client=operations_per_client,
+            _EngineStream(stream),
+            rng,
+            clients=clients,
+            operations_per_client=operations_per_client,
             match_tail_fraction=match_tail_fraction,
         )
         # Reads after a full upload come from object storage: check them too.
@@ -423,11 +447,12 @@ async def run_engine_workload(
         final.operations = list(history.operations)
         final._clock = history._clock
         await final.record(0, "check_tail", stream.check_tail)
-        start = (await stream.start_offset())
+        start = await stream.start_offset()
         while start < tail:
             before = len(final.operations)
-            result = await final.record(0, "read", lambda s=start: _EngineStream(stream).read(s, 50),
-                                        start=start, limit=50)
+            result = await final.record(
+                0, "read", lambda s=start: _EngineStream(stream).read(s, 50), start=start, limit=50
+            )
             if not isinstance(result, tuple) or not result[0]:
                 assert len(final.operations) > before
                 break

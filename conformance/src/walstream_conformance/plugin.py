@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 from walstream.config import CONTRACT_VERSION
 from walstream.metadata import MetadataStore
 from walstream.objects import ObjectStore
@@ -30,7 +31,11 @@ DEFAULT_CRASH_CYCLES = 4
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("walstream", "walstream conformance suite")
-    for kind, label in (("wal", "WAL"), ("object-store", "object store"), ("metadata", "metadata store")):
+    for kind, label in (
+        ("wal", "WAL"),
+        ("object-store", "object store"),
+        ("metadata", "metadata store"),
+    ):
         group.addoption(
             f"--walstream-{kind}",
             metavar="NAME",
@@ -119,7 +124,9 @@ def walstream_wal_spec(
     if not name:
         yield None
         return
-    with backend_options("wal", name, _config_path(request, "wal"), tmp_path_factory.mktemp("wal")) as spec:
+    with backend_options(
+        "wal", name, _config_path(request, "wal"), tmp_path_factory.mktemp("wal")
+    ) as spec:
         yield spec
 
 
@@ -146,11 +153,12 @@ def walstream_wal_power_loss() -> Callable[[], None] | None:
 
 @pytest.fixture
 def walstream_wal_medium_fault() -> Callable[[bool], None] | None:
-    """Override to enable the medium-failure test: ``fault(True)`` breaks, ``fault(False)`` heals."""
+    """Override to enable the medium-failure test: ``fault(True)`` breaks the medium,
+    ``fault(False)`` heals it."""
     return None
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def walstream_wal_kit(
     request: pytest.FixtureRequest,
     walstream_wal_factory: Callable[[], WriteAheadLog],
@@ -178,7 +186,7 @@ async def walstream_wal_kit(
 # -- object store ---------------------------------------------------------------------------------
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def walstream_object_store(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[ObjectStore]:
@@ -186,10 +194,14 @@ async def walstream_object_store(
     backend chosen with ``--walstream-object-store``."""
     name = request.config.getoption("--walstream-object-store")
     if not name:
-        pytest.skip("no object store to test: pass --walstream-object-store=NAME or define "
-                    "walstream_object_store")
+        pytest.skip(
+            "no object store to test: pass --walstream-object-store=NAME or define "
+            "walstream_object_store"
+        )
     scratch = tmp_path_factory.mktemp("objects")
-    with backend_options("object_store", name, _config_path(request, "object-store"), scratch) as spec:
+    with backend_options(
+        "object_store", name, _config_path(request, "object-store"), scratch
+    ) as spec:
         store: ObjectStore = spec.build()
         try:
             yield store
@@ -208,8 +220,10 @@ def walstream_metadata_factory(
     a backend's tests; the default builds the backend chosen with ``--walstream-metadata``."""
     name = request.config.getoption("--walstream-metadata")
     if not name:
-        pytest.skip("no metadata store to test: pass --walstream-metadata=NAME or define "
-                    "walstream_metadata_factory")
+        pytest.skip(
+            "no metadata store to test: pass --walstream-metadata=NAME or define "
+            "walstream_metadata_factory"
+        )
     scratch = tmp_path_factory.mktemp("metadata")
     with backend_options("metadata", name, _config_path(request, "metadata"), scratch) as spec:
 

@@ -73,7 +73,10 @@ class WalRequirements:
         caps = self.capabilities
         rows = [
             ("max_record_bytes", str(caps.max_record_bytes)),
-            ("capacity_bytes", "unbounded" if caps.capacity_bytes is None else str(caps.capacity_bytes)),
+            (
+                "capacity_bytes",
+                "unbounded" if caps.capacity_bytes is None else str(caps.capacity_bytes),
+            ),
             ("supports_failover", str(caps.supports_failover)),
             ("survives_process_kill", str(caps.survives_process_kill)),
             ("survives_power_loss", str(caps.survives_power_loss)),

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import pytest
+import pytest_asyncio
 from walstream.errors import (
     FencedError,
     PreconditionFailed,
@@ -33,7 +34,7 @@ from walstream.metadata import (
 
 from ..requirements import check_version
 
-__all__ = ["MetadataSuite", "MetadataKit"]
+__all__ = ["MetadataKit", "MetadataSuite"]
 
 _unique = itertools.count(1)
 _TTL_MS = 600_000
@@ -75,14 +76,20 @@ class _Writer:
     async def prepare(self, count: int = 1, ttl_ms: int = _TTL_MS) -> list[int]:
         return await self.store.prepare_objects(count, ttl_ms)
 
-    def commit_of(self, object_id: int, start: int, end: int, epoch: int | None = None) -> ObjectCommit:
+    def commit_of(
+        self, object_id: int, start: int, end: int, epoch: int | None = None
+    ) -> ObjectCommit:
         return ObjectCommit(
             object_id=object_id,
             key=f"objects/{object_id:08d}",
             kind=ObjectKind.STREAM,
             size=1000 + end - start,
             index_size=64,
-            ranges=(StreamRange(self.stream_id, start, end, self.stream_epoch if epoch is None else epoch),),
+            ranges=(
+                StreamRange(
+                    self.stream_id, start, end, self.stream_epoch if epoch is None else epoch
+                ),
+            ),
         )
 
     async def commit(self, *commits: ObjectCommit, node_epoch: int | None = None) -> None:
@@ -102,11 +109,13 @@ async def _writer(kit: MetadataKit, store: MetadataStore, label: str) -> _Writer
 class MetadataSuite:
     """Subclass with one line next to a ``walstream_metadata_factory`` fixture."""
 
+    pytestmark = pytest.mark.asyncio  # also under pytest-asyncio's strict mode
+
     @pytest.fixture(autouse=True)
     def _walstream_contract_version(self) -> None:
         check_version()
 
-    @pytest.fixture
+    @pytest_asyncio.fixture
     async def walstream_metadata_kit(
         self, walstream_metadata_factory: Callable[[], MetadataStore]
     ) -> AsyncIterator[MetadataKit]:
@@ -126,8 +135,12 @@ class MetadataSuite:
         with pytest.raises(PreconditionFailed):
             await writer.commit(writer.commit_of(first, 0, 10), writer.commit_of(second, 11, 20))
         stream = await store.get_stream(writer.stream_id)
-        assert stream.committed_end == 0, f"a rejected commit moved committed_end to {stream.committed_end}"
-        assert await store.get_objects(writer.stream_id, 0) == [], "a rejected commit left an object"
+        assert stream.committed_end == 0, (
+            f"a rejected commit moved committed_end to {stream.committed_end}"
+        )
+        assert await store.get_objects(writer.stream_id, 0) == [], (
+            "a rejected commit left an object"
+        )
         await writer.commit(writer.commit_of(first, 0, 10), writer.commit_of(second, 10, 20))
         objects = await store.get_objects(writer.stream_id, 0)
         assert [o.object_id for o in objects] == [first, second]
@@ -146,9 +159,9 @@ class MetadataSuite:
         await writer.commit(writer.commit_of(ids[1], 100, 150))
         assert (await store.get_stream(writer.stream_id)).committed_end == 150
         objects = await store.get_objects(writer.stream_id, 120, 130)
-        assert [(o.object_id, o.ranges[0].start_offset, o.ranges[0].end_offset) for o in objects] == [
-            (ids[1], 100, 150)
-        ]
+        assert [
+            (o.object_id, o.ranges[0].start_offset, o.ranges[0].end_offset) for o in objects
+        ] == [(ids[1], 100, 150)]
 
     # 3 ------------------------------------------------------------------------------------------
     async def test_epochs_fence(self, walstream_metadata_kit: MetadataKit) -> None:
@@ -172,9 +185,12 @@ class MetadataSuite:
         with pytest.raises(FencedError):
             await store.set_node_state(writer.node_id, writer.node_epoch, NodeState.STOPPED)
         stream = await store.get_stream(writer.stream_id)
-        assert (stream.committed_end, stream.start_offset) == (10, 0), "a fenced call changed the stream"
+        assert (stream.committed_end, stream.start_offset) == (10, 0), (
+            "a fenced call changed the stream"
+        )
         await store.commit_objects(
-            writer.node_id, restarted.node_epoch,
+            writer.node_id,
+            restarted.node_epoch,
             [writer.commit_of(ids[1], 10, 20, epoch=reclaimed.epoch)],
         )
         assert (await store.get_stream(writer.stream_id)).committed_end == 20
@@ -203,7 +219,9 @@ class MetadataSuite:
         await asyncio.sleep(0.01)
         # Far enough in the future for any store clock (system or an injected one near now).
         expired = await store.expired_prepared(time.time_ns() // 1_000_000 + 3_600_000)
-        assert set(expiring) <= set(expired), f"ids {expiring} with a 1 ms TTL were not listed: {expired}"
+        assert set(expiring) <= set(expired), (
+            f"ids {expiring} with a 1 ms TTL were not listed: {expired}"
+        )
         assert not set(lasting) & set(expired), "an id with a long TTL was listed as expired"
         with pytest.raises(PreconditionFailed):
             await writer.commit(writer.commit_of(expiring[0], 0, 10))
@@ -221,7 +239,9 @@ class MetadataSuite:
         results = await asyncio.gather(
             *[store.create_stream(kit.name("raced")) for _ in range(5)], return_exceptions=True
         )
-        assert sum(not isinstance(r, BaseException) for r in results) == 1, "a name was created twice"
+        assert sum(not isinstance(r, BaseException) for r in results) == 1, (
+            "a name was created twice"
+        )
         await store.delete_stream(first.stream_id)
         with pytest.raises(StreamNotFound):
             await store.get_stream(name)
@@ -240,7 +260,9 @@ class MetadataSuite:
         writer = await _writer(kit, store, "trim")
         ids = await writer.prepare(3)
         await writer.commit(
-            writer.commit_of(ids[0], 0, 10), writer.commit_of(ids[1], 10, 20), writer.commit_of(ids[2], 20, 30)
+            writer.commit_of(ids[0], 0, 10),
+            writer.commit_of(ids[1], 10, 20),
+            writer.commit_of(ids[2], 20, 30),
         )
         trimmed = await store.trim_stream(writer.stream_id, writer.stream_epoch, 15)
         assert trimmed.start_offset == 15
@@ -248,14 +270,20 @@ class MetadataSuite:
             await store.trim_stream(writer.stream_id, writer.stream_epoch, 5)
         except WalstreamError:
             pass
-        assert (await store.get_stream(writer.stream_id)).start_offset == 15, "trim moved start backwards"
+        assert (await store.get_stream(writer.stream_id)).start_offset == 15, (
+            "trim moved start backwards"
+        )
         states = {o.object_id: o.state for o in await store.list_objects()}
-        assert states[ids[0]] is ObjectState.MARK_DESTROYED, "an object wholly below start stayed live"
+        assert states[ids[0]] is ObjectState.MARK_DESTROYED, (
+            "an object wholly below start stayed live"
+        )
         assert states[ids[1]] is ObjectState.COMMITTED and states[ids[2]] is ObjectState.COMMITTED
         assert [o.object_id for o in await store.get_objects(writer.stream_id, 15)] == ids[1:]
         await store.delete_stream(writer.stream_id)
         states = {o.object_id: o.state for o in await store.list_objects()}
-        assert all(states[i] is ObjectState.MARK_DESTROYED for i in ids), "a deleted stream's object stayed live"
+        assert all(states[i] is ObjectState.MARK_DESTROYED for i in ids), (
+            "a deleted stream's object stayed live"
+        )
 
     # 8 ------------------------------------------------------------------------------------------
     async def test_node_epochs(self, walstream_metadata_kit: MetadataKit) -> None:
@@ -290,7 +318,9 @@ class MetadataSuite:
         await store.replace_objects(ids[:2], [merged_commit])
         assert [o.object_id for o in await store.get_objects(writer.stream_id, 0)] == [merged]
         with pytest.raises(PreconditionFailed):  # the sources changed (already replaced)
-            await store.replace_objects(ids[:2], [writer.commit_of((await writer.prepare(1))[0], 0, 20)])
+            await store.replace_objects(
+                ids[:2], [writer.commit_of((await writer.prepare(1))[0], 0, 20)]
+            )
         assert (await store.get_stream(writer.stream_id)).committed_end == 20
 
     # 10 -----------------------------------------------------------------------------------------
@@ -318,7 +348,9 @@ class MetadataSuite:
         reopened = kit.open()
         stream = await reopened.get_stream(kit.name("reopen"))
         assert (stream.stream_id, stream.committed_end, stream.epoch) == (
-            writer.stream_id, 42, writer.stream_epoch
+            writer.stream_id,
+            42,
+            writer.stream_epoch,
         )
         assert [o.object_id for o in await reopened.get_objects(writer.stream_id, 0)] == [object_id]
         node = await reopened.get_node(writer.node_id)

@@ -1,4 +1,4 @@
-"""The object-store suite: one test per numbered invariant of :class:`walstream.objects.ObjectStore`.
+"""The object-store suite: a test per numbered invariant of :class:`walstream.objects.ObjectStore`.
 
 A backend provides the ``walstream_object_store`` fixture (an instance; it may be shared between
 tests — every test works under its own key prefix).
@@ -34,6 +34,8 @@ async def _keys(store: ObjectStore, prefix: str) -> list[str]:
 class ObjectStoreSuite:
     """Subclass with one line next to a ``walstream_object_store`` fixture."""
 
+    pytestmark = pytest.mark.asyncio  # also under pytest-asyncio's strict mode
+
     @pytest.fixture(autouse=True)
     def _walstream_contract_version(self) -> None:
         check_version()
@@ -46,7 +48,9 @@ class ObjectStoreSuite:
         for size in (0, 1, 4096, 1 << 20):
             data = rng.randbytes(size)
             await store.put(f"{base}{size}", data)
-            assert await store.get(f"{base}{size}") == data, f"object of {size} bytes read back differently"
+            assert await store.get(f"{base}{size}") == data, (
+                f"object of {size} bytes read back differently"
+            )
         await store.put(f"{base}over", b"old" * 1000)
         new = rng.randbytes(5000)
         readers_saw: list[bytes] = []
@@ -57,7 +61,9 @@ class ObjectStoreSuite:
                 await asyncio.sleep(0)
 
         await asyncio.gather(reader(), store.put(f"{base}over", new), reader())
-        assert await store.get(f"{base}over") == new, "an overwrite was not visible after put returned"
+        assert await store.get(f"{base}over") == new, (
+            "an overwrite was not visible after put returned"
+        )
         mixed = [seen for seen in readers_saw if seen not in (new, b"old" * 1000)]
         assert not mixed, "a reader saw a mix of the old and the new object"
 
@@ -67,8 +73,17 @@ class ObjectStoreSuite:
         key = _prefix("ranged_get") + "object"
         data = bytes(range(256)) * 40
         await store.put(key, data)
-        cases = [(0, None), (0, 1), (5, 17), (100, 100), (4000, None), (len(data) - 3, None),
-                 (10, len(data) + 500), (len(data), None), (len(data) + 10, len(data) + 20)]
+        cases = [
+            (0, None),
+            (0, 1),
+            (5, 17),
+            (100, 100),
+            (4000, None),
+            (len(data) - 3, None),
+            (10, len(data) + 500),
+            (len(data), None),
+            (len(data) + 10, len(data) + 20),
+        ]
         for start, end in cases:
             got = await store.get(key, start, end)
             assert got == data[start:end], f"get({start}, {end}) returned {len(got)} wrong bytes"
@@ -85,21 +100,26 @@ class ObjectStoreSuite:
         await store.put_if_absent(f"{base}single", b"first")
         with pytest.raises(PreconditionFailed):
             await store.put_if_absent(f"{base}single", b"second")
-        assert await store.get(f"{base}single") == b"first", "a failed put_if_absent changed the object"
+        assert await store.get(f"{base}single") == b"first", (
+            "a failed put_if_absent changed the object"
+        )
         for round_index in range(5):
             key = f"{base}race-{round_index}"
             contenders = [f"creator-{i}".encode() for i in range(8)]
             results = await asyncio.gather(
                 *[store.put_if_absent(key, data) for data in contenders], return_exceptions=True
             )
-            winners = [data for data, result in zip(contenders, results, strict=True) if result is None]
+            winners = [
+                data for data, result in zip(contenders, results, strict=True) if result is None
+            ]
             losers = [result for result in results if result is not None]
             assert len(winners) == 1, (
                 f"{len(winners)} of {len(contenders)} concurrent put_if_absent calls won "
                 f"(round {round_index}); exactly one must"
             )
             assert all(isinstance(loser, PreconditionFailed) for loser in losers), (
-                f"losers failed with {sorted({type(r).__name__ for r in losers})}, expected PreconditionFailed"
+                f"losers failed with {sorted({type(r).__name__ for r in losers})}, "
+                "expected PreconditionFailed"
             )
             assert await store.get(key) == winners[0], "the stored object is not the winner's"
 
@@ -177,12 +197,17 @@ class ObjectStoreSuite:
     async def test_errors_typed(self, walstream_object_store: ObjectStore) -> None:
         store = walstream_object_store
         base = _prefix("errors")
-        for call in (lambda: store.get(base + "missing"), lambda: store.get(base + "missing", 0, 10),
-                     lambda: store.head(base + "missing")):
+        for call in (
+            lambda: store.get(base + "missing"),
+            lambda: store.get(base + "missing", 0, 10),
+            lambda: store.head(base + "missing"),
+        ):
             try:
                 await call()
             except NotFound:
                 continue
             except WalstreamError as exc:
-                raise AssertionError(f"a missing key raised {type(exc).__name__}, expected NotFound") from exc
+                raise AssertionError(
+                    f"a missing key raised {type(exc).__name__}, expected NotFound"
+                ) from exc
             raise AssertionError("reading a missing key did not fail")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -128,7 +129,7 @@ async def _typed(call: Callable[[], Awaitable[Any]], what: str) -> BaseException
         await call()
     except WalstreamError as exc:
         return exc
-    except Exception as exc:  # noqa: BLE001 - the point is to report untyped errors
+    except Exception as exc:
         raise AssertionError(
             f"{what} raised {type(exc).__name__}: {exc} — not a walstream.errors type"
         ) from exc
@@ -138,6 +139,8 @@ async def _typed(call: Callable[[], Awaitable[Any]], what: str) -> BaseException
 class WalSuite:
     """Subclass with one line (``class TestMyWal(WalSuite): pass``) next to a
     ``walstream_wal_factory`` fixture."""
+
+    pytestmark = pytest.mark.asyncio  # also under pytest-asyncio's strict mode
 
     @pytest.fixture(autouse=True)
     def _walstream_contract_version(self) -> None:
@@ -159,7 +162,7 @@ class WalSuite:
         assert completions == sorted(completions), (
             f"acknowledgements completed out of call order: {completions[:40]}"
         )
-        assert all(a < b for a, b in zip(offsets, offsets[1:], strict=False)), (
+        assert all(a < b for a, b in itertools.pairwise(offsets)), (
             f"offsets do not increase in call order: {offsets[:40]}"
         )
 
@@ -203,7 +206,7 @@ class WalSuite:
         wal, _ = await kit.restart(wal)
         fourth = [await wal.append(payload(4, 30 + i, 10)) for i in range(5)]
         offsets = first + second + third + fourth
-        assert all(a < b for a, b in zip(offsets, offsets[1:], strict=False)), (
+        assert all(a < b for a, b in itertools.pairwise(offsets)), (
             f"offsets did not strictly increase across restarts/reset: {offsets}"
         )
 
@@ -235,7 +238,9 @@ class WalSuite:
         await wal.reset()
         wal, recovered = await kit.restart(wal)
         _assert_same_records(recovered, [], "after reset()")
-        after = [(await wal.append(payload(6, 100 + i, 20)), payload(6, 100 + i, 20)) for i in range(3)]
+        after = [
+            (await wal.append(payload(6, 100 + i, 20)), payload(6, 100 + i, 20)) for i in range(3)
+        ]
         assert after[0][0] > before[-1], f"offset {after[0][0]} after reset <= {before[-1]}"
         wal, recovered = await kit.restart(wal)
         _assert_same_records(recovered, after, "records appended after reset()")
@@ -256,7 +261,9 @@ class WalSuite:
             await asyncio.wait_for(append_now(wal, b"x" * (maximum + 1)), 10)
         after = await wal.append(b"after")
         wal, recovered = await kit.restart(wal)
-        _assert_same_records(recovered, [(kept, b"kept"), (after, b"after")], "around an oversized append")
+        _assert_same_records(
+            recovered, [(kept, b"kept"), (after, b"after")], "around an oversized append"
+        )
 
     async def test_capacity_backpressure(self, walstream_wal_kit: WalKit) -> None:
         """When untrimmed records fill the WAL, appends wait for a trim, else fail with
@@ -266,7 +273,9 @@ class WalSuite:
         record_bytes = max(1, min(kit.requirements.capabilities.max_record_bytes, capacity // 8))
         wal = await kit.fresh()
         count = capacity // record_bytes + 4
-        futures = [asyncio.ensure_future(wal.append(payload(7, i, record_bytes))) for i in range(count)]
+        futures = [
+            asyncio.ensure_future(wal.append(payload(7, i, record_bytes))) for i in range(count)
+        ]
         acked = await _wait_until_stalled(futures)
         assert acked < count, (
             f"{count} records of {record_bytes} bytes ({count * record_bytes} bytes) were all "
@@ -277,12 +286,16 @@ class WalSuite:
         results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 120)
         for result in results[acked:]:
             if isinstance(result, BaseException) and not isinstance(result, CapacityError):
-                raise AssertionError(f"a waiting append failed with {type(result).__name__}: {result}")
+                raise AssertionError(
+                    f"a waiting append failed with {type(result).__name__}: {result}"
+                )
         done = [r for r in results if not isinstance(r, BaseException)]
         if done:
             await wal.trim(max(done))
         # Without a trim the waiting append must eventually fail with CapacityError.
-        filler = [asyncio.ensure_future(wal.append(payload(8, i, record_bytes))) for i in range(count)]
+        filler = [
+            asyncio.ensure_future(wal.append(payload(8, i, record_bytes))) for i in range(count)
+        ]
         filled = await asyncio.wait_for(asyncio.gather(*filler, return_exceptions=True), 120)
         errors = [r for r in filled if isinstance(r, BaseException)]
         assert errors, "appends beyond capacity never failed"
@@ -307,8 +320,32 @@ class WalSuite:
         if top > budget:
             top = budget
         sizes = sorted(
-            {size for size in (0, 1, 2, 3, 7, 8, 9, 100, 511, 512, 513, 4095, 4096, 4097,
-                               65535, 65536, 65537, 1 << 20, top - 1, top) if 0 <= size <= top}
+            {
+                size
+                for size in (
+                    0,
+                    1,
+                    2,
+                    3,
+                    7,
+                    8,
+                    9,
+                    100,
+                    511,
+                    512,
+                    513,
+                    4095,
+                    4096,
+                    4097,
+                    65535,
+                    65536,
+                    65537,
+                    1 << 20,
+                    top - 1,
+                    top,
+                )
+                if 0 <= size <= top
+            }
         )
         wal = await kit.fresh()
         round_written: list[tuple[WalOffset, bytes]] = []
@@ -360,7 +397,9 @@ class WalSuite:
         error = await _typed(lambda: append_now(wal, b"after close"), "append() after close()")
         assert error is not None, "append() after close() was accepted"
         _, recovered = await kit.open()
-        _assert_same_records(recovered, list(zip(offsets, datas, strict=True)), "after close/reopen")
+        _assert_same_records(
+            recovered, list(zip(offsets, datas, strict=True)), "after close/reopen"
+        )
 
     # 8 ------------------------------------------------------------------------------------------
     async def test_fencing(self, walstream_wal_kit: WalKit) -> None:
@@ -410,7 +449,8 @@ class WalSuite:
         await asyncio.wait_for(zombie_task, 30)
         acknowledged_late = [result for _, result in late if not isinstance(result, BaseException)]
         assert not acknowledged_late, (
-            f"the fenced writer acknowledged appends issued after FAILOVER start: {acknowledged_late[:5]}"
+            "the fenced writer acknowledged appends issued after FAILOVER start: "
+            f"{acknowledged_late[:5]}"
         )
         first_error = failures[0]
         assert isinstance(first_error, FencedError), (
@@ -419,7 +459,9 @@ class WalSuite:
         )
         got = {record.offset: bytes(record.data) for record in recovered}
         missing = [offset for offset, data in acked if got.get(offset) != data]
-        assert not missing, f"FAILOVER recovery lost records the zombie acknowledged: {missing[:10]}"
+        assert not missing, (
+            f"FAILOVER recovery lost records the zombie acknowledged: {missing[:10]}"
+        )
         if recovered:
             await successor.trim(recovered[-1].offset)
 
@@ -454,17 +496,23 @@ class WalSuite:
         kept = [(await wal.append(payload(13, i, 100)), payload(13, i, 100)) for i in range(5)]
         kit.medium_fault(True)
         try:
-            failure = await _typed(lambda: append_now(wal, payload(13, 99, 100)), "append() on a failed medium")
+            failure = await _typed(
+                lambda: append_now(wal, payload(13, 99, 100)), "append() on a failed medium"
+            )
             assert failure is not None, "append() on a failing medium was acknowledged"
         finally:
             kit.medium_fault(False)
-        refused = await _typed(lambda: append_now(wal, payload(13, 100, 100)), "append() after a failure")
+        refused = await _typed(
+            lambda: append_now(wal, payload(13, 100, 100)), "append() after a failure"
+        )
         assert refused is not None, "the WAL acknowledged an append after a failed write"
         with contextlib.suppress(WalstreamError):
             await wal.close()
         _, recovered = await kit.open()
         got = {record.offset: bytes(record.data) for record in recovered}
-        assert all(got.get(offset) == data for offset, data in kept), "records acked before the failure were lost"
+        assert all(got.get(offset) == data for offset, data in kept), (
+            "records acked before the failure were lost"
+        )
         assert payload(13, 100, 100) not in got.values(), "a refused append was recovered"
 
     # 2, under SIGKILL -----------------------------------------------------------------------------
@@ -479,7 +527,9 @@ class WalSuite:
         kit.requirements.require("survives_process_kill")
         kit.requirements.require("shared_between_processes")
         if kit.spec is None:
-            pytest.skip("needs fixture walstream_wal_spec (how to build the WAL in a child process)")
+            pytest.skip(
+                "needs fixture walstream_wal_spec (how to build the WAL in a child process)"
+            )
         report = await asyncio.to_thread(
             run_crash_cycles, kit.spec, cycles=kit.crash_cycles, seed=kit.seed, workdir=tmp_path
         )
@@ -491,7 +541,9 @@ class WalSuite:
         kit = walstream_wal_kit
         kit.requirements.require("survives_power_loss")
         if kit.power_loss is None:
-            pytest.skip("needs fixture walstream_wal_power_loss (a medium that can lose unsynced writes)")
+            pytest.skip(
+                "needs fixture walstream_wal_power_loss (a medium that can lose unsynced writes)"
+            )
         wal = await kit.fresh()
         acked: list[tuple[WalOffset, bytes]] = []
         for round_index in range(4):
@@ -504,7 +556,9 @@ class WalSuite:
         _, recovered = await kit.open()
         got = {record.offset: bytes(record.data) for record in recovered}
         lost = [offset for offset, data in acked if got.get(offset) != data]
-        assert not lost, f"{len(lost)} acknowledged records lost in a power loss: offsets {lost[:10]}"
+        assert not lost, (
+            f"{len(lost)} acknowledged records lost in a power loss: offsets {lost[:10]}"
+        )
 
 
 async def _wait_until_stalled(futures: Sequence[asyncio.Future[Any]], quiet_s: float = 0.4) -> int:
