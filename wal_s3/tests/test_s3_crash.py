@@ -42,7 +42,7 @@ def run_writer_until_killed(s3_bucket: Any, epoch: int, kill_after_acks: int) ->
 
 
 async def test_s3_wal_survives_sigkill_loop(s3_bucket: Any, make_wal: Any, soak: bool) -> None:
-    cycles = 100 if soak else 8
+    cycles = 100 if soak else 6
     rng = random.Random(20240601)
     acked: dict[int, str] = {}
     trimmed_through = -1
