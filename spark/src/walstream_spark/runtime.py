@@ -1,0 +1,82 @@
+"""Per-process plumbing shared by the driver-side planner and the executor-side tasks.
+
+Spark runs a data source's Python code in worker processes (one for planning on the driver,
+several for tasks on executors) and reuses them between tasks. Each process keeps one event loop
+thread and one object store + metadata store per deployment file, so a reused worker does not
+reopen SQLite or re-read the YAML for every task.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from walstream.config import EngineConfig
+from walstream.errors import ConfigError
+from walstream.metadata import MetadataStore
+from walstream.objects import ObjectStore
+from walstream.sync import EventLoopThread
+
+__all__ = ["DeploymentBackends", "backends_for", "run"]
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_runner: EventLoopThread | None = None
+_runner_pid: int | None = None
+_backends: dict[str, DeploymentBackends] = {}
+
+
+@dataclass(frozen=True)
+class DeploymentBackends:
+    """What a node-less reader or a writer task needs from a deployment: the shared stores
+    (never its WAL, which belongs to the deployment's node)."""
+
+    objects: ObjectStore
+    metadata: MetadataStore
+    engine_config: EngineConfig
+
+
+def _loop() -> EventLoopThread:
+    global _runner, _runner_pid
+    with _lock:
+        # A forked worker inherits a dead loop thread: start a fresh one in each process.
+        if _runner is None or _runner_pid != os.getpid() or not _runner.running:
+            _runner = EventLoopThread(name="walstream-spark")
+            _runner_pid = os.getpid()
+            _backends.clear()
+        return _runner
+
+
+def run(awaitable: Awaitable[T]) -> T:
+    """Run ``awaitable`` on this process's walstream event loop and return its result."""
+    return _loop().run(awaitable)
+
+
+def backends_for(config: str) -> DeploymentBackends:
+    """The object store and metadata store of the deployment at ``config`` (cached per process)."""
+    _loop()
+    with _lock:
+        cached = _backends.get(config)
+        if cached is not None:
+            return cached
+    try:
+        from walstream_plugins import load_deployment
+    except ImportError as exc:  # pragma: no cover - a dependency of this dist
+        raise ConfigError(
+            "walstream-spark needs walstream-plugins: pip install walstream-plugins"
+        ) from exc
+    deployment = load_deployment(config)
+    for section in ("object_store", "metadata"):
+        if deployment.sections[section]["type"] == "memory":
+            raise ConfigError(
+                f"{config}: {section}.type is 'memory', which Spark workers (other processes) "
+                "cannot see; use a shared backend (object_store: local or s3, metadata: sqlite)"
+            )
+    built = deployment.build_backends()
+    backends = DeploymentBackends(built.objects, built.metadata, deployment.engine_config)
+    with _lock:
+        return _backends.setdefault(config, backends)
