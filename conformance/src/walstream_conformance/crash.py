@@ -289,16 +289,16 @@ def run_crash_cycles(spec: BackendSpec, *, cycles: int, seed: int, workdir: Path
                 process.stdout.close()
     final = _spawn(spec, seed, cycles, "recover", workdir)
     reader = _LineReader(final)
-    lines: list[str] = []
+    final_lines: list[str] = []
     try:
-        while "DONE" not in lines and not reader.eof:
+        while "DONE" not in final_lines and not reader.eof:
             more = reader.read_until(time.monotonic() + _READY_TIMEOUT_S)
             if not more and not reader.eof:
                 break
-            lines += more
-        if "DONE" not in lines:
+            final_lines += more
+        if "DONE" not in final_lines:
             _fail(report, cycles, f"final recovery did not finish: {_stderr_tail(workdir, cycles)}")
-        _check_recovery(report, cycles, model, lines, True)
+        _check_recovery(report, cycles, model, final_lines, True)
     finally:
         final.wait(timeout=60)
         if final.stdout is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,7 +269,7 @@ class FaultyWal(WriteAheadLog):
     async def start(self, node_id: int, node_epoch: int, mode: WalMode) -> None:
         await self.inner.start(node_id, node_epoch, mode)
 
-    def append(self, data: bytes) -> Awaitable[WalOffset]:
+    def append(self, data: bytes) -> asyncio.Future[WalOffset]:
         if self._failure is not None:
             raise BackendUnavailable(
                 f"the WAL refused appends after an earlier failure ({self._failure}); restart"
