@@ -167,14 +167,6 @@ async def test_engine_is_linearizable_under_faults() -> None:
 
 
 @needs_engine
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "known engine anomaly: TailMismatchError.actual_tail counts appends still in flight (the "
-        "reserved next offset) while check_tail/read report the acknowledged tail, so a client can "
-        "see tail 10 from a failed match_tail and then tail 9 from check_tail"
-    ),
-)
 async def test_engine_match_tail_is_linearizable() -> None:
     failures = []
     for seed in range(4):

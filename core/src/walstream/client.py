@@ -434,6 +434,8 @@ class Client:
                     "another writer fenced this stream"
                 )
             if match_tail is not None and match_tail != state.next_offset:
+                # Report a tail that reads agree with: let this stream's appends in flight settle.
+                await self._wait_acked(state)
                 raise TailMismatchError(
                     f"match_tail={match_tail} but the tail is {state.next_offset}",
                     state.next_offset,
@@ -478,6 +480,15 @@ class Client:
         finally:
             self._inflight.discard(future)
         return AppendAck(base, base + len(records), max(state.acked_tail, base + len(records)))
+
+    async def _wait_acked(self, state: _StreamState) -> None:
+        while state.acked_tail < state.next_offset:
+            self._raise_if_failed()
+            changed = state.changed
+            try:
+                await asyncio.wait_for(changed.wait(), 1.0)
+            except TimeoutError:
+                pass
 
     def _on_wal_done(
         self,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .cache import CachedBatch, LogBlock, LogCache
 from .clock import Clock
 from .config import UploadConfig
-from .errors import BackendUnavailable, WalstreamError
+from .errors import AmbiguousError, BackendUnavailable, WalstreamError
 from .hooks import EngineHooks
 from .metadata import MetadataStore, ObjectCommit, ObjectKind, StreamRange
 from .object_format import ObjectBuilder, object_key
@@ -44,7 +44,9 @@ async def retry_transient(
     max_delay_s: float = 5.0,
 ) -> object:
     """Run ``operation`` until it succeeds, retrying :class:`BackendUnavailable` (and
-    ``Throttled``) with jittered exponential backoff; other errors propagate."""
+    ``Throttled``) and :class:`AmbiguousError` with jittered exponential backoff; other errors
+    propagate. Only for idempotent operations: a put of the same key and bytes, a repeated
+    commit (metadata invariant 4), or preparing ids (a lost id just expires)."""
     delay = 0.02
     attempt = 0
     while True:
@@ -54,7 +56,7 @@ async def retry_transient(
             if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
                 return await result
             return result
-        except BackendUnavailable as exc:
+        except (BackendUnavailable, AmbiguousError) as exc:
             if give_up():
                 raise
             if attempt in (1, 10) or attempt % 100 == 0:

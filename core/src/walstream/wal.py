@@ -220,6 +220,8 @@ class GroupCommitWal(WriteAheadLog):
         self._check_can_write("append")
         if not self._writable:
             raise InvalidArgument("call recover() (to the end) or reset() before append()")
+        if isinstance(self._failure, FencedError):
+            raise FencedError(f"this WAL writer was fenced: {self._failure}")
         if self._failure is not None:
             raise BackendUnavailable(
                 f"the WAL refused appends after an earlier failure ({self._failure}); "
