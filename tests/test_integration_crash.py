@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import random
 import signal
 import subprocess
@@ -17,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 import walstream
 from walstream import Record
 
@@ -123,7 +121,7 @@ def test_sigkill_during_appends_loses_no_acknowledged_record(tmp_path: Path, soa
         for name, end in acked.items():
             acked_total[name] = max(acked_total.get(name, 0), end)
 
-        async def verify() -> None:
+        async def verify(cycle: int = cycle) -> None:
             async with walstream.open(deploy) as client:
                 for name, acked_end in acked_total.items():
                     records = await read_stream(client, name)

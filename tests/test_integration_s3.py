@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 import walstream
 from walstream import OutOfRangeError, Record
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import os
 from pathlib import Path
 
@@ -103,8 +104,8 @@ async def test_three_streams_concurrently_read_back_reopen_trim(backends: Backen
             ack = await stream.append(records)
             assert (ack.start, ack.end) == (base, base + batch)
 
-    await asyncio.gather(*(produce(stream, name) for stream, name in zip(streams, names)))
-    for stream, name in zip(streams, names):
+    await asyncio.gather(*(produce(stream, name) for stream, name in zip(streams, names, strict=True)))
+    for stream, name in zip(streams, names, strict=True):
         records = await read_all(stream)
         assert [r.offset for r in records] == list(range(per_stream))
         assert all(r.value == value_for(name, r.offset) for r in records)
@@ -329,7 +330,7 @@ async def test_uploads_commit_in_order_and_split_large_streams(tmp_path: Path) -
                 key=lambda r: r.start_offset,
             )
             assert ranges[0].start_offset == 0
-            assert all(a.end_offset == b.start_offset for a, b in zip(ranges, ranges[1:]))
+            assert all(a.end_offset == b.start_offset for a, b in itertools.pairwise(ranges))
 
 
 async def test_compaction_rewrites_small_objects_and_deletes_them(tmp_path: Path) -> None:

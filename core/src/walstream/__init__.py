@@ -6,6 +6,8 @@ near real time, into object storage.
 
 from __future__ import annotations
 
+from .client import Client, Stream
+from .config import EngineConfig
 from .errors import (
     AmbiguousError,
     BackendUnavailable,
@@ -20,8 +22,6 @@ from .errors import (
     TailMismatchError,
     WalstreamError,
 )
-from .client import Client, Stream
-from .config import EngineConfig
 from .opener import open
 from .records import AppendAck, ReadResult, Record, SequencedRecord
 
@@ -33,19 +33,19 @@ __all__ = [
     "BackendUnavailable",
     "CapacityError",
     "Client",
-    "EngineConfig",
-    "Stream",
-    "open",
     "ConfigError",
     "CorruptionError",
+    "EngineConfig",
     "FencedError",
     "InvalidArgument",
     "OutOfRangeError",
     "ReadResult",
     "Record",
     "SequencedRecord",
+    "Stream",
     "StreamExists",
     "StreamNotFound",
     "TailMismatchError",
     "WalstreamError",
+    "open",
 ]
