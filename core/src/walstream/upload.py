@@ -23,7 +23,7 @@ from .config import UploadConfig
 from .errors import AmbiguousError, BackendUnavailable, WalstreamError
 from .hooks import EngineHooks
 from .metadata import MetadataStore, ObjectCommit, ObjectKind, StreamRange
-from .object_format import ObjectBuilder, object_key
+from .object_format import BuiltObject, ObjectBuilder, object_key
 from .objects import ObjectStore
 from .wal import WriteAheadLog
 
@@ -299,7 +299,7 @@ class Uploader:
         return ObjectCommit(object_id, key, plan.kind, len(built.data), built.index_size, ranges)
 
 
-def _build(streams: list[list[CachedBatch]]):  # type: ignore[no-untyped-def]
+def _build(streams: list[list[CachedBatch]]) -> BuiltObject:
     builder = ObjectBuilder()
     for stream in streams:
         for batch in stream:
