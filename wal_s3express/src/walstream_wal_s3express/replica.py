@@ -1,0 +1,509 @@
+"""One zonal directory bucket as a quorum replica (:class:`walstream.quorum.Replica`).
+
+Layout of one log under ``<prefix><log_id>/`` in the bucket::
+
+    state/<version:020d>                                   control state, JSON (see below)
+    chunks/<seq:020d>.<epoch:020d>.<crc32c:08x>.n<node>    one chunk, the bytes of encode_chunk
+
+**Chunks** are written with a conditional create (``If-None-Match: *``): an object is never
+overwritten. The key carries the seq, the writer's epoch, its node id and the chunk checksum, so a
+listing alone says what a zone holds (S3 listings carry no user metadata, and a directory
+bucket's ETag is not a digest). A newer epoch's chunk at the same seq is another key; the
+listing reports the newest epoch per seq (a seal that invalidates it invalidates the older ones
+too), and trim or seal delete the rest.
+
+**Control state** (claimed epoch, trim point, seals) lives in numbered versions. An update reads
+the newest version ``v``, refuses it when a newer epoch has claimed the log (rule 1), and creates
+``v + 1`` with a conditional create; when another writer created it first the update starts
+again from the new state. S3 offers no compare-and-swap on one object, but "create the next
+number" is one: two updates can never both build on ``v``. After the create, a listing confirms
+that ``v + 1`` is the newest version (old versions are deleted, so a writer with a very stale
+view could create a recycled number below the newest; such a write is ignored and retried).
+Claims, seals and trims are therefore atomic with their epoch check, as on a chunk server.
+
+**Fencing a chunk write.** S3 cannot make a PUT conditional on another object, so a chunk
+write checks the claimed epoch *after* its PUT succeeded and fails with :class:`FencedError`
+if a newer epoch claimed the log. A recovery claims first and lists chunks afterwards, so for
+every zone either the claim came first (the zombie's check sees it and it gets no
+acknowledgement from that zone) or the chunk came first (the recovery's listing sees it). Since
+a recovery's claim zones and a write quorum intersect, a chunk the old writer got acknowledged
+after the claim completed does not exist. Concurrent checks share one listing of ``state/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from aiobotocore.config import AioConfig
+from walstream.clock import Clock, SystemClock
+from walstream.errors import (
+    AmbiguousError,
+    BackendUnavailable,
+    CorruptionError,
+    FencedError,
+    NotFound,
+    PreconditionFailed,
+    WalstreamError,
+)
+from walstream.quorum import MAX_SEALS, ChunkInfo, LogListing, Seal, chunk_crc
+from walstream_wal_s3.client import S3Client, S3Settings
+
+__all__ = ["ZonalBucketReplica", "ZonalS3Client", "chunk_key", "parse_chunk_key"]
+
+log = logging.getLogger(__name__)
+
+#: Control-state versions kept besides the newest (older ones are deleted after an update).
+KEPT_STATE_VERSIONS = 3
+_DELETE_BATCH = 1000
+
+
+class ZonalS3Client(S3Client):
+    """:class:`S3Client` for directory buckets. S3-compatible endpoints (moto, test servers)
+    implement no ``CreateSession``, so with an ``endpoint_url`` requests are signed with plain
+    SigV4 instead of S3 Express session credentials."""
+
+    def _config(self) -> AioConfig:
+        config = super()._config()
+        if self.settings.endpoint_url:
+            s3_options = dict(config.s3 or {})
+            s3_options["disable_s3_express_session_auth"] = True
+            config = config.merge(AioConfig(s3=s3_options))
+        return config
+
+
+def chunk_key(root: str, seq: int, epoch: int, crc: int, node_id: int) -> str:
+    return f"{root}chunks/{seq:020d}.{epoch:020d}.{crc:08x}.n{node_id}"
+
+
+@dataclass(frozen=True, order=True)
+class _StoredChunk:
+    seq: int
+    epoch: int
+    crc: int
+    size: int
+    key: str = field(compare=False)
+
+
+def parse_chunk_key(key: str, size: int) -> _StoredChunk | None:
+    """The chunk a key names, or ``None`` for a key that is not a chunk of this layout."""
+    name = key.rsplit("/", 1)[-1]
+    parts = name.split(".")
+    if len(parts) != 4 or not parts[3].startswith("n"):
+        return None
+    try:
+        return _StoredChunk(int(parts[0]), int(parts[1]), int(parts[2], 16), size, key)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class _ControlState:
+    version: int = 0
+    claimed_epoch: int = 0
+    trim_seq: int = 0
+    trim_offset: int = -1
+    seals: tuple[Seal, ...] = ()
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "claimed_epoch": self.claimed_epoch,
+                "trim_seq": self.trim_seq,
+                "trim_offset": self.trim_offset,
+                "seals": [[seal.epoch, seal.end_seq] for seal in self.seals],
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def decode(cls, version: int, data: bytes, where: str) -> _ControlState:
+        try:
+            raw = json.loads(data)
+            return cls(
+                version=version,
+                claimed_epoch=int(raw["claimed_epoch"]),
+                trim_seq=int(raw["trim_seq"]),
+                trim_offset=int(raw["trim_offset"]),
+                seals=tuple(Seal(int(epoch), int(end)) for epoch, end in raw["seals"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptionError(f"{where}: unreadable control state ({exc})") from None
+
+
+@dataclass
+class _Scan:
+    """One listing of a log: state versions and chunks."""
+
+    versions: list[int]
+    chunks: list[_StoredChunk]
+
+
+@dataclass
+class _FenceCheck:
+    """The latest read of the claimed epoch, shared by the chunk writes that finished before it
+    started."""
+
+    started_tick: int = -1
+    task: asyncio.Task[int] | None = None
+
+
+@dataclass
+class _LogCache:
+    state: _ControlState | None = None
+    fence: _FenceCheck = field(default_factory=_FenceCheck)
+    chunk_keys: dict[int, list[_StoredChunk]] = field(default_factory=dict)
+
+
+class ZonalBucketReplica:
+    """A :class:`walstream.quorum.Replica` stored in one (zonal directory) bucket.
+
+    ``node_id`` goes into the chunk keys this replica writes (for humans reading a bucket).
+    Every S3 request is retried by :class:`S3Client` a few times; the quorum WAL bounds each
+    call with its request timeout.
+    """
+
+    def __init__(
+        self,
+        client: S3Client,
+        *,
+        node_id: int = 0,
+        name: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.client = client
+        self.name = name or client.settings.bucket
+        self.node_id = node_id
+        self.clock: Clock = clock or SystemClock()
+        self._logs: dict[str, _LogCache] = {}
+        self._tick = 0
+        self._healthy = True
+
+    @classmethod
+    def from_settings(cls, settings: S3Settings, **kwargs: Any) -> ZonalBucketReplica:
+        return cls(ZonalS3Client(settings), **kwargs)
+
+    def healthy(self) -> bool:
+        return self._healthy
+
+    # -- S3 plumbing --------------------------------------------------------------------------------
+
+    def _root(self, log_id: str) -> str:
+        return f"{self.client.settings.prefix}{log_id}/"
+
+    def _cache(self, log_id: str) -> _LogCache:
+        return self._logs.setdefault(log_id, _LogCache())
+
+    async def _call(self, operation: str, **params: Any) -> dict[str, Any]:
+        try:
+            response = await self.client.call(operation, **params)
+        except (BackendUnavailable, AmbiguousError):
+            self._healthy = False
+            raise
+        except WalstreamError:
+            self._healthy = True
+            raise
+        self._healthy = True
+        return response
+
+    async def _list(self, prefix: str) -> list[tuple[str, int]]:
+        keys: list[tuple[str, int]] = []
+        token: str | None = None
+        while True:
+            params: dict[str, Any] = {"Prefix": prefix}
+            if token:
+                params["ContinuationToken"] = token
+            response = await self._call("list_objects_v2", **params)
+            keys.extend((item["Key"], int(item.get("Size", 0))) for item in response.get(
+                "Contents", []
+            ))
+            if not response.get("IsTruncated"):
+                return keys
+            token = response.get("NextContinuationToken")
+
+    async def _get(self, key: str) -> bytes:
+        response = await self._call("get_object", Key=key, read_body=True)
+        return bytes(response["Body"])
+
+    async def _create(self, key: str, data: bytes) -> bool:
+        """Conditional create; False when an object with that key exists already. A create
+        whose outcome is unknown (a retried attempt may have made it) reads the key back."""
+        try:
+            await self._call("put_object", write=True, Key=key, Body=data, IfNoneMatch="*")
+            return True
+        except PreconditionFailed:
+            return False
+
+    async def _delete(self, keys: Iterable[str]) -> None:
+        pending = list(keys)
+        for start in range(0, len(pending), _DELETE_BATCH):
+            batch = pending[start : start + _DELETE_BATCH]
+            response = await self._call(
+                "delete_objects",
+                write=True,
+                Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
+            )
+            failed = [error for error in response.get("Errors", []) if error.get("Code") not in
+                      {"NoSuchKey", "NotFound"}]
+            if failed:
+                raise BackendUnavailable(
+                    f"zone {self.name}: could not delete {len(failed)} objects "
+                    f"(first: {failed[0]}); they are removed at the next trim"
+                )
+
+    async def _scan(self, log_id: str, what: str = "") -> _Scan:
+        root = self._root(log_id)
+        versions: list[int] = []
+        chunks: list[_StoredChunk] = []
+        for key, size in await self._list(root + what):
+            relative = key[len(root) :]
+            if relative.startswith("state/"):
+                try:
+                    versions.append(int(relative[len("state/") :]))
+                except ValueError:
+                    continue
+            elif relative.startswith("chunks/"):
+                chunk = parse_chunk_key(key, size)
+                if chunk is not None:
+                    chunks.append(chunk)
+        versions.sort()
+        chunks.sort()
+        cache = self._cache(log_id)
+        if not what or what == "chunks/":
+            cache.chunk_keys = {}
+            for chunk in chunks:
+                cache.chunk_keys.setdefault(chunk.seq, []).append(chunk)
+        return _Scan(versions, chunks)
+
+    # -- control state ------------------------------------------------------------------------------
+
+    def _state_key(self, log_id: str, version: int) -> str:
+        return f"{self._root(log_id)}state/{version:020d}"
+
+    async def _state_at(self, log_id: str, versions: list[int]) -> _ControlState:
+        """The state of the newest of ``versions`` (cached when already read)."""
+        cache = self._cache(log_id)
+        if not versions:
+            return _ControlState()
+        newest = versions[-1]
+        if cache.state is not None and cache.state.version == newest:
+            return cache.state
+        key = self._state_key(log_id, newest)
+        state = _ControlState.decode(newest, await self._get(key), f"zone {self.name} {key}")
+        if cache.state is None or cache.state.version < newest:
+            cache.state = state
+        return state
+
+    async def _current_state(self, log_id: str) -> _ControlState:
+        scan = await self._scan(log_id, "state/")
+        try:
+            return await self._state_at(log_id, scan.versions)
+        except NotFound:
+            # Deleted by a concurrent update that made a newer version: read again.
+            scan = await self._scan(log_id, "state/")
+            return await self._state_at(log_id, scan.versions)
+
+    def _check_epoch(self, state: _ControlState, log_id: str, epoch: int) -> None:
+        if epoch < state.claimed_epoch:
+            raise FencedError(
+                f"zone {self.name}: log {log_id} is owned by epoch {state.claimed_epoch} > "
+                f"{epoch}; this writer must stop"
+            )
+
+    async def _update(
+        self,
+        log_id: str,
+        epoch: int,
+        change: Callable[[_ControlState], _ControlState],
+    ) -> _ControlState:
+        """Apply ``change`` to the control state as one atomic step guarded by ``epoch``."""
+        cache = self._cache(log_id)
+        state = cache.state
+        for _ in range(64):
+            if state is None:
+                state = await self._current_state(log_id)
+            self._check_epoch(state, log_id, epoch)
+            updated = change(replace(state, claimed_epoch=max(state.claimed_epoch, epoch)))
+            if updated == state and cache.state is state and state.version:
+                # Nothing to change, but the cached state may be stale: confirm it is newest.
+                fresh = await self._current_state(log_id)
+                if fresh.version == state.version:
+                    return state
+                state = fresh
+                continue
+            target = replace(updated, version=state.version + 1)
+            data = target.encode()
+            key = self._state_key(log_id, target.version)
+            created = await self._create(key, data)
+            if not created:
+                # Someone else made that version, or our own earlier attempt did.
+                try:
+                    created = await self._get(key) == data
+                except NotFound:
+                    created = False
+            if created:
+                scan = await self._scan(log_id, "state/")
+                if scan.versions and scan.versions[-1] == target.version:
+                    cache.state = target
+                    await self._forget_versions(log_id, scan.versions)
+                    return target
+            cache.state = None
+            state = None
+        raise BackendUnavailable(
+            f"zone {self.name}: the control state of log {log_id} kept changing under "
+            "concurrent updates; retry"
+        )
+
+    async def _forget_versions(self, log_id: str, versions: list[int]) -> None:
+        old = versions[: -1 - KEPT_STATE_VERSIONS]
+        if old:
+            try:
+                await self._delete(self._state_key(log_id, version) for version in old)
+            except WalstreamError as exc:
+                log.debug("zone %s: old control states stay until the next update: %s",
+                          self.name, exc)
+
+    async def _claimed_epoch_after(self, log_id: str, tick: int) -> int:
+        """The claimed epoch, read by a listing that started after ``tick``."""
+        fence = self._cache(log_id).fence
+        if fence.task is None or fence.started_tick <= tick:
+            self._tick += 1
+            fence.started_tick = self._tick
+            fence.task = asyncio.ensure_future(self._read_claimed_epoch(log_id))
+            # Nobody may await it if every caller is cancelled; keep it from logging.
+            fence.task.add_done_callback(lambda task: task.cancelled() or task.exception())
+        return await asyncio.shield(fence.task)
+
+    async def _read_claimed_epoch(self, log_id: str) -> int:
+        return (await self._current_state(log_id)).claimed_epoch
+
+    # -- the Replica operations ---------------------------------------------------------------------
+
+    def _listing(self, state: _ControlState, chunks: list[_StoredChunk]) -> LogListing:
+        newest: dict[int, _StoredChunk] = {}
+        for chunk in chunks:
+            if chunk.seq <= state.trim_seq:
+                continue
+            if any(seal.invalidates(ChunkInfo(chunk.seq, chunk.epoch, 0, 0))
+                   for seal in state.seals):
+                continue
+            current = newest.get(chunk.seq)
+            if current is None or (chunk.epoch, chunk.crc) > (current.epoch, current.crc):
+                newest[chunk.seq] = chunk
+        return LogListing(
+            claimed_epoch=state.claimed_epoch,
+            trim_seq=state.trim_seq,
+            trim_offset=state.trim_offset,
+            seals=state.seals,
+            chunks={
+                seq: ChunkInfo(seq, chunk.epoch, chunk.size, chunk.crc)
+                for seq, chunk in sorted(newest.items())
+            },
+        )
+
+    async def claim(self, log_id: str, epoch: int) -> LogListing:
+        state = await self._update(log_id, epoch, lambda state: state)
+        # Listed after the claim is in place: any chunk an older writer got acknowledged here
+        # is in this listing (see the module doc).
+        scan = await self._scan(log_id)
+        state = await self._state_at(log_id, scan.versions) if scan.versions else state
+        self._check_epoch(state, log_id, epoch)
+        return self._listing(state, scan.chunks)
+
+    async def list_chunks(self, log_id: str) -> LogListing:
+        scan = await self._scan(log_id)
+        try:
+            state = await self._state_at(log_id, scan.versions)
+        except NotFound:
+            state = await self._current_state(log_id)
+        return self._listing(state, scan.chunks)
+
+    async def write_chunk(self, log_id: str, epoch: int, seq: int, data: bytes) -> None:
+        cache = self._cache(log_id)
+        if cache.state is not None:
+            self._check_epoch(cache.state, log_id, epoch)
+            if seq <= cache.state.trim_seq:
+                return
+        crc = chunk_crc(data)
+        key = chunk_key(self._root(log_id), seq, epoch, crc, self.node_id)
+        if not await self._create(key, data):
+            existing = await self._get(key)
+            if existing != data:
+                raise PreconditionFailed(
+                    f"zone {self.name}: chunk {seq} of epoch {epoch} exists with other bytes"
+                )
+        cache.chunk_keys.setdefault(seq, []).append(
+            _StoredChunk(seq, epoch, crc, len(data), key)
+        )
+        self._tick += 1
+        claimed = await self._claimed_epoch_after(log_id, self._tick)
+        if claimed > epoch:
+            raise FencedError(
+                f"zone {self.name}: log {log_id} was claimed by epoch {claimed} > {epoch}; "
+                "this writer must stop"
+            )
+
+    async def read_chunk(self, log_id: str, seq: int) -> tuple[int, bytes]:
+        for attempt in range(2):
+            known = self._cache(log_id).chunk_keys.get(seq)
+            if not known or attempt:
+                await self._scan(log_id, "chunks/")
+                known = self._cache(log_id).chunk_keys.get(seq)
+            if not known:
+                break
+            chunk = max(known)
+            try:
+                data = await self._get(chunk.key)
+            except NotFound:
+                continue
+            if chunk_crc(data) != chunk.crc:
+                raise CorruptionError(
+                    f"zone {self.name}: chunk {seq} ({chunk.key}) does not match its checksum"
+                )
+            return chunk.epoch, data
+        raise NotFound(f"zone {self.name}: no chunk {seq} in log {log_id}")
+
+    async def seal(self, log_id: str, epoch: int, end_seq: int) -> None:
+        new_seal = Seal(epoch, end_seq)
+
+        def add_seal(state: _ControlState) -> _ControlState:
+            if new_seal in state.seals:
+                return state
+            return replace(state, seals=tuple(sorted([*state.seals, new_seal]))[-MAX_SEALS:])
+
+        state = await self._update(log_id, epoch, add_seal)
+        scan = await self._scan(log_id, "chunks/")
+        await self._delete(
+            chunk.key
+            for chunk in scan.chunks
+            if any(seal.invalidates(ChunkInfo(chunk.seq, chunk.epoch, 0, 0))
+                   for seal in state.seals)
+        )
+
+    async def trim(self, log_id: str, epoch: int, through_seq: int, trim_offset: int) -> None:
+        def move_trim_point(state: _ControlState) -> _ControlState:
+            return replace(
+                state,
+                trim_seq=max(state.trim_seq, through_seq),
+                trim_offset=max(state.trim_offset, trim_offset),
+            )
+
+        state = await self._update(log_id, epoch, move_trim_point)
+        cache = self._cache(log_id)
+        if any(seq <= state.trim_seq for seq in cache.chunk_keys) or not cache.chunk_keys:
+            scan = await self._scan(log_id, "chunks/")
+            await self._delete(chunk.key for chunk in scan.chunks if chunk.seq <= state.trim_seq)
+            for seq in [seq for seq in cache.chunk_keys if seq <= state.trim_seq]:
+                del cache.chunk_keys[seq]
+
+    async def close(self) -> None:
+        for cache in self._logs.values():
+            task = cache.fence.task
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        await self.client.close()
