@@ -35,6 +35,8 @@ its newest marker and skips that many rows.
   checkpoint), so a micro-batch re-run after a restart finds the markers of its earlier run:
   exactly-once output for a deterministic query. Every streaming task scans back from the tail
   until it meets its own marker or one of an earlier batch of the same query.
+* ``foreachBatch``: pass ``.option("queryId", ...)`` and ``.option("batchId", batch_id)`` to a
+  batch write and it behaves like the streaming writer (a re-run batch skips what it wrote).
 
 Markers trimmed away before a retry cannot be found; the retry then writes its rows again.
 """
@@ -159,11 +161,23 @@ class WalstreamWriter(DataSourceWriter):
         self.target = _WriteOptions(options, schema, overwrite)
         self.scan_floor = self.target.prepare_stream()
         self.write_id = uuid.uuid4().hex
+        # foreachBatch: queryId + batchId make a re-run micro-batch find its earlier writes.
+        self.query_id = options.get("queryId")
+        self.batch_id = optional_int(options, "batchId", None)
+        if (self.query_id is None) != (self.batch_id is None):
+            raise ConfigError("options 'queryId' and 'batchId' go together (foreachBatch writes)")
 
     def write(self, iterator: Iterator[Row]) -> WriteCommit:
         context = TaskContext.get()
         partition = context.partitionId() if context else 0
         attempt = context.attemptNumber() if context else 0
+        if self.query_id is not None and self.batch_id is not None:
+            identity = _Identity(
+                f"{self.query_id}:{self.batch_id}", partition,
+                node_key=f"{self.query_id}/{partition}",
+                query_id=self.query_id, batch_id=self.batch_id,
+            )
+            return _write_partition(self.target, identity, iterator, True, 0)
         identity = _Identity(self.write_id, partition, node_key=f"{self.write_id}/{partition}")
         return _write_partition(self.target, identity, iterator, attempt > 0, self.scan_floor)
 
