@@ -429,6 +429,10 @@ class ZonalBucketReplica:
             if seq <= cache.state.trim_seq:
                 return
         crc = chunk_crc(data)
+        if any(chunk.epoch == epoch and chunk.crc != crc for chunk in cache.chunk_keys.get(seq, ())):
+            raise PreconditionFailed(
+                f"zone {self.name}: chunk {seq} of epoch {epoch} exists with other bytes"
+            )
         key = chunk_key(self._root(log_id), seq, epoch, crc, self.node_id)
         if not await self._create(key, data):
             existing = await self._get(key)
