@@ -64,7 +64,9 @@ async def generate(config: Path, first: int, count: int, total: int, seed: int) 
             event_ms = BASE_EVENT_MS + index * 600_000 // total
             click = {"user": f"u{rng.randrange(500)}", "page": rng.choice(PAGES), "n": index}
             batch.append(
-                Record(json.dumps(click).encode(), key=click["user"].encode(), timestamp_ms=event_ms)
+                Record(
+                    json.dumps(click).encode(), key=click["user"].encode(), timestamp_ms=event_ms
+                )
             )
             if len(batch) == 1000:
                 await stream.append(batch)
@@ -97,8 +99,13 @@ def run_streaming(spark: Any, config: Path, data: Path) -> None:
         frame.write.mode("overwrite").parquet(str(data / "per_minute" / f"batch_id={batch_id}"))
         (
             frame.select(
-                F.to_json(F.struct(F.date_format("minute", "yyyy-MM-dd'T'HH:mm:ss").alias("minute"),
-                                   "clicks", F.lit(batch_id).alias("batch"))).alias("value"),
+                F.to_json(
+                    F.struct(
+                        F.date_format("minute", "yyyy-MM-dd'T'HH:mm:ss").alias("minute"),
+                        "clicks",
+                        F.lit(batch_id).alias("batch"),
+                    )
+                ).alias("value"),
                 F.col("minute").alias("timestamp"),
             )
             .write.format("walstream")
@@ -127,11 +134,17 @@ def replay_counts(spark: Any, config: Path) -> dict[str, int]:
     from pyspark.sql import functions as F
 
     history = (
-        spark.read.format("walstream").option("config", str(config)).option("streams", "clicks").load()
+        spark.read.format("walstream")
+        .option("config", str(config))
+        .option("streams", "clicks")
+        .load()
     )
     rows = (
-        history.groupBy(F.date_format(F.window("timestamp", "1 minute").start,
-                                      "yyyy-MM-dd'T'HH:mm:ss").alias("minute"))
+        history.groupBy(
+            F.date_format(F.window("timestamp", "1 minute").start, "yyyy-MM-dd'T'HH:mm:ss").alias(
+                "minute"
+            )
+        )
         .count()
         .collect()
     )
@@ -141,9 +154,13 @@ def replay_counts(spark: Any, config: Path) -> dict[str, int]:
 def parquet_counts(spark: Any, data: Path) -> dict[str, int]:
     from pyspark.sql import functions as F
 
-    rows = spark.read.parquet(str(data / "per_minute")).select(
-        F.date_format("minute", "yyyy-MM-dd'T'HH:mm:ss").alias("minute"), "clicks", "batch_id"
-    ).collect()
+    rows = (
+        spark.read.parquet(str(data / "per_minute"))
+        .select(
+            F.date_format("minute", "yyyy-MM-dd'T'HH:mm:ss").alias("minute"), "clicks", "batch_id"
+        )
+        .collect()
+    )
     latest: dict[str, tuple[int, int]] = {}
     for row in rows:  # update mode: a minute's newest batch holds its final count
         if row["minute"] not in latest or row["batch_id"] > latest[row["minute"]][0]:
@@ -153,8 +170,12 @@ def parquet_counts(spark: Any, data: Path) -> dict[str, int]:
 
 def stream_counts(spark: Any, config: Path) -> dict[str, int]:
     rows = (
-        spark.read.format("walstream").option("config", str(config))
-        .option("streams", "clicks_per_minute").load().select("offset", "value").collect()
+        spark.read.format("walstream")
+        .option("config", str(config))
+        .option("streams", "clicks_per_minute")
+        .load()
+        .select("offset", "value")
+        .collect()
     )
     latest: dict[str, int] = {}
     for row in sorted(rows, key=lambda row: row["offset"]):  # later records supersede
@@ -165,8 +186,12 @@ def stream_counts(spark: Any, config: Path) -> dict[str, int]:
 
 def main(argv: list[str] | None = None, spark: Any = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=Path("pipeline-data"),
-                        help="folder for the deployment, checkpoint and Parquet output (reset)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=Path("pipeline-data"),
+        help="folder for the deployment, checkpoint and Parquet output (reset)",
+    )
     parser.add_argument("--events", type=int, default=20_000, help="click events to generate")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
@@ -194,12 +219,16 @@ def main(argv: list[str] | None = None, spark: Any = None) -> int:
     streamed = stream_counts(spark, config)
     print(f"{'minute':<22}{'replay':>8}{'parquet':>9}{'stream':>8}")
     for minute in sorted(set(replay) | set(parquet) | set(streamed)):
-        print(f"{minute:<22}{replay.get(minute, '-'):>8}{parquet.get(minute, '-'):>9}"
-              f"{streamed.get(minute, '-'):>8}")
+        print(
+            f"{minute:<22}{replay.get(minute, '-'):>8}{parquet.get(minute, '-'):>9}"
+            f"{streamed.get(minute, '-'):>8}"
+        )
     total = sum(replay.values())
     ok = replay == parquet == streamed and total == args.events
-    print(f"{total} clicks in {len(replay)} minutes; streaming result "
-          f"{'equals' if ok else 'DIFFERS FROM'} the batch replay")
+    print(
+        f"{total} clicks in {len(replay)} minutes; streaming result "
+        f"{'equals' if ok else 'DIFFERS FROM'} the batch replay"
+    )
     return 0 if ok else 1
 
 

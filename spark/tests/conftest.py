@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 
-
 def write_deployment(folder: Path, upload_max_bytes: str = "256KiB") -> Path:
     """A deployment YAML in ``folder``; returns its path."""
     folder.mkdir(parents=True, exist_ok=True)

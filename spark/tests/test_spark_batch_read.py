@@ -27,8 +27,11 @@ def filled(module_deployment: Path) -> Path:
             for start in range(0, RECORDS, BATCH):
                 stream.append(
                     [
-                        Record(expected_value(name, offset), key=str(offset % 7).encode(),
-                               headers=(("source", name.encode()),))
+                        Record(
+                            expected_value(name, offset),
+                            key=str(offset % 7).encode(),
+                            headers=(("source", name.encode()),),
+                        )
                         for offset in range(start, start + BATCH)
                     ]
                 )
@@ -48,8 +51,12 @@ def check_exact(spark: Any, config: Path, starts: dict[str, int]) -> None:
     frame = load(spark, config).cache()
     try:
         wanted = F.repeat(
-            F.concat(F.col("stream"), F.lit(":"), F.lpad(F.col("offset").cast("string"), 8, "0"),
-                     F.lit("|")),
+            F.concat(
+                F.col("stream"),
+                F.lit(":"),
+                F.lpad(F.col("offset").cast("string"), 8, "0"),
+                F.lit("|"),
+            ),
             3,
         ).cast("binary")
         wrong = frame.filter(
@@ -61,8 +68,12 @@ def check_exact(spark: Any, config: Path, starts: dict[str, int]) -> None:
         summary = {
             row["stream"]: row
             for row in frame.groupBy("stream")
-            .agg(F.count("*").alias("n"), F.countDistinct("offset").alias("distinct"),
-                 F.min("offset").alias("low"), F.max("offset").alias("high"))
+            .agg(
+                F.count("*").alias("n"),
+                F.countDistinct("offset").alias("distinct"),
+                F.min("offset").alias("low"),
+                F.max("offset").alias("high"),
+            )
             .collect()
         }
         assert sorted(summary) == sorted(STREAMS)
@@ -81,8 +92,12 @@ def test_spark_batch_read_returns_every_record_once(spark: Any, filled: Path) ->
 
 
 def test_spark_batch_read_offsets_and_timestamps(spark: Any, filled: Path) -> None:
-    frame = load(spark, filled, startingOffsets='{"alpha": 99990, "beta": "latest"}',
-                 endingOffsets='{"gamma": 5}')
+    frame = load(
+        spark,
+        filled,
+        startingOffsets='{"alpha": 99990, "beta": "latest"}',
+        endingOffsets='{"gamma": 5}',
+    )
     rows = frame.select("stream", "offset").collect()
     assert sorted((row["stream"], row["offset"]) for row in rows) == (
         [("alpha", offset) for offset in range(99_990, RECORDS)]

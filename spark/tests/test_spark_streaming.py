@@ -57,7 +57,9 @@ def test_spark_streaming_available_now_restarts_exactly_once(
     # Records keep arriving while the query runs; each restart picks up from its checkpoint.
     total = 10_000
     for _round in range(2):
-        writer = threading.Thread(target=append_range, args=(deployment, "events", total, total + 6000))
+        writer = threading.Thread(
+            target=append_range, args=(deployment, "events", total, total + 6000)
+        )
         writer.start()
         run_available_now(spark, deployment, output, checkpoint)
         writer.join()
@@ -82,7 +84,8 @@ def test_spark_streaming_processing_time_follows_commits(
         .load()
     )
     query = (
-        frame.writeStream.format("memory").queryName("ticks_seen")
+        frame.writeStream.format("memory")
+        .queryName("ticks_seen")
         .option("checkpointLocation", str(tmp_path / "checkpoint"))
         .trigger(processingTime="500 milliseconds")
         .start()

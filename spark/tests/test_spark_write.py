@@ -43,8 +43,10 @@ def test_spark_write_appends_rows_with_key_headers_timestamp(spark: Any, deploym
         "stream", "written"
     ).option("batchRecords", "250").mode("append").save()
     back = (
-        spark.read.format("walstream").option("config", str(deployment))
-        .option("streams", "written").load()
+        spark.read.format("walstream")
+        .option("config", str(deployment))
+        .option("streams", "written")
+        .load()
     )
     rows = back.collect()
     assert sorted(int(row["value"]) for row in rows) == list(range(3000))
@@ -90,14 +92,22 @@ def test_spark_write_stream_rerun_batch_is_not_duplicated(
 
     def run() -> None:
         frame = (
-            spark.readStream.format("walstream").option("config", str(deployment))
-            .option("streams", "source").option("startingOffsets", "earliest")
-            .option("maxRecordsPerTrigger", "800").load().select("value")
+            spark.readStream.format("walstream")
+            .option("config", str(deployment))
+            .option("streams", "source")
+            .option("startingOffsets", "earliest")
+            .option("maxRecordsPerTrigger", "800")
+            .load()
+            .select("value")
         )
         query = (
-            frame.writeStream.format("walstream").option("config", str(deployment))
-            .option("stream", "copy").option("batchRecords", "100")
-            .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
+            frame.writeStream.format("walstream")
+            .option("config", str(deployment))
+            .option("stream", "copy")
+            .option("batchRecords", "100")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
         )
         query.awaitTermination(180)
         assert query.exception() is None

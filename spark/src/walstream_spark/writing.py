@@ -173,9 +173,11 @@ class WalstreamWriter(DataSourceWriter):
         attempt = context.attemptNumber() if context else 0
         if self.query_id is not None and self.batch_id is not None:
             identity = _Identity(
-                f"{self.query_id}:{self.batch_id}", partition,
+                f"{self.query_id}:{self.batch_id}",
+                partition,
                 node_key=f"{self.query_id}/{partition}",
-                query_id=self.query_id, batch_id=self.batch_id,
+                query_id=self.query_id,
+                batch_id=self.batch_id,
             )
             return _write_partition(self.target, identity, iterator, True, 0)
         identity = _Identity(self.write_id, partition, node_key=f"{self.write_id}/{partition}")
