@@ -77,10 +77,14 @@ class _ChildServer:
         assert self._process.stdout is not None
         line = self._process.stdout.readline()
         if not line.startswith("PORT "):
+            log = self._log
+            log.seek(0)
+            output = log.read()[-2000:]
             self.stop()
-            self._log.seek(0)
-            output = self._log.read()[-2000:]
-            raise RuntimeError(f"{self._argv[3]} server failed to start: {output}")
+            raise RuntimeError(
+                f"{self._argv[3]} server failed to start: {output}\n"
+                "(the S3 test server needs moto[server]: pip install 'walstream-wal-s3[testing]')"
+            )
         self.port = int(line.split()[1])
         return self.endpoint_url
 
