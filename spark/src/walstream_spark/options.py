@@ -20,8 +20,8 @@ __all__ = [
     "required",
 ]
 
-EARLIEST = "earliest"
-LATEST = "latest"
+EARLIEST: Literal["earliest"] = "earliest"
+LATEST: Literal["latest"] = "latest"
 Position = int | Literal["earliest", "latest"]
 
 

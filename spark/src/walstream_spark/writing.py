@@ -139,7 +139,7 @@ class _WriteOptions:
                 f"writing to walstream needs a 'value' column (binary or string); got columns "
                 f"{list(schema.fieldNames())}"
             )
-        self.columns = {
+        self.columns: dict[str, str] = {
             name: columns[name]
             for name in ("key", "value", "headers", "timestamp")
             if name in columns
