@@ -60,6 +60,8 @@ examples:
   walstream inspect metadata
   walstream plugins
   walstream demo --streams 3 --records 20000
+  walstream serve -c deploy.yaml --listen 127.0.0.1:7400
+  walstream bench --streams 4 --records 50000 --json bench.json
 
 Without --config every command uses the embedded deployment in ./walstream-data
 (an ebs or memory WAL, a local object store and SQLite metadata).
@@ -621,6 +623,137 @@ async def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+# -- commands: serve / bench ---------------------------------------------------------------------
+
+
+async def cmd_serve(args: argparse.Namespace) -> int:
+    # aiohttp stays out of the import path of every other command.
+    try:
+        from . import server
+    except ModuleNotFoundError as missing:
+        if (missing.name or "").partition(".")[0] != "aiohttp":
+            raise
+        raise ConfigError(
+            "walstream serve needs aiohttp; run: pip install 'walstream[server]'"
+        ) from None
+
+    def announce(running: Any) -> None:
+        auth = "token required" if running.token else "no token"
+        _out(f"walstream serve: node {running.client.node_id} (epoch "
+             f"{running.client.node_epoch}) listening on {running.url} ({auth})")
+        sys.stdout.flush()
+
+    await server.run_until_signalled(
+        args.config,
+        listen=args.listen,
+        token=args.token,
+        max_body_bytes=args.max_body_bytes,
+        max_wait_s=args.max_wait,
+        announce=announce,
+    )
+    return EXIT_OK
+
+
+async def cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+
+    report = await bench.run_bench(
+        args.config,
+        streams=args.streams,
+        records=args.records,
+        value_bytes=args.value_bytes,
+        batch_records=args.batch,
+        concurrency=args.concurrency,
+        json_path=args.json,
+        keep=args.keep,
+        progress=not args.no_progress,
+    )
+    return EXIT_OK if report.ok else EXIT_ERROR
+
+
+def _size(text: str) -> int:
+    """An argparse type for sizes such as 16MiB."""
+    from .config import parse_size
+
+    try:
+        value = parse_size(text.strip())
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1 byte")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def _add_serve_and_bench(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    serve = _add_command(
+        subparsers, "serve",
+        "serve this node over HTTP (JSON and binary append/read/trim, long-poll tail reads, "
+        "health, Prometheus metrics) until SIGTERM or Ctrl-C",
+        cmd_serve, common,
+        "examples:\n  walstream serve -c deploy.yaml\n"
+        "  WALSTREAM_TOKEN=s3cret walstream serve -c deploy.yaml --listen 0.0.0.0:7400\n\n"
+        "  curl -s localhost:7400/health\n"
+        "  curl -s -H 'Authorization: Bearer s3cret' -d '{\"name\": \"orders\"}' "
+        "localhost:7400/v1/streams\n"
+        "  curl -s -H 'Authorization: Bearer s3cret' -H 'Content-Type: application/json' \\\n"
+        "       -d '{\"records\": [{\"value_text\": \"hello\"}]}' "
+        "localhost:7400/v1/streams/orders/records\n"
+        "  curl -s -H 'Authorization: Bearer s3cret' "
+        "'localhost:7400/v1/streams/orders/records?start=0&wait=30'\n\n"
+        "Listens on server.listen of the deployment (default 127.0.0.1:7400). The token is\n"
+        "--token, else $WALSTREAM_TOKEN, else server.token; without one there is no\n"
+        "authentication. SIGTERM or SIGINT stops accepting, answers long polls, then closes\n"
+        "the node (uploading everything acknowledged) and exits 0. The routes are listed in\n"
+        "the README and in the walstream.server module.",
+    )
+    serve.add_argument("--listen", metavar="HOST:PORT",
+                       help="overrides server.listen (port 0 picks a free port)")
+    serve.add_argument("--token", metavar="TOKEN",
+                       help="bearer token clients must send (default: $WALSTREAM_TOKEN, then "
+                            "server.token)")
+    serve.add_argument("--max-body-bytes", type=_size, default=16 << 20, metavar="SIZE",
+                       help="largest request body; larger ones get 413 (default 16MiB)")
+    serve.add_argument("--max-wait", type=_seconds, default=60.0, metavar="SECONDS",
+                       help="bound of a long-poll read's wait= (default 60)")
+
+    bench = _add_command(
+        subparsers, "bench",
+        "benchmark appends (records/s, MiB/s, p50/p99/p999 batch latency), then a cold read "
+        "back after a client restart; prints a table, optionally writes JSON",
+        cmd_bench, common,
+        "examples:\n  walstream bench\n"
+        "  walstream bench --streams 8 --records 200000 --value-bytes 512 --batch 200 "
+        "--concurrency 16\n"
+        "  walstream -c deploy.yaml bench --json bench.json\n\n"
+        "Streams are named bench-<run>-<n> and deleted afterwards unless --keep. Values carry\n"
+        "(appender, sequence) so the read back is verified; exit status 1 if it is not intact.",
+    )
+    bench.add_argument("--streams", type=_count(1), default=4, metavar="N",
+                       help="streams to append to (default 4)")
+    bench.add_argument("--records", type=_count(1), default=50_000, metavar="N",
+                       help="records in total, over all streams (default 50000)")
+    bench.add_argument("--value-bytes", type=_count(8), default=1024, metavar="N",
+                       help="bytes per record value (default 1024)")
+    bench.add_argument("--batch", type=_count(1), default=100, metavar="N",
+                       help="records per append (default 100)")
+    bench.add_argument("--concurrency", type=_count(1), default=8, metavar="N",
+                       help="appenders running at once; appender i writes stream i %% streams "
+                            "(default 8)")
+    bench.add_argument("--json", metavar="PATH", help="also write the numbers as JSON here")
+    bench.add_argument("--keep", action="store_true", help="keep the bench streams")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
 # -- parser ---------------------------------------------------------------------------------------
 
 
@@ -851,6 +984,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch", type=_count(1), default=100, metavar="N",
                       help="records per append (default 100)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    _add_serve_and_bench(commands, common)
     return parser
 
 
