@@ -3,6 +3,7 @@
 Layout of one log under ``<prefix><log_id>/`` in the bucket::
 
     state/<version:020d>                                   control state, JSON (see below)
+    successor/<epoch:020d>                                 "a newer epoch claimed over this one"
     chunks/<seq:020d>.<epoch:020d>.<crc32c:08x>.n<node>    one chunk, the bytes of encode_chunk
 
 **Chunks** are written with a conditional create (``If-None-Match: *``): an object is never
@@ -12,22 +13,30 @@ bucket's ETag is not a digest). A newer epoch's chunk at the same seq is another
 listing reports the newest epoch per seq (a seal that invalidates it invalidates the older ones
 too), and trim or seal delete the rest.
 
-**Control state** (claimed epoch, trim point, seals) lives in numbered versions. An update reads
-the newest version ``v``, refuses it when a newer epoch has claimed the log (rule 1), and creates
-``v + 1`` with a conditional create; when another writer created it first the update starts
-again from the new state. S3 offers no compare-and-swap on one object, but "create the next
-number" is one: two updates can never both build on ``v``. After the create, a listing confirms
-that ``v + 1`` is the newest version (old versions are deleted, so a writer with a very stale
-view could create a recycled number below the newest; such a write is ignored and retried).
-Claims, seals and trims are therefore atomic with their epoch check, as on a chunk server.
+**Control state** (claimed epoch, trim point, seals) lives in numbered versions
+(``state/<version>``). An update reads the newest version ``v``, refuses it when a newer epoch
+has claimed the log (rule 1), and creates ``v + 1`` with a conditional create; when another
+writer created it first, the update starts again from the new state. S3 offers no
+compare-and-swap on one object, but "create the next number" is one: two updates never both
+build on ``v``. Claims, seals and trims are therefore atomic with their epoch check, as on a
+chunk server. Old versions are deleted (the newest few are kept).
+
+**Successor markers** (``successor/<epoch>``): an update that raises the claimed epoch from
+``E`` first writes ``successor/E``. So "was epoch E superseded here?" is one GET of a known key,
+not a listing. The first update of an epoch on a zone (its claim, or the claim a chunk write
+makes on a zone that missed it) reads the state afresh and confirms by a listing that its
+version is the newest; every later update confirms by reading its epoch's successor marker
+(a writer with a very stale view could otherwise create a deleted version number again).
 
 **Fencing a chunk write.** S3 cannot make a PUT conditional on another object, so a chunk
-write checks the claimed epoch *after* its PUT succeeded and fails with :class:`FencedError`
-if a newer epoch claimed the log. A recovery claims first and lists chunks afterwards, so for
-every zone either the claim came first (the zombie's check sees it and it gets no
-acknowledgement from that zone) or the chunk came first (the recovery's listing sees it). Since
-a recovery's claim zones and a write quorum intersect, a chunk the old writer got acknowledged
-after the claim completed does not exist. Concurrent checks share one listing of ``state/``.
+write reads its epoch's successor marker *after* its PUT succeeded and fails with
+:class:`FencedError` when it exists. A recovery claims first (marker, then state) and lists
+chunks afterwards, so on every zone either the claim came first (the old writer's check sees
+the marker: no acknowledgement from that zone) or the chunk came first (the recovery's listing
+sees it). A recovery's claim zones and any write quorum intersect, so no chunk of the old
+writer is acknowledged after the claim completed without the recovery seeing it. Concurrent
+checks share one read. (This assumes a zone keeps its objects: a zone that lost its storage
+and came back empty has no marker until the writer's catch-up reaches it.)
 """
 
 from __future__ import annotations
@@ -59,6 +68,8 @@ log = logging.getLogger(__name__)
 
 #: Control-state versions kept besides the newest (older ones are deleted after an update).
 KEPT_STATE_VERSIONS = 3
+#: A trim deletes the chunks this client knows of; every so many trims it lists the zone.
+SWEEP_EVERY_TRIMS = 64
 _DELETE_BATCH = 1000
 
 
@@ -145,18 +156,24 @@ class _Scan:
 
 @dataclass
 class _FenceCheck:
-    """The latest read of the claimed epoch, shared by the chunk writes that finished before it
-    started."""
+    """The latest read of an epoch's successor marker, shared by the chunk writes that finished
+    before it started."""
 
     started_tick: int = -1
-    task: asyncio.Task[int] | None = None
+    epoch: int = -1
+    task: asyncio.Task[bool] | None = None
 
 
 @dataclass
 class _LogCache:
     state: _ControlState | None = None
+    registered_epoch: int = -1
+    """The epoch whose claim this client made or confirmed on this zone."""
     fence: _FenceCheck = field(default_factory=_FenceCheck)
     chunk_keys: dict[int, list[_StoredChunk]] = field(default_factory=dict)
+    stale_keys: list[str] = field(default_factory=list)
+    """Old control states to delete with the next batch of deletes."""
+    trims_since_sweep: int = 0
 
 
 class ZonalBucketReplica:
@@ -314,42 +331,84 @@ class ZonalBucketReplica:
                 f"{epoch}; this writer must stop"
             )
 
+    def _successor_key(self, log_id: str, epoch: int) -> str:
+        return f"{self._root(log_id)}successor/{epoch:020d}"
+
+    async def _superseded(self, log_id: str, epoch: int) -> bool:
+        """Whether a newer epoch claimed the log over ``epoch`` (one GET)."""
+        try:
+            await self._get(self._successor_key(log_id, epoch))
+        except NotFound:
+            return False
+        return True
+
+    def _fenced(self, log_id: str, epoch: int) -> FencedError:
+        return FencedError(
+            f"zone {self.name}: log {log_id} was claimed by an epoch newer than {epoch}; this "
+            "writer must stop"
+        )
+
     async def _update(
         self,
         log_id: str,
         epoch: int,
         change: Callable[[_ControlState], _ControlState],
+        *,
+        register: bool = False,
     ) -> _ControlState:
-        """Apply ``change`` to the control state as one atomic step guarded by ``epoch``."""
+        """Apply ``change`` to the control state as one atomic step guarded by ``epoch``.
+
+        The first update of an epoch on this zone *registers* it: it reads the state afresh,
+        and confirms with a listing that its version is the newest. Later updates build on
+        the cached state and confirm by reading the epoch's successor marker (written by a
+        newer claim before its own update, so it is visible once that update is).
+        """
         cache = self._cache(log_id)
-        state = cache.state
+        registering = register or cache.registered_epoch != epoch
+        state = None if registering else cache.state
         for _ in range(64):
             if state is None:
                 state = await self._current_state(log_id)
             self._check_epoch(state, log_id, epoch)
             updated = change(replace(state, claimed_epoch=max(state.claimed_epoch, epoch)))
-            if updated == state and cache.state is state and state.version:
-                # Nothing to change, but the cached state may be stale: confirm it is newest.
-                fresh = await self._current_state(log_id)
-                if fresh.version == state.version:
-                    return state
-                state = fresh
-                continue
+            if updated == state and not registering:
+                if await self._superseded(log_id, epoch):
+                    raise self._fenced(log_id, epoch)
+                return state
+            if state.claimed_epoch and state.claimed_epoch < epoch:
+                # Mark the superseded epoch first: its writer's post-write check reads this.
+                await self._call(
+                    "put_object",
+                    write=True,
+                    Key=self._successor_key(log_id, state.claimed_epoch),
+                    Body=str(epoch).encode(),
+                )
             target = replace(updated, version=state.version + 1)
             data = target.encode()
             key = self._state_key(log_id, target.version)
             created = await self._create(key, data)
             if not created:
-                # Someone else made that version, or our own earlier attempt did.
+                # Someone else made that version, or an earlier attempt of ours did.
                 try:
                     created = await self._get(key) == data
                 except NotFound:
                     created = False
             if created:
-                scan = await self._scan(log_id, "state/")
-                if scan.versions and scan.versions[-1] == target.version:
+                if registering:
+                    scan = await self._scan(log_id, "state/")
+                    confirmed = bool(scan.versions) and scan.versions[-1] == target.version
+                    stale = scan.versions[: -1 - KEPT_STATE_VERSIONS]
+                else:
+                    if await self._superseded(log_id, epoch):
+                        raise self._fenced(log_id, epoch)
+                    confirmed = True
+                    stale = [target.version - 1 - KEPT_STATE_VERSIONS]
+                if confirmed:
                     cache.state = target
-                    await self._forget_versions(log_id, scan.versions)
+                    cache.registered_epoch = epoch
+                    cache.stale_keys.extend(
+                        self._state_key(log_id, version) for version in stale if version > 0
+                    )
                     return target
             cache.state = None
             state = None
@@ -358,28 +417,17 @@ class ZonalBucketReplica:
             "concurrent updates; retry"
         )
 
-    async def _forget_versions(self, log_id: str, versions: list[int]) -> None:
-        old = versions[: -1 - KEPT_STATE_VERSIONS]
-        if old:
-            try:
-                await self._delete(self._state_key(log_id, version) for version in old)
-            except WalstreamError as exc:
-                log.debug("zone %s: old control states stay until the next update: %s",
-                          self.name, exc)
-
-    async def _claimed_epoch_after(self, log_id: str, tick: int) -> int:
-        """The claimed epoch, read by a listing that started after ``tick``."""
+    async def _superseded_after(self, log_id: str, epoch: int, tick: int) -> bool:
+        """Whether ``epoch`` was superseded, read by a request that started after ``tick``."""
         fence = self._cache(log_id).fence
-        if fence.task is None or fence.started_tick <= tick:
+        if fence.task is None or fence.started_tick <= tick or fence.epoch != epoch:
             self._tick += 1
             fence.started_tick = self._tick
-            fence.task = asyncio.ensure_future(self._read_claimed_epoch(log_id))
+            fence.epoch = epoch
+            fence.task = asyncio.ensure_future(self._superseded(log_id, epoch))
             # Nobody may await it if every caller is cancelled; keep it from logging.
             fence.task.add_done_callback(lambda task: task.cancelled() or task.exception())
         return await asyncio.shield(fence.task)
-
-    async def _read_claimed_epoch(self, log_id: str) -> int:
-        return (await self._current_state(log_id)).claimed_epoch
 
     # -- the Replica operations ---------------------------------------------------------------------
 
@@ -406,7 +454,7 @@ class ZonalBucketReplica:
         )
 
     async def claim(self, log_id: str, epoch: int) -> LogListing:
-        state = await self._update(log_id, epoch, lambda state: state)
+        state = await self._update(log_id, epoch, lambda state: state, register=True)
         # Listed after the claim is in place: any chunk an older writer got acknowledged here
         # is in this listing (see the module doc).
         scan = await self._scan(log_id)
@@ -424,10 +472,14 @@ class ZonalBucketReplica:
 
     async def write_chunk(self, log_id: str, epoch: int, seq: int, data: bytes) -> None:
         cache = self._cache(log_id)
-        if cache.state is not None:
-            self._check_epoch(cache.state, log_id, epoch)
-            if seq <= cache.state.trim_seq:
-                return
+        if cache.registered_epoch != epoch:
+            # A zone that missed this epoch's claim (it was down) is claimed first, so that a
+            # newer claim leaves a successor marker for this epoch here too.
+            await self._update(log_id, epoch, lambda state: state)
+        assert cache.state is not None
+        self._check_epoch(cache.state, log_id, epoch)
+        if seq <= cache.state.trim_seq:
+            return
         crc = chunk_crc(data)
         if any(chunk.epoch == epoch and chunk.crc != crc for chunk in cache.chunk_keys.get(seq, ())):
             raise PreconditionFailed(
@@ -444,12 +496,8 @@ class ZonalBucketReplica:
             _StoredChunk(seq, epoch, crc, len(data), key)
         )
         self._tick += 1
-        claimed = await self._claimed_epoch_after(log_id, self._tick)
-        if claimed > epoch:
-            raise FencedError(
-                f"zone {self.name}: log {log_id} was claimed by epoch {claimed} > {epoch}; "
-                "this writer must stop"
-            )
+        if await self._superseded_after(log_id, epoch, self._tick):
+            raise self._fenced(log_id, epoch)
 
     async def read_chunk(self, log_id: str, seq: int) -> tuple[int, bytes]:
         for attempt in range(2):
@@ -498,11 +546,18 @@ class ZonalBucketReplica:
 
         state = await self._update(log_id, epoch, move_trim_point)
         cache = self._cache(log_id)
-        if any(seq <= state.trim_seq for seq in cache.chunk_keys) or not cache.chunk_keys:
-            scan = await self._scan(log_id, "chunks/")
-            await self._delete(chunk.key for chunk in scan.chunks if chunk.seq <= state.trim_seq)
-            for seq in [seq for seq in cache.chunk_keys if seq <= state.trim_seq]:
-                del cache.chunk_keys[seq]
+        cache.trims_since_sweep += 1
+        if cache.trims_since_sweep >= SWEEP_EVERY_TRIMS or not cache.chunk_keys:
+            # Now and then a listing finds chunks this client does not know (written by
+            # earlier writers, or left by failed deletes).
+            cache.trims_since_sweep = 0
+            await self._scan(log_id, "chunks/")
+        covered = [seq for seq in cache.chunk_keys if seq <= state.trim_seq]
+        keys = [chunk.key for seq in covered for chunk in cache.chunk_keys[seq]]
+        stale, cache.stale_keys = cache.stale_keys, []
+        await self._delete([*keys, *stale])
+        for seq in covered:
+            del cache.chunk_keys[seq]
 
     async def close(self) -> None:
         for cache in self._logs.values():
