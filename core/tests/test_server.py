@@ -122,6 +122,33 @@ async def test_health_needs_no_token_and_every_other_route_does(server: RunningS
         assert await call(anonymous, "GET", "/v1/streams", 200, headers=AUTH) == {"streams": []}
 
 
+async def test_health_is_503_once_a_newer_process_fences_the_node(
+    server: RunningServer, http: aiohttp.ClientSession, deployment: Path
+) -> None:
+    await create(http, "orders")
+    await append_texts(http, "orders", "before")
+    # Another process of node 1 starts on the same metadata: a newer node epoch fences us.
+    usurper = write_deployment(deployment.parent, f"usurper-{deployment.parent.name}")
+    async with walstream.open(usurper) as newer:
+        assert newer.node_epoch > server.client.node_epoch
+        # The next upload's commit is refused; the node stops accepting writes.
+        await call(http, "POST", "/v1/streams/orders/records", 200,
+                   json={"records": [{"value_text": "in flight"}]})
+        deadline = time.monotonic() + 10
+        while True:
+            async with http.get("/health") as response:
+                health = await response.json()
+                if response.status == 503 or time.monotonic() > deadline:
+                    break
+            await asyncio.sleep(0.05)
+        assert response.status == 503, health
+        assert health["status"] == "failed"
+        assert health["error"] == "FencedError"
+        refused = await call(http, "POST", "/v1/streams/orders/records", 409,
+                             json={"records": [{"value_text": "after"}]})
+        assert refused["error"] == "FencedError"
+
+
 async def test_token_from_environment_and_no_token_means_open(deployment: Path) -> None:
     async with serve(deployment, listen="127.0.0.1:0",
                      environ={"WALSTREAM_TOKEN": "from-env"}) as running:
