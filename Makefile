@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 	fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]' $(foreach d,$(DISTS),-e ./$(d))
+	$(PY) -m pip install -q -e '.[dev]' -e './core[server]' $(foreach d,$(filter-out core,$(DISTS)),-e ./$(d))
 	@touch $(STAMP)
 
 run: install

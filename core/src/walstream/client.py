@@ -724,6 +724,12 @@ class Client:
 
     # -- state --------------------------------------------------------------------------------------
 
+    @property
+    def failure(self) -> BaseException | None:
+        """The failure that stopped this node accepting writes (a fenced node, a failed WAL or
+        upload), or ``None`` while it is healthy. Restart the client to recover."""
+        return self._failure
+
     def _on_fatal(self, error: BaseException) -> None:
         if self._failure is None:
             self._failure = error

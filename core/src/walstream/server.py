@@ -504,7 +504,7 @@ class _Service:
             "node_id": self.client.node_id,
             "node_epoch": self.client.node_epoch,
         }
-        failure = _node_failure(self.client)
+        failure = self.client.failure
         if failure is not None:
             body.update(status="failed", error=type(failure).__name__, message=str(failure))
             return web.json_response(body, status=503)
@@ -654,16 +654,6 @@ class _Service:
 def _kept_headers(error: web.HTTPException) -> dict[str, str]:
     """Headers of an aiohttp error worth keeping on its JSON form (e.g. Allow on 405)."""
     return {name: value for name, value in error.headers.items() if name in ("Allow",)}
-
-
-def _node_failure(client: Client) -> BaseException | None:
-    """The failure that stopped the node accepting writes, if any.
-
-    The client keeps it privately (it raises it on the next write); health needs to see it
-    without writing.
-    """
-    failure = getattr(client, "_failure", None)
-    return failure if isinstance(failure, BaseException) else None
 
 
 _SERVICE = web.AppKey("walstream_service", _Service)
