@@ -199,6 +199,7 @@ class ZonalBucketReplica:
         self._logs: dict[str, _LogCache] = {}
         self._tick = 0
         self._healthy = True
+        self._background: set[asyncio.Task[None]] = set()
 
     @classmethod
     def from_settings(cls, settings: S3Settings, **kwargs: Any) -> ZonalBucketReplica:
@@ -355,6 +356,7 @@ class ZonalBucketReplica:
         change: Callable[[_ControlState], _ControlState],
         *,
         register: bool = False,
+        confirm: bool = True,
     ) -> _ControlState:
         """Apply ``change`` to the control state as one atomic step guarded by ``epoch``.
 
@@ -366,6 +368,8 @@ class ZonalBucketReplica:
         cache = self._cache(log_id)
         registering = register or cache.registered_epoch != epoch
         state = None if registering else cache.state
+        if not registering and not confirm and await self._superseded(log_id, epoch):
+            raise self._fenced(log_id, epoch)
         for _ in range(64):
             if state is None:
                 state = await self._current_state(log_id)
@@ -399,7 +403,7 @@ class ZonalBucketReplica:
                     confirmed = bool(scan.versions) and scan.versions[-1] == target.version
                     stale = scan.versions[: -1 - KEPT_STATE_VERSIONS]
                 else:
-                    if await self._superseded(log_id, epoch):
+                    if confirm and await self._superseded(log_id, epoch):
                         raise self._fenced(log_id, epoch)
                     confirmed = True
                     stale = [target.version - 1 - KEPT_STATE_VERSIONS]
@@ -544,22 +548,38 @@ class ZonalBucketReplica:
                 trim_offset=max(state.trim_offset, trim_offset),
             )
 
-        state = await self._update(log_id, epoch, move_trim_point)
+        # Checked before the update, not after: a trim is done the moment its state version
+        # exists, so it returns right then (a trim from a writer fenced in between only drops
+        # records that writer had handed off already). Deleting the chunks follows in the
+        # background; listings skip trimmed chunks meanwhile.
+        state = await self._update(log_id, epoch, move_trim_point, confirm=False)
+        task = asyncio.ensure_future(self._delete_trimmed(log_id, state.trim_seq))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _delete_trimmed(self, log_id: str, trim_seq: int) -> None:
         cache = self._cache(log_id)
-        cache.trims_since_sweep += 1
-        if cache.trims_since_sweep >= SWEEP_EVERY_TRIMS or not cache.chunk_keys:
-            # Now and then a listing finds chunks this client does not know (written by
-            # earlier writers, or left by failed deletes).
-            cache.trims_since_sweep = 0
-            await self._scan(log_id, "chunks/")
-        covered = [seq for seq in cache.chunk_keys if seq <= state.trim_seq]
-        keys = [chunk.key for seq in covered for chunk in cache.chunk_keys[seq]]
-        stale, cache.stale_keys = cache.stale_keys, []
-        await self._delete([*keys, *stale])
-        for seq in covered:
-            del cache.chunk_keys[seq]
+        try:
+            cache.trims_since_sweep += 1
+            if cache.trims_since_sweep >= SWEEP_EVERY_TRIMS or not cache.chunk_keys:
+                # Now and then a listing finds chunks this client does not know (written by
+                # earlier writers, or left by failed deletes).
+                cache.trims_since_sweep = 0
+                await self._scan(log_id, "chunks/")
+            covered = [seq for seq in cache.chunk_keys if seq <= trim_seq]
+            keys = [chunk.key for seq in covered for chunk in cache.chunk_keys[seq]]
+            stale, cache.stale_keys = cache.stale_keys, []
+            for seq in covered:
+                del cache.chunk_keys[seq]
+            await self._delete([*keys, *stale])
+        except WalstreamError as exc:
+            log.debug("zone %s: trimmed chunks stay until the next sweep: %s", self.name, exc)
 
     async def close(self) -> None:
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=2.0)
+        for task in list(self._background):
+            task.cancel()
         for cache in self._logs.values():
             task = cache.fence.task
             if task is not None and not task.done():
