@@ -3,15 +3,17 @@ recovers against what was acknowledged.
 
 Each cycle starts a child process (``python -m walstream_conformance.crash``) that builds the WAL
 from a :class:`~walstream_conformance.backends.BackendSpec`, recovers it (reporting every record),
-then appends from several concurrent tasks, reporting each acknowledgement and each finished trim
-on stdout. The parent kills it with SIGKILL after a seeded random delay (sometimes during its
+then appends from several concurrent tasks, reporting each acknowledgement and each started and
+finished trim on stdout. The parent kills it with SIGKILL after a seeded random delay (sometimes during its
 recovery), keeps every fully reported line as the acknowledged log, and verifies the next
 cycle's recovery:
 
 - offsets strictly increase (append order, each record once);
 - every recovered record carries bytes that were appended (payloads are self-describing);
 - every acknowledged record above the last finished trim is recovered with its exact bytes,
-  and so is every record an earlier recovery yielded;
+  and so is every record an earlier recovery yielded — except records at or below a trim that
+  was started (``P`` line) but not reported finished: a trim in flight at the kill may have
+  taken effect, on a quorum WAL even on some replicas only;
 - nothing at or below a finished trim comes back;
 - new offsets are above every earlier one.
 
@@ -72,6 +74,8 @@ class _Model:
 
     present: dict[int, tuple[int, int]] = field(default_factory=dict)
     trim_point: int = -(1 << 62)
+    maybe_trimmed: int = -(1 << 62)
+    """Highest trim that was started (``P``): killed mid-trim, it may or may not have applied."""
     highest_offset: int = -(1 << 62)
 
     def trim(self, offset: int) -> None:
@@ -192,6 +196,10 @@ def _check_recovery(
         model.highest_offset = max(model.highest_offset, offset)
     if complete:
         missing = sorted(set(model.present) - set(offsets))
+        for offset in [o for o in missing if o <= model.maybe_trimmed]:
+            # A trim in flight when the writer was killed took effect: allowed.
+            del model.present[offset]
+        missing = [o for o in missing if o > model.maybe_trimmed]
         if missing:
             _fail(
                 report,
@@ -218,6 +226,8 @@ def _apply_writer_lines(report: CrashReport, cycle: int, model: _Model, lines: l
             model.present[offset] = (record_cycle, seq)
             model.highest_offset = max(model.highest_offset, offset)
             report.acknowledged += 1
+        elif kind == "P":
+            model.maybe_trimmed = max(model.maybe_trimmed, int(fields[0]))
         elif kind == "T":
             model.trim(int(fields[0]))
         elif kind == "E":
@@ -332,6 +342,7 @@ async def _child(spec: BackendSpec, seed: int, cycle: int, mode: str) -> None:
         return
     _say("READY")
     if last_recovered is not None and rng.random() < 0.5:
+        _say(f"P {last_recovered}")
         await wal.trim(last_recovered)
         _say(f"T {last_recovered}")
     sequence = iter(range(1 << 30))
@@ -349,6 +360,7 @@ async def _child(spec: BackendSpec, seed: int, cycle: int, mode: str) -> None:
             await asyncio.sleep(rng.uniform(0.01, 0.1))
             if len(acked) > 20:
                 target = acked[len(acked) // 2]
+                _say(f"P {target}")
                 await wal.trim(target)
                 _say(f"T {target}")
 
