@@ -95,6 +95,7 @@ __all__ = [
     "decode_chunk",
     "encode_chunk",
     "offset_seq",
+    "quorum_wal_options",
     "resolve",
 ]
 
@@ -390,6 +391,20 @@ def resolve(listings: Mapping[str, LogListing]) -> Resolution:
 
 
 # -- the WAL ----------------------------------------------------------------------------------
+
+
+def quorum_wal_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """:class:`QuorumWal` keyword arguments from the YAML options every quorum WAL plugin shares
+    (``request_timeout``, ``write_timeout``, ``max_chunk_bytes``, ``max_chunk_delay``,
+    ``max_inflight``, ``max_record_bytes``)."""
+    return {
+        "request_timeout_s": options["request_timeout"],
+        "write_timeout_s": options["write_timeout"],
+        "max_chunk_bytes": options["max_chunk_bytes"],
+        "max_chunk_delay_s": options["max_chunk_delay"],
+        "max_inflight": options["max_inflight"],
+        "max_record_bytes": options["max_record_bytes"],
+    }
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 
 from walstream.config import BackendFactory, BuildContext, Option
 from walstream.errors import ConfigError
-from walstream.quorum import QuorumWal
+from walstream.quorum import QuorumWal, quorum_wal_options
 
 from .client import ChunkServerReplica, parse_address
 from .processes import ChunkServerProcess, chunk_servers
@@ -76,12 +76,7 @@ def create_wal(options: dict[str, Any], context: BuildContext) -> NvmeQuorumWal:
         replicas,
         log_id=log_id,
         write_quorum=write_quorum,
-        request_timeout_s=options["request_timeout"],
-        write_timeout_s=options["write_timeout"],
-        max_chunk_bytes=options["max_chunk_bytes"],
-        max_chunk_delay_s=options["max_chunk_delay"],
-        max_inflight=options["max_inflight"],
-        max_record_bytes=options["max_record_bytes"],
+        **quorum_wal_options(options),
     )
 
 
@@ -101,21 +96,32 @@ NVME_QUORUM_WAL: BackendFactory[NvmeQuorumWal] = BackendFactory(
     description="WAL replicated to N local-disk chunk servers (walstream-chunkd), quorum acks",
     options=(
         Option("servers", "str_list", "chunk servers as HOST:PORT", required=True),
-        Option("replication", "int", "N: servers each chunk is written to (default: all)",
-               minimum=1),
-        Option("write_quorum", "int", "W: acknowledgements a chunk needs (default: majority)",
-               minimum=1),
+        Option(
+            "replication", "int", "N: servers each chunk is written to (default: all)", minimum=1
+        ),
+        Option(
+            "write_quorum",
+            "int",
+            "W: acknowledgements a chunk needs (default: majority)",
+            minimum=1,
+        ),
         Option("log_id", "str", "name of this node's log on the servers (default node-{id})"),
         Option("max_chunk_bytes", "size", "close a chunk at this size", default="1MiB"),
-        Option("max_chunk_delay", "duration", "or when its oldest record waited this long",
-               default="2ms"),
+        Option(
+            "max_chunk_delay",
+            "duration",
+            "or when its oldest record waited this long",
+            default="2ms",
+        ),
         Option("max_inflight", "int", "chunks being written at once", default=8, minimum=1),
         Option("max_record_bytes", "size", "largest single append", default="8MiB"),
-        Option("request_timeout", "duration", "bound of one request to one server",
-               default="2s"),
-        Option("write_timeout", "duration",
-               "how long a chunk keeps retrying without a quorum before the WAL fails",
-               default="10s"),
+        Option("request_timeout", "duration", "bound of one request to one server", default="2s"),
+        Option(
+            "write_timeout",
+            "duration",
+            "how long a chunk keeps retrying without a quorum before the WAL fails",
+            default="10s",
+        ),
         Option("token", "str", "shared secret of the chunk servers (their --token)"),
     ),
     create=create_wal,

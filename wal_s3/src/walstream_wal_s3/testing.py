@@ -249,7 +249,9 @@ def provision_moto(bucket: str = "walstream") -> Iterator[S3Bucket]:
 # -- child processes ---------------------------------------------------------------------------
 
 
-def _serve_moto() -> None:
+def serve_moto(port: int = 0) -> None:
+    """Serve moto's S3 on 127.0.0.1:``port`` (0: a free one) until stdin closes; prints
+    ``PORT n`` first. Also used by the s3express zones."""
     import logging
 
     from moto.moto_server.werkzeug_app import (
@@ -272,7 +274,7 @@ def _serve_moto() -> None:
         return app(environ, start_response)
 
     server = make_server(
-        "127.0.0.1", 0, application, threaded=True, request_handler=MotoRequestHandler
+        "127.0.0.1", port, application, threaded=True, request_handler=MotoRequestHandler
     )
     print(f"PORT {server.server_port}", flush=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -404,7 +406,7 @@ def _serve_proxy(upstream_url: str) -> None:
 
 def _main(argv: list[str]) -> None:
     if argv[:1] == ["moto"]:
-        _serve_moto()
+        serve_moto()
     elif argv[:1] == ["proxy"] and len(argv) == 2:
         _serve_proxy(argv[1])
     else:

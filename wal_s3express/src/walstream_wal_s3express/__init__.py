@@ -24,7 +24,7 @@ from typing import Any
 
 from walstream.config import BackendFactory, BuildContext, Option, validate_options
 from walstream.errors import ConfigError, FencedError
-from walstream.quorum import QuorumWal, Replica, Seal
+from walstream.quorum import QuorumWal, Replica, Seal, quorum_wal_options
 from walstream_wal_s3.client import RetryPolicy, S3Settings
 
 from .replica import ZonalBucketReplica, ZonalS3Client
@@ -42,8 +42,9 @@ DIRECTORY_BUCKET_SUFFIX = "--x-s3"
 
 #: Each S3 request is retried briefly by the client; the quorum WAL retries a zone for longer
 #: (up to ``write_timeout``) and in the background, so a dead zone must fail fast here.
-ZONE_RETRY = RetryPolicy(max_attempts=3, base_delay_s=0.01, max_delay_s=0.1,
-                         throttle_base_delay_s=0.05)
+ZONE_RETRY = RetryPolicy(
+    max_attempts=3, base_delay_s=0.01, max_delay_s=0.1, throttle_base_delay_s=0.05
+)
 
 
 class S3ExpressWal(QuorumWal):
@@ -171,12 +172,7 @@ def create_wal(options: dict[str, Any], context: BuildContext) -> S3ExpressWal:
         replicas,
         log_id=options.get("log_id") or f"node-{context.node_id}",
         write_quorum=write_quorum,
-        request_timeout_s=options["request_timeout"],
-        write_timeout_s=options["write_timeout"],
-        max_chunk_bytes=options["max_chunk_bytes"],
-        max_chunk_delay_s=options["max_chunk_delay"],
-        max_inflight=options["max_inflight"],
-        max_record_bytes=options["max_record_bytes"],
+        **quorum_wal_options(options),
     )
 
 
@@ -195,28 +191,37 @@ S3EXPRESS_WAL: BackendFactory[S3ExpressWal] = BackendFactory(
     description="WAL replicated to one S3 Express directory bucket per availability zone, "
     "acknowledged at a write quorum",
     options=(
-        Option("buckets", "str_list", "one directory bucket per zone (NAME--ZONE--x-s3)",
-               required=True),
-        Option("endpoint_urls", "str_list",
-               "one S3-compatible endpoint per bucket (unset: AWS; set: no session auth)"),
+        Option(
+            "buckets", "str_list", "one directory bucket per zone (NAME--ZONE--x-s3)", required=True
+        ),
+        Option(
+            "endpoint_urls",
+            "str_list",
+            "one S3-compatible endpoint per bucket (unset: AWS; set: no session auth)",
+        ),
         Option("region", "str", "AWS region of the buckets"),
         Option("prefix", "str", "key prefix inside every bucket", default=""),
         Option("log_id", "str", "name of this node's log in the buckets (default node-{id})"),
         Option("write_quorum", "int", "W: zones a chunk needs (default: majority)", minimum=1),
-        Option("max_chunk_bytes", "size", "close a chunk at this size", default="512KiB",
-               minimum=1),
-        Option("max_chunk_delay", "duration",
-               "while chunks are in flight, appends wait at most this long for company",
-               default="5ms"),
+        Option(
+            "max_chunk_bytes", "size", "close a chunk at this size", default="512KiB", minimum=1
+        ),
+        Option(
+            "max_chunk_delay",
+            "duration",
+            "while chunks are in flight, appends wait at most this long for company",
+            default="5ms",
+        ),
         Option("max_inflight", "int", "chunks being written at once", default=8, minimum=1),
         Option("max_record_bytes", "size", "largest single append", default="8MiB"),
-        Option("request_timeout", "duration", "bound of one request to one zone",
-               default="2s"),
-        Option("write_timeout", "duration",
-               "how long a chunk keeps retrying without a quorum before the WAL fails",
-               default="10s"),
-        Option("max_pool_connections", "int", "HTTP connections per zone", default=32,
-               minimum=1),
+        Option("request_timeout", "duration", "bound of one request to one zone", default="2s"),
+        Option(
+            "write_timeout",
+            "duration",
+            "how long a chunk keeps retrying without a quorum before the WAL fails",
+            default="10s",
+        ),
+        Option("max_pool_connections", "int", "HTTP connections per zone", default=32, minimum=1),
         Option("access_key_id", "str", "access key (unset: the AWS credential chain); use ${ENV}"),
         Option("secret_access_key", "str", "secret key, with access_key_id; use ${ENV}"),
         Option("session_token", "str", "temporary session token; use ${ENV}"),

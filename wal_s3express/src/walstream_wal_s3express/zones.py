@@ -230,39 +230,9 @@ def provision(tmp_path: Any = None) -> Iterator[dict[str, Any]]:
 # -- the child process -------------------------------------------------------------------------
 
 
-def _serve(port: int) -> None:
-    import logging
-
-    from moto.moto_server.werkzeug_app import (
-        DomainDispatcherApplication,
-        MotoRequestHandler,
-        create_backend_app,
-    )
-    from werkzeug.serving import make_server
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    app = DomainDispatcherApplication(create_backend_app)
-    conditional_writes = threading.Lock()
-
-    def application(environ: dict[str, Any], start_response: Any) -> Any:
-        # Real S3 decides a conditional create atomically; moto checks and writes without a
-        # lock, so conditional writes are serialised here.
-        if environ.get("HTTP_IF_NONE_MATCH") == "*":
-            with conditional_writes:
-                return list(app(environ, start_response))
-        return app(environ, start_response)
-
-    server = make_server(
-        "127.0.0.1", port, application, threaded=True, request_handler=MotoRequestHandler
-    )
-    print(f"PORT {server.server_port}", flush=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    sys.stdin.read()
-    server.shutdown()
-
-
 if __name__ == "__main__":
     if len(sys.argv) != 2 or not sys.argv[1].isdigit():
         sys.exit("usage: python -m walstream_wal_s3express.zones PORT  (0: any free port)")
-    _serve(int(sys.argv[1]))
+    from walstream_wal_s3.testing import serve_moto
+
+    serve_moto(int(sys.argv[1]))
