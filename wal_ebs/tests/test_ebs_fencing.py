@@ -11,7 +11,9 @@ from walstream.wal import WalMode
 
 
 async def test_zombie_gets_no_acknowledgement_after_failover(wal_path: Path, open_wal) -> None:
-    zombie, _ = await open_wal(wal_path, epoch=1, max_inflight=8)
+    # Room for the whole run: the zombie must meet the fence, not a full ring.
+    capacity = 256 << 20
+    zombie, _ = await open_wal(wal_path, epoch=1, max_inflight=8, capacity_bytes=capacity)
     acknowledged: dict[int, bytes] = {}
     failures: list[BaseException] = []
     fence_landed = asyncio.Event()
@@ -33,16 +35,21 @@ async def test_zombie_gets_no_acknowledgement_after_failover(wal_path: Path, ope
             acknowledged[offset] = data
 
     workers = [asyncio.create_task(keep_appending(worker)) for worker in range(16)]
-    await asyncio.sleep(0.3)
+    for _ in range(500):
+        if len(acknowledged) >= 50:
+            break
+        await asyncio.sleep(0.01)
     assert acknowledged, "the zombie should have been acknowledged before the failover"
-    taker, recovered = await open_wal(wal_path, epoch=2, mode=WalMode.FAILOVER)
+    taker, recovered = await open_wal(
+        wal_path, epoch=2, mode=WalMode.FAILOVER, capacity_bytes=capacity
+    )
     fence_landed.set()
     await asyncio.wait_for(asyncio.gather(*workers), 10)
     # Appends issued after the takeover all fail, and none is acknowledged.
     with pytest.raises(WalstreamError):
         await zombie.append(b"after the fence")
     assert acked_after_fence == []
-    assert any(isinstance(exc, FencedError) for exc in failures)
+    assert any(isinstance(exc, FencedError) for exc in failures), [repr(exc) for exc in failures][:3]
     # Every record the zombie was acknowledged for is in the new owner's recovery.
     recovered_map = {record.offset: record.data for record in recovered}
     for offset, data in acknowledged.items():
