@@ -14,8 +14,6 @@ from walstream.wal import WalMode, WalRecord
 from walstream_wal_nvme_quorum import NVME_QUORUM_WAL, ChunkServerProcess, NvmeQuorumWal
 from walstream_wal_nvme_quorum import chunk_servers as start_chunk_servers
 
-WRITER_SCRIPT = Path(__file__).with_name("nvme_writer.py")
-
 
 @pytest.fixture
 def chunk_servers(tmp_path: Path) -> Iterator[list[ChunkServerProcess]]:
@@ -75,9 +73,3 @@ async def eventually(predicate: Callable[[], bool], timeout_s: float = 10.0) -> 
 def wait_for() -> Callable[..., Any]:
     """``await wait_for(predicate, timeout_s)``: poll until true or fail the test."""
     return eventually
-
-
-@pytest.fixture
-def writer_script() -> Path:
-    """A script that appends continuously and prints ``ACK offset data`` for every ack."""
-    return WRITER_SCRIPT

@@ -6,7 +6,6 @@ import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +14,6 @@ from walstream.wal import WalMode, WalRecord
 from walstream_wal_s3express import S3EXPRESS_WAL, S3ExpressWal
 from walstream_wal_s3express.zones import ZoneServer, zone_servers, zone_wal_options
 
-WRITER_SCRIPT = Path(__file__).with_name("s3express_writer.py")
 _log_numbers = itertools.count(1)
 
 
@@ -106,9 +104,3 @@ async def eventually(predicate: Callable[[], Any], timeout_s: float = 10.0) -> N
 def wait_for() -> Callable[..., Any]:
     """``await wait_for(predicate, timeout_s)``: poll (a sync or async predicate) until true."""
     return eventually
-
-
-@pytest.fixture
-def writer_script() -> Path:
-    """A script that appends continuously and prints ``ACK offset name`` for every ack."""
-    return WRITER_SCRIPT
