@@ -22,6 +22,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,7 @@ import pytest
 
 __all__ = [
     "TEST_CREDENTIALS",
+    "ChildServer",
     "FaultProxy",
     "MotoServer",
     "S3Bucket",
@@ -49,25 +51,38 @@ TEST_CREDENTIALS = {"access_key_id": "walstream-test", "secret_access_key": "wal
 _ADMIN_PATH = "/__walstream_faults__"
 
 
-class _ChildServer:
-    """A child process that prints ``PORT <n>`` once listening and exits when stdin closes."""
+class ChildServer:
+    """A test server in a child process that prints ``PORT <n>`` once listening on 127.0.0.1
+    and exits when its stdin closes. A restart reuses the port it got first (``command`` sees
+    ``self.port``); it can also be killed (SIGKILL) or frozen (SIGSTOP) to stage failures."""
 
-    def __init__(self, role: str, *args: str) -> None:
-        self._argv = [sys.executable, "-m", "walstream_wal_s3.testing", role, *args]
+    start_hint = "(the S3 test server needs moto[server]: pip install 'walstream-wal-s3[testing]')"
+
+    def __init__(self, name: str, *args: str) -> None:
+        self.name = name
+        self._args = args
         self._process: subprocess.Popen[str] | None = None
         self._log: Any = None
+        self._frozen = False
         self.port = 0
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "walstream_wal_s3.testing", self.name, *self._args]
 
     @property
     def endpoint_url(self) -> str:
         if not self.port:
-            raise RuntimeError("server not started")
+            raise RuntimeError(f"{self.name} server not started")
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
 
     def start(self) -> str:
         self._log = tempfile.TemporaryFile(mode="w+")
         self._process = subprocess.Popen(
-            self._argv,
+            self.command(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -77,31 +92,62 @@ class _ChildServer:
         assert self._process.stdout is not None
         line = self._process.stdout.readline()
         if not line.startswith("PORT "):
-            log = self._log
-            log.seek(0)
-            output = log.read()[-2000:]
-            self.stop()
-            raise RuntimeError(
-                f"{self._argv[3]} server failed to start: {output}\n"
-                "(the S3 test server needs moto[server]: pip install 'walstream-wal-s3[testing]')"
-            )
+            output = self._read_log()
+            self.kill()
+            raise RuntimeError(f"{self.name} server failed to start: {output}\n{self.start_hint}")
         self.port = int(line.split()[1])
+        self._frozen = False
         return self.endpoint_url
 
     def stop(self) -> None:
+        """Close its stdin so it exits cleanly (killed if it does not within 5 s)."""
+        self._reap(kill=False)
+
+    def kill(self) -> None:
+        """SIGKILL: it stops answering at once."""
+        self._reap(kill=True)
+
+    def freeze(self) -> None:
+        """SIGSTOP: connections hang until :meth:`thaw`."""
+        if self._process is not None and not self._frozen:
+            os.kill(self._process.pid, signal.SIGSTOP)
+            self._frozen = True
+
+    def thaw(self) -> None:
+        if self._process is not None and self._frozen:
+            os.kill(self._process.pid, signal.SIGCONT)
+            self._frozen = False
+
+    def _reap(self, *, kill: bool) -> None:
         process, self._process = self._process, None
         if process is not None:
-            with contextlib.suppress(OSError):
-                assert process.stdin is not None
-                process.stdin.close()
+            if self._frozen:
+                os.kill(process.pid, signal.SIGCONT)
+                self._frozen = False
+            if kill:
+                process.kill()
+            else:
+                with contextlib.suppress(OSError):
+                    assert process.stdin is not None
+                    process.stdin.close()
             try:
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+            for stream in (process.stdin, process.stdout):
+                with contextlib.suppress(OSError):
+                    if stream is not None:
+                        stream.close()
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def _read_log(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return str(self._log.read())[-2000:]
 
     def _post(self, path: str, payload: bytes = b"") -> bytes:
         request = urllib.request.Request(self.endpoint_url + path, data=payload, method="POST")
@@ -109,7 +155,7 @@ class _ChildServer:
             return bytes(response.read())
 
 
-class MotoServer(_ChildServer):
+class MotoServer(ChildServer):
     """moto's S3 in server mode (a real HTTP endpoint) on 127.0.0.1 and a random port."""
 
     def __init__(self) -> None:
@@ -166,7 +212,7 @@ class FaultConfig:
     """Lognormal latency added to matching requests (0: none)."""
 
 
-class FaultProxy(_ChildServer):
+class FaultProxy(ChildServer):
     """A fault-injecting HTTP proxy in front of an S3 endpoint (see module doc)."""
 
     def __init__(self, upstream_url: str) -> None:
@@ -330,15 +376,23 @@ def _serve_proxy(upstream_url: str) -> None:
                 state["active"] -= 1
 
     async def forward(
-        request: web.Request, body: bytes, config: FaultConfig, rng: random.Random,
+        request: web.Request,
+        body: bytes,
+        config: FaultConfig,
+        rng: random.Random,
         matches: bool,
     ) -> web.StreamResponse:
         if matches:
             if config.latency_p50_ms > 0:
-                sigma = math.log(max(config.latency_p99_ms, config.latency_p50_ms) /
-                                 config.latency_p50_ms) / 2.326
-                await asyncio.sleep(rng.lognormvariate(math.log(config.latency_p50_ms), sigma)
-                                    / 1000)
+                sigma = (
+                    math.log(
+                        max(config.latency_p99_ms, config.latency_p50_ms) / config.latency_p50_ms
+                    )
+                    / 2.326
+                )
+                await asyncio.sleep(
+                    rng.lognormvariate(math.log(config.latency_p50_ms), sigma) / 1000
+                )
             if config.throttle_next > 0:
                 config.throttle_next -= 1
                 count("throttled")
@@ -351,7 +405,10 @@ def _serve_proxy(upstream_url: str) -> None:
             headers = {k: v for k, v in headers.items() if k.lower() != "if-none-match"}
         session: aiohttp.ClientSession = request.app["session"]
         async with session.request(
-            request.method, upstream_url + request.path_qs, headers=headers, data=body,
+            request.method,
+            upstream_url + request.path_qs,
+            headers=headers,
+            data=body,
             allow_redirects=False,
         ) as upstream:
             payload = await upstream.read()
@@ -415,4 +472,3 @@ def _main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     _main(sys.argv[1:])
-

@@ -18,14 +18,12 @@ prints ``PORT <n>`` once listening and serves until its standard input closes.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+from walstream_wal_s3.testing import ChildServer
 
 __all__ = [
     "DEFAULT_ZONES",
@@ -79,99 +77,30 @@ def create_directory_bucket(endpoint_url: str, bucket: str, zone_id: str) -> Non
         client.close()
 
 
-class ZoneServer:
+class ZoneServer(ChildServer):
     """moto's S3 for one availability zone, in a child process, on a port that survives
-    restarts."""
+    restarts. :meth:`kill` loses its objects; :meth:`freeze` makes it hang."""
+
+    start_hint = ""
 
     def __init__(self, zone_id: str, bucket_base: str = "walstream") -> None:
+        super().__init__(f"zone {zone_id}")
         self.zone_id = zone_id
         self.bucket = directory_bucket_name(bucket_base, zone_id)
-        self.port = 0
-        self._process: subprocess.Popen[str] | None = None
-        self._log: Any = None
-        self._frozen = False
 
-    @property
-    def endpoint_url(self) -> str:
-        if not self.port:
-            raise RuntimeError(f"zone {self.zone_id} was never started")
-        return f"http://127.0.0.1:{self.port}"
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "walstream_wal_s3express.zones", str(self.port)]
 
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    def start(self) -> None:
+    def start(self) -> str:
         """Start (or restart after :meth:`kill`) the zone on its port, with an empty bucket."""
-        if self.running:
-            return
-        self._log = tempfile.TemporaryFile(mode="w+")
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "walstream_wal_s3express.zones", str(self.port)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        assert self._process.stdout is not None
-        line = self._process.stdout.readline()
-        if not line.startswith("PORT "):
-            self._reap(kill=True)
-            raise RuntimeError(f"zone {self.zone_id} failed to start: {self._read_log()}")
-        self.port = int(line.split()[1])
-        self._frozen = False
-        create_directory_bucket(self.endpoint_url, self.bucket, self.zone_id)
-
-    def kill(self) -> None:
-        """SIGKILL the zone: it stops answering at once and its objects are lost."""
-        self._reap(kill=True)
-
-    def freeze(self) -> None:
-        """SIGSTOP the zone: connections hang until :meth:`thaw`."""
-        if self._process is not None and not self._frozen:
-            os.kill(self._process.pid, signal.SIGSTOP)
-            self._frozen = True
-
-    def thaw(self) -> None:
-        if self._process is not None and self._frozen:
-            os.kill(self._process.pid, signal.SIGCONT)
-            self._frozen = False
+        if not self.running:
+            super().start()
+            create_directory_bucket(self.endpoint_url, self.bucket, self.zone_id)
+        return self.endpoint_url
 
     def stop(self) -> None:
         """Shut the zone down (end of a test); its objects are discarded either way."""
-        self._reap(kill=True)
-
-    def _reap(self, *, kill: bool) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            if self._frozen:
-                os.kill(process.pid, signal.SIGCONT)
-                self._frozen = False
-            if kill:
-                process.kill()
-            else:
-                with contextlib.suppress(OSError):
-                    assert process.stdin is not None
-                    process.stdin.close()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            for stream in (process.stdin, process.stdout):
-                with contextlib.suppress(OSError):
-                    if stream is not None:
-                        stream.close()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def _read_log(self) -> str:
-        if self._log is None:
-            return ""
-        self._log.seek(0)
-        return str(self._log.read())[-2000:]
+        self.kill()
 
     def __enter__(self) -> ZoneServer:
         self.start()
