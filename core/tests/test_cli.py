@@ -28,9 +28,7 @@ WAL_SECTION = (
     else "wal: {type: memory}\n"
 )
 DEPLOYMENT = (
-    "node: {id: 1}\n"
-    + WAL_SECTION
-    + "object_store: {type: local, root: data/objects}\n"
+    "node: {id: 1}\n" + WAL_SECTION + "object_store: {type: local, root: data/objects}\n"
     "metadata: {type: sqlite, path: data/meta.db}\n"
     "upload: {max_bytes: 1MiB, max_interval: 100ms}\n"
 )
@@ -58,7 +56,12 @@ def cli(tmp_path: Path, deployment: Path) -> Cli:
     ) -> subprocess.CompletedProcess[str]:
         command = [WALSTREAM, *(["--config", str(config)] if config is not None else []), *args]
         result = subprocess.run(
-            command, input=input, capture_output=True, text=True, cwd=tmp_path, timeout=120,
+            command,
+            input=input,
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=120,
         )
         if expect is not None:
             assert result.returncode == expect, (
@@ -114,10 +117,14 @@ def test_append_from_stdin_and_file_then_read_json(cli: Cli, tmp_path: Path) -> 
 
     lines_file = tmp_path / "lines.txt"
     lines_file.write_text("".join(f"line {index}\n" for index in range(250)))
-    from_file = cli("append", "events", "--file", str(lines_file), "--key", "user-7",
-                    "--batch", "100")
-    assert from_file.stdout.splitlines() == ["offsets 3..102", "offsets 103..202",
-                                             "offsets 203..252"]
+    from_file = cli(
+        "append", "events", "--file", str(lines_file), "--key", "user-7", "--batch", "100"
+    )
+    assert from_file.stdout.splitlines() == [
+        "offsets 3..102",
+        "offsets 103..202",
+        "offsets 203..252",
+    ]
     assert "appended 250 records in 3 batches" in from_file.stderr
 
     cli("append", "events", "--header", "source=cli", "--header", "n=2", input="with headers\n")
@@ -244,11 +251,28 @@ def test_plugins_lists_the_builtin_backends(cli: Cli) -> None:
 
 def test_help_documents_every_command_with_examples(cli: Cli) -> None:
     top = cli("--help", config=None).stdout
-    for command in ("streams", "append", "read", "tail", "trim", "plugins", "inspect",
-                    "conformance", "demo", "examples:"):
+    for command in (
+        "streams",
+        "append",
+        "read",
+        "tail",
+        "trim",
+        "plugins",
+        "inspect",
+        "conformance",
+        "demo",
+        "examples:",
+    ):
         assert command in top
-    for command in (["append"], ["read"], ["tail"], ["trim"], ["streams", "list"],
-                    ["inspect", "object"], ["demo"]):
+    for command in (
+        ["append"],
+        ["read"],
+        ["tail"],
+        ["trim"],
+        ["streams", "list"],
+        ["inspect", "object"],
+        ["demo"],
+    ):
         text = cli(*command, "--help", config=None).stdout
         assert "--config" in text and "example" in text
 
@@ -274,7 +298,10 @@ def test_tail_prints_the_last_records_and_follow_exits_0_on_ctrl_c(
 
     follower = subprocess.Popen(
         [WALSTREAM, "--config", str(deployment), "tail", "feed", "-f", "--start", "25"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert follower.stdout is not None
@@ -299,11 +326,25 @@ def test_inspect_wal_decodes_the_ebs_file(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_demo_verifies_and_repeats_with_fresh_streams(cli: Cli) -> None:
-    arguments: Sequence[str] = ("demo", "--streams", "2", "--records", "1500",
-                                "--value-bytes", "64", "--no-progress")
+    arguments: Sequence[str] = (
+        "demo",
+        "--streams",
+        "2",
+        "--records",
+        "1500",
+        "--value-bytes",
+        "64",
+        "--no-progress",
+    )
     first = cli(*arguments)
-    for label in ("records", "append p50", "append p99", "objects written", "read MiB/s",
-                  "verification"):
+    for label in (
+        "records",
+        "append p50",
+        "append p99",
+        "objects written",
+        "read MiB/s",
+        "verification",
+    ):
         assert label in first.stdout
     assert "3,000" in first.stdout
     assert "OK" in first.stdout and "FAILED" not in first.stdout

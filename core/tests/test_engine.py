@@ -104,7 +104,9 @@ async def test_three_streams_concurrently_read_back_reopen_trim(backends: Backen
             ack = await stream.append(records)
             assert (ack.start, ack.end) == (base, base + batch)
 
-    await asyncio.gather(*(produce(stream, name) for stream, name in zip(streams, names, strict=True)))
+    await asyncio.gather(
+        *(produce(stream, name) for stream, name in zip(streams, names, strict=True))
+    )
     for stream, name in zip(streams, names, strict=True):
         records = await read_all(stream)
         assert [r.offset for r in records] == list(range(per_stream))

@@ -153,10 +153,14 @@ def test_put_if_absent_two_processes_race_exactly_one_wins(tmp_path: Path) -> No
     go_file.touch()
     outputs = [racer.communicate(timeout=120)[0] for racer in racers]
     assert [racer.returncode for racer in racers] == [0, 0]
-    won = [{int(line.split()[1]) for line in out.splitlines() if line.startswith("won")}
-           for out in outputs]
-    lost = [{int(line.split()[1]) for line in out.splitlines() if line.startswith("lost")}
-            for out in outputs]
+    won = [
+        {int(line.split()[1]) for line in out.splitlines() if line.startswith("won")}
+        for out in outputs
+    ]
+    lost = [
+        {int(line.split()[1]) for line in out.splitlines() if line.startswith("lost")}
+        for out in outputs
+    ]
     everything = set(range(key_count))
     assert won[0] | won[1] == everything and not won[0] & won[1]
     assert lost[0] == everything - won[0] and lost[1] == everything - won[1]

@@ -138,8 +138,11 @@ async def test_atomic_commit(store: MetadataStore) -> None:
         await store.commit_objects(node.node_id, node.node_epoch, broken)
     assert await committed_end(store, first.stream_id) == 0
     assert await committed_end(store, second.stream_id) == 0
-    assert await states(store) == {a: ObjectState.PREPARED, b: ObjectState.PREPARED,
-                                   c: ObjectState.PREPARED}
+    assert await states(store) == {
+        a: ObjectState.PREPARED,
+        b: ObjectState.PREPARED,
+        c: ObjectState.PREPARED,
+    }
     assert await store.get_objects(first.stream_id, 0) == []
 
     fixed = [*broken[:2], stream_object(c, second, 5, 9)]
@@ -150,7 +153,8 @@ async def test_atomic_commit(store: MetadataStore) -> None:
     shared = (await store.list_objects(kind=ObjectKind.STREAM_SET))[0]
     assert shared.object_id == b
     assert [(r.stream_id, r.start_offset, r.end_offset) for r in shared.ranges] == [
-        (first.stream_id, 10, 15), (second.stream_id, 0, 5)
+        (first.stream_id, 10, 15),
+        (second.stream_id, 0, 5),
     ]
 
 
@@ -167,8 +171,10 @@ async def test_continuity(store: MetadataStore) -> None:
         assert "expected 20" in message and f"got {start}" in message
     assert await committed_end(store, stream.stream_id) == 20
     found = await store.get_objects(stream.stream_id, 0)
-    assert [(o.ranges[0].start_offset, o.ranges[0].end_offset) for o in found] == [(0, 10),
-                                                                                  (10, 20)]
+    assert [(o.ranges[0].start_offset, o.ranges[0].end_offset) for o in found] == [
+        (0, 10),
+        (10, 20),
+    ]
 
 
 async def test_epochs_fence(store: MetadataStore) -> None:
@@ -420,8 +426,9 @@ async def test_compaction_atomic(store: MetadataStore) -> None:
     with pytest.raises(PreconditionFailed, match="not inside"):
         await store.replace_objects([a, b], outside)
     with pytest.raises(PreconditionFailed):  # the new ids must be prepared
-        await store.replace_objects([a, b], [stream_object(c, orders, 0, 20),
-                                             stream_object(y, other, 0, 8)])
+        await store.replace_objects(
+            [a, b], [stream_object(c, orders, 0, 20), stream_object(y, other, 0, 8)]
+        )
     assert await store.list_objects(state=ObjectState.COMMITTED) == before
 
     good = [stream_object(x, orders, 0, 20), stream_object(y, other, 0, 8)]
@@ -678,7 +685,8 @@ async def test_sqlite_two_processes(tmp_path: Path) -> None:
             assert await committed_end(store, stream_id) == 25
             found = await store.get_objects(stream_id, 0)
             assert [(o.ranges[0].start_offset, o.ranges[0].end_offset) for o in found] == [
-                (0, 10), (10, 25)
+                (0, 10),
+                (10, 25),
             ]
         committed = await store.list_objects(state=ObjectState.COMMITTED)
         assert sorted(o.object_id for o in committed) == sorted(objects)

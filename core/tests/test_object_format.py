@@ -150,9 +150,9 @@ _records = st.lists(
         Record,
         value=st.binary(max_size=300),
         key=st.none() | st.binary(max_size=20),
-        headers=st.lists(
-            st.tuples(st.text(max_size=8), st.binary(max_size=16)), max_size=3
-        ).map(tuple),
+        headers=st.lists(st.tuples(st.text(max_size=8), st.binary(max_size=16)), max_size=3).map(
+            tuple
+        ),
     ),
     min_size=1,
     max_size=6,
@@ -369,7 +369,8 @@ def test_flipping_any_byte_of_a_small_object_is_detected() -> None:
             else:
                 records = decode_block_records(block, entry)
                 assert records == [
-                    r for r in expected[entry.stream_id]
+                    r
+                    for r in expected[entry.stream_id]
                     if entry.start_offset <= r.offset < entry.end_offset
                 ]
 
@@ -438,8 +439,12 @@ def test_a_block_read_short_or_against_the_wrong_entry_is_detected() -> None:
     with pytest.raises(CorruptionError):
         decode_block(block, second)
     shifted = IndexEntry(
-        first.stream_id, first.start_offset + 1, first.end_offset + 1, first.record_count,
-        first.position, first.size,
+        first.stream_id,
+        first.start_offset + 1,
+        first.end_offset + 1,
+        first.record_count,
+        first.position,
+        first.size,
     )
     with pytest.raises(CorruptionError):
         decode_block(block, shifted)

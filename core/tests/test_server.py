@@ -58,8 +58,12 @@ def deployment(tmp_path: Path) -> Path:
 @pytest.fixture
 async def server(deployment: Path) -> AsyncIterator[RunningServer]:
     async with serve(
-        deployment, listen="127.0.0.1:0", token=TOKEN, max_body_bytes=MAX_BODY_BYTES,
-        max_wait_s=10.0, environ={},
+        deployment,
+        listen="127.0.0.1:0",
+        token=TOKEN,
+        max_body_bytes=MAX_BODY_BYTES,
+        max_wait_s=10.0,
+        environ={},
     ) as running:
         yield running
 
@@ -87,11 +91,12 @@ async def create(session: aiohttp.ClientSession, name: str) -> dict[str, Any]:
     return body
 
 
-async def append_texts(
-    session: aiohttp.ClientSession, stream: str, *texts: str
-) -> dict[str, Any]:
+async def append_texts(session: aiohttp.ClientSession, stream: str, *texts: str) -> dict[str, Any]:
     body: dict[str, Any] = await call(
-        session, "POST", f"/v1/streams/{stream}/records", 200,
+        session,
+        "POST",
+        f"/v1/streams/{stream}/records",
+        200,
         json={"records": [{"value_text": text} for text in texts]},
     )
     return body
@@ -106,8 +111,12 @@ async def test_health_needs_no_token_and_every_other_route_does(server: RunningS
         assert health == {"status": "ok", "node_id": 1, "node_epoch": server.client.node_epoch}
         assert server.client.node_epoch >= 1
 
-        for method, path in [("GET", "/v1/streams"), ("GET", "/metrics"),
-                             ("POST", "/v1/streams"), ("GET", "/v1/streams/x/tail")]:
+        for method, path in [
+            ("GET", "/v1/streams"),
+            ("GET", "/metrics"),
+            ("POST", "/v1/streams"),
+            ("GET", "/v1/streams/x/tail"),
+        ]:
             async with anonymous.request(method, path) as response:
                 assert response.status == 401, path
                 assert response.headers["WWW-Authenticate"].startswith("Bearer")
@@ -132,8 +141,13 @@ async def test_health_is_503_once_a_newer_process_fences_the_node(
     async with walstream.open(usurper) as newer:
         assert newer.node_epoch > server.client.node_epoch
         # The next upload's commit is refused; the node stops accepting writes.
-        await call(http, "POST", "/v1/streams/orders/records", 200,
-                   json={"records": [{"value_text": "in flight"}]})
+        await call(
+            http,
+            "POST",
+            "/v1/streams/orders/records",
+            200,
+            json={"records": [{"value_text": "in flight"}]},
+        )
         deadline = time.monotonic() + 10
         while True:
             async with http.get("/health") as response:
@@ -144,19 +158,24 @@ async def test_health_is_503_once_a_newer_process_fences_the_node(
         assert response.status == 503, health
         assert health["status"] == "failed"
         assert health["error"] == "FencedError"
-        refused = await call(http, "POST", "/v1/streams/orders/records", 409,
-                             json={"records": [{"value_text": "after"}]})
+        refused = await call(
+            http,
+            "POST",
+            "/v1/streams/orders/records",
+            409,
+            json={"records": [{"value_text": "after"}]},
+        )
         assert refused["error"] == "FencedError"
 
 
 async def test_token_from_environment_and_no_token_means_open(deployment: Path) -> None:
-    async with serve(deployment, listen="127.0.0.1:0",
-                     environ={"WALSTREAM_TOKEN": "from-env"}) as running:
+    async with serve(
+        deployment, listen="127.0.0.1:0", environ={"WALSTREAM_TOKEN": "from-env"}
+    ) as running:
         assert running.token == "from-env"
         async with aiohttp.ClientSession(base_url=running.url, timeout=REQUEST_TIMEOUT) as s:
             await call(s, "GET", "/v1/streams", 401)
-            await call(s, "GET", "/v1/streams", 200,
-                       headers={"Authorization": "Bearer from-env"})
+            await call(s, "GET", "/v1/streams", 200, headers={"Authorization": "Bearer from-env"})
     async with serve(deployment, listen="127.0.0.1:0", environ={}) as running:
         assert running.token is None
         async with aiohttp.ClientSession(base_url=running.url, timeout=REQUEST_TIMEOUT) as s:
@@ -202,15 +221,28 @@ async def test_create_list_delete_streams(http: aiohttp.ClientSession) -> None:
 async def test_json_append_then_read_every_field(http: aiohttp.ClientSession) -> None:
     await create(http, "events")
     binary = bytes(range(256))
-    ack = await call(http, "POST", "/v1/streams/events/records", 200, json={
-        "records": [
-            {"value": b64(binary), "key": b64(b"\x00key"), "headers": {"h1": b64(b"\xffx")},
-             "timestamp_ms": 1_000},
-            {"value_text": "héllo", "headers": [["dup", b64(b"1")], ["dup", b64(b"2")]],
-             "timestamp_ms": 2_000},
-            {"value_text": "", "timestamp_ms": 3_000},
-        ],
-    })
+    ack = await call(
+        http,
+        "POST",
+        "/v1/streams/events/records",
+        200,
+        json={
+            "records": [
+                {
+                    "value": b64(binary),
+                    "key": b64(b"\x00key"),
+                    "headers": {"h1": b64(b"\xffx")},
+                    "timestamp_ms": 1_000,
+                },
+                {
+                    "value_text": "héllo",
+                    "headers": [["dup", b64(b"1")], ["dup", b64(b"2")]],
+                    "timestamp_ms": 2_000,
+                },
+                {"value_text": "", "timestamp_ms": 3_000},
+            ],
+        },
+    )
     assert ack == {"start": 0, "end": 3, "tail": 3}
     ack = await append_texts(http, "events", "last")
     assert ack == {"start": 3, "end": 4, "tail": 4}
@@ -229,44 +261,66 @@ async def test_json_append_then_read_every_field(http: aiohttp.ClientSession) ->
     assert unb64(records[2]["value"]) == b""
     assert unb64(records[3]["value"]) == b"last"
 
-    page = await call(http, "GET", "/v1/streams/events/records", 200,
-                      params={"start": "1", "limit": "2"})
+    page = await call(
+        http, "GET", "/v1/streams/events/records", 200, params={"start": "1", "limit": "2"}
+    )
     assert [record["offset"] for record in page["records"]] == [1, 2]
     # limit_bytes: at least one record, and no more than fit.
-    page = await call(http, "GET", "/v1/streams/events/records", 200,
-                      params={"start": "0", "limit_bytes": "1"})
+    page = await call(
+        http, "GET", "/v1/streams/events/records", 200, params={"start": "0", "limit_bytes": "1"}
+    )
     assert [record["offset"] for record in page["records"]] == [0]
-    page = await call(http, "GET", "/v1/streams/events/records", 200,
-                      params={"from_timestamp": "2000"})
+    page = await call(
+        http, "GET", "/v1/streams/events/records", 200, params={"from_timestamp": "2000"}
+    )
     assert [record["offset"] for record in page["records"]] == [1, 2, 3]
-    page = await call(http, "GET", "/v1/streams/events/records", 200,
-                      params={"tail_offset": "1"})
+    page = await call(http, "GET", "/v1/streams/events/records", 200, params={"tail_offset": "1"})
     assert [unb64(record["value"]) for record in page["records"]] == [b"last"]
-    assert await call(http, "GET", "/v1/streams/events/tail", 200) == {
-        "tail": 4, "start_offset": 0
-    }
+    assert await call(http, "GET", "/v1/streams/events/tail", 200) == {"tail": 4, "start_offset": 0}
 
 
 async def test_binary_append_one_record_per_body(http: aiohttp.ClientSession) -> None:
     await create(http, "raw")
     payload = os.urandom(4096)
     ack = await call(
-        http, "POST", "/v1/streams/raw/records", 200, data=payload,
-        headers={"Content-Type": "application/octet-stream", "X-Walstream-Key": b64(b"k-1"),
-                 "X-Walstream-Timestamp-Ms": "12345"},
+        http,
+        "POST",
+        "/v1/streams/raw/records",
+        200,
+        data=payload,
+        headers={
+            "Content-Type": "application/octet-stream",
+            "X-Walstream-Key": b64(b"k-1"),
+            "X-Walstream-Timestamp-Ms": "12345",
+        },
     )
     assert ack == {"start": 0, "end": 1, "tail": 1}
-    ack = await call(http, "POST", "/v1/streams/raw/records", 200, data=b"second",
-                     headers={"Content-Type": "application/octet-stream",
-                              "X-Walstream-Match-Tail": "1"})
+    ack = await call(
+        http,
+        "POST",
+        "/v1/streams/raw/records",
+        200,
+        data=b"second",
+        headers={"Content-Type": "application/octet-stream", "X-Walstream-Match-Tail": "1"},
+    )
     assert ack == {"start": 1, "end": 2, "tail": 2}
-    mismatch = await call(http, "POST", "/v1/streams/raw/records", 412, data=b"third",
-                          headers={"Content-Type": "application/octet-stream",
-                                   "X-Walstream-Match-Tail": "1"})
+    mismatch = await call(
+        http,
+        "POST",
+        "/v1/streams/raw/records",
+        412,
+        data=b"third",
+        headers={"Content-Type": "application/octet-stream", "X-Walstream-Match-Tail": "1"},
+    )
     assert mismatch["actual_tail"] == 2
-    bad_key = await call(http, "POST", "/v1/streams/raw/records", 400, data=b"x",
-                         headers={"Content-Type": "application/octet-stream",
-                                  "X-Walstream-Key": "%%%"})
+    bad_key = await call(
+        http,
+        "POST",
+        "/v1/streams/raw/records",
+        400,
+        data=b"x",
+        headers={"Content-Type": "application/octet-stream", "X-Walstream-Key": "%%%"},
+    )
     assert "X-Walstream-Key" in bad_key["message"]
 
     result = await call(http, "GET", "/v1/streams/raw/records", 200, params={"start": "0"})
@@ -285,12 +339,22 @@ async def test_engine_errors_map_to_statuses_with_their_fields(
     await create(http, "orders")
     await append_texts(http, "orders", *[f"r{index}" for index in range(5)])
 
-    mismatch = await call(http, "POST", "/v1/streams/orders/records", 412,
-                          json={"records": [{"value_text": "x"}], "match_tail": 3})
+    mismatch = await call(
+        http,
+        "POST",
+        "/v1/streams/orders/records",
+        412,
+        json={"records": [{"value_text": "x"}], "match_tail": 3},
+    )
     assert mismatch["error"] == "TailMismatchError"
     assert mismatch["actual_tail"] == 5
-    ok = await call(http, "POST", "/v1/streams/orders/records", 200,
-                    json={"records": [{"value_text": "x"}], "match_tail": 5})
+    ok = await call(
+        http,
+        "POST",
+        "/v1/streams/orders/records",
+        200,
+        json={"records": [{"value_text": "x"}], "match_tail": 5},
+    )
     assert ok["start"] == 5
 
     beyond = await call(http, "GET", "/v1/streams/orders/records", 416, params={"start": "9"})
@@ -302,25 +366,41 @@ async def test_engine_errors_map_to_statuses_with_their_fields(
     }
     trimmed = await call(http, "GET", "/v1/streams/orders/records", 416, params={"start": "0"})
     assert (trimmed["start_offset"], trimmed["tail"]) == (2, 6)
-    after = await call(http, "GET", "/v1/streams/orders/records", 200,
-                       params={"start": str(trimmed["start_offset"])})
-    assert [unb64(record["value"]) for record in after["records"]] == [
-        b"r2", b"r3", b"r4", b"x"
-    ]
-    assert await call(http, "GET", "/v1/streams/orders/tail", 200) == {
-        "tail": 6, "start_offset": 2
-    }
+    after = await call(
+        http,
+        "GET",
+        "/v1/streams/orders/records",
+        200,
+        params={"start": str(trimmed["start_offset"])},
+    )
+    assert [unb64(record["value"]) for record in after["records"]] == [b"r2", b"r3", b"r4", b"x"]
+    assert await call(http, "GET", "/v1/streams/orders/tail", 200) == {"tail": 6, "start_offset": 2}
 
     await call(http, "POST", "/v1/streams/orders/fencing-token", 200, json={"token": "t1"})
-    fenced = await call(http, "POST", "/v1/streams/orders/records", 409,
-                        json={"records": [{"value_text": "old"}], "fencing_token": "t0"})
+    fenced = await call(
+        http,
+        "POST",
+        "/v1/streams/orders/records",
+        409,
+        json={"records": [{"value_text": "old"}], "fencing_token": "t0"},
+    )
     assert fenced["error"] == "FencedError"
-    fenced = await call(http, "POST", "/v1/streams/orders/records", 409,
-                        data=b"old", headers={"Content-Type": "application/octet-stream",
-                                              "X-Walstream-Fencing-Token": "t0"})
+    fenced = await call(
+        http,
+        "POST",
+        "/v1/streams/orders/records",
+        409,
+        data=b"old",
+        headers={"Content-Type": "application/octet-stream", "X-Walstream-Fencing-Token": "t0"},
+    )
     assert fenced["error"] == "FencedError"
-    ok = await call(http, "POST", "/v1/streams/orders/records", 200,
-                    json={"records": [{"value_text": "new"}], "fencing_token": "t1"})
+    ok = await call(
+        http,
+        "POST",
+        "/v1/streams/orders/records",
+        200,
+        json={"records": [{"value_text": "new"}], "fencing_token": "t1"},
+    )
     assert ok == {"start": 6, "end": 7, "tail": 7}
 
 
@@ -344,8 +424,14 @@ async def test_malformed_append_bodies_are_400_with_a_clear_message(
     http: aiohttp.ClientSession, body: bytes, needle: str
 ) -> None:
     await create(http, "s")
-    answer = await call(http, "POST", "/v1/streams/s/records", 400, data=body,
-                        headers={"Content-Type": "application/json"})
+    answer = await call(
+        http,
+        "POST",
+        "/v1/streams/s/records",
+        400,
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
     assert answer["error"] == "InvalidArgument"
     assert needle in answer["message"]
     tail = await call(http, "GET", "/v1/streams/s/tail", 200)
@@ -366,9 +452,14 @@ async def test_bad_reads_and_routes_and_oversized_bodies(http: aiohttp.ClientSes
         assert needle in answer["message"], (params, answer)
     await call(http, "POST", "/v1/streams/s/trim", 400, json={"begin": 1})
 
-    too_big = await call(http, "POST", "/v1/streams/s/records", 413,
-                         data=b"x" * (MAX_BODY_BYTES + 1),
-                         headers={"Content-Type": "application/octet-stream"})
+    too_big = await call(
+        http,
+        "POST",
+        "/v1/streams/s/records",
+        413,
+        data=b"x" * (MAX_BODY_BYTES + 1),
+        headers={"Content-Type": "application/octet-stream"},
+    )
     assert too_big["error"] == "RequestEntityTooLarge"
     assert str(MAX_BODY_BYTES) in too_big["message"]
 
@@ -389,13 +480,15 @@ async def test_long_poll_returns_as_soon_as_another_request_appends(
     await append_texts(http, "live", "before")
 
     started = time.monotonic()
-    empty = await call(http, "GET", "/v1/streams/live/records", 200,
-                       params={"start": "1", "wait": "0.3"})
+    empty = await call(
+        http, "GET", "/v1/streams/live/records", 200, params={"start": "1", "wait": "0.3"}
+    )
     assert empty == {"records": [], "tail": 1}
     assert time.monotonic() - started >= 0.25
 
-    waiting = asyncio.ensure_future(call(http, "GET", "/v1/streams/live/records", 200,
-                                         params={"start": "1", "wait": "8"}))
+    waiting = asyncio.ensure_future(
+        call(http, "GET", "/v1/streams/live/records", 200, params={"start": "1", "wait": "8"})
+    )
     await asyncio.sleep(0.3)
     assert not waiting.done()
     appended_at = time.monotonic()
@@ -411,16 +504,25 @@ async def test_shutdown_answers_waiting_long_polls_and_uploads_everything(
     deployment: Path,
 ) -> None:
     async with aiohttp.ClientSession(timeout=REQUEST_TIMEOUT) as session:
-        async with serve(deployment, listen="127.0.0.1:0", max_wait_s=30,
-                         environ={}) as running:
+        async with serve(deployment, listen="127.0.0.1:0", max_wait_s=30, environ={}) as running:
             url = running.url
             await call(session, "POST", f"{url}/v1/streams", 201, json={"name": "orders"})
-            await call(session, "POST", f"{url}/v1/streams/orders/records", 200,
-                       json={"records": [{"value_text": "a"}, {"value_text": "b"}]})
-            waiting = asyncio.ensure_future(call(
-                session, "GET", f"{url}/v1/streams/orders/records", 200,
-                params={"start": "2", "wait": "30"},
-            ))
+            await call(
+                session,
+                "POST",
+                f"{url}/v1/streams/orders/records",
+                200,
+                json={"records": [{"value_text": "a"}, {"value_text": "b"}]},
+            )
+            waiting = asyncio.ensure_future(
+                call(
+                    session,
+                    "GET",
+                    f"{url}/v1/streams/orders/records",
+                    200,
+                    params={"start": "2", "wait": "30"},
+                )
+            )
             await asyncio.sleep(0.3)
             assert not waiting.done()
             shutdown_started = time.monotonic()
@@ -466,17 +568,30 @@ async def test_metrics_are_prometheus_text_and_counters_move(
     after = await scrape()
 
     assert "walstream_wal_appended_records_total" in after
-    assert sample(after, "walstream_wal_appended_records_total") - sample(
-        before, "walstream_wal_appended_records_total"
-    ) == 3
-    assert sample(after, "walstream_wal_appends_total") - sample(
-        before, "walstream_wal_appends_total"
-    ) == 1
-    assert sample(after, "walstream_read_records_total") - sample(
-        before, "walstream_read_records_total"
-    ) >= 3
-    assert sample(after, "walstream_http_requests_total", method="POST",
-                  route="/v1/streams/{name}/records", status="200") == 1
+    assert (
+        sample(after, "walstream_wal_appended_records_total")
+        - sample(before, "walstream_wal_appended_records_total")
+        == 3
+    )
+    assert (
+        sample(after, "walstream_wal_appends_total") - sample(before, "walstream_wal_appends_total")
+        == 1
+    )
+    assert (
+        sample(after, "walstream_read_records_total")
+        - sample(before, "walstream_read_records_total")
+        >= 3
+    )
+    assert (
+        sample(
+            after,
+            "walstream_http_requests_total",
+            method="POST",
+            route="/v1/streams/{name}/records",
+            status="200",
+        )
+        == 1
+    )
 
 
 # -- real processes ---------------------------------------------------------------------------
@@ -485,8 +600,15 @@ async def test_metrics_are_prometheus_text_and_counters_move(
 async def test_serve_process_answers_health_and_exits_0_on_sigterm(deployment: Path) -> None:
     env = {**os.environ, "WALSTREAM_TOKEN": TOKEN}
     process = await asyncio.create_subprocess_exec(
-        WALSTREAM, "serve", "-c", str(deployment), "--listen", "127.0.0.1:0",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+        WALSTREAM,
+        "serve",
+        "-c",
+        str(deployment),
+        "--listen",
+        "127.0.0.1:0",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
         cwd=deployment.parent,
     )
     try:
@@ -501,8 +623,14 @@ async def test_serve_process_answers_health_and_exits_0_on_sigterm(deployment: P
             assert health["node_id"] == 1
             await call(s, "GET", "/v1/streams", 401)
             await call(s, "POST", "/v1/streams", 201, json={"name": "p"}, headers=AUTH)
-            await call(s, "POST", "/v1/streams/p/records", 200, headers=AUTH,
-                       json={"records": [{"value_text": "kept"}]})
+            await call(
+                s,
+                "POST",
+                "/v1/streams/p/records",
+                200,
+                headers=AUTH,
+                json={"records": [{"value_text": "kept"}]},
+            )
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 30) == 0
     finally:
@@ -524,7 +652,9 @@ async def test_serve_process_answers_health_and_exits_0_on_sigterm(deployment: P
 def test_serve_rejects_a_bad_listen_address(deployment: Path) -> None:
     result = subprocess.run(
         [WALSTREAM, "serve", "-c", str(deployment), "--listen", "nowhere"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert "ConfigError" in result.stderr and "host:port" in result.stderr
@@ -533,10 +663,29 @@ def test_serve_rejects_a_bad_listen_address(deployment: Path) -> None:
 async def test_bench_prints_its_table_and_writes_json(deployment: Path, tmp_path: Path) -> None:
     output = tmp_path / "bench.json"
     result = subprocess.run(
-        [WALSTREAM, "-c", str(deployment), "bench", "--streams", "2", "--records", "300",
-         "--value-bytes", "64", "--batch", "20", "--concurrency", "3", "--json", str(output),
-         "--no-progress"],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        [
+            WALSTREAM,
+            "-c",
+            str(deployment),
+            "bench",
+            "--streams",
+            "2",
+            "--records",
+            "300",
+            "--value-bytes",
+            "64",
+            "--batch",
+            "20",
+            "--concurrency",
+            "3",
+            "--json",
+            str(output),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -549,8 +698,13 @@ async def test_bench_prints_its_table_and_writes_json(deployment: Path, tmp_path
     assert "verification: OK (300 records read back)" in result.stdout
 
     report = json.loads(output.read_text())
-    assert report["parameters"] == {"streams": 2, "records": 300, "value_bytes": 64,
-                                    "batch": 20, "concurrency": 3}
+    assert report["parameters"] == {
+        "streams": 2,
+        "records": 300,
+        "value_bytes": 64,
+        "batch": 20,
+        "concurrency": 3,
+    }
     assert report["append"]["records"] == 300
     assert report["append"]["value_bytes"] == 300 * 64
     assert report["append"]["batches"] == 15  # three shares of 100 in batches of 20

@@ -46,7 +46,10 @@ def test_append_read_trim_and_errors_propagate_unchanged(deployment: Path) -> No
 
         result = stream.read(start=0)
         assert [(r.offset, r.value, r.key) for r in result.records] == [
-            (0, b"a", b"k1"), (1, b"b", None), (2, b"c", None)]
+            (0, b"a", b"k1"),
+            (1, b"b", None),
+            (2, b"c", None),
+        ]
         assert result.records[1].headers == (("h", b"x"),)
         assert result.tail == 3
         assert [r.offset for r in stream.read(tail_offset=1).records] == [2]
@@ -132,8 +135,9 @@ def test_many_threads_share_one_client(deployment: Path) -> None:
         def write(stream: walstream.sync.SyncStream) -> None:
             try:
                 for batch in range(batches):
-                    records = [Record(f"{stream.name}:{batch}:{i}".encode())
-                               for i in range(batch_records)]
+                    records = [
+                        Record(f"{stream.name}:{batch}:{i}".encode()) for i in range(batch_records)
+                    ]
                     ack = stream.append(records, match_tail=batch * batch_records)
                     assert ack.start == batch * batch_records
             except BaseException as error:
@@ -152,8 +156,11 @@ def test_many_threads_share_one_client(deployment: Path) -> None:
                 page = stream.read(start=position).records
                 values.extend(record.value for record in page)
                 position = page[-1].offset + 1
-            assert values == [f"{stream.name}:{batch}:{i}".encode()
-                              for batch in range(batches) for i in range(batch_records)]
+            assert values == [
+                f"{stream.name}:{batch}:{i}".encode()
+                for batch in range(batches)
+                for i in range(batch_records)
+            ]
 
 
 def test_open_failure_raises_the_config_error_and_leaks_no_thread(tmp_path: Path) -> None:

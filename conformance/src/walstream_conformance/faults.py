@@ -266,6 +266,10 @@ class FaultyWal(WriteAheadLog):
         self._failure: WalstreamError | None = None
         self.injected: list[InjectedFault] = []
 
+    def bind_deployment(self, deployment_id: bytes) -> None:
+        super().bind_deployment(deployment_id)
+        self.inner.bind_deployment(deployment_id)
+
     async def start(self, node_id: int, node_epoch: int, mode: WalMode) -> None:
         await self.inner.start(node_id, node_epoch, mode)
 

@@ -138,16 +138,40 @@ class BenchReport:
         def number(value: float, digits: int = 1) -> str:
             return "-" if math.isnan(value) else f"{value:,.{digits}f}"
 
-        header = ("PHASE", "RECORDS", "MiB", "SECONDS", "RECORDS/S", "MiB/S",
-                  "P50 MS", "P99 MS", "P999 MS")
+        header = (
+            "PHASE",
+            "RECORDS",
+            "MiB",
+            "SECONDS",
+            "RECORDS/S",
+            "MiB/S",
+            "P50 MS",
+            "P99 MS",
+            "P999 MS",
+        )
         rows = [
-            ("append", f"{self.append.records:,}", number(self.append.value_bytes / MIB),
-             number(self.append.seconds, 2), number(self.append.records_per_second, 0),
-             number(self.append.mib_per_second), number(self.latency_ms(0.5), 2),
-             number(self.latency_ms(0.99), 2), number(self.latency_ms(0.999), 2)),
-            ("read (cold)", f"{self.read.records:,}", number(self.read.value_bytes / MIB),
-             number(self.read.seconds, 2), number(self.read.records_per_second, 0),
-             number(self.read.mib_per_second), "-", "-", "-"),
+            (
+                "append",
+                f"{self.append.records:,}",
+                number(self.append.value_bytes / MIB),
+                number(self.append.seconds, 2),
+                number(self.append.records_per_second, 0),
+                number(self.append.mib_per_second),
+                number(self.latency_ms(0.5), 2),
+                number(self.latency_ms(0.99), 2),
+                number(self.latency_ms(0.999), 2),
+            ),
+            (
+                "read (cold)",
+                f"{self.read.records:,}",
+                number(self.read.value_bytes / MIB),
+                number(self.read.seconds, 2),
+                number(self.read.records_per_second, 0),
+                number(self.read.mib_per_second),
+                "-",
+                "-",
+                "-",
+            ),
         ]
         title = (
             f"walstream bench: {len(self.streams)} streams, {self.records:,} records of "
@@ -158,7 +182,7 @@ class BenchReport:
             f"verification: OK ({self.read.records:,} records read back)"
             if self.ok
             else f"verification: FAILED ({len(self.mismatches)} problems; first: "
-                 f"{self.mismatches[0]})"
+            f"{self.mismatches[0]})"
         )
         return "\n".join([title, "", _table(rows, header), "", verdict])
 
@@ -190,8 +214,7 @@ async def _append_share(
     while sequence < count:
         size = min(batch_records, count - sequence)
         records = [
-            Record(_SEQUENCE.pack(appender, sequence + index) + filler)
-            for index in range(size)
+            Record(_SEQUENCE.pack(appender, sequence + index) + filler) for index in range(size)
         ]
         started = time.perf_counter()
         await stream.append(records)
@@ -218,14 +241,15 @@ async def _read_stream(
             start=position, limit_records=READ_PAGE_RECORDS, limit_bytes=READ_PAGE_BYTES
         )
         if not result.records:
-            mismatches.append(f"{stream.name}: read at {position} returned nothing before the "
-                              f"tail {tail}")
+            mismatches.append(
+                f"{stream.name}: read at {position} returned nothing before the tail {tail}"
+            )
             return
         for record in result.records:
             value = record.value
             totals.records += 1
             totals.value_bytes += len(value)
-            if len(value) < _SEQUENCE.size or value[_SEQUENCE.size:] != filler:
+            if len(value) < _SEQUENCE.size or value[_SEQUENCE.size :] != filler:
                 mismatches.append(f"{stream.name}@{record.offset}: damaged value")
                 continue
             appender, sequence = _SEQUENCE.unpack_from(value)
@@ -239,8 +263,10 @@ async def _read_stream(
         position = result.records[-1].offset + 1
     for appender, count in expected.items():
         if next_sequence[appender] != count:
-            mismatches.append(f"{stream.name}: appender {appender} has "
-                              f"{next_sequence[appender]} of {count} records")
+            mismatches.append(
+                f"{stream.name}: appender {appender} has "
+                f"{next_sequence[appender]} of {count} records"
+            )
 
 
 async def run_bench(
@@ -277,11 +303,21 @@ async def run_bench(
         bar = progress_bar(records, "append", unit="records", enabled=progress)
         started = time.perf_counter()
         try:
-            await asyncio.gather(*(
-                _append_share(handles[appender % streams], appender, count, batch_records,
-                              filler, latencies, bar)
-                for appender, count in enumerate(shares) if count
-            ))
+            await asyncio.gather(
+                *(
+                    _append_share(
+                        handles[appender % streams],
+                        appender,
+                        count,
+                        batch_records,
+                        filler,
+                        latencies,
+                        bar,
+                    )
+                    for appender, count in enumerate(shares)
+                    if count
+                )
+            )
         finally:
             bar.close()
         append.seconds = time.perf_counter() - started
@@ -300,10 +336,12 @@ async def run_bench(
         bar = progress_bar(records, "read (cold)", unit="records", enabled=progress)
         started = time.perf_counter()
         try:
-            await asyncio.gather(*(
-                _read_stream(stream, expected[index], filler, mismatches, read, bar)
-                for index, stream in enumerate(reopened)
-            ))
+            await asyncio.gather(
+                *(
+                    _read_stream(stream, expected[index], filler, mismatches, read, bar)
+                    for index, stream in enumerate(reopened)
+                )
+            )
         finally:
             bar.close()
         read.seconds = time.perf_counter() - started

@@ -237,8 +237,10 @@ def format_record(record: SequencedRecord, output_format: str) -> str:
 def _table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     cells = [[str(cell) for cell in row] for row in [header, *rows]]
     widths = [max(len(row[column]) for row in cells) for column in range(len(header))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-             for row in cells]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in cells
+    ]
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -265,18 +267,30 @@ async def cmd_streams_list(args: argparse.Namespace) -> int:
         infos = await client.list_streams(prefix=args.prefix)
     if args.json:
         for info in infos:
-            _out(json.dumps({
-                "stream_id": info.stream_id,
-                "name": info.name,
-                "start_offset": info.start_offset,
-                "committed_end": info.committed_end,
-                "epoch": info.epoch,
-                "owner_node_id": info.owner_node_id,
-            }))
+            _out(
+                json.dumps(
+                    {
+                        "stream_id": info.stream_id,
+                        "name": info.name,
+                        "start_offset": info.start_offset,
+                        "committed_end": info.committed_end,
+                        "epoch": info.epoch,
+                        "owner_node_id": info.owner_node_id,
+                    }
+                )
+            )
         return EXIT_OK
-    rows = [(info.stream_id, info.name or "-", info.start_offset, info.committed_end,
-             info.epoch, "-" if info.owner_node_id is None else info.owner_node_id)
-            for info in infos]
+    rows = [
+        (
+            info.stream_id,
+            info.name or "-",
+            info.start_offset,
+            info.committed_end,
+            info.epoch,
+            "-" if info.owner_node_id is None else info.owner_node_id,
+        )
+        for info in infos
+    ]
     _out(_table(rows, ("ID", "NAME", "START", "COMMITTED_END", "EPOCH", "OWNER")))
     return EXIT_OK
 
@@ -323,8 +337,9 @@ async def cmd_append(args: argparse.Namespace) -> int:
     if args.file is not None:
         path = Path(args.file)
         source = path.open("rb")
-        progress = progress_bar(path.stat().st_size, f"append {args.stream}",
-                                enabled=not args.no_progress)
+        progress = progress_bar(
+            path.stat().st_size, f"append {args.stream}", enabled=not args.no_progress
+        )
     else:
         source = sys.stdin.buffer
         progress = _NoProgress()
@@ -347,8 +362,10 @@ async def cmd_append(args: argparse.Namespace) -> int:
         if source is not sys.stdin.buffer:
             source.close()
     if appended:
-        print(f"appended {appended} records in {batches} batches to {args.stream!r} "
-              f"(tail {tail})", file=sys.stderr)
+        print(
+            f"appended {appended} records in {batches} batches to {args.stream!r} (tail {tail})",
+            file=sys.stderr,
+        )
     else:
         print("nothing to append (no input lines)", file=sys.stderr)
     return EXIT_OK
@@ -416,8 +433,9 @@ async def cmd_tail(args: argparse.Namespace) -> int:
         if args.start is not None and not args.follow:
             tail = await stream.check_tail()
             while position < tail:
-                result = await stream.read(start=position,
-                                           limit_records=min(READ_PAGE_RECORDS, tail - position))
+                result = await stream.read(
+                    start=position, limit_records=min(READ_PAGE_RECORDS, tail - position)
+                )
                 if not result.records:
                     break
                 for record in result.records:
@@ -457,12 +475,15 @@ async def cmd_trim(args: argparse.Namespace) -> int:
 def cmd_plugins(args: argparse.Namespace) -> int:
     import walstream_plugins
 
-    backends = sorted(walstream_plugins.installed_backends(),
-                      key=lambda entry: (_kind_order(entry.kind), entry.name))
+    backends = sorted(
+        walstream_plugins.installed_backends(),
+        key=lambda entry: (_kind_order(entry.kind), entry.name),
+    )
     if args.json:
         for backend in backends:
             _out(json.dumps(_backend_dict(backend)))
         return EXIT_OK
+
     def distribution(backend: Any) -> str:
         return f"{backend.dist} {backend.version or ''}".strip() if backend.dist else "-"
 
@@ -473,8 +494,10 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         if backend.kind != current_kind:
             current_kind = backend.kind
             _out(f"{current_kind} (entry-point group walstream.{current_kind}):")
-        _out(f"  {backend.name:<{name_width}}  {distribution(backend):<{dist_width}}  "
-             f"{backend.description}")
+        _out(
+            f"  {backend.name:<{name_width}}  {distribution(backend):<{dist_width}}  "
+            f"{backend.description}"
+        )
         for option in backend.options:
             _out(f"      {option.describe()}")
         if backend.error:
@@ -494,8 +517,13 @@ def _backend_dict(backend: Any) -> dict[str, Any]:
         "version": backend.version,
         "description": backend.description,
         "options": [
-            {"name": option.name, "kind": option.kind, "default": _jsonable(option.default),
-             "required": option.required, "doc": option.doc}
+            {
+                "name": option.name,
+                "kind": option.kind,
+                "default": _jsonable(option.default),
+                "required": option.required,
+                "doc": option.doc,
+            }
             for option in backend.options
         ],
         "error": backend.error,
@@ -542,27 +570,61 @@ async def cmd_inspect_metadata(args: argparse.Namespace) -> int:
         objects = await metadata.list_objects()
         nodes = await metadata.list_nodes()
     _out(f"streams ({len(streams)} active):")
-    _out(_table(
-        [(info.stream_id, info.name or "-", info.start_offset, info.committed_end, info.epoch,
-          "-" if info.owner_node_id is None else info.owner_node_id) for info in streams],
-        ("ID", "NAME", "START", "COMMITTED_END", "EPOCH", "OWNER"),
-    ))
+    _out(
+        _table(
+            [
+                (
+                    info.stream_id,
+                    info.name or "-",
+                    info.start_offset,
+                    info.committed_end,
+                    info.epoch,
+                    "-" if info.owner_node_id is None else info.owner_node_id,
+                )
+                for info in streams
+            ],
+            ("ID", "NAME", "START", "COMMITTED_END", "EPOCH", "OWNER"),
+        )
+    )
     _out()
     total_bytes = sum(info.size for info in objects)
     _out(f"objects ({len(objects)}, {_human(total_bytes, 'B')}):")
-    _out(_table(
-        [(info.object_id, _enum_value(info.kind), _enum_value(info.state), info.size,
-          " ".join(f"{rng.stream_id}:[{rng.start_offset},{rng.end_offset})"
-                   for rng in info.ranges) or "-", info.key) for info in objects],
-        ("ID", "KIND", "STATE", "SIZE", "RANGES", "KEY"),
-    ))
+    _out(
+        _table(
+            [
+                (
+                    info.object_id,
+                    _enum_value(info.kind),
+                    _enum_value(info.state),
+                    info.size,
+                    " ".join(
+                        f"{rng.stream_id}:[{rng.start_offset},{rng.end_offset})"
+                        for rng in info.ranges
+                    )
+                    or "-",
+                    info.key,
+                )
+                for info in objects
+            ],
+            ("ID", "KIND", "STATE", "SIZE", "RANGES", "KEY"),
+        )
+    )
     _out()
     _out(f"nodes ({len(nodes)}):")
-    _out(_table(
-        [(info.node_id, info.node_epoch, _enum_value(info.state),
-          info.wal_config.get("type", "-") if info.wal_config else "-") for info in nodes],
-        ("ID", "EPOCH", "STATE", "WAL"),
-    ))
+    _out(
+        _table(
+            [
+                (
+                    info.node_id,
+                    info.node_epoch,
+                    _enum_value(info.state),
+                    info.wal_config.get("type", "-") if info.wal_config else "-",
+                )
+                for info in nodes
+            ],
+            ("ID", "EPOCH", "STATE", "WAL"),
+        )
+    )
     return EXIT_OK
 
 
@@ -571,8 +633,9 @@ def cmd_inspect_wal(args: argparse.Namespace) -> int:
 
     factory = walstream_plugins.load_factory("wal", args.type)
     if factory.inspect is None:
-        raise ConfigError(f"the {args.type!r} WAL cannot be inspected from a path "
-                          "(its factory has no inspect)")
+        raise ConfigError(
+            f"the {args.type!r} WAL cannot be inspected from a path (its factory has no inspect)"
+        )
     for line in factory.inspect(Path(args.path)):
         _out(str(line))
     return EXIT_OK
@@ -585,17 +648,23 @@ def cmd_conformance(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         import walstream_conformance
     except ImportError:
-        print(f"{PROG}: error: the conformance suite is not installed; "
-              "run: pip install walstream-conformance", file=sys.stderr)
+        print(
+            f"{PROG}: error: the conformance suite is not installed; "
+            "run: pip install walstream-conformance",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         conformance_cli = importlib.import_module("walstream_conformance.cli")
     except ModuleNotFoundError as missing:
         if missing.name != "walstream_conformance.cli":
             raise
-        print(f"{PROG}: error: the installed walstream-conformance "
-              f"({walstream_conformance.__file__}) has no command line; upgrade it, or run "
-              "its pytest plugin directly: pytest -p walstream_conformance", file=sys.stderr)
+        print(
+            f"{PROG}: error: the installed walstream-conformance "
+            f"({walstream_conformance.__file__}) has no command line; upgrade it, or run "
+            "its pytest plugin directly: pytest -p walstream_conformance",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     parser = argparse.ArgumentParser(
         prog=f"{PROG} conformance",
@@ -639,8 +708,10 @@ async def cmd_serve(args: argparse.Namespace) -> int:
 
     def announce(running: Any) -> None:
         auth = "token required" if running.token else "no token"
-        _out(f"walstream serve: node {running.client.node_id} (epoch "
-             f"{running.client.node_epoch}) listening on {running.url} ({auth})")
+        _out(
+            f"walstream serve: node {running.client.node_id} (epoch "
+            f"{running.client.node_epoch}) listening on {running.url} ({auth})"
+        )
         sys.stdout.flush()
 
     await server.run_until_signalled(
@@ -696,17 +767,19 @@ def _seconds(text: str) -> float:
 
 def _add_serve_and_bench(subparsers: Any, common: argparse.ArgumentParser) -> None:
     serve = _add_command(
-        subparsers, "serve",
+        subparsers,
+        "serve",
         "serve this node over HTTP (JSON and binary append/read/trim, long-poll tail reads, "
         "health, Prometheus metrics) until SIGTERM or Ctrl-C",
-        cmd_serve, common,
+        cmd_serve,
+        common,
         "examples:\n  walstream serve -c deploy.yaml\n"
         "  WALSTREAM_TOKEN=s3cret walstream serve -c deploy.yaml --listen 0.0.0.0:7400\n\n"
         "  curl -s localhost:7400/health\n"
         "  curl -s -H 'Authorization: Bearer s3cret' -d '{\"name\": \"orders\"}' "
         "localhost:7400/v1/streams\n"
         "  curl -s -H 'Authorization: Bearer s3cret' -H 'Content-Type: application/json' \\\n"
-        "       -d '{\"records\": [{\"value_text\": \"hello\"}]}' "
+        '       -d \'{"records": [{"value_text": "hello"}]}\' '
         "localhost:7400/v1/streams/orders/records\n"
         "  curl -s -H 'Authorization: Bearer s3cret' "
         "'localhost:7400/v1/streams/orders/records?start=0&wait=30'\n\n"
@@ -716,21 +789,36 @@ def _add_serve_and_bench(subparsers: Any, common: argparse.ArgumentParser) -> No
         "the node (uploading everything acknowledged) and exits 0. The routes are listed in\n"
         "the README and in the walstream.server module.",
     )
-    serve.add_argument("--listen", metavar="HOST:PORT",
-                       help="overrides server.listen (port 0 picks a free port)")
-    serve.add_argument("--token", metavar="TOKEN",
-                       help="bearer token clients must send (default: $WALSTREAM_TOKEN, then "
-                            "server.token)")
-    serve.add_argument("--max-body-bytes", type=_size, default=16 << 20, metavar="SIZE",
-                       help="largest request body; larger ones get 413 (default 16MiB)")
-    serve.add_argument("--max-wait", type=_seconds, default=60.0, metavar="SECONDS",
-                       help="bound of a long-poll read's wait= (default 60)")
+    serve.add_argument(
+        "--listen", metavar="HOST:PORT", help="overrides server.listen (port 0 picks a free port)"
+    )
+    serve.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help="bearer token clients must send (default: $WALSTREAM_TOKEN, then server.token)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=_size,
+        default=16 << 20,
+        metavar="SIZE",
+        help="largest request body; larger ones get 413 (default 16MiB)",
+    )
+    serve.add_argument(
+        "--max-wait",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="bound of a long-poll read's wait= (default 60)",
+    )
 
     bench = _add_command(
-        subparsers, "bench",
+        subparsers,
+        "bench",
         "benchmark appends (records/s, MiB/s, p50/p99/p999 batch latency), then a cold read "
         "back after a client restart; prints a table, optionally writes JSON",
-        cmd_bench, common,
+        cmd_bench,
+        common,
         "examples:\n  walstream bench\n"
         "  walstream bench --streams 8 --records 200000 --value-bytes 512 --batch 200 "
         "--concurrency 16\n"
@@ -738,17 +826,33 @@ def _add_serve_and_bench(subparsers: Any, common: argparse.ArgumentParser) -> No
         "Streams are named bench-<run>-<n> and deleted afterwards unless --keep. Values carry\n"
         "(appender, sequence) so the read back is verified; exit status 1 if it is not intact.",
     )
-    bench.add_argument("--streams", type=_count(1), default=4, metavar="N",
-                       help="streams to append to (default 4)")
-    bench.add_argument("--records", type=_count(1), default=50_000, metavar="N",
-                       help="records in total, over all streams (default 50000)")
-    bench.add_argument("--value-bytes", type=_count(8), default=1024, metavar="N",
-                       help="bytes per record value (default 1024)")
-    bench.add_argument("--batch", type=_count(1), default=100, metavar="N",
-                       help="records per append (default 100)")
-    bench.add_argument("--concurrency", type=_count(1), default=8, metavar="N",
-                       help="appenders running at once; appender i writes stream i %% streams "
-                            "(default 8)")
+    bench.add_argument(
+        "--streams", type=_count(1), default=4, metavar="N", help="streams to append to (default 4)"
+    )
+    bench.add_argument(
+        "--records",
+        type=_count(1),
+        default=50_000,
+        metavar="N",
+        help="records in total, over all streams (default 50000)",
+    )
+    bench.add_argument(
+        "--value-bytes",
+        type=_count(8),
+        default=1024,
+        metavar="N",
+        help="bytes per record value (default 1024)",
+    )
+    bench.add_argument(
+        "--batch", type=_count(1), default=100, metavar="N", help="records per append (default 100)"
+    )
+    bench.add_argument(
+        "--concurrency",
+        type=_count(1),
+        default=8,
+        metavar="N",
+        help="appenders running at once; appender i writes stream i %% streams (default 8)",
+    )
     bench.add_argument("--json", metavar="PATH", help="also write the numbers as JSON here")
     bench.add_argument("--keep", action="store_true", help="keep the bench streams")
     bench.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -778,12 +882,17 @@ def _common_options(suppress_defaults: bool) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False)
     default: Any = argparse.SUPPRESS if suppress_defaults else None
     parser.add_argument(
-        "--config", "-c", metavar="FILE", default=default,
+        "--config",
+        "-c",
+        metavar="FILE",
+        default=default,
         help="deployment YAML (node, wal, object_store, metadata, cache, upload sections); "
-             "default: the embedded deployment in ./walstream-data",
+        "default: the embedded deployment in ./walstream-data",
     )
     parser.add_argument(
-        "-v", "--verbose", action="store_true",
+        "-v",
+        "--verbose",
+        action="store_true",
         default=argparse.SUPPRESS if suppress_defaults else False,
         help="debug logging on stderr, and full tracebacks on errors",
     )
@@ -799,7 +908,11 @@ def _add_command(
     epilog: str | None = None,
 ) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        name, help=help_text, description=help_text, parents=[common], epilog=epilog,
+        name,
+        help=help_text,
+        description=help_text,
+        parents=[common],
+        epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.set_defaults(handler=handler)
@@ -808,10 +921,12 @@ def _add_command(
 
 def _add_format(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--format", choices=("text", "json", "hex"), default="text",
+        "--format",
+        choices=("text", "json", "hex"),
+        default="text",
         help="text: OFFSET<TAB>VALUE (UTF-8, undecodable bytes escaped); json: one object per "
-             "line with offset, timestamp_ms, key, value, headers (bytes that are not UTF-8 "
-             "appear as {\"base64\": ...}); hex: OFFSET<TAB>KEY<TAB>VALUE in hex",
+        "line with offset, timestamp_ms, key, value, headers (bytes that are not UTF-8 "
+        'appear as {"base64": ...}); hex: OFFSET<TAB>KEY<TAB>VALUE in hex',
     )
 
 
@@ -820,7 +935,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="walstream: append-only streams, durable in a write-ahead log, stored in "
-                    "object storage.",
+        "object storage.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[_common_options(suppress_defaults=False)],
@@ -832,30 +947,53 @@ def build_parser() -> argparse.ArgumentParser:
 
     # streams
     streams = commands.add_parser(
-        "streams", help="create, list and delete streams", parents=[common],
+        "streams",
+        help="create, list and delete streams",
+        parents=[common],
         description="Create, list and delete streams.",
         epilog="examples:\n  walstream streams create orders\n  walstream streams list "
-               "--prefix ord\n  walstream streams delete orders",
+        "--prefix ord\n  walstream streams delete orders",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    streams_commands = streams.add_subparsers(dest="streams_command", metavar="ACTION",
-                                              required=True)
-    create = _add_command(streams_commands, "create", "create a stream", cmd_streams_create,
-                          common, "example:\n  walstream streams create orders")
+    streams_commands = streams.add_subparsers(
+        dest="streams_command", metavar="ACTION", required=True
+    )
+    create = _add_command(
+        streams_commands,
+        "create",
+        "create a stream",
+        cmd_streams_create,
+        common,
+        "example:\n  walstream streams create orders",
+    )
     create.add_argument("name", help="the new stream's name (unique among active streams)")
-    listing = _add_command(streams_commands, "list", "list active streams", cmd_streams_list,
-                           common, "example:\n  walstream streams list --prefix orders-")
+    listing = _add_command(
+        streams_commands,
+        "list",
+        "list active streams",
+        cmd_streams_list,
+        common,
+        "example:\n  walstream streams list --prefix orders-",
+    )
     listing.add_argument("--prefix", default="", help="only streams whose name starts with it")
     listing.add_argument("--json", action="store_true", help="one JSON object per stream")
-    delete = _add_command(streams_commands, "delete", "delete a stream and its data",
-                          cmd_streams_delete, common, "example:\n  walstream streams delete orders")
+    delete = _add_command(
+        streams_commands,
+        "delete",
+        "delete a stream and its data",
+        cmd_streams_delete,
+        common,
+        "example:\n  walstream streams delete orders",
+    )
     delete.add_argument("name", help="stream name (or #ID)")
 
     # append
     append = _add_command(
-        commands, "append",
+        commands,
+        "append",
         "append one record per input line (stdin or --file); prints the offsets of each batch",
-        cmd_append, common,
+        cmd_append,
+        common,
         "examples:\n  echo hello | walstream append orders\n"
         "  walstream append orders --file events.txt --batch 1000 --key k1\n\n"
         "Each line (without its newline) becomes one record's value. Batches are appended\n"
@@ -865,16 +1003,31 @@ def build_parser() -> argparse.ArgumentParser:
     append.add_argument("stream", help="stream name (or #ID)")
     append.add_argument("--file", "-f", metavar="F", help="read lines from this file, not stdin")
     append.add_argument("--key", "-k", metavar="K", help="key of every appended record")
-    append.add_argument("--header", action="append", type=_header, default=[],
-                        metavar="NAME=VALUE",
-                        help="a header on every record (repeatable)")
-    append.add_argument("--batch", "-b", type=_count(1), default=DEFAULT_APPEND_BATCH, metavar="N",
-                        help=f"records per atomic batch (default {DEFAULT_APPEND_BATCH})")
+    append.add_argument(
+        "--header",
+        action="append",
+        type=_header,
+        default=[],
+        metavar="NAME=VALUE",
+        help="a header on every record (repeatable)",
+    )
+    append.add_argument(
+        "--batch",
+        "-b",
+        type=_count(1),
+        default=DEFAULT_APPEND_BATCH,
+        metavar="N",
+        help=f"records per atomic batch (default {DEFAULT_APPEND_BATCH})",
+    )
     append.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     # read
     read = _add_command(
-        commands, "read", "print records of a stream up to its current tail", cmd_read, common,
+        commands,
+        "read",
+        "print records of a stream up to its current tail",
+        cmd_read,
+        common,
         "examples:\n  walstream read orders                 # from the first readable offset\n"
         "  walstream read orders --start 100 --limit 10\n"
         "  walstream read orders --tail-offset 5 --format json   # the last 5 records\n"
@@ -882,107 +1035,173 @@ def build_parser() -> argparse.ArgumentParser:
     )
     read.add_argument("stream", help="stream name (or #ID)")
     position = read.add_mutually_exclusive_group()
-    position.add_argument("--start", type=_count(0), metavar="N",
-                          help="first offset to read (default: the first readable offset)")
-    position.add_argument("--from-timestamp", type=int, metavar="MS",
-                          help="start at the first record with timestamp_ms >= MS")
-    position.add_argument("--tail-offset", type=_count(0), metavar="N",
-                          help="start N records before the tail")
+    position.add_argument(
+        "--start",
+        type=_count(0),
+        metavar="N",
+        help="first offset to read (default: the first readable offset)",
+    )
+    position.add_argument(
+        "--from-timestamp",
+        type=int,
+        metavar="MS",
+        help="start at the first record with timestamp_ms >= MS",
+    )
+    position.add_argument(
+        "--tail-offset", type=_count(0), metavar="N", help="start N records before the tail"
+    )
     read.add_argument("--limit", type=_count(0), metavar="N", help="print at most N records")
     _add_format(read)
 
     # tail
     tail = _add_command(
-        commands, "tail", "print the last records of a stream; with -f keep following",
-        cmd_tail, common,
+        commands,
+        "tail",
+        "print the last records of a stream; with -f keep following",
+        cmd_tail,
+        common,
         "examples:\n  walstream tail orders            # the last 10 records\n"
         "  walstream tail orders -f         # then follow new records until Ctrl-C\n"
         "  walstream tail orders -f --start 0",
     )
     tail.add_argument("stream", help="stream name (or #ID)")
-    tail.add_argument("-f", "--follow", action="store_true",
-                      help="keep printing new records as they are appended, until Ctrl-C "
-                           "(exits 0)")
-    tail.add_argument("--start", type=_count(0), metavar="N",
-                      help="begin at offset N instead of the last --lines records")
-    tail.add_argument("-n", "--lines", type=_count(0), default=DEFAULT_TAIL_LINES, metavar="N",
-                      help=f"how many of the last records to print first (default "
-                           f"{DEFAULT_TAIL_LINES})")
+    tail.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing new records as they are appended, until Ctrl-C (exits 0)",
+    )
+    tail.add_argument(
+        "--start",
+        type=_count(0),
+        metavar="N",
+        help="begin at offset N instead of the last --lines records",
+    )
+    tail.add_argument(
+        "-n",
+        "--lines",
+        type=_count(0),
+        default=DEFAULT_TAIL_LINES,
+        metavar="N",
+        help=f"how many of the last records to print first (default {DEFAULT_TAIL_LINES})",
+    )
     _add_format(tail)
 
     # trim
-    trim = _add_command(commands, "trim", "make every offset before OFFSET unreadable", cmd_trim,
-                        common, "example:\n  walstream trim orders 1000")
+    trim = _add_command(
+        commands,
+        "trim",
+        "make every offset before OFFSET unreadable",
+        cmd_trim,
+        common,
+        "example:\n  walstream trim orders 1000",
+    )
     trim.add_argument("stream", help="stream name (or #ID)")
     trim.add_argument("offset", type=_count(0), help="the new first readable offset")
 
     # plugins
     plugins = _add_command(
-        commands, "plugins",
+        commands,
+        "plugins",
         "list installed backends (WAL, object store, metadata) with versions and options",
-        cmd_plugins, common, "example:\n  walstream plugins",
+        cmd_plugins,
+        common,
+        "example:\n  walstream plugins",
     )
     plugins.add_argument("--json", action="store_true", help="one JSON object per backend")
 
     # inspect
     inspect = commands.add_parser(
-        "inspect", help="decode and verify objects, metadata and WALs", parents=[common],
+        "inspect",
+        help="decode and verify objects, metadata and WALs",
+        parents=[common],
         description="Decode and verify stored data.",
         epilog="examples:\n"
-               "  walstream inspect object ./walstream-data/objects/51/99/0000000000000001.wso\n"
-               "  walstream inspect object 51/99/0000000000000001.wso  # a key in the store\n"
-               "  walstream inspect metadata\n  walstream inspect wal walstream-data/wal.img",
+        "  walstream inspect object ./walstream-data/objects/51/99/0000000000000001.wso\n"
+        "  walstream inspect object 51/99/0000000000000001.wso  # a key in the store\n"
+        "  walstream inspect metadata\n  walstream inspect wal walstream-data/wal.img",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    inspect_commands = inspect.add_subparsers(dest="inspect_command", metavar="WHAT",
-                                              required=True)
+    inspect_commands = inspect.add_subparsers(dest="inspect_command", metavar="WHAT", required=True)
     inspect_object = _add_command(
-        inspect_commands, "object",
+        inspect_commands,
+        "object",
         "decode an object (index, blocks) and verify every checksum; exit 1 on damage",
-        cmd_inspect_object, common,
+        cmd_inspect_object,
+        common,
         "examples:\n"
         "  walstream inspect object ./walstream-data/objects/51/99/0000000000000001.wso\n"
         "  walstream inspect object <key>   # fetched from the configured object store",
     )
     inspect_object.add_argument(
-        "object", metavar="FILE|KEY",
-        help="a local object file, or else a key in the configured object store")
-    _add_command(inspect_commands, "metadata",
-                 "print the streams, objects and nodes of the configured metadata store",
-                 cmd_inspect_metadata, common, "example:\n  walstream inspect metadata")
+        "object",
+        metavar="FILE|KEY",
+        help="a local object file, or else a key in the configured object store",
+    )
+    _add_command(
+        inspect_commands,
+        "metadata",
+        "print the streams, objects and nodes of the configured metadata store",
+        cmd_inspect_metadata,
+        common,
+        "example:\n  walstream inspect metadata",
+    )
     inspect_wal = _add_command(
-        inspect_commands, "wal", "decode and verify a WAL medium (e.g. an ebs WAL file)",
-        cmd_inspect_wal, common,
+        inspect_commands,
+        "wal",
+        "decode and verify a WAL medium (e.g. an ebs WAL file)",
+        cmd_inspect_wal,
+        common,
         "example:\n  walstream inspect wal ./walstream-data/wal.img --type ebs",
     )
     inspect_wal.add_argument("path", help="the WAL's file, device or folder")
-    inspect_wal.add_argument("--type", default="ebs",
-                             help="WAL plugin name whose inspector decodes it (default ebs)")
+    inspect_wal.add_argument(
+        "--type", default="ebs", help="WAL plugin name whose inspector decodes it (default ebs)"
+    )
 
     # conformance
     commands.add_parser(
-        "conformance", add_help=False,
+        "conformance",
+        add_help=False,
         help="run the conformance suite (needs walstream-conformance); "
-             "'walstream conformance --help' lists its options",
+        "'walstream conformance --help' lists its options",
     ).set_defaults(handler=cmd_conformance)
 
     # demo
     demo = _add_command(
-        commands, "demo",
+        commands,
+        "demo",
         "append a generated workload to a few streams, read it back, restart, verify again "
         "and print a summary (what `make run` runs)",
-        cmd_demo, common,
+        cmd_demo,
+        common,
         "examples:\n  walstream demo\n  walstream demo --streams 3 --records 20000 "
         "--value-bytes 256\n  walstream demo --config deploy.yaml",
     )
-    demo.add_argument("--streams", type=_count(1), default=3, metavar="N",
-                      help="streams written concurrently (default 3)")
-    demo.add_argument("--records", type=_count(1), default=20_000, metavar="N",
-                      help="records per stream (default 20000)")
-    demo.add_argument("--value-bytes", type=_count(1), default=256, metavar="N",
-                      help="bytes per record value (default 256)")
-    demo.add_argument("--batch", type=_count(1), default=100, metavar="N",
-                      help="records per append (default 100)")
+    demo.add_argument(
+        "--streams",
+        type=_count(1),
+        default=3,
+        metavar="N",
+        help="streams written concurrently (default 3)",
+    )
+    demo.add_argument(
+        "--records",
+        type=_count(1),
+        default=20_000,
+        metavar="N",
+        help="records per stream (default 20000)",
+    )
+    demo.add_argument(
+        "--value-bytes",
+        type=_count(1),
+        default=256,
+        metavar="N",
+        help="bytes per record value (default 256)",
+    )
+    demo.add_argument(
+        "--batch", type=_count(1), default=100, metavar="N", help="records per append (default 100)"
+    )
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     _add_serve_and_bench(commands, common)

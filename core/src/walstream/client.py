@@ -183,6 +183,8 @@ class Client:
         self._rng = rng or random.Random()
         self.node_id = self.config.node_id
         self.node_epoch = -1
+        self.deployment_id = b""
+        """Set by :meth:`start` from the metadata store (DESIGN §8: identity everywhere)."""
         self._streams: dict[int, _StreamState] = {}
         self._cache = LogCache(self.config.cache.log_cache_bytes, self.clock)
         self.reader = ObjectReader(
@@ -212,8 +214,10 @@ class Client:
         if self._started:
             return self
         self._started = True
+        self.deployment_id = await self.metadata.deployment_id()
         node = await self.metadata.register_node(self.node_id, self.wal.describe())
         self.node_epoch = node.node_epoch
+        self.wal.bind_deployment(self.deployment_id)
         await self.wal.start(self.node_id, self.node_epoch, WalMode.READ_WRITE)
         self._uploader = Uploader(
             cache=self._cache,

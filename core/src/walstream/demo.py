@@ -95,16 +95,24 @@ class DemoReport:
             ("streams", f"{len(self.streams)} ({self.streams[0]} .. {self.streams[-1]})"),
             ("records", f"{self.records:,}"),
             ("value MiB", f"{mib:.1f}"),
-            ("append MiB/s", f"{append_rate:.1f} ({self.records / self.append_seconds:,.0f} "
-                             "records/s)" if self.append_seconds > 0 else "-"),
+            (
+                "append MiB/s",
+                f"{append_rate:.1f} ({self.records / self.append_seconds:,.0f} records/s)"
+                if self.append_seconds > 0
+                else "-",
+            ),
             ("append p50 (ms/batch)", f"{self.percentile_ms(0.50):.2f}"),
             ("append p99 (ms/batch)", f"{self.percentile_ms(0.99):.2f}"),
-            ("objects written", f"{self.objects_written} ({self.object_bytes / (1 << 20):.1f} "
-                                "MiB)"),
+            (
+                "objects written",
+                f"{self.objects_written} ({self.object_bytes / (1 << 20):.1f} MiB)",
+            ),
             ("read MiB/s", f"{self.first_read.mib_per_second:.1f}"),
             ("read MiB/s after restart", f"{self.after_restart.mib_per_second:.1f}"),
-            ("verification", _verdict(self.first_read) + " / after restart: "
-                             + _verdict(self.after_restart)),
+            (
+                "verification",
+                _verdict(self.first_read) + " / after restart: " + _verdict(self.after_restart),
+            ),
         ]
         width = max(len(name) for name, _ in rows)
         lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
@@ -120,8 +128,9 @@ def _verdict(verification: Verification) -> str:
 
 async def _next_run_number(client: Any) -> int:
     infos = await client.list_streams(prefix=STREAM_PREFIX)
-    runs = [int(match.group(1)) for info in infos
-            if info.name and (match := _RUN_NAME.match(info.name))]
+    runs = [
+        int(match.group(1)) for info in infos if info.name and (match := _RUN_NAME.match(info.name))
+    ]
     return max(runs, default=0) + 1
 
 
@@ -137,35 +146,46 @@ async def _append_stream(
     offset = 0
     while offset < records:
         count = min(batch_records, records - offset)
-        batch = [Record(expected_value(name, position, value_bytes), key=expected_key(position))
-                 for position in range(offset, offset + count)]
+        batch = [
+            Record(expected_value(name, position, value_bytes), key=expected_key(position))
+            for position in range(offset, offset + count)
+        ]
         started = time.perf_counter()
         # match_tail makes the offsets certain: the values were generated for exactly them.
         ack = await stream.append(batch, match_tail=offset)
         latencies_s.append(time.perf_counter() - started)
         if ack.start != offset or ack.end != offset + count:
-            raise AssertionError(f"{name}: batch for [{offset}, {offset + count}) was acknowledged "
-                                 f"at [{ack.start}, {ack.end})")
+            raise AssertionError(
+                f"{name}: batch for [{offset}, {offset + count}) was acknowledged "
+                f"at [{ack.start}, {ack.end})"
+            )
         offset = ack.end
         progress.update(count)
 
 
 async def _verify_stream(
-    stream: Any, name: str, records: int, value_bytes: int, verification: Verification,
+    stream: Any,
+    name: str,
+    records: int,
+    value_bytes: int,
+    verification: Verification,
     progress: Any,
 ) -> None:
     position = 0
     while position < records:
-        result = await stream.read(start=position,
-                                   limit_records=min(READ_PAGE_RECORDS, records - position))
+        result = await stream.read(
+            start=position, limit_records=min(READ_PAGE_RECORDS, records - position)
+        )
         if not result.records:
-            verification.mismatches.append(f"{name}: no records at offset {position} "
-                                           f"(tail {result.tail})")
+            verification.mismatches.append(
+                f"{name}: no records at offset {position} (tail {result.tail})"
+            )
             return
         for record in result.records:
             if record.offset != position:
                 verification.mismatches.append(
-                    f"{name}: expected offset {position}, read offset {record.offset}")
+                    f"{name}: expected offset {position}, read offset {record.offset}"
+                )
                 return
             if record.value != expected_value(name, position, value_bytes):
                 verification.mismatches.append(f"{name}: value of offset {position} differs")
@@ -183,7 +203,11 @@ async def _verify_stream(
 
 
 async def _verify_all(
-    client: Any, names: Sequence[str], records: int, value_bytes: int, label: str,
+    client: Any,
+    names: Sequence[str],
+    records: int,
+    value_bytes: int,
+    label: str,
     show_progress: bool,
 ) -> Verification:
     from .cli import progress_bar
@@ -193,10 +217,12 @@ async def _verify_all(
     started = time.perf_counter()
     try:
         streams = [await client.open_stream(name) for name in names]
-        await asyncio.gather(*(
-            _verify_stream(stream, name, records, value_bytes, verification, progress)
-            for stream, name in zip(streams, names, strict=True)
-        ))
+        await asyncio.gather(
+            *(
+                _verify_stream(stream, name, records, value_bytes, verification, progress)
+                for stream, name in zip(streams, names, strict=True)
+            )
+        )
     finally:
         progress.close()
     verification.seconds = time.perf_counter() - started
@@ -233,30 +259,36 @@ async def run_demo(
     async with _open(config) as client:
         run = await _next_run_number(client)
         names = [f"{STREAM_PREFIX}{run:04d}-{index}" for index in range(streams)]
-        print(f"demo run {run}: {streams} streams x {records:,} records of {value_bytes} bytes "
-              f"in batches of {batch_records}", file=log)
+        print(
+            f"demo run {run}: {streams} streams x {records:,} records of {value_bytes} bytes "
+            f"in batches of {batch_records}",
+            file=log,
+        )
         handles = [await client.create_stream(name) for name in names]
         stream_ids = {handle.stream_id for handle in handles}
         latencies_s: list[float] = []
         bar = progress_bar(records * streams, "append", unit="records", enabled=progress)
         started = time.perf_counter()
         try:
-            await asyncio.gather(*(
-                _append_stream(handle, name, records, value_bytes, batch_records, latencies_s,
-                               bar)
-                for handle, name in zip(handles, names, strict=True)
-            ))
+            await asyncio.gather(
+                *(
+                    _append_stream(
+                        handle, name, records, value_bytes, batch_records, latencies_s, bar
+                    )
+                    for handle, name in zip(handles, names, strict=True)
+                )
+            )
         finally:
             bar.close()
         append_seconds = time.perf_counter() - started
-        first_read = await _verify_all(client, names, records, value_bytes, "read back",
-                                       progress)
+        first_read = await _verify_all(client, names, records, value_bytes, "read back", progress)
         await client.flush()
         objects_written, object_bytes = await _objects_of(client, stream_ids)
     print("restarting the client", file=log)
     async with _open(config) as client:
-        after_restart = await _verify_all(client, names, records, value_bytes,
-                                          "verify after restart", progress)
+        after_restart = await _verify_all(
+            client, names, records, value_bytes, "verify after restart", progress
+        )
     report = DemoReport(
         streams=names,
         records=records * streams,

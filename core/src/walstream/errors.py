@@ -15,7 +15,9 @@ __all__ = [
     "CapacityError",
     "ConfigError",
     "CorruptionError",
+    "DataLossError",
     "FencedError",
+    "IdentityMismatch",
     "InvalidArgument",
     "NotFound",
     "OutOfRangeError",
@@ -86,6 +88,29 @@ class CapacityError(WalstreamError):
 
 class CorruptionError(WalstreamError):
     """Stored bytes failed a checksum, magic or structure check. Bad bytes are never returned."""
+
+
+class IdentityMismatch(CorruptionError):
+    """Stored bytes belong to another deployment, node or object than the one reading them.
+
+    Raised when a WAL header, WAL object or chunk, or an object file carries a deployment id (or
+    node id, object id) other than the expected one: foreign bytes are never served as ours. Check
+    that the configuration points at this deployment's WAL and object store.
+    """
+
+
+class DataLossError(WalstreamError):
+    """The read reaches offsets an operator recorded as lost (``walstream recover --accept-loss``).
+
+    Carries the lost range ``[start_offset, end_offset)`` of ``stream_id``; a reader can resume at
+    ``end_offset``. Offsets of a lost range are never reused for new records.
+    """
+
+    def __init__(self, message: str, stream_id: int, start_offset: int, end_offset: int) -> None:
+        super().__init__(message)
+        self.stream_id = stream_id
+        self.start_offset = start_offset
+        self.end_offset = end_offset
 
 
 class BackendUnavailable(WalstreamError):

@@ -53,9 +53,7 @@ def validate_key(key: str) -> None:
         raise InvalidArgument(f"object key {key!r} must be relative (no leading '/')")
     for segment in key.split("/"):
         if segment in ("", ".", ".."):
-            raise InvalidArgument(
-                f"object key {key!r} has an empty, '.' or '..' path segment"
-            )
+            raise InvalidArgument(f"object key {key!r} has an empty, '.' or '..' path segment")
         if segment.startswith(TEMP_PREFIX):
             raise InvalidArgument(
                 f"object key {key!r}: segments starting with {TEMP_PREFIX!r} are reserved "

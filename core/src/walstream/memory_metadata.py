@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ from .metadata import (
     StreamRange,
     StreamState,
 )
+from .records import DEPLOYMENT_ID_BYTES
 
 __all__ = [
     "MEMORY_METADATA",
@@ -188,7 +190,10 @@ def _already_committed(
         return False
     info = record.info
     if (info.key, info.kind, info.size, info.index_size) != (
-        commit.key, commit.kind, commit.size, commit.index_size
+        commit.key,
+        commit.kind,
+        commit.size,
+        commit.index_size,
     ):
         return False
     stored = set(info.ranges)
@@ -204,7 +209,13 @@ def _final_object(
     )
     state = ObjectState.MARK_DESTROYED if all_ranges_dead(kept, streams) else ObjectState.COMMITTED
     return ObjectInfo(
-        commit.object_id, commit.key, commit.kind, state, commit.size, commit.index_size, kept,
+        commit.object_id,
+        commit.key,
+        commit.kind,
+        state,
+        commit.size,
+        commit.index_size,
+        kept,
         now_ms,
     )
 
@@ -387,6 +398,7 @@ class _MetadataVolume:
     streams: dict[int, StreamInfo] = field(default_factory=dict)
     objects: dict[int, ObjectRecord] = field(default_factory=dict)
     nodes: dict[int, NodeInfo] = field(default_factory=dict)
+    deployment_id: bytes = field(default_factory=lambda: os.urandom(DEPLOYMENT_ID_BYTES))
 
 
 _METADATA_VOLUMES: dict[str, _MetadataVolume] = {}
@@ -431,6 +443,11 @@ class MemoryMetadataStore(MetadataStore):
             for object_id, record in self._volume.objects.items()
             if any(r.stream_id == stream_id for r in record.info.ranges)
         ]
+
+    # -- identity ---------------------------------------------------------------------------------
+
+    async def deployment_id(self) -> bytes:
+        return self._state().deployment_id
 
     # -- streams ----------------------------------------------------------------------------------
 
@@ -539,8 +556,13 @@ class MemoryMetadataStore(MetadataStore):
     ) -> None:
         volume = self._state()
         plan = plan_commit(
-            volume.nodes.get(node_id), node_id, node_epoch, objects, volume.streams,
-            volume.objects, self._clock.now_ms(),
+            volume.nodes.get(node_id),
+            node_id,
+            node_epoch,
+            objects,
+            volume.streams,
+            volume.objects,
+            self._clock.now_ms(),
         )
         if plan is None:
             return

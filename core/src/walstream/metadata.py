@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "DataLossGap",
     "MetadataStore",
     "NodeInfo",
     "NodeState",
@@ -111,6 +112,21 @@ class NodeInfo:
     updated_ms: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class DataLossGap:
+    """Offsets ``[start_offset, end_offset)`` of a stream recorded as lost by an operator.
+
+    Recorded by ``walstream recover --accept-loss`` when a WAL held damaged, acknowledged records.
+    Reads of these offsets raise :class:`~walstream.errors.DataLossError`; they are never reused.
+    """
+
+    stream_id: int
+    start_offset: int
+    end_offset: int
+    reason: str
+    recorded_ms: int = 0
+
+
 class MetadataStore(ABC):
     """Durable catalogue of streams, objects and nodes.
 
@@ -135,7 +151,22 @@ class MetadataStore(ABC):
     9. **compaction-atomic** — :meth:`replace_objects` swaps source objects for their rewrite in
        one transaction, and fails with :class:`PreconditionFailed` if a source changed.
     10. **errors-typed** — failures are :mod:`walstream.errors` types.
+    11. **deployment-id** — :meth:`deployment_id` returns the same 16 bytes on every call and
+        from every process for the life of the store; it is created once, on first use.
+    12. **data-loss-gaps** — :meth:`record_data_loss` moves ``committed_end`` past a lost range
+        exactly like a commit (continuity, epochs); :meth:`get_data_loss` returns it afterwards,
+        and the offsets are never assigned again.
     """
+
+    # -- identity -----------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def deployment_id(self) -> bytes:
+        """This deployment's identity: 16 random bytes created on first use, then fixed.
+
+        Every WAL medium and object file of the deployment carries it, so bytes of another
+        deployment sharing a bucket, folder or device are refused instead of served.
+        """
 
     # -- streams ------------------------------------------------------------------------------------
 
@@ -240,6 +271,20 @@ class MetadataStore(ABC):
     @abstractmethod
     async def begin_failover(self, node_id: int) -> NodeInfo:
         """Bump the dead node's epoch (fencing it) and set FAILING_OVER; returns the new info."""
+
+    # -- data loss ----------------------------------------------------------------------------------
+
+    async def record_data_loss(self, node_id: int, node_epoch: int, gap: DataLossGap) -> StreamInfo:
+        """Record ``gap`` as lost (invariant 12): ``gap.start_offset`` must equal the stream's
+        ``committed_end`` (else :class:`PreconditionFailed`); ``committed_end`` moves to
+        ``gap.end_offset``. ``node_epoch`` must be current. Idempotent like a commit."""
+        raise NotImplementedError
+
+    async def get_data_loss(
+        self, stream_id: int, start_offset: int = 0, end_offset: int | None = None
+    ) -> list[DataLossGap]:
+        """Recorded gaps of ``stream_id`` overlapping ``[start_offset, end_offset)``, in order."""
+        raise NotImplementedError
 
     async def close(self) -> None:
         """Release connections; idempotent."""

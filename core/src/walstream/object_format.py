@@ -356,9 +356,7 @@ def parse_footer(footer: bytes, object_size: int) -> Footer:
         magic,
     ) = _FOOTER.unpack(footer)
     if magic != OBJECT_MAGIC:
-        raise CorruptionError(
-            f"bad object magic {magic!r}: not a walstream object, or truncated"
-        )
+        raise CorruptionError(f"bad object magic {magic!r}: not a walstream object, or truncated")
     if _crc(footer[: _FOOTER_FIELDS.size]) != footer_crc:
         raise CorruptionError("object footer checksum mismatch")
     if version != FORMAT_VERSION:
@@ -429,12 +427,10 @@ def _check_entries(entries: Sequence[IndexEntry], data_size: int) -> None:
             raise CorruptionError(f"object index entry is malformed: {entry}")
         if previous is not None:
             if entry.stream_id < previous.stream_id or (
-                entry.stream_id == previous.stream_id
-                and entry.start_offset != previous.end_offset
+                entry.stream_id == previous.stream_id and entry.start_offset != previous.end_offset
             ):
                 raise CorruptionError(
-                    "object index entries are out of order or leave a gap: "
-                    f"{previous} then {entry}"
+                    f"object index entries are out of order or leave a gap: {previous} then {entry}"
                 )
         previous = entry
     next_position = 0

@@ -583,9 +583,7 @@ class QuorumWal(GroupCommitWal):
             records = decode_chunk(data)
             self._chunk_records[link.seq] = len(records)
             if link is resolution.chain[-1]:
-                self._last_offset = max(
-                    self._trim_offset, chunk_offset(link.seq, len(records) - 1)
-                )
+                self._last_offset = max(self._trim_offset, chunk_offset(link.seq, len(records) - 1))
             for index, record in enumerate(records):
                 offset = chunk_offset(link.seq, index)
                 if offset > self._trim_offset:

@@ -24,6 +24,7 @@ from .errors import CorruptionError, InvalidArgument
 __all__ = [
     "BATCH_HEADER",
     "BATCH_MAGIC",
+    "DEPLOYMENT_ID_BYTES",
     "AppendAck",
     "BatchHeader",
     "ReadResult",
@@ -35,6 +36,10 @@ __all__ = [
     "iter_batches",
     "record_size",
 ]
+
+#: Length of a deployment id: 16 random bytes made once by the metadata store and carried by
+#: every WAL medium and object file of the deployment.
+DEPLOYMENT_ID_BYTES = 16
 
 BATCH_MAGIC = 0xB1  # batch format version 1
 BATCH_HEADER = struct.Struct(">BqqqiI")

@@ -118,6 +118,7 @@ async def failover_node(
 ) -> RecoveryStats:
     """Take over ``dead_node_id``'s WAL: fence it, upload what it acknowledged, release it."""
     node = await metadata.begin_failover(dead_node_id)
+    wal.bind_deployment(await metadata.deployment_id())
     await wal.start(dead_node_id, node.node_epoch, WalMode.FAILOVER)
     cache = LogCache(config.cache.log_cache_bytes, clock)
     failures: list[BaseException] = []

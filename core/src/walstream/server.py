@@ -292,7 +292,9 @@ def _query_int(request: web.Request, name: str, minimum: int = 0) -> int | None:
     try:
         value = int(text)
     except ValueError:
-        raise InvalidArgument(f"query parameter {name}: expected an integer, got {text!r}") from None
+        raise InvalidArgument(
+            f"query parameter {name}: expected an integer, got {text!r}"
+        ) from None
     if value < minimum:
         raise InvalidArgument(f"query parameter {name}: must be at least {minimum}, got {value}")
     return value
@@ -363,15 +365,21 @@ def _http_error_json(
 ) -> dict[str, Any]:
     name = type(error).__name__.removeprefix("HTTP")
     if isinstance(error, web.HTTPNotFound):
-        message = (f"no route {request.method} {request.path}; the routes are /health, "
-                   "/metrics and /v1/streams[/{name}[/records|/trim|/tail|/fencing-token]]")
+        message = (
+            f"no route {request.method} {request.path}; the routes are /health, "
+            "/metrics and /v1/streams[/{name}[/records|/trim|/tail|/fencing-token]]"
+        )
     elif isinstance(error, web.HTTPMethodNotAllowed):
-        message = (f"{request.method} is not allowed on {request.path}; allowed: "
-                   f"{', '.join(sorted(error.allowed_methods))}")
+        message = (
+            f"{request.method} is not allowed on {request.path}; allowed: "
+            f"{', '.join(sorted(error.allowed_methods))}"
+        )
     elif isinstance(error, web.HTTPRequestEntityTooLarge):
-        message = (f"the request body is larger than this server accepts "
-                   f"({max_body_bytes} bytes; serve --max-body-bytes); "
-                   "split the batch")
+        message = (
+            f"the request body is larger than this server accepts "
+            f"({max_body_bytes} bytes; serve --max-body-bytes); "
+            "split the batch"
+        )
     else:
         message = error.text or error.reason
     return {"error": name, "message": message}
@@ -452,15 +460,21 @@ class _Service:
         except WalstreamError as error:
             status = error_status(error)
             if status >= 500:
-                log.warning("%s %s failed: %s: %s", request.method, request.path,
-                            type(error).__name__, error)
+                log.warning(
+                    "%s %s failed: %s: %s",
+                    request.method,
+                    request.path,
+                    type(error).__name__,
+                    error,
+                )
             headers = {"Retry-After": "1"} if status in (429, 503) else None
             return web.json_response(_error_json(error), status=status, headers=headers)
         except web.HTTPException as error:
             if error.status < 400:
                 raise
             return web.json_response(
-                _http_error_json(request, error, self.max_body_bytes), status=error.status,
+                _http_error_json(request, error, self.max_body_bytes),
+                status=error.status,
                 headers=_kept_headers(error),
             )
 
@@ -516,9 +530,11 @@ class _Service:
     async def metrics(self, request: web.Request) -> web.Response:
         if self.render_metrics is None:
             return web.json_response(
-                {"error": "NotFound",
-                 "message": "metrics are disabled in this deployment (hooks.disable lists "
-                            "'metrics'); remove it from hooks.disable to serve /metrics"},
+                {
+                    "error": "NotFound",
+                    "message": "metrics are disabled in this deployment (hooks.disable lists "
+                    "'metrics'); remove it from hooks.disable to serve /metrics",
+                },
                 status=404,
             )
         text = self.render_metrics() + self.requests.render()
@@ -528,19 +544,21 @@ class _Service:
 
     async def list_streams(self, request: web.Request) -> web.Response:
         infos = await self.client.list_streams(prefix=request.query.get("prefix", ""))
-        return web.json_response({
-            "streams": [
-                {
-                    "stream_id": info.stream_id,
-                    "name": info.name,
-                    "start_offset": info.start_offset,
-                    "committed_end": info.committed_end,
-                    "epoch": info.epoch,
-                    "owner_node_id": info.owner_node_id,
-                }
-                for info in infos
-            ]
-        })
+        return web.json_response(
+            {
+                "streams": [
+                    {
+                        "stream_id": info.stream_id,
+                        "name": info.name,
+                        "start_offset": info.start_offset,
+                        "committed_end": info.committed_end,
+                        "epoch": info.epoch,
+                        "owner_node_id": info.owner_node_id,
+                    }
+                    for info in infos
+                ]
+            }
+        )
 
     async def create_stream(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
@@ -550,9 +568,7 @@ class _Service:
         if name is not None and (not isinstance(name, str) or not name):
             raise InvalidArgument(f"name: expected a non-empty string or null, got {name!r}")
         stream = await self.client.create_stream(name)
-        return web.json_response(
-            {"stream_id": stream.stream_id, "name": stream.name}, status=201
-        )
+        return web.json_response({"stream_id": stream.stream_id, "name": stream.name}, status=201)
 
     async def delete_stream(self, request: web.Request) -> web.Response:
         ref = _stream_ref(request)
@@ -601,18 +617,26 @@ class _Service:
         )
         wait = min(_query_seconds(request, "wait"), self.max_wait_s)
         stream = await self.client.open_stream(_stream_ref(request))
-        reading = asyncio.ensure_future(stream.read(
-            start, from_timestamp=from_timestamp, tail_offset=tail_offset,
-            limit_records=limit, limit_bytes=limit_bytes, wait=wait,
-        ))
+        reading = asyncio.ensure_future(
+            stream.read(
+                start,
+                from_timestamp=from_timestamp,
+                tail_offset=tail_offset,
+                limit_records=limit,
+                limit_bytes=limit_bytes,
+                wait=wait,
+            )
+        )
         if wait > 0 and not await self._unless_stopping(reading):
             # Shutting down: answer the long poll now, empty, so the caller re-polls elsewhere.
             return web.json_response({"records": [], "tail": await stream.check_tail()})
         result = await reading
-        return web.json_response({
-            "records": [_record_json(record) for record in result.records],
-            "tail": result.tail,
-        })
+        return web.json_response(
+            {
+                "records": [_record_json(record) for record in result.records],
+                "tail": result.tail,
+            }
+        )
 
     async def _unless_stopping(self, work: asyncio.Future[Any]) -> bool:
         """Wait for ``work``, or cancel it when shutdown begins; True when it finished."""
@@ -673,8 +697,13 @@ def make_app(
     engine's Prometheus text (None: /metrics answers 404). ``max_body_bytes``: larger request
     bodies get 413. ``max_wait_s``: bound of a long-poll read's ``wait``.
     """
-    service = _Service(client, token=token, render_metrics=render_metrics,
-                       max_body_bytes=max_body_bytes, max_wait_s=max_wait_s)
+    service = _Service(
+        client,
+        token=token,
+        render_metrics=render_metrics,
+        max_body_bytes=max_body_bytes,
+        max_wait_s=max_wait_s,
+    )
     app = web.Application(middlewares=[service.middleware], client_max_size=max_body_bytes)
     app.add_routes(service.routes())
     app[_SERVICE] = service
@@ -704,8 +733,9 @@ class RunningServer:
         return f"http://{host}:{self.port}"
 
 
-def _choose_token(explicit: str | None, configured: str | None,
-                  environ: Mapping[str, str]) -> str | None:
+def _choose_token(
+    explicit: str | None, configured: str | None, environ: Mapping[str, str]
+) -> str | None:
     """``--token`` wins, then ``WALSTREAM_TOKEN``, then ``server.token``; empty means none."""
     for candidate in (explicit, environ.get(TOKEN_ENVIRONMENT_VARIABLE), configured):
         if candidate:
@@ -741,8 +771,12 @@ async def serve(
         token, server_section.get("token"), os.environ if environ is None else environ
     )
     if chosen_token is None and host not in ("127.0.0.1", "::1", "localhost"):
-        log.warning("serving %s:%d without a token: anyone who reaches it can write and "
-                    "delete streams (set server.token or WALSTREAM_TOKEN)", host, port)
+        log.warning(
+            "serving %s:%d without a token: anyone who reaches it can write and "
+            "delete streams (set server.token or WALSTREAM_TOKEN)",
+            host,
+            port,
+        )
     plugin_manager = walstream_plugins.make_plugin_manager(
         load_entrypoints=True, disabled=deployment.disabled_hooks
     )
@@ -797,14 +831,20 @@ async def run_until_signalled(
         loop.add_signal_handler(signal_number, stop.set)
     try:
         async with serve(
-            config, listen=listen, token=token, max_body_bytes=max_body_bytes,
+            config,
+            listen=listen,
+            token=token,
+            max_body_bytes=max_body_bytes,
             max_wait_s=max_wait_s,
         ) as server:
             if announce is not None:
                 announce(server)
             await stop.wait()
-            print("walstream serve: stopping (closing the node uploads everything "
-                  "acknowledged)", file=sys.stderr, flush=True)
+            print(
+                "walstream serve: stopping (closing the node uploads everything acknowledged)",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         for signal_number in signals:
             loop.remove_signal_handler(signal_number)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -58,13 +59,14 @@ from .metadata import (
     StreamRange,
     StreamState,
 )
+from .records import DEPLOYMENT_ID_BYTES
 
 __all__ = ["SCHEMA_VERSION", "SQLITE_METADATA", "SqliteMetadataStore"]
 
 T = TypeVar("T")
 
 #: Version of the tables below; bump it (and add a migration) whenever they change.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (
@@ -116,6 +118,21 @@ _SCHEMA = (
         state TEXT NOT NULL,
         wal_config TEXT NOT NULL,
         updated_ms INTEGER NOT NULL
+    )""",
+    # -- version 2 --
+    # The deployment's identity, written once (the CHECK keeps it to one row).
+    """CREATE TABLE IF NOT EXISTS deployment (
+        singleton INTEGER PRIMARY KEY CHECK (singleton = 0),
+        deployment_id BLOB NOT NULL
+    )""",
+    # Offsets an operator recorded as lost (`walstream recover --accept-loss`).
+    """CREATE TABLE IF NOT EXISTS data_loss (
+        stream_id INTEGER NOT NULL,
+        start_offset INTEGER NOT NULL,
+        end_offset INTEGER NOT NULL,
+        reason TEXT NOT NULL,
+        recorded_ms INTEGER NOT NULL,
+        PRIMARY KEY (stream_id, start_offset)
     )""",
 )
 
@@ -367,6 +384,7 @@ class SqliteMetadataStore(MetadataStore):
         self._path = Path(path)
         self._busy_timeout_s = busy_timeout_s
         self._clock: Clock = clock or SystemClock()
+        self._deployment_id: bytes | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="walstream-sqlite")
         self._connection: sqlite3.Connection | None = None  # touched only on the executor thread
         self._closed = False
@@ -387,9 +405,7 @@ class SqliteMetadataStore(MetadataStore):
                 f"cannot create the folder of sqlite metadata {str(self._path)!r} ({error}); "
                 "check metadata.path and permissions"
             ) from error
-        connection = sqlite3.connect(
-            self._path, timeout=self._busy_timeout_s, isolation_level=None
-        )
+        connection = sqlite3.connect(self._path, timeout=self._busy_timeout_s, isolation_level=None)
         try:
             connection.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
             mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
@@ -457,6 +473,25 @@ class SqliteMetadataStore(MetadataStore):
 
     async def _read(self, work: Callable[[_Tables], T]) -> T:
         return await self._call(False, work)
+
+    # -- identity ---------------------------------------------------------------------------------
+
+    async def deployment_id(self) -> bytes:
+        def work(tables: _Tables) -> bytes:
+            row = tables.db.execute(
+                "SELECT deployment_id FROM deployment WHERE singleton = 0"
+            ).fetchone()
+            if row is not None:
+                return bytes(row[0])
+            created = os.urandom(DEPLOYMENT_ID_BYTES)
+            tables.db.execute(
+                "INSERT INTO deployment (singleton, deployment_id) VALUES (0, ?)", (created,)
+            )
+            return created
+
+        if self._deployment_id is None:
+            self._deployment_id = await self._write(work)
+        return self._deployment_id
 
     # -- streams ----------------------------------------------------------------------------------
 
@@ -568,8 +603,15 @@ class SqliteMetadataStore(MetadataStore):
             if new_start <= stream.start_offset:
                 return stream
             trimmed = StreamInfo(
-                stream.stream_id, stream.name, stream.epoch, new_start, stream.committed_end,
-                stream.state, stream.owner_node_id, stream.fencing_token, stream.created_ms,
+                stream.stream_id,
+                stream.name,
+                stream.epoch,
+                new_start,
+                stream.committed_end,
+                stream.state,
+                stream.owner_node_id,
+                stream.fencing_token,
+                stream.created_ms,
             )
             tables.put_stream(trimmed)
             # Only ranges that just died can leave an object with no live range.

@@ -40,6 +40,7 @@ __all__ = ["EventLoopThread", "SyncClient", "SyncStream", "TailIterator", "open"
 
 T = TypeVar("T")
 
+
 class EventLoopThread:
     """An asyncio event loop running forever in a daemon thread, until :meth:`stop`."""
 
@@ -77,8 +78,10 @@ class EventLoopThread:
     def _check_usable(self, awaitable: Awaitable[Any]) -> None:
         problem = None
         if threading.current_thread() is self._thread:
-            problem = ("a walstream.sync call was made from its own event loop thread; use the "
-                       "async API there")
+            problem = (
+                "a walstream.sync call was made from its own event loop thread; use the "
+                "async API there"
+            )
         elif not self.running:
             problem = "this walstream.sync client is closed"
         if problem is not None:

@@ -26,11 +26,14 @@ from .errors import (
     InvalidArgument,
     WalstreamError,
 )
+from .records import DEPLOYMENT_ID_BYTES
 
 __all__ = [
+    "DEPLOYMENT_ID_BYTES",
     "GroupCommitWal",
     "PreparedGroup",
     "WalCapabilities",
+    "WalDamage",
     "WalMode",
     "WalOffset",
     "WalRecord",
@@ -69,13 +72,37 @@ class WalCapabilities:
     """Acknowledged records were synced to stable media (not only to the OS page cache)."""
     shared_between_processes: bool = True
     """Another process can open the same WAL (restart, failover). False for in-memory WALs."""
+    checks_identity: bool = False
+    """The medium records the deployment id (and node id) it was formatted for and refuses to be
+    opened by another (invariant 12)."""
+    reports_damage: bool = False
+    """:meth:`WriteAheadLog.recover` tells damage from a torn tail (invariant 11)."""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WalDamage:
+    """A region of the WAL that failed its checks although valid records follow it.
+
+    ``start`` is the WAL offset where the damage begins (the end of the last valid record before
+    it); ``end`` the offset of the next valid record. ``damaged_bytes`` is how much of the medium
+    the region spans (an upper bound for what the lost records could have held) and ``reason``
+    says what failed (checksum, magic, a missing object, ...).
+    """
+
+    start: WalOffset
+    end: WalOffset
+    damaged_bytes: int
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
 class WalRecord:
     offset: WalOffset
     data: bytes
+    damage_before: WalDamage | None = None
+    """Set on the first valid record after a damaged region (invariant 11): records between the
+    previous yielded record and this one may have been acknowledged and are lost."""
 
 
 class WriteAheadLog(ABC):
@@ -108,9 +135,33 @@ class WriteAheadLog(ABC):
        after reaching the medium is :class:`AmbiguousError`, and after any failed write the WAL
        refuses further appends (a hole must never be followed by an acknowledged record).
     10. **close** — ``close`` waits for in-flight appends to finish; afterwards ``append`` raises.
+    11. **damage-reported** — :meth:`recover` never drops an acknowledged record silently. Only
+        a damaged region at the very end of the log, holding nothing that a later durable write
+        shows was acknowledged (what can legitimately be in flight at a crash: a torn tail), may
+        be dropped. A damaged region with valid data after it is reported: the next valid record
+        carries it as ``damage_before`` and recovery continues after it. (``reports_damage``)
+    12. **identity** — a WAL records the deployment id given to :meth:`bind_deployment` and the
+        node id it was started for; :meth:`start` refuses a medium formatted for another
+        deployment or node, or one shorter than it was formatted for, with
+        :class:`~walstream.errors.IdentityMismatch` / :class:`CorruptionError`, and
+        :meth:`recover` never yields bytes written for another deployment. (``checks_identity``)
     """
 
     capabilities: WalCapabilities
+    deployment_id: bytes = b""
+    """The deployment this WAL belongs to; empty until :meth:`bind_deployment`."""
+
+    def bind_deployment(self, deployment_id: bytes) -> None:
+        """Tell the WAL which deployment it belongs to; the engine calls this before ``start``.
+
+        WALs that declare ``checks_identity`` write it into their medium when they format it and
+        compare it on open and on every record or object they recover.
+        """
+        if len(deployment_id) != DEPLOYMENT_ID_BYTES:
+            raise InvalidArgument(
+                f"a deployment id has {DEPLOYMENT_ID_BYTES} bytes, got {len(deployment_id)}"
+            )
+        self.deployment_id = bytes(deployment_id)
 
     @abstractmethod
     async def start(self, node_id: int, node_epoch: int, mode: WalMode) -> None: ...
