@@ -65,6 +65,9 @@ def classify_recovery(
     last_index = -1
     detected = False
     for record in recovered:
+        if record.is_damage_report:
+            detected = True
+            continue
         data = expected.get(record.offset)
         if data is None or data != record.data or record.offset in seen:
             return Outcome.WRONG_DATA
@@ -79,6 +82,9 @@ def classify_recovery(
         seen.add(record.offset)
         last_index = index
     missing_tail = len(order) - 1 - last_index
+    trailing_report = bool(recovered) and recovered[-1].is_damage_report
+    if missing_tail and trailing_report:
+        return Outcome.DETECTED
     if missing_tail > torn_tail_allowance:
         return Outcome.SILENT_LOSS
     if detected:

@@ -102,7 +102,15 @@ class WalRecord:
     data: bytes
     damage_before: WalDamage | None = None
     """Set on the first valid record after a damaged region (invariant 11): records between the
-    previous yielded record and this one may have been acknowledged and are lost."""
+    previous yielded record and this one may have been acknowledged and are lost.
+
+    A record with ``damage_before`` set and empty ``data`` is a pure damage report: damage at the
+    end of the log that provably is not a torn write (a complete S3 object failing its checksum,
+    a record attested as acknowledged by a later write); ``offset`` is then the damage's end."""
+
+    @property
+    def is_damage_report(self) -> bool:
+        return self.damage_before is not None and not self.data
 
 
 class WriteAheadLog(ABC):
