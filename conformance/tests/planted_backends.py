@@ -117,3 +117,10 @@ def make_memory_ack_wal(path: str) -> WriteAheadLog:
 
 def make_unsynced_wal(path: str) -> WriteAheadLog:
     return UnsyncedFileWal(os.fspath(path))
+
+
+class IdentityBlindWal(MemoryWal):
+    """Declares ``checks_identity`` but opens a volume for any deployment."""
+
+    def _check_identity(self, volume: Any) -> None:
+        return None

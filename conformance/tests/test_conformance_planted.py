@@ -111,6 +111,20 @@ async def test_returning_trimmed_records_is_caught(planted: ModuleType) -> None:
         await sound.aclose()
 
 
+async def test_wal_serving_another_deployment_is_caught(planted: ModuleType) -> None:
+    volume = _volume()
+    kit = WalKit(factory=lambda: planted.IdentityBlindWal(volume))
+    sound_volume = _volume()
+    sound = WalKit(factory=lambda: MemoryWal(sound_volume))
+    try:
+        with pytest.raises(CAUGHT, match="IdentityMismatch"):
+            await WalSuite().test_identity(kit)
+        await WalSuite().test_identity(sound)
+    finally:
+        await kit.aclose()
+        await sound.aclose()
+
+
 async def test_metadata_accepting_a_stale_epoch_is_caught(planted: ModuleType) -> None:
     volume = _volume()
     kit = MetadataKit(lambda: planted.StaleEpochMetadata(volume))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import BackendFactory, BuildContext, Option
-from .errors import FencedError, InvalidArgument, NotFound, PreconditionFailed
+from .errors import FencedError, IdentityMismatch, InvalidArgument, NotFound, PreconditionFailed
 from .objects import ObjectMeta, ObjectStore, ObjectStoreCapabilities, clamp_range
 from .wal import GroupCommitWal, PreparedGroup, WalCapabilities, WalMode, WalOffset, WalRecord
 
@@ -27,6 +27,8 @@ class _WalVolume:
     trim_offset: int = -1
     owner_epoch: int = -1
     used_bytes: int = 0
+    deployment_id: bytes = b""
+    """The deployment the volume was first opened for (empty until one is bound)."""
 
 
 _WAL_VOLUMES: dict[str, _WalVolume] = {}
@@ -51,6 +53,7 @@ class MemoryWal(GroupCommitWal):
                 survives_process_kill=False,
                 survives_power_loss=False,
                 shared_between_processes=False,
+                checks_identity=True,
             ),
             **group_options,
         )
@@ -61,12 +64,24 @@ class MemoryWal(GroupCommitWal):
 
     async def _open(self, node_id: int, node_epoch: int, mode: WalMode) -> None:
         volume = self._volume
+        self._check_identity(volume)
         if mode is not WalMode.READ_ONLY:
             if node_epoch < volume.owner_epoch:
                 raise FencedError(
                     f"memory WAL is owned by epoch {volume.owner_epoch} > {node_epoch}"
                 )
             volume.owner_epoch = node_epoch
+
+    def _check_identity(self, volume: _WalVolume) -> None:
+        if not self.deployment_id:
+            return
+        if not volume.deployment_id:
+            volume.deployment_id = self.deployment_id
+        elif volume.deployment_id != self.deployment_id:
+            raise IdentityMismatch(
+                f"memory WAL volume belongs to deployment {volume.deployment_id.hex()}, not "
+                f"{self.deployment_id.hex()}; give each deployment its own volume name"
+            )
 
     def _prepare_group(self, payloads: Sequence[bytes]) -> PreparedGroup:
         from .errors import CapacityError

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from walstream.errors import CapacityError, FencedError, WalstreamError
+from walstream.errors import CapacityError, FencedError, IdentityMismatch, WalstreamError
 from walstream.wal import WalMode, WalOffset, WalRecord, WriteAheadLog
 
 from ..backends import BackendSpec
@@ -559,6 +559,41 @@ class WalSuite:
         assert not lost, (
             f"{len(lost)} acknowledged records lost in a power loss: offsets {lost[:10]}"
         )
+
+    # 12 -----------------------------------------------------------------------------------------
+    async def test_identity(self, walstream_wal_kit: WalKit) -> None:
+        """A WAL bound to one deployment refuses to be opened for another, and never yields the
+        other deployment's records; its own deployment still recovers everything."""
+        kit = walstream_wal_kit
+        kit.requirements.require("checks_identity")
+        ours, theirs = bytes(range(16)), bytes(range(100, 116))
+        wal = kit.new()
+        wal.bind_deployment(ours)
+        await wal.start(kit.node_id, kit.next_epoch(), WalMode.READ_WRITE)
+        _ = [record async for record in wal.recover()]
+        await wal.reset()
+        written = []
+        for index in range(20):
+            data = payload(15, index, 200)
+            written.append((await wal.append(data), data))
+        await wal.close()
+
+        foreign = kit.new()
+        foreign.bind_deployment(theirs)
+        leaked: list[WalRecord] = []
+        with pytest.raises(IdentityMismatch):
+            await foreign.start(kit.node_id, kit.next_epoch(), WalMode.READ_WRITE)
+            leaked.extend([record async for record in foreign.recover()])
+        assert not leaked, f"a foreign deployment recovered {len(leaked)} of our records"
+        with contextlib.suppress(Exception):
+            await foreign.close()
+
+        again = kit.new()
+        again.bind_deployment(ours)
+        await again.start(kit.node_id, kit.next_epoch(), WalMode.READ_WRITE)
+        recovered = [record async for record in again.recover()]
+        _assert_same_records(recovered, written, "our deployment after a foreign open")
+        await again.reset()
 
 
 async def _wait_until_stalled(futures: Sequence[asyncio.Future[Any]], quiet_s: float = 0.4) -> int:
