@@ -439,16 +439,20 @@ def test_cli_recover_refuses_then_accepts(
     assert main(["recover", "-c", str(config)]) == 2
     refused = capsys.readouterr()
     assert "RecoveryRefused" in refused.err and "offsets [1, 2) are lost" in refused.err
-    assert "walstream recover --accept-loss" in refused.err
+    assert f"walstream recover --accept-loss -c {config}" in refused.err
+    assert refused.err.count("refuses to start") == 1
 
     assert main(["recover", "-c", str(config), "--accept-loss"]) == 0
     accepted = capsys.readouterr().out
-    assert "recorded as lost (1 gaps" in accepted and "[1, 2)" in accepted
+    assert "recorded as lost (1 gap;" in accepted and "[1, 2)" in accepted
 
     assert main(["recover", "-c", str(config), "--accept-loss"]) == 2
     assert "nothing to accept" in capsys.readouterr().out
     assert main(["recover", "-c", str(config)]) == 0
     assert "nothing was lost" in capsys.readouterr().out
+
+    assert main(["inspect", "metadata", "-c", str(config)]) == 0
+    assert "data-loss gaps (1; reads of them raise DataLossError)" in capsys.readouterr().out
 
     assert main(["read", "-c", str(config), "orders", "--start", "2"]) == 0
     assert capsys.readouterr().out.splitlines() == [f"{i}\torders-{i}" for i in range(2, 5)]

@@ -504,9 +504,10 @@ async def cmd_recover(args: argparse.Namespace) -> int:
     _out("damage accepted:")
     for line in stats.loss_lines():
         _out(line)
+    count = len(stats.recorded_gaps)
     _out(
-        f"recorded as lost ({len(stats.recorded_gaps)} gaps; reads raise DataLossError, the "
-        "offsets are never reused):"
+        f"recorded as lost ({count} gap{'' if count == 1 else 's'}; reads raise DataLossError, "
+        "the offsets are never reused):"
     )
     for gap in stats.recorded_gaps:
         _out(f"  stream {gap.stream_id}: [{gap.start_offset}, {gap.end_offset})")
@@ -614,6 +615,7 @@ async def cmd_inspect_metadata(args: argparse.Namespace) -> int:
         streams = await metadata.list_streams()
         objects = await metadata.list_objects()
         nodes = await metadata.list_nodes()
+        gaps = [gap for info in streams for gap in await metadata.get_data_loss(info.stream_id)]
     _out(f"streams ({len(streams)} active):")
     _out(
         _table(
@@ -670,6 +672,15 @@ async def cmd_inspect_metadata(args: argparse.Namespace) -> int:
             ("ID", "EPOCH", "STATE", "WAL"),
         )
     )
+    if gaps:
+        _out()
+        _out(f"data-loss gaps ({len(gaps)}; reads of them raise DataLossError):")
+        _out(
+            _table(
+                [(gap.stream_id, gap.start_offset, gap.end_offset, gap.reason) for gap in gaps],
+                ("STREAM", "START", "END", "REASON"),
+            )
+        )
     return EXIT_OK
 
 
@@ -1215,7 +1226,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_command(
         inspect_commands,
         "metadata",
-        "print the streams, objects and nodes of the configured metadata store",
+        "print the streams, objects, nodes and data-loss gaps of the configured metadata store",
         cmd_inspect_metadata,
         common,
         "example:\n  walstream inspect metadata",

@@ -203,6 +203,9 @@ class Client:
         self._closed = False
         self._inflight: set[asyncio.Future[Any]] = set()
         self.recovery: RecoveryStats | None = None
+        self.accept_loss_command = ACCEPT_LOSS_COMMAND
+        """What a refusal to start tells the operator to run (``walstream.open`` names the
+        deployment file in it)."""
         capacity = wal.capabilities.capacity_bytes
         self._unuploaded_limit = self.config.cache.log_cache_bytes
         if capacity:
@@ -255,8 +258,8 @@ class Client:
             # node can claim them and reuse an offset that was acknowledged. close() (by the
             # caller) sees the failure and neither releases the streams nor marks the node
             # stopped; it only stops the uploader and closes the WAL.
-            refused = refusal(stats, self.node_id, self.wal.describe(), ACCEPT_LOSS_COMMAND)
-            self._on_fatal(refused)
+            refused = refusal(stats, self.node_id, self.wal.describe(), self.accept_loss_command)
+            self._failure = refused  # raised to the caller: no need to log it as well
             await self.close()
             raise refused
         await self.wal.reset()

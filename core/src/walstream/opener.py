@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from collections.abc import Generator, Mapping
+from pathlib import Path
 from typing import Any
 
 from .client import Client
@@ -44,7 +46,7 @@ def _build_client(
     if hooks is None:
         disabled = tuple(deployment.sections.get("hooks", {}).get("disable", ()) or ())
         hooks = PluggyHooks(make_plugin_manager(load_entrypoints=True, disabled=disabled))
-    return Client(
+    client = Client(
         wal=backends.wal,
         objects=backends.objects,
         metadata=backends.metadata,
@@ -52,6 +54,13 @@ def _build_client(
         hooks=hooks,
         clock=clock,
     )
+    if config is None:
+        folder = shlex.quote(os.getcwd())  # the embedded deployment lives in ./walstream-data
+        client.accept_loss_command = f"cd {folder} && walstream recover --accept-loss"
+    elif isinstance(config, (str, os.PathLike)):
+        path = shlex.quote(str(Path(config).absolute()))
+        client.accept_loss_command = f"walstream recover --accept-loss -c {path}"
+    return client
 
 
 class OpenClient:
