@@ -239,7 +239,8 @@ async def read_committed(
     reader: ObjectReader | None = None,
 ) -> AsyncIterator[SequencedRecord]:
     """Every committed record of ``stream_id`` in ``[max(start, start_offset), end)``, in order,
-    read straight from the object store (no node involved)."""
+    read straight from the object store (no node involved). Reaching a recorded data-loss gap
+    raises :class:`DataLossError` after the records before it were yielded."""
     reader = reader or ObjectReader(objects, metadata)
     info = (await metadata.get_streams([stream_id])).get(stream_id)
     if info is None:
