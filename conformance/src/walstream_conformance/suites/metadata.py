@@ -391,13 +391,14 @@ class MetadataSuite:
         ]
         assert recorded[0].reason == "conformance loss [10,15)"
         assert recorded[0].recorded_ms > 0, "the store sets recorded_ms"
-        for start, end, found in (
+        queries: list[tuple[int, int | None, int]] = [
             (0, 10, 0),
             (0, 11, 1),
             (14, None, 1),
             (15, None, 0),
             (12, 13, 1),
-        ):
+        ]
+        for start, end, found in queries:
             assert len(await store.get_data_loss(writer.stream_id, start, end)) == found, (
                 f"get_data_loss({start}, {end})"
             )
