@@ -398,9 +398,9 @@ class MetadataSuite:
             (15, None, 0),
             (12, 13, 1),
         ]
-        for start, end, found in queries:
-            assert len(await store.get_data_loss(writer.stream_id, start, end)) == found, (
-                f"get_data_loss({start}, {end})"
+        for low, high, found in queries:
+            assert len(await store.get_data_loss(writer.stream_id, low, high)) == found, (
+                f"get_data_loss({low}, {high})"
             )
 
         # Epochs fence like a commit: a stale node epoch, or a node that does not own the stream.
