@@ -230,6 +230,25 @@ async def test_stream_discontinuity_without_a_damage_report_refuses(
     assert "stream discontinuity" in message
 
 
+async def test_deleted_streams_and_committed_batches_are_not_loss(deployment: Deployment) -> None:
+    """Dropping what is already committed or belongs to a deleted stream is not loss: an
+    undamaged WAL holding such batches starts without refusing and records nothing."""
+    crashed = await deployment.client().start()
+    await write_interleaved(crashed)
+    await crashed.flush()  # a, b, c committed; the WAL keeps records until its next trim
+    doomed = await crashed.create_stream("doomed")
+    for offset in range(3):
+        await doomed.append([Record(value("doomed", offset))])
+    await crashed.delete_stream("doomed")
+    client = await deployment.client(wal=deployment.damaged()).start()
+    assert client.recovery is not None and not client.recovery.loss_detected
+    assert client.recovery.losses == [] and client.recovery.recorded_gaps == []
+    assert client.recovery.dropped_batches >= 3, "the deleted stream's batches were in the WAL"
+    for name in "ab":
+        assert await read_values(client, name) == [(i, value(name, i)) for i in range(10)]
+    await client.close()
+
+
 # -- accept ----------------------------------------------------------------------------------------
 
 
