@@ -58,6 +58,7 @@ examples:
   walstream --config deploy.yaml streams list --prefix ord
   walstream inspect object ./walstream-data/objects/51/99/0000000000000001.wso
   walstream inspect metadata
+  walstream recover -c deploy.yaml                  # recover the WAL, or say what was lost
   walstream plugins
   walstream demo --streams 3 --records 20000
   walstream serve -c deploy.yaml --listen 127.0.0.1:7400
@@ -469,6 +470,51 @@ async def cmd_trim(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- commands: recover ----------------------------------------------------------------------------
+
+
+async def cmd_recover(args: argparse.Namespace) -> int:
+    """Recover the node's WAL and stop; with --accept-loss, record what the WAL lost."""
+    import walstream
+
+    from .recovery import RecoveryRefused
+
+    try:
+        client = await walstream.open(args.config, accept_loss=args.accept_loss)
+    except RecoveryRefused as refused:
+        _error(refused, args.verbose)
+        return EXIT_USAGE
+    try:
+        stats = client.recovery
+        wal = client.wal.describe()
+    finally:
+        await client.close()
+    assert stats is not None
+    _out(
+        f"node {client.node_id}: recovered {stats.records} records in {stats.batches} batches "
+        f"from the WAL {wal} ({stats.dropped_batches} batches already committed or stale)"
+    )
+    if not stats.loss_detected:
+        _out("the WAL showed no damage: nothing was lost")
+        if args.accept_loss:
+            _out("nothing to accept: no data-loss gap was recorded")
+            return EXIT_USAGE
+        _out("the WAL was reset and the node stopped")
+        return EXIT_OK
+    _out("damage accepted:")
+    for line in stats.loss_lines():
+        _out(line)
+    count = len(stats.recorded_gaps)
+    _out(
+        f"recorded as lost ({count} gap{'' if count == 1 else 's'}; reads raise DataLossError, "
+        "the offsets are never reused):"
+    )
+    for gap in stats.recorded_gaps:
+        _out(f"  stream {gap.stream_id}: [{gap.start_offset}, {gap.end_offset})")
+    _out("everything else was committed; the WAL was reset and the node stopped")
+    return EXIT_OK
+
+
 # -- commands: plugins / inspect ------------------------------------------------------------------
 
 
@@ -569,6 +615,7 @@ async def cmd_inspect_metadata(args: argparse.Namespace) -> int:
         streams = await metadata.list_streams()
         objects = await metadata.list_objects()
         nodes = await metadata.list_nodes()
+        gaps = [gap for info in streams for gap in await metadata.get_data_loss(info.stream_id)]
     _out(f"streams ({len(streams)} active):")
     _out(
         _table(
@@ -625,6 +672,15 @@ async def cmd_inspect_metadata(args: argparse.Namespace) -> int:
             ("ID", "EPOCH", "STATE", "WAL"),
         )
     )
+    if gaps:
+        _out()
+        _out(f"data-loss gaps ({len(gaps)}; reads of them raise DataLossError):")
+        _out(
+            _table(
+                [(gap.stream_id, gap.start_offset, gap.end_offset, gap.reason) for gap in gaps],
+                ("STREAM", "START", "END", "REASON"),
+            )
+        )
     return EXIT_OK
 
 
@@ -1099,6 +1155,35 @@ def build_parser() -> argparse.ArgumentParser:
     trim.add_argument("stream", help="stream name (or #ID)")
     trim.add_argument("offset", type=_count(0), help="the new first readable offset")
 
+    # recover
+    recover = _add_command(
+        commands,
+        "recover",
+        "recover the node's WAL, commit it and stop; refuses (exit 2) when acknowledged records "
+        "were lost, unless --accept-loss",
+        cmd_recover,
+        common,
+        "examples:\n  walstream recover -c deploy.yaml\n"
+        "  walstream recover -c deploy.yaml --accept-loss\n\n"
+        "Starts the node configured by --config, which recovers its WAL exactly as a normal\n"
+        "start does, then stops it. When the WAL shows damage (a damaged region, a record that\n"
+        "is not a batch, a gap in a stream's offsets), acknowledged records may be lost: the\n"
+        "node refuses, prints the WAL positions and the streams and offsets affected, and\n"
+        "changes nothing that matters (records before the damage may be committed).\n"
+        "--accept-loss then records each lost range in metadata (reads of it raise\n"
+        "DataLossError; its offsets are never reused), commits everything valid and resets\n"
+        "the WAL.\n\n"
+        "Exit status: 0 recovered (and with --accept-loss: the loss recorded); 2 refused\n"
+        "(damage found, no --accept-loss), or --accept-loss found nothing to accept;\n"
+        "1 another error.",
+    )
+    recover.add_argument(
+        "--accept-loss",
+        action="store_true",
+        help="record the lost ranges as data-loss gaps and start anyway (an operator's "
+        "decision: the records are gone)",
+    )
+
     # plugins
     plugins = _add_command(
         commands,
@@ -1141,7 +1226,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_command(
         inspect_commands,
         "metadata",
-        "print the streams, objects and nodes of the configured metadata store",
+        "print the streams, objects, nodes and data-loss gaps of the configured metadata store",
         cmd_inspect_metadata,
         common,
         "example:\n  walstream inspect metadata",

@@ -24,6 +24,7 @@ from .config import EngineConfig
 from .errors import (
     BackendUnavailable,
     CapacityError,
+    DataLossError,
     FencedError,
     InvalidArgument,
     OutOfRangeError,
@@ -44,7 +45,7 @@ from .records import (
     encode_batch,
     record_size,
 )
-from .recovery import RecoveryStats, failover_node, replay_wal
+from .recovery import ACCEPT_LOSS_COMMAND, RecoveryStats, failover_node, refusal, replay_wal
 from .upload import Uploader
 from .wal import WalMode, WriteAheadLog
 
@@ -202,6 +203,9 @@ class Client:
         self._closed = False
         self._inflight: set[asyncio.Future[Any]] = set()
         self.recovery: RecoveryStats | None = None
+        self.accept_loss_command = ACCEPT_LOSS_COMMAND
+        """What a refusal to start tells the operator to run (``walstream.open`` names the
+        deployment file in it)."""
         capacity = wal.capabilities.capacity_bytes
         self._unuploaded_limit = self.config.cache.log_cache_bytes
         if capacity:
@@ -235,19 +239,31 @@ class Client:
             trim_wal=False,
         )
         self._uploader.start()
+        accept_loss = self.config.recovery.accept_loss
         stats = await replay_wal(
             wal=self.wal,
             metadata=self.metadata,
             cache=self._cache,
             uploader=self._uploader,
             node_id=self.node_id,
+            node_epoch=self.node_epoch,
             upload_max_bytes=self.config.upload.max_bytes,
+            accept_loss=accept_loss,
         )
         await self._uploader.flush()
         self._raise_if_failed()
+        self.recovery = stats
+        if stats.loss_detected and not accept_loss:
+            # Refuse: the WAL is not reset and the streams stay owned by this node id, so no
+            # node can claim them and reuse an offset that was acknowledged. close() (by the
+            # caller) sees the failure and neither releases the streams nor marks the node
+            # stopped; it only stops the uploader and closes the WAL.
+            refused = refusal(stats, self.node_id, self.wal.describe(), self.accept_loss_command)
+            self._failure = refused  # raised to the caller: no need to log it as well
+            await self.close()
+            raise refused
         await self.wal.reset()
         self._uploader.trim_wal = True
-        self.recovery = stats
         self.hooks.recovered(
             self.node_id, stats.records, stats.batches, stats.dropped_batches, False
         )
@@ -327,11 +343,18 @@ class Client:
         await compactor.collect_garbage()
         return changed
 
-    async def failover(self, dead_node_id: int, wal: WriteAheadLog) -> RecoveryStats:
+    async def failover(
+        self, dead_node_id: int, wal: WriteAheadLog, *, accept_loss: bool | None = None
+    ) -> RecoveryStats:
         """Take over a dead node's WAL: fence it, upload what it acknowledged, release its
-        streams (they can then be claimed by this or any node)."""
+        streams (they can then be claimed by this or any node).
+
+        Raises :class:`~walstream.recovery.RecoveryRefused` when the WAL shows that acknowledged
+        records may be lost, unless ``accept_loss`` (default: this client's
+        ``config.recovery.accept_loss``) records them as data-loss gaps."""
         self._check_open()
         return await failover_node(
+            accept_loss=accept_loss,
             dead_node_id=dead_node_id,
             wal=wal,
             objects=self.objects,
@@ -651,10 +674,14 @@ class Client:
         stale = 0
         while len(records) < limit_records and size < limit_bytes and position < state.acked_tail:
             cached = self._cache.batches_from(stream_id, position)
+            served = 0
             if cached:
-                served = 0
                 for batch in cached:
                     if batch.base_offset >= state.acked_tail:
+                        break
+                    if batch.base_offset > position:
+                        # A hole between cached batches: a recorded data-loss gap. Only the
+                        # reader path below can tell, so stop serving from the cache here.
                         break
                     for record in decode_batch(batch.data)[1]:
                         if record.offset < position:
@@ -667,17 +694,27 @@ class Client:
                         position = record.offset + 1
                     if len(records) >= limit_records or size >= limit_bytes:
                         break
-                self.hooks.read_served(stream_id, served, size, "log_cache")
-                continue
+                if served:
+                    self.hooks.read_served(stream_id, served, size, "log_cache")
+                    continue
             first_cached = self._cache.first_offset(stream_id)
             end = (
                 first_cached
                 if first_cached is not None and first_cached > position
                 else state.acked_tail
             )
-            found = await self.reader.read(
-                stream_id, position, end, limit_records - len(records), max(1, limit_bytes - size)
-            )
+            try:
+                found = await self.reader.read(
+                    stream_id,
+                    position,
+                    end,
+                    limit_records - len(records),
+                    max(1, limit_bytes - size),
+                )
+            except DataLossError:
+                if records:
+                    return records  # the records up to the gap; the next read raises
+                raise
             if not found:
                 # Between the cache and the objects (an eviction or compaction raced us): retry.
                 stale += 1

@@ -26,6 +26,7 @@ __all__ = [
     "CompactionConfig",
     "EngineConfig",
     "Option",
+    "RecoveryConfig",
     "UploadConfig",
     "parse_duration",
     "parse_size",
@@ -292,10 +293,22 @@ class CompactionConfig:
 
 
 @dataclass(frozen=True)
+class RecoveryConfig:
+    accept_loss: bool = False
+    """Start even though the WAL lost acknowledged records (DESIGN §8): record each lost range
+    as a data-loss gap in metadata (reads of it raise ``DataLossError``; its offsets are never
+    reused), commit everything valid and reset the WAL. Off by default: without it a node whose
+    WAL shows damage refuses to start with :class:`~walstream.errors.CorruptionError`. An
+    operator's one-off action (``walstream recover --accept-loss``), deliberately not a key of
+    the deployment YAML, where it would silently accept every future loss."""
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     node_id: int = 1
     cache: CacheConfig = field(default_factory=CacheConfig)
     upload: UploadConfig = field(default_factory=UploadConfig)
     compaction: CompactionConfig = field(default_factory=CompactionConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     append_timeout_s: float = 30.0
     """How long an append waits under back-pressure before failing with CapacityError."""

@@ -30,6 +30,7 @@ from .errors import (
     StreamNotFound,
 )
 from .metadata import (
+    DataLossGap,
     MetadataStore,
     NodeInfo,
     NodeState,
@@ -50,11 +51,13 @@ __all__ = [
     "ObjectRecord",
     "all_ranges_dead",
     "check_claim",
+    "check_data_loss_range",
     "check_object_limit",
     "check_prepare_args",
     "check_stream_name",
     "encode_wal_config",
     "plan_commit",
+    "plan_data_loss",
     "plan_replace",
     "require_node_epoch",
     "require_stream_epoch",
@@ -268,6 +271,54 @@ def plan_commit(
     return CommitPlan(stream_ends, [_final_object(c, streams, now_ms) for c in objects])
 
 
+def plan_data_loss(
+    node: NodeInfo | None,
+    node_id: int,
+    node_epoch: int,
+    stream: StreamInfo | None,
+    gap: DataLossGap,
+    recorded: DataLossGap | None,
+) -> StreamInfo | None:
+    """Check recording ``gap`` (invariant 12); the stream afterwards, or ``None`` when this gap
+    was recorded before. ``recorded`` is the stream's gap starting at ``gap.start_offset``.
+
+    The same rules as a commit of ``[start, end)``: current node epoch, the stream owned by the
+    node, and continuity at ``committed_end``; so a lost range is accounted for exactly once
+    and its offsets are never assigned again.
+    """
+    require_node_epoch(node, node_id, node_epoch)
+    if not isinstance(gap.reason, str) or not gap.reason:
+        raise InvalidArgument("record_data_loss: a gap needs a reason saying what was lost and why")
+    if gap.start_offset < 0 or gap.end_offset <= gap.start_offset:
+        raise InvalidArgument(
+            f"record_data_loss: empty or reversed range [{gap.start_offset}, {gap.end_offset}) "
+            f"of stream {gap.stream_id}"
+        )
+    if stream is None or stream.state is StreamState.DELETED:
+        raise stream_not_found(gap.stream_id, deleted=stream is not None)
+    if recorded is not None and recorded.end_offset == gap.end_offset:
+        return None
+    if stream.owner_node_id != node_id:
+        raise FencedError(
+            f"stream {stream.stream_id} is owned by node {stream.owner_node_id}, not node "
+            f"{node_id}; only the node whose WAL lost the records can record the loss"
+        )
+    if gap.start_offset != stream.committed_end:
+        raise PreconditionFailed(
+            f"stream {stream.stream_id}: a lost range must start at the stream's committed end; "
+            f"expected {stream.committed_end}, got {gap.start_offset} (commit what precedes the "
+            "loss first)"
+        )
+    return dataclasses.replace(stream, committed_end=gap.end_offset)
+
+
+def check_data_loss_range(stream_id: int, start_offset: int, end_offset: int | None) -> None:
+    if start_offset < 0 or (end_offset is not None and end_offset < start_offset):
+        raise InvalidArgument(
+            f"get_data_loss: bad range [{start_offset}, {end_offset}) of stream {stream_id}"
+        )
+
+
 def _union(ranges: Iterable[StreamRange]) -> list[tuple[int, int]]:
     merged: list[tuple[int, int]] = []
     for start, end in sorted((r.start_offset, r.end_offset) for r in ranges):
@@ -398,6 +449,8 @@ class _MetadataVolume:
     streams: dict[int, StreamInfo] = field(default_factory=dict)
     objects: dict[int, ObjectRecord] = field(default_factory=dict)
     nodes: dict[int, NodeInfo] = field(default_factory=dict)
+    data_loss: dict[int, dict[int, DataLossGap]] = field(default_factory=dict)
+    """Stream id → recorded gaps by start offset."""
     deployment_id: bytes = field(default_factory=lambda: os.urandom(DEPLOYMENT_ID_BYTES))
 
 
@@ -679,6 +732,35 @@ class MemoryMetadataStore(MetadataStore):
         )
         volume.nodes[node_id] = failing
         return failing
+
+    # -- data loss --------------------------------------------------------------------------------
+
+    async def record_data_loss(self, node_id: int, node_epoch: int, gap: DataLossGap) -> StreamInfo:
+        volume = self._state()
+        gaps = volume.data_loss.get(gap.stream_id, {})
+        stream = volume.streams.get(gap.stream_id)
+        changed = plan_data_loss(
+            volume.nodes.get(node_id), node_id, node_epoch, stream, gap, gaps.get(gap.start_offset)
+        )
+        if changed is None:
+            assert stream is not None
+            return stream
+        volume.streams[gap.stream_id] = changed
+        stored = dataclasses.replace(gap, recorded_ms=self._clock.now_ms())
+        volume.data_loss.setdefault(gap.stream_id, {})[gap.start_offset] = stored
+        return changed
+
+    async def get_data_loss(
+        self, stream_id: int, start_offset: int = 0, end_offset: int | None = None
+    ) -> list[DataLossGap]:
+        volume = self._state()
+        check_data_loss_range(stream_id, start_offset, end_offset)
+        gaps = volume.data_loss.get(stream_id, {})
+        return [
+            gaps[start]
+            for start in sorted(gaps)
+            if gaps[start].end_offset > start_offset and (end_offset is None or start < end_offset)
+        ]
 
     async def close(self) -> None:
         self._closed = True

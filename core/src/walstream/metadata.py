@@ -274,17 +274,24 @@ class MetadataStore(ABC):
 
     # -- data loss ----------------------------------------------------------------------------------
 
+    @abstractmethod
     async def record_data_loss(self, node_id: int, node_epoch: int, gap: DataLossGap) -> StreamInfo:
-        """Record ``gap`` as lost (invariant 12): ``gap.start_offset`` must equal the stream's
-        ``committed_end`` (else :class:`PreconditionFailed`); ``committed_end`` moves to
-        ``gap.end_offset``. ``node_epoch`` must be current. Idempotent like a commit."""
-        raise NotImplementedError
+        """Record ``gap`` as lost (invariant 12) and return the stream afterwards.
 
+        Like a commit of the range: ``node_epoch`` must be the node's current epoch and the
+        stream must be owned by ``node_id`` (else :class:`FencedError`); ``gap.start_offset``
+        must equal the stream's ``committed_end`` (else :class:`PreconditionFailed`), which moves
+        to ``gap.end_offset``. Recording a gap already recorded with the same range succeeds and
+        changes nothing. The store sets ``recorded_ms``. A DELETED or unknown stream raises
+        :class:`StreamNotFound`; an empty or reversed range, :class:`InvalidArgument`.
+        """
+
+    @abstractmethod
     async def get_data_loss(
         self, stream_id: int, start_offset: int = 0, end_offset: int | None = None
     ) -> list[DataLossGap]:
-        """Recorded gaps of ``stream_id`` overlapping ``[start_offset, end_offset)``, in order."""
-        raise NotImplementedError
+        """Recorded gaps of ``stream_id`` overlapping ``[start_offset, end_offset)``, by offset
+        (empty for a stream with none, or unknown)."""
 
     async def close(self) -> None:
         """Release connections; idempotent."""

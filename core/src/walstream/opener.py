@@ -6,20 +6,33 @@ that core never depends on it at import time.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shlex
 from collections.abc import Generator, Mapping
+from pathlib import Path
 from typing import Any
 
 from .client import Client
 from .clock import Clock
+from .config import EngineConfig, RecoveryConfig
 from .errors import ConfigError
 from .hooks import EngineHooks
 
 __all__ = ["OpenClient", "open"]
 
 
-def _build_client(config: Any, hooks: EngineHooks | None, clock: Clock | None) -> Client:
+def _with_accept_loss(config: EngineConfig, accept_loss: bool) -> EngineConfig:
+    if not accept_loss:
+        return config
+    return dataclasses.replace(config, recovery=RecoveryConfig(accept_loss=True))
+
+
+def _build_client(
+    config: Any, hooks: EngineHooks | None, clock: Clock | None, accept_loss: bool = False
+) -> Client:
     if isinstance(config, Client):
+        config.config = _with_accept_loss(config.config, accept_loss)
         return config
     try:
         from walstream_plugins import PluggyHooks, load_deployment, make_plugin_manager
@@ -33,28 +46,42 @@ def _build_client(config: Any, hooks: EngineHooks | None, clock: Clock | None) -
     if hooks is None:
         disabled = tuple(deployment.sections.get("hooks", {}).get("disable", ()) or ())
         hooks = PluggyHooks(make_plugin_manager(load_entrypoints=True, disabled=disabled))
-    return Client(
+    client = Client(
         wal=backends.wal,
         objects=backends.objects,
         metadata=backends.metadata,
-        config=deployment.engine_config,
+        config=_with_accept_loss(deployment.engine_config, accept_loss),
         hooks=hooks,
         clock=clock,
     )
+    if config is None:
+        folder = shlex.quote(os.getcwd())  # the embedded deployment lives in ./walstream-data
+        client.accept_loss_command = f"cd {folder} && walstream recover --accept-loss"
+    elif isinstance(config, (str, os.PathLike)):
+        path = shlex.quote(str(Path(config).absolute()))
+        client.accept_loss_command = f"walstream recover --accept-loss -c {path}"
+    return client
 
 
 class OpenClient:
     """Both awaitable (``client = await walstream.open(cfg)``) and an async context manager
     (``async with walstream.open(cfg) as client``)."""
 
-    def __init__(self, config: Any, hooks: EngineHooks | None, clock: Clock | None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        hooks: EngineHooks | None,
+        clock: Clock | None,
+        accept_loss: bool = False,
+    ) -> None:
         self._config = config
         self._hooks = hooks
         self._clock = clock
+        self._accept_loss = accept_loss
         self._client: Client | None = None
 
     async def _start(self) -> Client:
-        self._client = _build_client(self._config, self._hooks, self._clock)
+        self._client = _build_client(self._config, self._hooks, self._clock, self._accept_loss)
         try:
             return await self._client.start()
         except BaseException:
@@ -84,7 +111,12 @@ def open(
     *,
     hooks: EngineHooks | None = None,
     clock: Clock | None = None,
+    accept_loss: bool = False,
 ) -> OpenClient:
     """Open a node from a deployment: a YAML file path, a dict of the same shape, a
-    ``walstream_plugins.Deployment``, or ``None`` for the embedded default in ./walstream-data."""
-    return OpenClient(config, hooks, clock)
+    ``walstream_plugins.Deployment``, or ``None`` for the embedded default in ./walstream-data.
+
+    ``accept_loss=True`` is the operator's explicit acceptance of a damaged WAL (what
+    ``walstream recover --accept-loss`` does): recovery records every lost range as a data-loss
+    gap instead of refusing to start (:class:`~walstream.config.RecoveryConfig`)."""
+    return OpenClient(config, hooks, clock, accept_loss)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from .cache import BlockCache
-from .errors import CorruptionError, NotFound
+from .errors import CorruptionError, DataLossError, NotFound
 from .hooks import EngineHooks, NullHooks
 from .metadata import MetadataStore, ObjectInfo
 from .object_format import IndexEntry, ObjectIndex, decode_block_records, read_index
@@ -71,7 +71,8 @@ class ObjectReader:
         limit_bytes: int,
     ) -> list[SequencedRecord]:
         """Committed records of ``stream_id`` in ``[start, end)``, at most the limits (at least
-        one record when any exists). Stops early at the end of committed data."""
+        one record when any exists). Stops early at the end of committed data, and before a
+        recorded data-loss gap; a read that starts inside one raises :class:`DataLossError`."""
         records: list[SequencedRecord] = []
         size = 0
         position = start
@@ -82,10 +83,14 @@ class ObjectReader:
         ):
             infos = await self.metadata.get_objects(stream_id, position, end, limit=16)
             if not infos or infos[0].ranges[0].start_offset > position:
+                if not records:
+                    await self._raise_if_lost(stream_id, position)
                 break
             before = position
             try:
                 for info in infos:
+                    if info.ranges[0].start_offset > position:
+                        break  # a hole (a data-loss gap): the next round reports it
                     range_end = info.ranges[0].end_offset
                     if end is not None:
                         range_end = min(range_end, end)
@@ -131,6 +136,17 @@ class ObjectReader:
             self._sequential[stream_id] = _Sequential(records[-1].offset + 1, window[0])
             self._hooks.read_served(stream_id, len(records), size, "object")
         return records
+
+    async def _raise_if_lost(self, stream_id: int, position: int) -> None:
+        """No object holds ``position``: if it lies in a recorded data-loss gap, say so."""
+        for gap in await self.metadata.get_data_loss(stream_id, position, position + 1):
+            raise DataLossError(
+                f"stream {stream_id}: offsets [{gap.start_offset}, {gap.end_offset}) were "
+                f"recorded as lost ({gap.reason}); read from {gap.end_offset} to continue",
+                stream_id,
+                gap.start_offset,
+                gap.end_offset,
+            )
 
     @staticmethod
     def _full(
@@ -223,7 +239,8 @@ async def read_committed(
     reader: ObjectReader | None = None,
 ) -> AsyncIterator[SequencedRecord]:
     """Every committed record of ``stream_id`` in ``[max(start, start_offset), end)``, in order,
-    read straight from the object store (no node involved)."""
+    read straight from the object store (no node involved). Reaching a recorded data-loss gap
+    raises :class:`DataLossError` after the records before it were yielded."""
     reader = reader or ObjectReader(objects, metadata)
     info = (await metadata.get_streams([stream_id])).get(stream_id)
     if info is None:

@@ -37,17 +37,20 @@ from .memory_metadata import (
     ObjectRecord,
     all_ranges_dead,
     check_claim,
+    check_data_loss_range,
     check_object_limit,
     check_prepare_args,
     check_stream_name,
     encode_wal_config,
     plan_commit,
+    plan_data_loss,
     plan_replace,
     require_node_epoch,
     require_stream_epoch,
     stream_not_found,
 )
 from .metadata import (
+    DataLossGap,
     MetadataStore,
     NodeInfo,
     NodeState,
@@ -143,6 +146,7 @@ _STREAM_COLUMNS = (
 _OBJECT_COLUMNS = "object_id, state, expires_ms, expired, key, kind, size, index_size, committed_ms"
 _RANGE_COLUMNS = "stream_id, start_offset, end_offset, epoch, min_timestamp_ms, max_timestamp_ms"
 _NODE_COLUMNS = "node_id, node_epoch, state, wal_config, updated_ms"
+_GAP_COLUMNS = "stream_id, start_offset, end_offset, reason, recorded_ms"
 _MAX_OFFSET = (1 << 63) - 1
 _IN_CHUNK = 500  # stays far below SQLite's bound on parameters per statement
 
@@ -171,6 +175,10 @@ def _range(row: Sequence[Any]) -> StreamRange:
 
 def _node(row: Sequence[Any]) -> NodeInfo:
     return NodeInfo(row[0], row[1], NodeState(row[2]), json.loads(row[3]), row[4])
+
+
+def _gap(row: Sequence[Any]) -> DataLossGap:
+    return DataLossGap(row[0], row[1], row[2], row[3], row[4])
 
 
 def _chunks(ids: Iterable[int]) -> Iterator[list[int]]:
@@ -846,6 +854,56 @@ class SqliteMetadataStore(MetadataStore):
             return failing
 
         return await self._write(work)
+
+    # -- data loss --------------------------------------------------------------------------------
+
+    async def record_data_loss(self, node_id: int, node_epoch: int, gap: DataLossGap) -> StreamInfo:
+        now_ms = self._clock.now_ms()
+
+        def work(tables: _Tables) -> StreamInfo:
+            stream = tables.stream(gap.stream_id)
+            row = tables.db.execute(
+                f"SELECT {_GAP_COLUMNS} FROM data_loss WHERE stream_id = ? AND start_offset = ?",
+                (gap.stream_id, gap.start_offset),
+            ).fetchone()
+            changed = plan_data_loss(
+                tables.node(node_id),
+                node_id,
+                node_epoch,
+                stream,
+                gap,
+                None if row is None else _gap(row),
+            )
+            if changed is None:
+                assert stream is not None
+                return stream
+            tables.db.execute(
+                "UPDATE streams SET committed_end = ? WHERE stream_id = ?",
+                (changed.committed_end, changed.stream_id),
+            )
+            tables.db.execute(
+                f"INSERT INTO data_loss ({_GAP_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+                (gap.stream_id, gap.start_offset, gap.end_offset, gap.reason, now_ms),
+            )
+            return changed
+
+        return await self._write(work)
+
+    async def get_data_loss(
+        self, stream_id: int, start_offset: int = 0, end_offset: int | None = None
+    ) -> list[DataLossGap]:
+        check_data_loss_range(stream_id, start_offset, end_offset)
+        end = _MAX_OFFSET if end_offset is None else end_offset
+
+        def work(tables: _Tables) -> list[DataLossGap]:
+            rows = tables.db.execute(
+                f"SELECT {_GAP_COLUMNS} FROM data_loss WHERE stream_id = ? AND end_offset > ? "
+                "AND start_offset < ? ORDER BY start_offset",
+                (stream_id, start_offset, end),
+            )
+            return [_gap(row) for row in rows]
+
+        return await self._read(work)
 
     # -- lifecycle --------------------------------------------------------------------------------
 

@@ -18,12 +18,14 @@ import pytest
 import pytest_asyncio
 from walstream.errors import (
     FencedError,
+    InvalidArgument,
     PreconditionFailed,
     StreamExists,
     StreamNotFound,
     WalstreamError,
 )
 from walstream.metadata import (
+    DataLossGap,
     MetadataStore,
     NodeState,
     ObjectCommit,
@@ -335,6 +337,93 @@ class MetadataSuite:
         assert await store.get_node(kit.node_id()) is None
         with pytest.raises(FencedError):
             await store.commit_objects(kit.node_id(), 1, [])
+
+    # 11 -----------------------------------------------------------------------------------------
+    async def test_deployment_id(self, walstream_metadata_kit: MetadataKit) -> None:
+        """16 bytes, created once: the same from every call, instance and reopen."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        other = kit.open()
+        first, second = await asyncio.gather(store.deployment_id(), other.deployment_id())
+        assert isinstance(first, bytes) and len(first) == 16, f"deployment id {first!r}"
+        assert first == second, "two instances on one database disagree on the deployment id"
+        assert first != bytes(16), "the deployment id must be random, not zeros"
+        assert await store.deployment_id() == first
+        await store.close()
+        assert await kit.open().deployment_id() == first, "the deployment id changed on reopen"
+
+    # 12 -----------------------------------------------------------------------------------------
+    async def test_data_loss_gaps(self, walstream_metadata_kit: MetadataKit) -> None:
+        """A recorded gap moves committed_end like a commit and is never assigned again."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        writer = await _writer(kit, store, "loss")
+        assert await store.get_data_loss(writer.stream_id) == []
+        ids = await writer.prepare(2)
+        await writer.commit(writer.commit_of(ids[0], 0, 10))
+
+        def gap(start: int, end: int) -> DataLossGap:
+            return DataLossGap(writer.stream_id, start, end, f"conformance loss [{start},{end})")
+
+        for start, end in ((9, 15), (11, 15)):  # continuity: only at committed_end
+            with pytest.raises(PreconditionFailed):
+                await store.record_data_loss(writer.node_id, writer.node_epoch, gap(start, end))
+        for start, end in ((10, 10), (10, 9)):
+            with pytest.raises(InvalidArgument):
+                await store.record_data_loss(writer.node_id, writer.node_epoch, gap(start, end))
+        stream = await store.record_data_loss(writer.node_id, writer.node_epoch, gap(10, 15))
+        assert stream.committed_end == 15
+        assert (await store.get_stream(writer.stream_id)).committed_end == 15
+        # Idempotent: recording the same gap again changes nothing.
+        again = await store.record_data_loss(writer.node_id, writer.node_epoch, gap(10, 15))
+        assert again.committed_end == 15
+        with pytest.raises(PreconditionFailed):  # a different gap at the same start
+            await store.record_data_loss(writer.node_id, writer.node_epoch, gap(10, 20))
+        # The lost offsets are never assigned again: the next commit starts after the gap.
+        with pytest.raises(PreconditionFailed):
+            await writer.commit(writer.commit_of(ids[1], 10, 20))
+        await writer.commit(writer.commit_of(ids[1], 15, 20))
+        assert (await store.get_stream(writer.stream_id)).committed_end == 20
+
+        recorded = await store.get_data_loss(writer.stream_id)
+        assert [(g.stream_id, g.start_offset, g.end_offset) for g in recorded] == [
+            (writer.stream_id, 10, 15)
+        ]
+        assert recorded[0].reason == "conformance loss [10,15)"
+        assert recorded[0].recorded_ms > 0, "the store sets recorded_ms"
+        queries: list[tuple[int, int | None, int]] = [
+            (0, 10, 0),
+            (0, 11, 1),
+            (14, None, 1),
+            (15, None, 0),
+            (12, 13, 1),
+        ]
+        for low, high, found in queries:
+            assert len(await store.get_data_loss(writer.stream_id, low, high)) == found, (
+                f"get_data_loss({low}, {high})"
+            )
+
+        # Epochs fence like a commit: a stale node epoch, or a node that does not own the stream.
+        restarted = await store.register_node(writer.node_id, {"type": "conformance"})
+        with pytest.raises(FencedError):
+            await store.record_data_loss(writer.node_id, writer.node_epoch, gap(20, 25))
+        stranger = kit.node_id(1)
+        stranger_node = await store.register_node(stranger, {"type": "conformance"})
+        with pytest.raises(FencedError):
+            await store.record_data_loss(stranger, stranger_node.node_epoch, gap(20, 25))
+        assert (await store.get_stream(writer.stream_id)).committed_end == 20
+        await store.record_data_loss(writer.node_id, restarted.node_epoch, gap(20, 25))
+
+        # Durable: a reopened store sees the gaps and the moved committed_end.
+        await store.close()
+        reopened = kit.open()
+        assert [
+            (g.start_offset, g.end_offset) for g in await reopened.get_data_loss(writer.stream_id)
+        ] == [(10, 15), (20, 25)]
+        assert (await reopened.get_stream(writer.stream_id)).committed_end == 25
+        await reopened.delete_stream(writer.stream_id)
+        with pytest.raises(StreamNotFound):
+            await reopened.record_data_loss(writer.node_id, restarted.node_epoch, gap(25, 30))
 
     # durability -----------------------------------------------------------------------------------
     async def test_reopen_keeps_state(self, walstream_metadata_kit: MetadataKit) -> None:
