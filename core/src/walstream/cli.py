@@ -29,6 +29,7 @@ from .errors import (
     WalstreamError,
 )
 from .records import ReadResult, Record, SequencedRecord
+from .validation import parse_stream_ref
 
 if TYPE_CHECKING:
     from .client import Stream
@@ -303,10 +304,9 @@ async def cmd_streams_delete(args: argparse.Namespace) -> int:
 
 
 def _name_or_id(text: str) -> str | int:
-    """Streams are named; a bare number selects a stream by id (``#7`` also works)."""
-    if text.startswith("#") and text[1:].isdigit():
-        return int(text[1:])
-    return text
+    """``#7`` or a bare ``7`` selects the stream with id 7, anything else is a name (stream names
+    never start with ``#`` and are never all digits); ``#x`` is refused with InvalidArgument."""
+    return parse_stream_ref(text)
 
 
 # -- commands: append -----------------------------------------------------------------------------
