@@ -423,7 +423,11 @@ def _error_json(error: WalstreamError) -> dict[str, Any]:
 def _http_error_json(
     request: web.Request, error: web.HTTPException, max_body_bytes: int
 ) -> dict[str, Any]:
-    name = type(error).__name__.removeprefix("HTTP")
+    name = (
+        "RequestTimeout"
+        if isinstance(error, _BodyTimeout)
+        else type(error).__name__.removeprefix("HTTP")
+    )
     if isinstance(error, web.HTTPNotFound):
         message = (
             f"no route {request.method} {request.path}; the routes are /health, "
@@ -857,13 +861,48 @@ def _canned_response(status: int, reason: str, body: dict[str, Any]) -> bytes:
     return head.encode("ascii") + payload
 
 
+class _JsonErrorsHandler(web.RequestHandler):
+    """aiohttp's connection handler, answering requests it cannot parse (a request line or
+    header over its size bounds, bad framing) with the walstream error body instead of text."""
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if request.writer.output_size > 0:
+            # A response is already on its way: the connection is broken, as aiohttp does.
+            raise ConnectionError("the response was already started; cannot send an error")
+        if status >= 500:
+            log.error("failed handling a request: %s", exc, exc_info=exc)
+            body = {
+                "error": "InternalError",
+                "message": "the server failed unexpectedly (a bug, logged on the server); the "
+                "operation may or may not have happened, read back before retrying",
+                "definitely_not_applied": False,
+            }
+        else:
+            detail = " ".join(str(message or exc or "").split())[:300]
+            log.info("refused a malformed HTTP request (%d): %s", status, detail)
+            body = {
+                "error": "InvalidArgument" if status == 400 else f"HTTP{status}",
+                "message": f"malformed HTTP request: {detail}",
+                "definitely_not_applied": True,
+            }
+        response = web.json_response(body, status=status)
+        response.force_close()
+        return response
+
+
 class _ConnectionGuard:
     """The listener's protocol factory, in front of aiohttp's: it bounds the connections open at
     once and the time a new connection may take to send its first request head (aiohttp's
     keep-alive timeout, set to the same value, bounds the heads of later requests)."""
 
-    def __init__(self, make_handler: Callable[[], asyncio.Protocol], limits: ServerLimits) -> None:
-        self.make_handler = make_handler
+    def __init__(self, manager: web.Server, limits: ServerLimits) -> None:
+        self.manager = manager
         self.limits = limits
         self.open = 0
         """Connections being served (refused ones are not counted)."""
@@ -872,6 +911,16 @@ class _ConnectionGuard:
 
     def __call__(self) -> asyncio.Protocol:
         return _GuardedConnection(self)
+
+    def make_handler(self) -> asyncio.Protocol:
+        # What web.Server() makes, with JSON error answers; aiohttp's keep-alive timeout
+        # closes a connection whose next request head is not complete in time.
+        return _JsonErrorsHandler(
+            self.manager,
+            loop=asyncio.get_running_loop(),
+            keepalive_timeout=self.limits.header_timeout_s,
+            lingering_time=LINGERING_S,
+        )
 
     def refusal(self) -> bytes:
         return _canned_response(
@@ -1056,14 +1105,7 @@ async def serve(
             max_wait_s=max_wait_s,
             limits=chosen_limits,
         )
-        # aiohttp's keep-alive timeout closes a connection whose next request head is not
-        # complete in time; the guard does the same for the first head.
-        runner = web.AppRunner(
-            app,
-            shutdown_timeout=SHUTDOWN_GRACE_S,
-            keepalive_timeout=chosen_limits.header_timeout_s,
-            lingering_time=LINGERING_S,
-        )
+        runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         assert runner.server is not None
         guard = _ConnectionGuard(runner.server, chosen_limits)
