@@ -81,7 +81,9 @@ async def answer(
         try:
             return response.status, json.loads(text)
         except ValueError:
-            raise AssertionError(f"{response.status} answered without a JSON body: {text!r}") from None
+            raise AssertionError(
+                f"{response.status} answered without a JSON body: {text!r}"
+            ) from None
 
 
 def assert_error_body(status: int, body: Any, expect_status: int, expect_error: str) -> None:

@@ -787,7 +787,9 @@ def _add_serve_and_bench(subparsers: Any, common: argparse.ArgumentParser) -> No
         "--token, else $WALSTREAM_TOKEN, else server.token; without one there is no\n"
         "authentication. SIGTERM or SIGINT stops accepting, answers long polls, then closes\n"
         "the node (uploading everything acknowledged) and exits 0. The routes are listed in\n"
-        "the README and in the walstream.server module.",
+        "the README and in the walstream.server module. Timeouts and bounds of slow or greedy\n"
+        "clients come from the server section: header_timeout, body_timeout,\n"
+        "max_connections, max_long_polls.",
     )
     serve.add_argument(
         "--listen", metavar="HOST:PORT", help="overrides server.listen (port 0 picks a free port)"

@@ -28,7 +28,8 @@ Routes (bytes travel as standard base64 in JSON)::
     GET    /v1/streams/{name}/tail          {"tail": N, "start_offset": N}
     POST   /v1/streams/{name}/fencing-token {"token": "t" | null}: later appends must carry it
 
-``{name}`` is a stream name; ``%23N`` (``#N``) selects a stream by id. A JSON append body is::
+``{name}`` is a stream name; ``%23N`` (``#N``) or ``N`` (digits) selects a stream by id (the
+stream-name rule of :mod:`walstream.validation` keeps the two apart). A JSON append body is::
 
     {"records": [{"value": "<b64>" | "value_text": "utf-8 text", "key": "<b64>",
                   "headers": {"name": "<b64>"} | [["name", "<b64>"], ...],
@@ -44,7 +45,11 @@ plus the fields of the error: StreamNotFound 404, StreamExists 409, FencedError 
 TailMismatchError 412 (``actual_tail``), OutOfRangeError 416 (``start_offset``, ``tail``),
 InvalidArgument and ConfigError 400 (malformed JSON or base64 too), CapacityError 429,
 BackendUnavailable 503, AmbiguousError 504, CorruptionError 500, a body over ``max_body_bytes``
-413, a missing or wrong token 401.
+413, a missing or wrong token 401, a head or body not complete in time 408, more connections
+than ``max_connections`` 503 and more long polls than ``max_long_polls`` 429
+(:class:`ServerLimits`). Every input is checked before it reaches the engine (out-of-range
+numbers, invalid UTF-8, too-deep JSON, requests aiohttp cannot parse: 400), so bad input never
+gets a 5xx; an unexpected exception is a bug and answers 500 ``InternalError`` without a traceback.
 
 Shutdown (SIGTERM or SIGINT): stop accepting connections, answer waiting long polls with what
 they have, then close the client, which uploads and commits everything acknowledged.
