@@ -265,6 +265,14 @@ BAD_REQUESTS: list[tuple[str, str, str, dict[str, Any], int, str]] = [
         413,
         "RequestEntityTooLarge",
     ),
+    (
+        "over a million JSON containers",
+        "POST",
+        APPEND,
+        {"data": b'{"records": [' + b"{}," * 1_000_001 + b"{}]}"},
+        400,
+        "InvalidArgument",
+    ),
     ("stream name ../x", "POST", "/v1/streams", {"json": {"name": "../x"}}, 400, "InvalidArgument"),
     (
         "stream name with NUL",

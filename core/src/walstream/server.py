@@ -376,10 +376,23 @@ async def _read_body(request: web.Request, timeout_s: float) -> bytes:
         ) from None
 
 
+#: Most JSON objects and arrays one request body may open. Parsed JSON takes ~50-100 times the
+#: memory of its text when it is all tiny containers ("[{},{},...]"); this bounds what one request
+#: can make the server allocate, whatever max_body_bytes is.
+MAX_JSON_CONTAINERS = 1_000_000
+
+
 async def _json_body(request: web.Request, timeout_s: float) -> Any:
     data = await _read_body(request, timeout_s)
     if not data:
         raise InvalidArgument("the request needs a JSON body")
+    # Counted on the raw bytes (fast): brackets inside strings count too, so a body of many
+    # bracket characters in value_text is refused as well; send such values base64 as value.
+    if data.count(b"{") + data.count(b"[") > MAX_JSON_CONTAINERS:
+        raise InvalidArgument(
+            f"the request body holds more than {MAX_JSON_CONTAINERS} JSON objects and arrays; "
+            "split the batch (or send values with many brackets base64-encoded as value)"
+        )
     try:
         return json.loads(data)
     except RecursionError:
