@@ -53,6 +53,7 @@ _REC_TS_KEYLEN = struct.Struct(">qi")
 _I32 = struct.Struct(">i")
 _U16 = struct.Struct(">H")
 _MAX_I32 = 2**31 - 1
+_MAX_I64 = 2**63 - 1
 #: Bounds the batch format imposes on one record (u16 header count and name length, i32 sizes).
 MAX_HEADER_COUNT = 2**16 - 1
 MAX_HEADER_NAME_BYTES = 2**16 - 1
@@ -73,39 +74,65 @@ class Record:
     def __post_init__(self) -> None:
         # The bounds are what the batch format encodes (module docstring): checked here so a bad
         # record fails with InvalidArgument when it is made, not with struct.error at append.
-        object.__setattr__(self, "value", _checked_bytes(self.value, "Record.value"))
-        if self.key is not None:
-            object.__setattr__(self, "key", _checked_bytes(self.key, "Record.key"))
-        if self.timestamp_ms is not None:
-            check_int(self.timestamp_ms, "Record.timestamp_ms (milliseconds since 1970)")
+        # Records are made on the hot path: plain bytes, ints and (str, bytes) tuples take the
+        # fast checks, anything else the thorough ones.
+        value = self.value
+        if type(value) is not bytes or len(value) > MAX_FIELD_BYTES:
+            object.__setattr__(self, "value", _checked_bytes(value, "Record.value"))
+        key = self.key
+        if key is not None and (type(key) is not bytes or len(key) > MAX_FIELD_BYTES):
+            object.__setattr__(self, "key", _checked_bytes(key, "Record.key"))
+        timestamp = self.timestamp_ms
+        if timestamp is not None and (type(timestamp) is not int or not 0 <= timestamp <= _MAX_I64):
+            check_int(timestamp, "Record.timestamp_ms (milliseconds since 1970)")
         headers = self.headers
-        if not isinstance(headers, tuple):
-            if isinstance(headers, (str, bytes, bytearray, memoryview)) or not isinstance(
-                headers, Iterable
-            ):
-                raise InvalidArgument(
-                    f"Record.headers must be a sequence of (str, bytes) pairs, got "
-                    f"{describe(headers)}"
-                )
-            headers = tuple(headers)
-        if len(headers) > MAX_HEADER_COUNT:
+        if type(headers) is tuple and len(headers) <= MAX_HEADER_COUNT:
+            if all(_plain_header(header) for header in headers):
+                return
+        object.__setattr__(self, "headers", _checked_headers(headers))
+
+
+def _plain_header(header: object) -> bool:
+    """A (str, bytes) tuple within the format's bounds (the common case, checked fast)."""
+    if type(header) is not tuple or len(header) != 2:
+        return False
+    name, data = header
+    if type(name) is not str or type(data) is not bytes or len(data) > MAX_FIELD_BYTES:
+        return False
+    try:
+        return len(name.encode("utf-8")) <= MAX_HEADER_NAME_BYTES
+    except UnicodeEncodeError:
+        return False
+
+
+def _checked_headers(headers: object) -> Headers:
+    """``headers`` as a tuple of (str, bytes) pairs, or :class:`InvalidArgument` naming the
+    first one the batch format cannot encode."""
+    if isinstance(headers, (str, bytes, bytearray, memoryview)) or not isinstance(
+        headers, Iterable
+    ):
+        raise InvalidArgument(
+            f"Record.headers must be a sequence of (str, bytes) pairs, got {describe(headers)}"
+        )
+    pairs = tuple(headers)
+    if len(pairs) > MAX_HEADER_COUNT:
+        raise InvalidArgument(
+            f"Record.headers: at most {MAX_HEADER_COUNT} headers per record, got {len(pairs)}"
+        )
+    checked: list[tuple[str, bytes]] = []
+    for index, header in enumerate(pairs):
+        if (
+            not isinstance(header, (tuple, list))
+            or len(header) != 2
+            or not isinstance(header[0], str)
+            or not isinstance(header[1], (bytes, bytearray, memoryview))
+        ):
             raise InvalidArgument(
-                f"Record.headers: at most {MAX_HEADER_COUNT} headers per record, got {len(headers)}"
+                f"Record.headers[{index}]: expected a (str, bytes) pair, got {describe(header)}"
             )
-        checked: list[tuple[str, bytes]] = []
-        for index, header in enumerate(headers):
-            if (
-                not isinstance(header, (tuple, list))
-                or len(header) != 2
-                or not isinstance(header[0], str)
-                or not isinstance(header[1], (bytes, bytearray, memoryview))
-            ):
-                raise InvalidArgument(
-                    f"Record.headers[{index}]: expected a (str, bytes) pair, got {describe(header)}"
-                )
-            name = check_text(header[0], f"Record.headers[{index}] name", MAX_HEADER_NAME_BYTES)
-            checked.append((name, _checked_bytes(header[1], f"Record.headers[{index}] value")))
-        object.__setattr__(self, "headers", tuple(checked))
+        name = check_text(header[0], f"Record.headers[{index}] name", MAX_HEADER_NAME_BYTES)
+        checked.append((name, _checked_bytes(header[1], f"Record.headers[{index}] value")))
+    return tuple(checked)
 
 
 def _checked_bytes(data: object, what: str) -> bytes:
