@@ -106,7 +106,14 @@ def test_every_engine_section_maps_onto_engine_config(write_yaml: WriteYaml) -> 
     assert config.compaction.small_object_bytes == 2 << 20
     assert config.compaction.max_object_bytes == 64 << 20
     assert config.append_timeout_s == pytest.approx(0.75)
-    assert deployment.sections["server"] == {"listen": "[::1]:8080", "token": "s3cret"}
+    assert deployment.sections["server"] == {
+        "listen": "[::1]:8080",
+        "token": "s3cret",
+        "header_timeout": 15.0,
+        "body_timeout": 60.0,
+        "max_connections": 512,
+        "max_long_polls": 256,
+    }
     assert deployment.disabled_hooks == ("metrics",)
 
 

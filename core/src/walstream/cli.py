@@ -29,6 +29,7 @@ from .errors import (
     WalstreamError,
 )
 from .records import ReadResult, Record, SequencedRecord
+from .validation import parse_stream_ref
 
 if TYPE_CHECKING:
     from .client import Stream
@@ -304,10 +305,9 @@ async def cmd_streams_delete(args: argparse.Namespace) -> int:
 
 
 def _name_or_id(text: str) -> str | int:
-    """Streams are named; a bare number selects a stream by id (``#7`` also works)."""
-    if text.startswith("#") and text[1:].isdigit():
-        return int(text[1:])
-    return text
+    """``#7`` or a bare ``7`` selects the stream with id 7, anything else is a name (stream names
+    never start with ``#`` and are never all digits); ``#x`` is refused with InvalidArgument."""
+    return parse_stream_ref(text)
 
 
 # -- commands: append -----------------------------------------------------------------------------
@@ -843,7 +843,9 @@ def _add_serve_and_bench(subparsers: Any, common: argparse.ArgumentParser) -> No
         "--token, else $WALSTREAM_TOKEN, else server.token; without one there is no\n"
         "authentication. SIGTERM or SIGINT stops accepting, answers long polls, then closes\n"
         "the node (uploading everything acknowledged) and exits 0. The routes are listed in\n"
-        "the README and in the walstream.server module.",
+        "the README and in the walstream.server module. Timeouts and bounds of slow or greedy\n"
+        "clients come from the server section: header_timeout, body_timeout,\n"
+        "max_connections, max_long_polls.",
     )
     serve.add_argument(
         "--listen", metavar="HOST:PORT", help="overrides server.listen (port 0 picks a free port)"

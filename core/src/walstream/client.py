@@ -47,6 +47,18 @@ from .records import (
 )
 from .recovery import ACCEPT_LOSS_COMMAND, RecoveryStats, failover_node, refusal, replay_wal
 from .upload import Uploader
+from .validation import (
+    MAX_FENCING_TOKEN_BYTES,
+    MIN_I64,
+    check_int,
+    check_optional_int,
+    check_optional_text,
+    check_stream_name,
+    check_stream_ref,
+    check_text,
+    check_wait,
+    describe,
+)
 from .wal import WalMode, WriteAheadLog
 
 __all__ = ["Client", "Stream"]
@@ -109,6 +121,11 @@ class Stream:
         :class:`TailMismatchError` carrying the actual tail). ``fencing_token``: must equal the
         token set with :meth:`set_fencing_token` (else :class:`FencedError`).
         """
+        if isinstance(records, Record) or not isinstance(records, Iterable):
+            raise InvalidArgument(
+                f"append takes an iterable of walstream.Record (e.g. a list), got "
+                f"{describe(records)}"
+            )
         return await self._client._append(self._state, list(records), match_tail, fencing_token)
 
     async def read(
@@ -131,6 +148,7 @@ class Stream:
 
     async def tail(self, start: int | None = None) -> AsyncIterator[SequencedRecord]:
         """Every record from ``start`` (default: the current tail) on, following new ones."""
+        check_optional_int(start, "start")
         position = await self.check_tail() if start is None else start
         while True:
             result = await self.read(start=position, wait=30.0)
@@ -141,6 +159,7 @@ class Stream:
 
     async def trim(self, new_start: int) -> None:
         """Make records before ``new_start`` unreadable (and their storage reclaimable)."""
+        check_int(new_start, "new_start")
         await self._client._trim(self._state, new_start)
 
     async def check_tail(self) -> int:
@@ -149,6 +168,7 @@ class Stream:
 
     async def set_fencing_token(self, token: str | None) -> None:
         """Require ``fencing_token=token`` on later appends (``None`` removes it)."""
+        check_optional_text(token, "fencing token", MAX_FENCING_TOKEN_BYTES)
         await self._client._set_fencing_token(self._state, token)
 
     async def start_offset(self) -> int:
@@ -368,14 +388,16 @@ class Client:
     # -- streams ------------------------------------------------------------------------------------
 
     async def create_stream(self, name: str | None = None) -> Stream:
+        """Create a stream; ``name`` follows the stream-name rule of :mod:`walstream.validation`
+        (or is None for a stream addressed only by id)."""
         self._check_open()
-        if name is not None and (not isinstance(name, str) or not name):
-            raise InvalidArgument(f"a stream name must be a non-empty string, got {name!r}")
+        check_stream_name(name)
         info = await self.metadata.create_stream(name)
         return self._handle(info)
 
     async def open_stream(self, name_or_id: str | int) -> Stream:
         self._check_open()
+        check_stream_ref(name_or_id)
         if isinstance(name_or_id, int):
             state = self._streams.get(name_or_id)
             if state is not None and not state.deleted:
@@ -385,10 +407,12 @@ class Client:
 
     async def list_streams(self, prefix: str = "") -> list[StreamInfo]:
         self._check_open()
+        check_text(prefix, "prefix")
         return await self.metadata.list_streams(prefix)
 
     async def delete_stream(self, name_or_id: str | int) -> None:
         self._check_open()
+        check_stream_ref(name_or_id)
         info = await self.metadata.get_stream(name_or_id)
         await self.metadata.delete_stream(info.stream_id)
         state = self._streams.pop(info.stream_id, None)
@@ -451,6 +475,8 @@ class Client:
                 raise InvalidArgument(
                     f"append takes walstream.Record objects, got {type(record).__name__}"
                 )
+        check_optional_int(match_tail, "match_tail")
+        check_optional_text(fencing_token, "fencing_token", MAX_FENCING_TOKEN_BYTES)
         await self._claim(state)
         started = self.clock.monotonic()
         async with state.lock:
@@ -627,8 +653,12 @@ class Client:
         self._check_open()
         if sum(value is not None for value in (start, from_timestamp, tail_offset)) != 1:
             raise InvalidArgument("read needs exactly one of start, from_timestamp, tail_offset")
-        if limit_records <= 0 or limit_bytes <= 0:
-            raise InvalidArgument("limit_records and limit_bytes must be positive")
+        check_optional_int(start, "start")
+        check_optional_int(from_timestamp, "from_timestamp", minimum=MIN_I64)
+        check_optional_int(tail_offset, "tail_offset")
+        check_int(limit_records, "limit_records", minimum=1)
+        check_int(limit_bytes, "limit_bytes", minimum=1)
+        wait = check_wait(wait)
         await self._refresh_remote(state)
         if state.deleted:
             raise StreamNotFound(f"stream {state.info.stream_id} was deleted")

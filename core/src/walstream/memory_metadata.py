@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import validation
 from .clock import Clock, SystemClock
 from .config import BackendFactory, BuildContext, Option
 from .errors import (
@@ -422,10 +423,12 @@ def check_prepare_args(count: int, ttl_ms: int) -> None:
 
 
 def check_stream_name(name: str | None) -> None:
-    if name is not None and (not isinstance(name, str) or name == ""):
-        raise InvalidArgument(
-            f"a stream name must be a non-empty string (or None for no name), got {name!r}"
-        )
+    """The stream-name rule every metadata store applies on create (``None``: no name).
+
+    1 to 255 characters of ``A-Z a-z 0-9 . _ -``, beginning with a letter, digit or ``_``, not
+    all digits (:func:`walstream.validation.check_stream_name` states why).
+    """
+    validation.check_stream_name(name)
 
 
 def check_object_limit(limit: int) -> None:

@@ -20,11 +20,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from .errors import CorruptionError, InvalidArgument
+from .validation import check_int, check_text, describe
 
 __all__ = [
     "BATCH_HEADER",
     "BATCH_MAGIC",
     "DEPLOYMENT_ID_BYTES",
+    "MAX_FIELD_BYTES",
+    "MAX_HEADER_COUNT",
+    "MAX_HEADER_NAME_BYTES",
     "AppendAck",
     "BatchHeader",
     "ReadResult",
@@ -49,6 +53,11 @@ _REC_TS_KEYLEN = struct.Struct(">qi")
 _I32 = struct.Struct(">i")
 _U16 = struct.Struct(">H")
 _MAX_I32 = 2**31 - 1
+_MAX_I64 = 2**63 - 1
+#: Bounds the batch format imposes on one record (u16 header count and name length, i32 sizes).
+MAX_HEADER_COUNT = 2**16 - 1
+MAX_HEADER_NAME_BYTES = 2**16 - 1
+MAX_FIELD_BYTES = _MAX_I32
 
 Headers = tuple[tuple[str, bytes], ...]
 
@@ -63,21 +72,85 @@ class Record:
     timestamp_ms: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.value, (bytes, bytearray, memoryview)):
-            raise InvalidArgument(f"Record.value must be bytes, not {type(self.value).__name__}")
-        if self.key is not None and not isinstance(self.key, (bytes, bytearray, memoryview)):
+        # The bounds are what the batch format encodes (module docstring): checked here so a bad
+        # record fails with InvalidArgument when it is made, not with struct.error at append.
+        # Records are made on the hot path: plain bytes, ints and (str, bytes) tuples take the
+        # fast checks, anything else the thorough ones.
+        value = self.value
+        if type(value) is not bytes or len(value) > MAX_FIELD_BYTES:
+            object.__setattr__(self, "value", _checked_bytes(value, "Record.value"))
+        key = self.key
+        if key is not None and (type(key) is not bytes or len(key) > MAX_FIELD_BYTES):
+            object.__setattr__(self, "key", _checked_bytes(key, "Record.key"))
+        timestamp = self.timestamp_ms
+        if timestamp is not None and (type(timestamp) is not int or not 0 <= timestamp <= _MAX_I64):
+            check_int(timestamp, "Record.timestamp_ms (milliseconds since 1970)")
+        headers = self.headers
+        if type(headers) is tuple and len(headers) <= MAX_HEADER_COUNT:
+            if all(_plain_header(header) for header in headers):
+                return
+        object.__setattr__(self, "headers", _checked_headers(headers))
+
+
+def _plain_header(header: object) -> bool:
+    """A (str, bytes) tuple within the format's bounds (the common case, checked fast)."""
+    if type(header) is not tuple or len(header) != 2:
+        return False
+    name, data = header
+    if type(name) is not str or type(data) is not bytes or len(data) > MAX_FIELD_BYTES:
+        return False
+    try:
+        return len(name.encode("utf-8")) <= MAX_HEADER_NAME_BYTES
+    except UnicodeEncodeError:
+        return False
+
+
+def _checked_headers(headers: object) -> Headers:
+    """``headers`` as a tuple of (str, bytes) pairs, or :class:`InvalidArgument` naming the
+    first one the batch format cannot encode."""
+    if isinstance(headers, (str, bytes, bytearray, memoryview)) or not isinstance(
+        headers, Iterable
+    ):
+        raise InvalidArgument(
+            f"Record.headers must be a sequence of (str, bytes) pairs, got {describe(headers)}"
+        )
+    pairs = tuple(headers)
+    if len(pairs) > MAX_HEADER_COUNT:
+        raise InvalidArgument(
+            f"Record.headers: at most {MAX_HEADER_COUNT} headers per record, got {len(pairs)}"
+        )
+    checked: list[tuple[str, bytes]] = []
+    for index, header in enumerate(pairs):
+        if (
+            not isinstance(header, (tuple, list))
+            or len(header) != 2
+            or not isinstance(header[0], str)
+            or not isinstance(header[1], (bytes, bytearray, memoryview))
+        ):
             raise InvalidArgument(
-                f"Record.key must be bytes or None, not {type(self.key).__name__}"
+                f"Record.headers[{index}]: expected a (str, bytes) pair, got {describe(header)}"
             )
-        if not isinstance(self.headers, tuple):
-            object.__setattr__(self, "headers", tuple(self.headers))
-        for header in self.headers:
-            if (
-                len(header) != 2
-                or not isinstance(header[0], str)
-                or not isinstance(header[1], (bytes, bytearray, memoryview))
-            ):
-                raise InvalidArgument(f"Record.headers must be (str, bytes) pairs, got {header!r}")
+        name = check_text(header[0], f"Record.headers[{index}] name", MAX_HEADER_NAME_BYTES)
+        checked.append((name, _checked_bytes(header[1], f"Record.headers[{index}] value")))
+    return tuple(checked)
+
+
+def _checked_bytes(data: object, what: str) -> bytes:
+    """``data`` if it is bytes-like and its length fits the format's i32; a memoryview of
+    anything but single bytes (``len`` counts items, not bytes) becomes a byte view."""
+    if isinstance(data, memoryview):
+        if data.ndim != 1 or data.itemsize != 1 or not data.c_contiguous:
+            data = memoryview(data.tobytes())
+        length = data.nbytes
+    elif isinstance(data, (bytes, bytearray)):
+        length = len(data)
+    else:
+        raise InvalidArgument(f"{what} must be bytes, not {type(data).__name__}")
+    if length > MAX_FIELD_BYTES:
+        raise InvalidArgument(
+            f"{what}: at most {MAX_FIELD_BYTES} bytes (2 GiB - 1), got {length} bytes"
+        )
+    return data  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +214,23 @@ def encode_batch(
     """Encode ``records`` with their resolved timestamps into one batch."""
     if not records:
         raise InvalidArgument("a batch needs at least one record")
+    if len(records) > _MAX_I32:
+        raise InvalidArgument(f"a batch holds at most {_MAX_I32} records, got {len(records)}")
+    try:
+        payload = _encode_payload(records, timestamps_ms)
+    except (struct.error, OverflowError, UnicodeEncodeError) as exc:
+        # Record checks its fields when made; this catches a bytearray grown after that, or a
+        # timestamp out of range. Nothing was written.
+        raise InvalidArgument(f"a record does not fit the batch format: {exc}") from None
+    if len(payload) > _MAX_I32:
+        raise InvalidArgument(f"batch payload of {len(payload)} bytes exceeds 2 GiB")
+    header = BATCH_HEADER.pack(
+        BATCH_MAGIC, stream_id, epoch, base_offset, len(records), len(payload)
+    )
+    return header + payload
+
+
+def _encode_payload(records: Sequence[Record], timestamps_ms: Sequence[int]) -> bytes:
     parts: list[bytes] = []
     append = parts.append
     for record, timestamp_ms in zip(records, timestamps_ms, strict=True):
@@ -159,13 +249,7 @@ def encode_batch(
             append(name_bytes)
             append(_I32.pack(len(value)))
             append(bytes(value))
-    payload = b"".join(parts)
-    if len(payload) > _MAX_I32:
-        raise InvalidArgument(f"batch payload of {len(payload)} bytes exceeds 2 GiB")
-    header = BATCH_HEADER.pack(
-        BATCH_MAGIC, stream_id, epoch, base_offset, len(records), len(payload)
-    )
-    return header + payload
+    return b"".join(parts)
 
 
 def decode_batch_header(data: bytes | memoryview, position: int = 0) -> BatchHeader:

@@ -118,6 +118,15 @@ _COMPACTION_OPTIONS = (
 _SERVER_OPTIONS = (
     Option("listen", "str", "host:port the HTTP service listens on", default="127.0.0.1:7400"),
     Option("token", "str", "bearer token clients must send (use ${ENV} for secrets)"),
+    Option("header_timeout", "duration", "close a connection whose request head is not "
+           "complete this long after it opened or after its previous response",
+           default=15.0, minimum=0.001),
+    Option("body_timeout", "duration", "answer 408 and close when a request body is not "
+           "complete this long after its head", default=60.0, minimum=0.001),
+    Option("max_connections", "int", "connections open at once; more are answered 503",
+           default=512, minimum=1),
+    Option("max_long_polls", "int", "reads waiting at the tail (wait=) at once; more get 429",
+           default=256, minimum=1),
 )
 _HOOKS_OPTIONS = (
     Option("disable", "str_list", "hook extensions (walstream.hooks names) not to load",

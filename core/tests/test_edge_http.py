@@ -1,0 +1,784 @@
+"""``walstream serve`` at its edge: bad input gets a 4xx with the walstream error body, never a
+500 or a traceback; slow and greedy clients are bounded (header and body timeouts, connection
+and long-poll bounds) while a normal client is still served.
+
+Every test runs a real server on 127.0.0.1 (in-process, memory WAL). The property-based test
+sends arbitrary requests (paths, stream references, query strings, headers, JSON and raw bodies)
+and asserts the only 5xx is a 503 ``BackendUnavailable``. ``--soak`` runs many more examples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+import yarl
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from walstream.server import RunningServer, ServerLimits, serve
+
+TOKEN = "edge-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+TIMEOUT = aiohttp.ClientTimeout(total=20)
+MAX_BODY_BYTES = 4 << 20
+LIMITS = ServerLimits(
+    header_timeout_s=1.0, body_timeout_s=1.0, max_connections=64, max_long_polls=2
+)
+
+
+def write_deployment(folder: Path) -> Path:
+    path = folder / "deploy.yaml"
+    path.write_text(
+        "node: {id: 1}\n"
+        f"wal: {{type: memory, name: edge-http-{folder.name}}}\n"
+        "object_store: {type: local, root: data/objects, fsync: false}\n"
+        "metadata: {type: sqlite, path: data/meta.db}\n"
+        "upload: {max_bytes: 256KiB, max_interval: 50ms}\n"
+    )
+    return path
+
+
+def start(
+    folder: Path, limits: ServerLimits = LIMITS
+) -> AbstractAsyncContextManager[RunningServer]:
+    return serve(
+        write_deployment(folder),
+        listen="127.0.0.1:0",
+        token=TOKEN,
+        max_body_bytes=MAX_BODY_BYTES,
+        max_wait_s=10.0,
+        limits=limits,
+        environ={},
+    )
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[RunningServer]:
+    async with start(tmp_path) as running:
+        yield running
+
+
+@pytest.fixture
+async def http(server: RunningServer) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(base_url=server.url, headers=AUTH, timeout=TIMEOUT) as session:
+        yield session
+
+
+async def answer(
+    session: aiohttp.ClientSession, method: str, path: str, **kwargs: Any
+) -> tuple[int, Any]:
+    async with session.request(method, path, **kwargs) as response:
+        text = await response.text()
+        try:
+            return response.status, json.loads(text)
+        except ValueError:
+            raise AssertionError(
+                f"{response.status} answered without a JSON body: {text!r}"
+            ) from None
+
+
+def assert_error_body(status: int, body: Any, expect_status: int, expect_error: str) -> None:
+    assert status == expect_status, (status, body)
+    assert isinstance(body, dict), body
+    assert body["error"] == expect_error, body
+    assert isinstance(body["message"], str) and body["message"], body
+    assert "Traceback" not in body["message"]
+    assert len(body["message"]) < 1000, "the input is not echoed back at length"
+    assert isinstance(body["definitely_not_applied"], bool), body
+
+
+def records_body(**record: Any) -> dict[str, Any]:
+    return {"records": [{"value_text": "v", **record}]}
+
+
+def deep(levels: int) -> bytes:
+    return b'{"records": ' + b"[" * levels + b"]" * levels + b"}"
+
+
+# -- explicit examples --------------------------------------------------------------------------
+
+APPEND = "/v1/streams/orders/records"
+BAD_REQUESTS: list[tuple[str, str, str, dict[str, Any], int, str]] = [
+    # label, method, path, request kwargs, status, error
+    (
+        "timestamp 2**63",
+        "POST",
+        APPEND,
+        {"json": records_body(timestamp_ms=2**63)},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "negative timestamp",
+        "POST",
+        APPEND,
+        {"json": records_body(timestamp_ms=-1)},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "timestamp header 2**63",
+        "POST",
+        APPEND,
+        {
+            "data": b"v",
+            "headers": {
+                "Content-Type": "application/octet-stream",
+                "X-Walstream-Timestamp-Ms": str(2**63),
+            },
+        },
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "header name over 65535 bytes",
+        "POST",
+        APPEND,
+        {"json": records_body(headers=[["n" * 65536, ""]])},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "65536 headers",
+        "POST",
+        APPEND,
+        {"json": records_body(headers=[["h", ""]] * 65536)},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "lone surrogate in a header name",
+        "POST",
+        APPEND,
+        {"data": b'{"records": [{"value_text": "v", "headers": [["\\ud800", ""]]}]}'},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "lone surrogate in value_text",
+        "POST",
+        APPEND,
+        {"data": b'{"records": [{"value_text": "\\udc00"}]}'},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "lone surrogate in a fencing token",
+        "POST",
+        APPEND,
+        {"data": b'{"records": [{"value_text": "v"}], "fencing_token": "\\ud800"}'},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "lone surrogate in a stream name",
+        "POST",
+        "/v1/streams",
+        {"data": b'{"name": "a\\ud800"}'},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "stream id beyond 64 bits",
+        "GET",
+        "/v1/streams/%2318446744073709551616/tail",
+        {},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "bare stream id beyond 64 bits",
+        "GET",
+        "/v1/streams/99999999999999999999/tail",
+        {},
+        400,
+        "InvalidArgument",
+    ),
+    ("#x is not an id", "GET", "/v1/streams/%23orders/tail", {}, 400, "InvalidArgument"),
+    (
+        "5,000-digit match_tail",
+        "POST",
+        APPEND,
+        {"data": b'{"records": [{"value_text": "v"}], "match_tail": ' + b"7" * 5000 + b"}"},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "4,000-digit match_tail",
+        "POST",
+        APPEND,
+        {"data": b'{"records": [{"value_text": "v"}], "match_tail": ' + b"7" * 4000 + b"}"},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "5,000-digit match_tail header",
+        "POST",
+        APPEND,
+        {
+            "data": b"v",
+            "headers": {
+                "Content-Type": "application/octet-stream",
+                "X-Walstream-Match-Tail": "7" * 5000,
+            },
+        },
+        400,
+        "InvalidArgument",
+    ),
+    ("5,000-digit start", "GET", APPEND + "?start=" + "7" * 5000, {}, 400, "InvalidArgument"),
+    ("start 2**63", "GET", APPEND + f"?start={2**63}", {}, 400, "InvalidArgument"),
+    ("limit 2**64", "GET", APPEND + f"?start=0&limit={2**64}", {}, 400, "InvalidArgument"),
+    ("limit_bytes 0", "GET", APPEND + "?start=0&limit_bytes=0", {}, 400, "InvalidArgument"),
+    ("start with underscores", "GET", APPEND + "?start=1_0", {}, 400, "InvalidArgument"),
+    ("wait=nan", "GET", APPEND + "?start=0&wait=nan", {}, 400, "InvalidArgument"),
+    (
+        "trim to 2**63",
+        "POST",
+        "/v1/streams/orders/trim",
+        {"json": {"start": 2**63}},
+        400,
+        "InvalidArgument",
+    ),
+    ("deeply nested JSON", "POST", APPEND, {"data": deep(100_000)}, 400, "InvalidArgument"),
+    (
+        "deeply nested create",
+        "POST",
+        "/v1/streams",
+        {"data": b"[" * 50_000},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "huge JSON body",
+        "POST",
+        APPEND,
+        {"data": b'{"records": [' + b" " * (MAX_BODY_BYTES + 1)},
+        413,
+        "RequestEntityTooLarge",
+    ),
+    (
+        "over a million JSON containers",
+        "POST",
+        APPEND,
+        {"data": b'{"records": [' + b"{}," * 1_000_001 + b"{}]}"},
+        400,
+        "InvalidArgument",
+    ),
+    ("stream name ../x", "POST", "/v1/streams", {"json": {"name": "../x"}}, 400, "InvalidArgument"),
+    (
+        "stream name with NUL",
+        "POST",
+        "/v1/streams",
+        {"json": {"name": "a\x00b"}},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "stream name of 1 MiB",
+        "POST",
+        "/v1/streams",
+        {"json": {"name": "x" * (1 << 20)}},
+        400,
+        "InvalidArgument",
+    ),
+    ("stream name #5", "POST", "/v1/streams", {"json": {"name": "#5"}}, 400, "InvalidArgument"),
+    (
+        "stream name of digits",
+        "POST",
+        "/v1/streams",
+        {"json": {"name": "5"}},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "stream name not a string",
+        "POST",
+        "/v1/streams",
+        {"json": {"name": [[[[1]]]]}},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "header value not base64",
+        "POST",
+        APPEND,
+        {"json": records_body(key="*")},
+        400,
+        "InvalidArgument",
+    ),
+    (
+        "wrong token",
+        "GET",
+        "/v1/streams",
+        {"headers": {"Authorization": "Bearer nope"}},
+        401,
+        "Unauthorized",
+    ),
+    (
+        "non-ASCII token",
+        "GET",
+        "/v1/streams",
+        {"headers": {"Authorization": "Bearer é"}},
+        401,
+        "Unauthorized",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kwargs", "status", "error"),
+    [case[1:] for case in BAD_REQUESTS],
+    ids=[case[0] for case in BAD_REQUESTS],
+)
+async def test_bad_input_gets_a_4xx_with_the_walstream_error_body(
+    http: aiohttp.ClientSession,
+    method: str,
+    path: str,
+    kwargs: dict[str, Any],
+    status: int,
+    error: str,
+) -> None:
+    created, _ = await answer(http, "POST", "/v1/streams", json={"name": "orders"})
+    assert created == 201
+    if "data" in kwargs and "headers" not in kwargs:
+        kwargs = {**kwargs, "headers": {"Content-Type": "application/json"}}
+    got, body = await answer(http, method, yarl.URL(path, encoded=True), **kwargs)  # type: ignore[arg-type]
+    assert_error_body(got, body, status, error)
+    # Nothing was appended and the node still serves.
+    tail_status, tail = await answer(http, "GET", "/v1/streams/orders/tail")
+    assert (tail_status, tail["tail"]) == (200, 0)
+
+
+async def raw_exchange(port: int, request: bytes, timeout: float = 10.0) -> bytes:
+    """Send ``request`` bytes as they are and return everything the server answers."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), timeout)
+    finally:
+        writer.close()
+
+
+def parse_raw(response: bytes) -> tuple[int, Any]:
+    head, _, body = response.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, json.loads(body)
+
+
+async def test_a_non_utf8_authorization_header_gets_401(server: RunningServer) -> None:
+    for value in (b"Bearer \xff\xfe", b"Bearer \xc3\xa9", b"\xff\xff \xff"):
+        response = await raw_exchange(
+            server.port,
+            b"GET /v1/streams HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: "
+            + value
+            + b"\r\n\r\n",
+        )
+        status, body = parse_raw(response)
+        assert_error_body(status, body, 401, "Unauthorized")
+
+
+async def test_requests_aiohttp_cannot_parse_get_the_walstream_error_body(
+    server: RunningServer,
+) -> None:
+    for request in (
+        b"GET /v1/streams?start=" + b"9" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nX-Long: " + b"v" * 9000 + b"\r\n\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n",
+        b"POST /v1/streams HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+    ):
+        status, body = parse_raw(await raw_exchange(server.port, request))
+        assert_error_body(status, body, 400, "InvalidArgument")
+        assert body["message"].startswith("malformed HTTP request")
+
+
+async def test_the_limits_still_accept_the_largest_valid_values(
+    http: aiohttp.ClientSession,
+) -> None:
+    await answer(http, "POST", "/v1/streams", json={"name": "x" * 255})
+    status, ack = await answer(
+        http,
+        "POST",
+        "/v1/streams/" + "x" * 255 + "/records",
+        json=records_body(timestamp_ms=2**63 - 1, headers=[["n" * 65535, ""]]),
+    )
+    assert (status, ack["start"]) == (200, 0)
+    status, read = await answer(http, "GET", "/v1/streams/%231/records?start=0")
+    assert status == 200
+    assert read["records"][0]["timestamp_ms"] == 2**63 - 1
+    assert read["records"][0]["headers"] == [["n" * 65535, ""]]
+    status, read = await answer(http, "GET", "/v1/streams/1/records?from_timestamp=-5")
+    assert status == 200 and len(read["records"]) == 1
+
+
+# -- slow and greedy clients ----------------------------------------------------------------------
+
+
+async def _until_closed(reader: asyncio.StreamReader) -> None:
+    try:
+        await reader.read()
+    except ConnectionError:
+        pass  # closed with our last bytes unread: a reset, closed all the same
+
+
+async def _slowloris(port: int, request: bytes, interval: float) -> float:
+    """Send ``request`` one byte every ``interval`` seconds; the seconds until the server closed
+    the connection (or ``inf`` when the whole request went out first)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    began = time.monotonic()
+    closed = asyncio.ensure_future(_until_closed(reader))
+    try:
+        for index in range(len(request)):
+            if closed.done():
+                break
+            writer.write(request[index : index + 1])
+            try:
+                await writer.drain()
+            except ConnectionError:
+                break
+            await asyncio.wait({closed}, timeout=interval)
+        else:
+            return float("inf")
+        await asyncio.wait_for(closed, 10)
+        return time.monotonic() - began
+    finally:
+        closed.cancel()
+        writer.close()
+
+
+async def test_slowloris_connections_are_closed_while_a_normal_client_is_served(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    head = b"GET /v1/streams HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + b"p" * 200 + b"\r\n\r\n"
+    body_request = (
+        b"POST /v1/streams/orders/records HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 400\r\n\r\n" + b" " * 400
+    )
+    await answer(http, "POST", "/v1/streams", json={"name": "orders"})
+    began = time.monotonic()
+    attackers = [asyncio.ensure_future(_slowloris(server.port, head, 0.05)) for _ in range(20)] + [
+        asyncio.ensure_future(_slowloris(server.port, body_request, 0.05)) for _ in range(5)
+    ]
+    served = 0
+    while not all(attacker.done() for attacker in attackers):
+        status, _ = await answer(http, "POST", "/v1/streams/orders/records", json=records_body())
+        assert status == 200
+        served += 1
+        await asyncio.sleep(0.05)
+        assert time.monotonic() - began < 15, "slow connections were not closed"
+    closed_after = [attacker.result() for attacker in attackers]
+    # Heads: closed at header_timeout (1 s); bodies: 408 at body_timeout (1 s) after the head
+    # (~7 s of head at one byte per 0.05 s would be cut at 1 s by the header timeout first).
+    assert all(seconds < 1.0 + 2.0 for seconds in closed_after), closed_after
+    assert served >= 3
+    assert server.guard is not None and server.guard.timed_out >= 20
+    status, tail = await answer(http, "GET", "/v1/streams/orders/tail")
+    assert (status, tail["tail"]) == (200, served)
+
+
+async def test_a_slow_body_gets_408_and_the_connection_is_closed(server: RunningServer) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(
+            b"POST /v1/streams HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+            + TOKEN.encode()
+            + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+        began = time.monotonic()
+        response = await asyncio.wait_for(reader.read(), 10)
+        waited = time.monotonic() - began
+    finally:
+        writer.close()
+    status, body = parse_raw(response)
+    assert_error_body(status, body, 408, "RequestTimeout")
+    assert "server.body_timeout" in body["message"]
+    assert 0.9 <= waited < 4.0, waited
+
+
+async def test_a_slow_second_head_on_a_kept_alive_connection_is_closed(
+    server: RunningServer,
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        await writer.drain()
+        first = await asyncio.wait_for(reader.readuntil(b"}"), 5)
+        assert b" 200 " in first.split(b"\r\n", 1)[0]
+        writer.write(b"GET /hea")  # and nothing more
+        began = time.monotonic()
+        rest = await asyncio.wait_for(reader.read(), 10)
+        assert rest == b"" or b"HTTP/1.1 200" not in rest
+        assert time.monotonic() - began < 1.0 + 2.5
+    finally:
+        writer.close()
+
+
+async def test_connections_over_the_bound_get_503(tmp_path: Path) -> None:
+    limits = ServerLimits(header_timeout_s=10.0, max_connections=4)
+    async with start(tmp_path, limits) as running:
+        idle = [await asyncio.open_connection("127.0.0.1", running.port) for _ in range(4)]
+        await asyncio.sleep(0.2)
+        assert running.guard is not None and running.guard.open == 4
+        status, body = parse_raw(
+            await raw_exchange(
+                running.port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+        )
+        assert_error_body(status, body, 503, "BackendUnavailable")
+        assert "server.max_connections" in body["message"]
+        for _, writer in idle:
+            writer.close()
+        await asyncio.sleep(0.2)
+        async with aiohttp.ClientSession(headers=AUTH, timeout=TIMEOUT) as session:
+            status, health = await answer(session, "GET", running.url + "/health")
+        assert (status, health["status"]) == (200, "ok")
+
+
+async def test_long_polls_over_the_bound_get_429(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    await answer(http, "POST", "/v1/streams", json={"name": "polled"})
+    poll = "/v1/streams/polled/records?start=0&wait=8"
+    waiting = [asyncio.ensure_future(answer(http, "GET", poll)) for _ in range(2)]
+    await asyncio.sleep(0.3)
+    status, body = await answer(http, "GET", poll)
+    assert_error_body(status, body, 429, "CapacityError")
+    assert "server.max_long_polls" in body["message"]
+    # A read that does not wait is still served.
+    status, read = await answer(http, "GET", "/v1/streams/polled/records?start=0")
+    assert (status, read["records"]) == (200, [])
+    await answer(http, "POST", "/v1/streams/polled/records", json=records_body())
+    for result in await asyncio.gather(*waiting):
+        assert result[0] == 200 and len(result[1]["records"]) == 1
+    # The bound frees up again.
+    status, read = await answer(http, "GET", "/v1/streams/polled/records?start=1&wait=0.1")
+    assert (status, read["records"]) == (200, [])
+
+
+MEMORY = {
+    "wal": {"type": "memory"},
+    "object_store": {"type": "memory"},
+    "metadata": {"type": "memory"},
+}
+
+
+def test_server_options_come_from_the_yaml_server_section(tmp_path: Path) -> None:
+    import walstream_plugins
+    from walstream.errors import ConfigError
+    from walstream.server import limits_from_section
+
+    deployment = walstream_plugins.load_deployment(
+        {
+            **MEMORY,
+            "server": {
+                "header_timeout": "2s",
+                "body_timeout": "500ms",
+                "max_connections": 7,
+                "max_long_polls": 3,
+            },
+        }
+    )
+    assert limits_from_section(deployment.sections["server"]) == ServerLimits(2.0, 0.5, 7, 3)
+    defaults = walstream_plugins.load_deployment(MEMORY)
+    assert limits_from_section(defaults.sections["server"]) == ServerLimits()
+    for bad in ({"max_connections": 0}, {"header_timeout": "0s"}, {"max_long_polls": "x"}):
+        with pytest.raises(ConfigError):
+            walstream_plugins.load_deployment({**MEMORY, "server": bad})
+
+
+# -- property-based: arbitrary requests -----------------------------------------------------------
+
+ROUTES = [
+    ("GET", "/v1/streams"),
+    ("POST", "/v1/streams"),
+    ("DELETE", "/v1/streams/{ref}"),
+    ("POST", "/v1/streams/{ref}/records"),
+    ("GET", "/v1/streams/{ref}/records"),
+    ("POST", "/v1/streams/{ref}/trim"),
+    ("GET", "/v1/streams/{ref}/tail"),
+    ("POST", "/v1/streams/{ref}/fencing-token"),
+    ("PUT", "/v1/streams/{ref}"),
+    ("GET", "/{ref}"),
+]
+
+
+def percent(text: str) -> str:
+    return quote(text.encode("utf-8", "surrogatepass"), safe="")
+
+
+# Short numbers, and numbers around Python's 4,300-digit conversion limit.
+digits = st.one_of(
+    st.integers(min_value=0, max_value=30), st.integers(min_value=4200, max_value=5000)
+).map(lambda n: "9" * n)
+int_texts = st.one_of(
+    st.integers().map(str),
+    st.sampled_from([str(2**63), str(2**63 - 1), str(-(2**63) - 1), "1_0", " 5", "+5", "١"]),
+    digits,
+)
+texts = st.one_of(st.text(max_size=20), st.text(st.characters(exclude_categories=()), max_size=8))
+refs = st.one_of(
+    st.sampled_from(["target", "%231", "1", "%23", "%23x", "..", "%00", "%ED%A0%80"]),
+    texts.filter(bool).map(percent),
+    int_texts.map(lambda text: "%23" + percent(text)),
+)
+query_keys = st.sampled_from(
+    ["start", "from_timestamp", "tail_offset", "limit", "limit_bytes", "wait", "prefix", "x"]
+)
+queries = st.dictionaries(
+    query_keys, st.one_of(int_texts, texts, st.floats().map(str)), max_size=4
+).map(lambda pairs: "&".join(f"{key}={percent(value)}" for key, value in pairs.items()))
+json_values = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(),
+        st.integers(min_value=2**62, max_value=2**70),
+        st.floats(),
+        texts,
+    ),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts, inner, max_size=4),
+    max_leaves=10,
+)
+b64_texts = st.binary(max_size=20).map(lambda data: base64.b64encode(data).decode())
+record_objects = st.fixed_dictionaries(
+    {},
+    optional={
+        "value": st.one_of(b64_texts, json_values),
+        "value_text": st.one_of(texts, json_values),
+        "key": st.one_of(b64_texts, json_values),
+        "headers": st.one_of(
+            st.lists(st.tuples(texts, b64_texts).map(list), max_size=3),
+            st.dictionaries(texts, b64_texts, max_size=3),
+            json_values,
+        ),
+        "timestamp_ms": st.one_of(st.integers(), st.integers(min_value=2**62), json_values),
+    },
+)
+append_bodies = st.fixed_dictionaries(
+    {"records": st.one_of(st.lists(record_objects, max_size=3), json_values)},
+    optional={
+        "match_tail": st.one_of(st.integers(), json_values),
+        "fencing_token": st.one_of(texts, json_values),
+        "other": json_values,
+    },
+)
+
+
+def encode_json(value: Any) -> bytes:
+    return json.dumps(value).encode("utf-8")  # ensure_ascii: surrogates travel as \ud800
+
+
+bodies = st.one_of(
+    st.none(),
+    st.binary(max_size=64),
+    json_values.map(encode_json),
+    append_bodies.map(encode_json),
+    st.fixed_dictionaries(
+        {}, optional={"name": json_values, "start": json_values, "token": json_values}
+    ).map(encode_json),
+    digits.map(lambda n: ('{"match_tail": ' + (n or "0") + ', "records": []}').encode()),
+    st.integers(min_value=1, max_value=20_000).map(lambda n: b"[" * n),
+)
+header_text = st.text(
+    st.characters(min_codepoint=0x20, max_codepoint=0x7E) | st.sampled_from("éÿ€"), max_size=30
+)
+request_headers = st.dictionaries(
+    st.sampled_from(
+        [
+            "Content-Type",
+            "X-Walstream-Key",
+            "X-Walstream-Timestamp-Ms",
+            "X-Walstream-Match-Tail",
+            "X-Walstream-Fencing-Token",
+        ]
+    ),
+    st.one_of(
+        header_text,
+        int_texts.filter(lambda text: len(text) < 4000),
+        st.just("application/octet-stream"),
+    ),
+    max_size=4,
+)
+# Mostly the right token, so requests get past authentication; sometimes anything.
+authorizations = st.one_of(st.none(), st.none(), st.none(), header_text)
+requests = st.tuples(
+    st.sampled_from(ROUTES), refs, queries, bodies, request_headers, authorizations
+)
+
+
+def test_arbitrary_http_requests_never_get_a_5xx_other_than_503(tmp_path: Path, soak: bool) -> None:
+    loop = asyncio.new_event_loop()
+    context = start(tmp_path)
+    running = loop.run_until_complete(context.__aenter__())
+
+    async def open_session() -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(headers=AUTH, timeout=TIMEOUT)
+
+    session = loop.run_until_complete(open_session())
+    statuses: dict[int, int] = {}
+    try:
+
+        async def setup() -> None:
+            status, _ = await answer(
+                session, "POST", running.url + "/v1/streams", json={"name": "target"}
+            )
+            assert status == 201
+
+        loop.run_until_complete(setup())
+
+        async def send(request: tuple[Any, ...]) -> None:
+            (method, template), ref, query, body, drawn_headers, authorization = request
+            headers = {"Content-Type": "application/json", **drawn_headers}
+            if authorization is not None:
+                headers["Authorization"] = authorization
+            if method == "DELETE" and ref in ("target", "%231", "1"):
+                ref = "kept"
+            path = template.replace("{ref}", ref) + ("?" + query if query else "")
+            url = yarl.URL(running.url + path, encoded=True)
+            async with session.request(method, url, data=body, headers=headers) as response:
+                text = await response.text(errors="replace")
+                statuses[response.status] = statuses.get(response.status, 0) + 1
+                if response.status >= 400:
+                    parsed = json.loads(text)
+                    assert parsed["error"] and parsed["message"], parsed
+                    assert "Traceback" not in text
+                if response.status >= 500:
+                    assert response.status == 503, text
+                    assert json.loads(text)["error"] == "BackendUnavailable", text
+
+        @settings(
+            max_examples=1500 if soak else 120,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+            database=None,
+        )
+        @given(requests)
+        def check(request: tuple[Any, ...]) -> None:
+            loop.run_until_complete(asyncio.wait_for(send(request), 20))
+
+        check()
+
+        async def still_serving() -> None:
+            status, health = await answer(session, "GET", running.url + "/health")
+            assert (status, health["status"]) == (200, "ok")
+            status, ack = await answer(
+                session, "POST", running.url + "/v1/streams/target/records", json=records_body()
+            )
+            assert status == 200, ack
+
+        loop.run_until_complete(still_serving())
+        assert any(status < 300 for status in statuses), statuses
+    finally:
+        loop.run_until_complete(session.close())
+        loop.run_until_complete(context.__aexit__(None, None, None))
+        loop.close()
