@@ -718,3 +718,14 @@ async def test_bench_prints_its_table_and_writes_json(deployment: Path, tmp_path
     # Its streams were deleted afterwards.
     async with walstream.open(deployment) as client:
         assert await client.list_streams(prefix="bench-") == []
+
+
+def test_data_loss_is_410_with_the_lost_range() -> None:
+    from walstream.errors import DataLossError
+    from walstream.server import _error_json, error_status
+
+    error = DataLossError("offsets [10, 20) of stream 3 were lost", 3, 10, 20)
+    assert error_status(error) == 410
+    body = _error_json(error)
+    assert body["error"] == "DataLossError"
+    assert (body["stream_id"], body["start_offset"], body["end_offset"]) == (3, 10, 20)

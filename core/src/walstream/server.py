@@ -43,6 +43,7 @@ body is the value, and optional headers ``X-Walstream-Key`` (base64), ``X-Walstr
 Errors are JSON, ``{"error": "<ClassName>", "message": "...", "definitely_not_applied": bool}``
 plus the fields of the error: StreamNotFound 404, StreamExists 409, FencedError 409,
 TailMismatchError 412 (``actual_tail``), OutOfRangeError 416 (``start_offset``, ``tail``),
+DataLossError 410 (``stream_id``, ``start_offset``, ``end_offset``),
 InvalidArgument and ConfigError 400 (malformed JSON or base64 too), CapacityError 429,
 BackendUnavailable 503, AmbiguousError 504, CorruptionError 500, a body over ``max_body_bytes``
 413, a missing or wrong token 401, a head or body not complete in time 408, more connections
@@ -79,6 +80,7 @@ from .errors import (
     CapacityError,
     ConfigError,
     CorruptionError,
+    DataLossError,
     FencedError,
     InvalidArgument,
     NotFound,
@@ -164,6 +166,7 @@ _ERROR_STATUS: tuple[tuple[type[WalstreamError], int], ...] = (
     (TailMismatchError, 412),
     (PreconditionFailed, 412),
     (OutOfRangeError, 416),
+    (DataLossError, 410),
     (InvalidArgument, 400),
     (ConfigError, 400),
     (CapacityError, 429),
@@ -435,6 +438,10 @@ def _error_json(error: WalstreamError) -> dict[str, Any]:
     if isinstance(error, OutOfRangeError):
         body["start_offset"] = error.start_offset
         body["tail"] = error.tail
+    if isinstance(error, DataLossError):
+        body["stream_id"] = error.stream_id
+        body["start_offset"] = error.start_offset
+        body["end_offset"] = error.end_offset
     return body
 
 
