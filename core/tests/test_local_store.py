@@ -264,6 +264,22 @@ async def test_writer(store: LocalObjectStore) -> None:
     assert files_under(store.root) == ["w/ctx", "w/empty", "w/streamed"]
 
 
+async def test_conditional_writer_never_replaces_an_existing_object(
+    store: LocalObjectStore,
+) -> None:
+    await store.put("w/taken", b"first")
+    writer = store.writer("w/taken", if_absent=True)
+    await writer.write(b"second")
+    with pytest.raises(PreconditionFailed, match="already exists"):
+        await writer.close()
+    assert await store.get("w/taken") == b"first"
+    assert files_under(store.root) == ["w/taken"]  # the temporary file is gone too
+    fresh = store.writer("w/fresh", if_absent=True)
+    await fresh.write(b"new")
+    assert (await fresh.close()).size == 3
+    assert await store.get("w/fresh") == b"new"
+
+
 async def test_abort_leaves_nothing(store: LocalObjectStore) -> None:
     writer = store.writer("gone/soon")
     await writer.write(b"x" * 100_000)

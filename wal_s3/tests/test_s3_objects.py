@@ -322,3 +322,15 @@ async def test_s3_multipart_put_if_absent_never_replaces_an_existing_object(
     assert await store.get("big-once") == first
     assert await list_multipart_uploads(store) == []
     await store.close()
+
+
+async def test_s3_conditional_writer_never_replaces_an_existing_object(make_store: Any) -> None:
+    store = make_store(multipart_part_bytes=5 * MiB)
+    await store.put("w-taken", b"first")
+    writer = store.writer("w-taken", if_absent=True)
+    await writer.write(pattern(6 * MiB))  # one full part: a multipart upload
+    with pytest.raises(PreconditionFailed):
+        await writer.close()
+    assert await store.get("w-taken") == b"first"
+    assert await list_multipart_uploads(store) == []
+    await store.close()

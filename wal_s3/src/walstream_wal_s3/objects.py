@@ -215,8 +215,10 @@ class S3ObjectStore(ObjectStore):
                 return
             params["ContinuationToken"] = token
 
-    def writer(self, key: str) -> ObjectWriter:
-        return S3ObjectWriter(self, self._full(key))
+    def writer(self, key: str, *, if_absent: bool = False) -> ObjectWriter:
+        """A streaming multipart writer; with ``if_absent`` its completion carries
+        ``If-None-Match: *`` (``PreconditionFailed`` if the key exists, never a replacement)."""
+        return S3ObjectWriter(self, self._full(key), if_none_match=if_absent)
 
     async def close(self) -> None:
         if self._owns_client:
