@@ -608,33 +608,41 @@ def _parse_footer_checked(
     try:
         footer = parse_footer(tail, object_size)
     except CorruptionError:
-        if expected is not None:
-            # The size check may be what failed: look at the identity of an otherwise good footer.
-            found = _identity_ignoring_size(tail)
-            if found is not None and found != expected:
-                check_identity(_footer_with(found), key, expected)
+        # The size check may be what failed: a foreign object of another size is named as such.
+        _check_foreign(tail, key, expected, require_identity)
         raise
     check_identity(footer, key, expected, require=require_identity)
     return footer
 
 
-def _identity_ignoring_size(tail: bytes | memoryview) -> ObjectIdentity | None:
-    """The identity in a version-2 footer whose checksum and version are right, whatever the
-    object size; ``None`` when there is no such footer."""
-    if len(tail) < FOOTER_SIZE or bytes(tail[-_MAGIC_SIZE:]) != OBJECT_MAGIC:
-        return None
-    raw = bytes(tail[len(tail) - FOOTER_SIZE :])
-    fields = _FOOTER.unpack(raw)
-    if _crc(raw[: _FOOTER_FIELDS.size]) != fields[9] or fields[4] != FORMAT_VERSION:
-        return None
+def _check_foreign(
+    tail: bytes | memoryview, key: str, expected: ObjectIdentity | None, require_identity: bool
+) -> None:
+    """Raise :class:`IdentityMismatch` when ``tail`` ends in a footer whose checksum and version
+    are right (whatever object size it implies) and that does not name ``expected``."""
+    if expected is None:
+        return
+    footer = _footer_ignoring_size(tail)
+    if footer is not None:
+        check_identity(footer, key, expected, require=require_identity)
+
+
+def _footer_ignoring_size(tail: bytes | memoryview) -> Footer | None:
+    """The footer at the end of ``tail`` when its magic, checksum and version are right, without
+    checking it against any object size; ``None`` otherwise."""
     try:
-        return ObjectIdentity(fields[6], fields[7])
-    except InvalidArgument:
+        size = footer_size_of(tail)
+    except CorruptionError:
         return None
-
-
-def _footer_with(identity: ObjectIdentity) -> Footer:
-    return Footer(0, 0, 0, 0, FORMAT_VERSION, 0, identity)
+    if len(tail) < size:
+        return None
+    raw = bytes(tail[len(tail) - size :])
+    try:
+        # Parse it as if the object were exactly what the footer says it is.
+        index_position, index_length = struct.unpack_from(">QI", raw)
+        return parse_footer(raw, index_position + index_length + size)
+    except CorruptionError:
+        return None
 
 
 def _check_entries(entries: Sequence[IndexEntry], data_size: int) -> None:
@@ -693,9 +701,7 @@ async def read_index(
         tail = await store.get(key, -index_size)
         if index_size > object_size or len(tail) < index_size:
             # Foreign or truncated: name the identity if the footer is a readable foreign one.
-            found = _identity_ignoring_size(tail)
-            if expected is not None and found is not None and found != expected:
-                check_identity(_footer_with(found), key, expected)
+            _check_foreign(tail, key, expected, require)
             raise CorruptionError(
                 f"object {key!r} is {min(object_size, len(tail))} bytes, smaller than its index "
                 f"of {index_size} bytes (truncated object?)"
