@@ -11,7 +11,8 @@ caches), and for the first cases of each kind through the engine's read path too
 Every read must return exactly the records stored at its offsets (a short read is fine) or raise
 a typed :class:`CorruptionError` / :class:`IdentityMismatch`: never other bytes, and never an
 empty answer for offsets metadata says exist. Classes are the shared ``Outcome`` ones. Besides,
-damage inside one data block may fail only reads that start in that block (failure isolation).
+damage inside one data block may fail only reads whose records (start .. start + limit) reach
+into that block (failure isolation).
 
 The format has no padding bytes: every byte belongs to a block, the index or the footer, and
 the block-CRC region stands in for the bytes between blocks. CI runs a bounded sample; ``--soak``
@@ -281,7 +282,13 @@ async def _read_with_object_reader(fixture: Fixture, case: Case) -> Observation:
                 except CorruptionError:
                     detected = True
                     bad = case.bad_block
-                    if bad is not None and not (bad[0] == stream_id and bad[1] <= start < bad[2]):
+                    needs_bad = (
+                        bad is not None
+                        and bad[0] == stream_id
+                        and start < bad[2]
+                        and start + READ_LIMIT > bad[1]
+                    )
+                    if bad is not None and not needs_bad:
                         isolation.append(f"stream {stream_id} offset {start}")
                     continue
                 except WalstreamError as exc:

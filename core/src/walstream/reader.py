@@ -8,10 +8,10 @@ Identity: every index read checks that the footer names this deployment and the 
 metadata gave (:class:`IdentityMismatch` otherwise), and the data-block CRCs of a version-2 object
 are seeded with that identity, so a block read from a replaced file fails its check too.
 
-Failure isolation: a block that fails its check fails only the reads that need its offsets.
-Nothing is cached for it (the block cache holds decoded good blocks only; an index is cached only
-once it parsed), read-ahead never turns a bad following block into an error of the block that was
-asked for, and the next read that reaches the bad block fetches it again.
+Failure isolation: a block that fails its check fails only the reads whose records (within their
+limits) lie in it. Nothing is cached for it (the block cache holds decoded good blocks only; an
+index is cached only once it parsed), read-ahead never turns a bad following block into an error
+of a read that ends before it, and the next read that reaches the bad block fetches it again.
 """
 
 from __future__ import annotations
@@ -91,10 +91,9 @@ class ObjectReader:
         limit_bytes: int,
     ) -> list[SequencedRecord]:
         """Committed records of ``stream_id`` in ``[start, end)``, at most the limits (at least
-        one record when any exists). Stops early at the end of committed data, and before a
-        block that fails its check once records before it were collected: the read that starts
-        at the bad block's offsets raises :class:`CorruptionError` (or
-        :class:`IdentityMismatch`)."""
+        one record when any exists). Stops early at the end of committed data. Raises
+        :class:`CorruptionError` (or :class:`IdentityMismatch`) when a record within the limits
+        lies in a block that fails its check; a read that ends before that block succeeds."""
         records: list[SequencedRecord] = []
         size = 0
         position = start
@@ -148,11 +147,6 @@ class ObjectReader:
                 if stale_retries > _MAX_STALE_RETRIES:
                     raise
                 continue
-            except CorruptionError:
-                if not records:
-                    raise
-                # Serve the good records before the bad bytes; the read that starts at them fails.
-                break
             if position == before:
                 break
         if records:
