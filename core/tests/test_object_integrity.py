@@ -30,6 +30,7 @@ from walstream.object_format import (
     ObjectBuilder,
     ObjectIdentity,
     is_identity_key,
+    legacy_object_key,
     object_key,
     parse_footer,
     parse_index,
@@ -480,3 +481,24 @@ async def test_a_started_compactor_waits_while_its_candidates_are_young() -> Non
         assert not await _wait_for_compaction(name, clock, 0.3)
     finally:
         await compactor.close()
+
+
+async def test_garbage_collection_deletes_expired_uploads_under_this_deployments_keys() -> None:
+    clock = ManualClock()
+    name = f"gc-{os.urandom(4).hex()}"
+    metadata = MemoryMetadataStore(name=name, clock=clock)
+    deployment_id = await metadata.deployment_id()
+    (object_id,) = await metadata.prepare_objects(1, 1000)
+    store = MemoryObjectStore()
+    ours = object_key(object_id, deployment_id)
+    await store.put(ours, _built(ObjectIdentity(deployment_id, object_id)))
+    # Another deployment sharing the store may own the same id under a legacy key: left alone.
+    legacy = legacy_object_key(object_id)
+    await store.put(legacy, b"someone else's")
+    compactor = Compactor(
+        objects=store, metadata=metadata, config=SCHEDULED, hooks=NullHooks(), clock=clock
+    )
+    assert await compactor.collect_garbage() == 0  # not expired yet
+    clock.advance(2)
+    assert await compactor.collect_garbage() == 1
+    assert [meta.key async for meta in store.list()] == [legacy]
