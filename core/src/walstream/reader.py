@@ -243,7 +243,9 @@ class ObjectReader:
     ) -> CorruptionError:
         """The error to raise for a bad block: :class:`IdentityMismatch` when the object now has
         another identity (the file was replaced after its index was cached), else ``error``.
-        A changed index is dropped from the cache so later reads parse it afresh."""
+        A changed index is dropped from the cache so later reads parse it afresh. ``NotFound``
+        (the object was compacted away meanwhile) propagates: the read looks the range up again."""
+        self.gets += 1
         try:
             fresh = await read_index(
                 self.objects,
@@ -255,7 +257,7 @@ class ObjectReader:
         except IdentityMismatch as mismatch:
             self._indexes.discard_if(lambda key: key == info.object_id)
             return mismatch
-        except (CorruptionError, NotFound):
+        except CorruptionError:
             self._indexes.discard_if(lambda key: key == info.object_id)
             return error
         if fresh.entries != cached.entries or fresh.identity != cached.identity:
