@@ -16,7 +16,7 @@ into that block (failure isolation).
 
 The format has no padding bytes: every byte belongs to a block, the index or the footer, and
 the block-CRC region stands in for the bytes between blocks. CI runs a bounded sample; ``--soak``
-flips every byte position and truncates at every length.
+flips a bit of every byte position and truncates at every fifth length.
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def _cases(fixture: Fixture, rng: random.Random, soak: bool) -> list[Case]:
             bit = rng.randrange(8)
             data = good[:position] + bytes([good[position] ^ (1 << bit)]) + good[position + 1 :]
             cases.append(Case(damage, data, block))
-    lengths = list(range(len(good))) if soak else rng.sample(range(len(good)), 40)
+    lengths = list(range(0, len(good), 5)) if soak else rng.sample(range(len(good)), 40)
     cases.extend(Case("truncate", good[:length]) for length in lengths)
     for extra in (1, 7, FOOTER_SIZE, 500):
         cases.append(Case("append bytes", good + bytes(rng.randrange(256) for _ in range(extra))))
