@@ -25,7 +25,14 @@ from walstream.hooks import NullHooks
 from walstream.local import LocalObjectStore
 from walstream.memory import MemoryObjectStore, MemoryWal
 from walstream.memory_metadata import MemoryMetadataStore
-from walstream.metadata import MetadataStore, ObjectInfo, ObjectKind, ObjectState
+from walstream.metadata import (
+    MetadataStore,
+    ObjectCommit,
+    ObjectInfo,
+    ObjectKind,
+    ObjectState,
+    StreamRange,
+)
 from walstream.object_format import (
     ObjectBuilder,
     ObjectIdentity,
@@ -502,3 +509,48 @@ async def test_garbage_collection_deletes_expired_uploads_under_this_deployments
     clock.advance(2)
     assert await compactor.collect_garbage() == 1
     assert [meta.key async for meta in store.list()] == [legacy]
+
+
+async def test_objects_written_before_identity_are_still_read_through_the_engine() -> None:
+    """A deployment upgraded in place: its committed objects are version 1 under legacy keys."""
+    name = f"legacy-{os.urandom(4).hex()}"
+    metadata = MemoryMetadataStore(name=name)
+    node = await metadata.register_node(1, {})
+    info = await metadata.create_stream("old")
+    claimed = await metadata.claim_stream(info.stream_id, 1, node.node_epoch)
+    (object_id,) = await metadata.prepare_objects(1, 600_000)
+    builder = ObjectBuilder(block_target_bytes=64)  # no identity: the version-1 format
+    for offset in range(20):
+        builder.add_batch(
+            encode_batch(
+                info.stream_id, claimed.epoch, offset, [Record(value_for("o", offset))], [offset]
+            )
+        )
+    built = builder.finish()
+    key = legacy_object_key(object_id)
+    store = MemoryObjectStore()
+    await store.put(key, built.data)
+    ranges = (StreamRange(info.stream_id, 0, 20, claimed.epoch, 0, 19),)
+    await metadata.commit_objects(
+        1,
+        node.node_epoch,
+        [
+            ObjectCommit(
+                object_id, key, ObjectKind.STREAM, len(built.data), built.index_size, ranges
+            )
+        ],
+    )
+    await metadata.release_streams(1, node.node_epoch)
+    client = Client(
+        wal=MemoryWal(name=name),
+        objects=store,
+        metadata=MemoryMetadataStore(name=name),
+        config=EngineConfig(node_id=2, compaction=CompactionConfig(enabled=False)),
+    )
+    async with client:
+        assert await read_values(client, "old") == [value_for("o", n) for n in range(20)]
+        # New data of the same stream lands in version-2 objects next to the old one.
+        stream = await client.open_stream("old")
+        await stream.append([Record(b"new")])
+        await client.flush()
+        assert (await read_values(client, "old"))[-1] == b"new"
