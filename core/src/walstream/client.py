@@ -268,7 +268,7 @@ class Client:
                 hooks=self.hooks,
                 clock=self.clock,
                 on_destroyed=self.reader.forget_objects,
-            deployment_id=self.deployment_id,
+                deployment_id=self.deployment_id,
             )
             self._compactor.start()
         return self
