@@ -382,18 +382,18 @@ async def test_back_pressure_waits_for_uploads_then_fails_when_store_is_stuck(
             await stream.append([Record(bytes(4000))])
         assert client._cache.unuploaded_bytes <= 64 << 10
         gate = asyncio.Event()
-        original_put = client.objects.put
+        original_put = client.objects.put_if_absent
 
         async def stuck_put(key: str, data: bytes) -> None:
             await gate.wait()
             await original_put(key, data)
 
-        client.objects.put = stuck_put  # type: ignore[method-assign]
+        client.objects.put_if_absent = stuck_put  # type: ignore[method-assign]
         with pytest.raises(CapacityError):
             for _ in range(64):
                 await stream.append([Record(bytes(4000))])
         gate.set()
-        client.objects.put = original_put  # type: ignore[method-assign]
+        client.objects.put_if_absent = original_put  # type: ignore[method-assign]
         await client.flush()
         assert await stream.check_tail() >= 64
 

@@ -22,8 +22,16 @@ from walstream.errors import (
     PreconditionFailed,
 )
 from walstream.local import LOCAL_OBJECT_STORE, LocalObjectStore
-from walstream.object_format import ObjectBuilder, object_key, read_index, verify_object
+from walstream.object_format import (
+    ObjectBuilder,
+    ObjectIdentity,
+    object_key,
+    read_index,
+    verify_object,
+)
 from walstream.records import Record, encode_batch
+
+DEPLOYMENT = bytes.fromhex("00112233445566778899aabbccddeeff")
 
 
 @pytest.fixture
@@ -223,7 +231,7 @@ async def test_list(store: LocalObjectStore) -> None:
 
 
 async def test_list_many_keys_over_hashed_folders_in_order(store: LocalObjectStore) -> None:
-    keys = [object_key(object_id, prefix="objects/") for object_id in range(300)]
+    keys = [object_key(object_id, DEPLOYMENT, prefix="objects/") for object_id in range(300)]
     await asyncio.gather(*(store.put(key, b"x") for key in keys))
     assert await keys_of(store) == sorted(keys)
     some_prefix = keys[0][: len("objects/") + 1]
@@ -254,6 +262,22 @@ async def test_writer(store: LocalObjectStore) -> None:
     assert (await empty.close()).size == 0
     assert await store.get("w/empty") == b""
     assert files_under(store.root) == ["w/ctx", "w/empty", "w/streamed"]
+
+
+async def test_conditional_writer_never_replaces_an_existing_object(
+    store: LocalObjectStore,
+) -> None:
+    await store.put("w/taken", b"first")
+    writer = store.writer("w/taken", if_absent=True)
+    await writer.write(b"second")
+    with pytest.raises(PreconditionFailed, match="already exists"):
+        await writer.close()
+    assert await store.get("w/taken") == b"first"
+    assert files_under(store.root) == ["w/taken"]  # the temporary file is gone too
+    fresh = store.writer("w/fresh", if_absent=True)
+    await fresh.write(b"new")
+    assert (await fresh.close()).size == 3
+    assert await store.get("w/fresh") == b"new"
 
 
 async def test_abort_leaves_nothing(store: LocalObjectStore) -> None:
@@ -356,16 +380,29 @@ async def test_errors_typed_disk_full_and_read_only(tmp_path: Path) -> None:
 
 
 async def test_hashed_object_key_round_trips(store: LocalObjectStore) -> None:
-    builder = ObjectBuilder(block_target_bytes=256)
+    identity = ObjectIdentity(DEPLOYMENT, 123456789)
+    builder = ObjectBuilder(block_target_bytes=256, identity=identity)
     for offset in range(40):
         builder.add_batch(encode_batch(3, 1, offset, [Record(b"r%d" % offset)], [offset]))
     built = builder.finish()
-    key = object_key(123456789, prefix="data/")
+    key = object_key(123456789, DEPLOYMENT, prefix="data/")
     await store.put_if_absent(key, built.data)
     assert await keys_of(store, "data/") == [key]
     assert (await store.head(key)).size == len(built.data)
-    index = await read_index(store, key, len(built.data), built.index_size)
-    assert index.entries == verify_object(await store.get(key)).entries
+    index = await read_index(store, key, len(built.data), built.index_size, expected=identity)
+    assert index.identity == identity
+    assert index.entries == verify_object(await store.get(key), identity).entries
+
+
+async def test_a_second_create_of_an_object_key_never_replaces_the_first(
+    store: LocalObjectStore,
+) -> None:
+    key = object_key(7, DEPLOYMENT)
+    await store.put_if_absent(key, b"first")
+    with pytest.raises(PreconditionFailed, match="already exists"):
+        await store.put_if_absent(key, b"second")
+    assert await store.get(key) == b"first"
+    assert [name for name in os.listdir(store.path_of(key).parent)] == [key.rsplit("/", 1)[1]]
 
 
 # ---------------------------------------------------------------- factory

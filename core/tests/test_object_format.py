@@ -1,5 +1,5 @@
 """The object format (DESIGN §6): round trips, block cutting, index search, GET counts,
-corruption and truncation."""
+corruption and truncation, identity (format version 2) and reading version-1 objects."""
 
 from __future__ import annotations
 
@@ -12,19 +12,24 @@ import crc32c
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from walstream.errors import CorruptionError, InvalidArgument
+from walstream.errors import CorruptionError, IdentityMismatch, InvalidArgument
 from walstream.memory import MemoryObjectStore
 from walstream.object_format import (
     FOOTER_SIZE,
+    FOOTER_SIZE_V1,
     INDEX_ENTRY_SIZE,
     OBJECT_MAGIC,
+    OBJECT_MAGIC_V1,
     BuiltObject,
     IndexEntry,
     ObjectBuilder,
+    ObjectIdentity,
     ObjectIndex,
     decode_block,
     decode_block_records,
     describe_object,
+    is_identity_key,
+    legacy_object_key,
     object_key,
     parse_footer,
     parse_index,
@@ -45,8 +50,18 @@ def _timestamp(stream_id: int, offset: int) -> int:
     return 1_700_000_000_000 + stream_id * 1_000_000 + offset
 
 
-def build(streams: StreamBatches, block_target_bytes: int = 1 << 20) -> BuiltObject:
-    builder = ObjectBuilder(block_target_bytes)
+DEPLOYMENT = bytes.fromhex("0123456789abcdef0123456789abcdef")
+OTHER_DEPLOYMENT = bytes.fromhex("fedcba9876543210fedcba9876543210")
+IDENTITY = ObjectIdentity(DEPLOYMENT, 42)
+
+
+def build(
+    streams: StreamBatches,
+    block_target_bytes: int = 1 << 20,
+    identity: ObjectIdentity | None = IDENTITY,
+) -> BuiltObject:
+    """An object of the current format for ``identity``; ``identity=None`` writes version 1."""
+    builder = ObjectBuilder(block_target_bytes, identity=identity)
     for stream_id, batches in streams:
         offset = _start_of(stream_id)
         for records in batches:
@@ -77,7 +92,7 @@ def read_stream(
     records: list[SequencedRecord] = []
     for entry in index.blocks_for(stream_id, start, end):
         block = data[entry.position : entry.position + entry.size]
-        records.extend(decode_block_records(block, entry))
+        records.extend(decode_block_records(block, entry, index.block_crc_seed))
     return records
 
 
@@ -296,15 +311,18 @@ async def test_any_offset_is_reached_with_at_most_two_gets() -> None:
     streams = small_streams()
     built = build(streams, block_target_bytes=120)
     store = CountingStore()
-    key = object_key(42)
+    key = object_key(42, DEPLOYMENT)
     await store.put(key, built.data)
     for stream_id, batches in streams:
         for expected in expected_records(stream_id, batches):
             store.gets = 0
-            index = await read_index(store, key, len(built.data), built.index_size)
+            index = await read_index(
+                store, key, len(built.data), built.index_size, expected=IDENTITY
+            )
             (entry,) = index.blocks_for(stream_id, expected.offset, expected.offset + 1)
             block = await store.get(key, entry.position, entry.position + entry.size)
-            found = [r for r in decode_block_records(block, entry) if r.offset == expected.offset]
+            records = decode_block_records(block, entry, index.block_crc_seed)
+            found = [r for r in records if r.offset == expected.offset]
             assert found == [expected]
             assert store.gets <= 2
 
@@ -343,9 +361,10 @@ def _read_all_or_raise(data: bytes) -> dict[int, list[SequencedRecord]]:
     return {sid: read_stream(data, index, sid, 0) for sid in index.stream_ids()}
 
 
-def test_flipping_any_byte_of_a_small_object_is_detected() -> None:
+@pytest.mark.parametrize("identity", [IDENTITY, None], ids=["v2", "v1"])
+def test_flipping_any_byte_of_a_small_object_is_detected(identity: ObjectIdentity | None) -> None:
     streams = small_streams()
-    built = build(streams, block_target_bytes=120)
+    built = build(streams, block_target_bytes=120, identity=identity)
     good = built.data
     original = parse_index(good, len(good))
     expected = {sid: expected_records(sid, batches) for sid, batches in streams}
@@ -365,9 +384,9 @@ def test_flipping_any_byte_of_a_small_object_is_detected() -> None:
             block = bad[entry.position : entry.position + entry.size]
             if entry.position <= position < entry.position + entry.size:
                 with pytest.raises(CorruptionError):
-                    decode_block_records(block, entry)
+                    decode_block_records(block, entry, index.block_crc_seed)
             else:
-                records = decode_block_records(block, entry)
+                records = decode_block_records(block, entry, index.block_crc_seed)
                 assert records == [
                     r
                     for r in expected[entry.stream_id]
@@ -404,11 +423,12 @@ async def test_flipping_a_sampled_byte_of_a_big_object_is_detected(
     (entry,) = [e for e in index.entries if e.position <= position < e.position + e.size]
     block = await store.get("big", entry.position, entry.position + entry.size)
     with pytest.raises(CorruptionError):
-        decode_block(block, entry)
+        decode_block(block, entry, index.block_crc_seed)
 
 
-def test_truncation_at_every_length_is_detected() -> None:
-    good = build(small_streams(), block_target_bytes=120).data
+@pytest.mark.parametrize("identity", [IDENTITY, None], ids=["v2", "v1"])
+def test_truncation_at_every_length_is_detected(identity: ObjectIdentity | None) -> None:
+    good = build(small_streams(), block_target_bytes=120, identity=identity).data
     for length in range(len(good)):
         cut = good[:length]
         with pytest.raises(CorruptionError):
@@ -433,11 +453,13 @@ def test_a_block_read_short_or_against_the_wrong_entry_is_detected() -> None:
     built = build(small_streams(), block_target_bytes=120)
     index = parse_index(built.data, len(built.data))
     first, second = index.entries[0], index.entries[1]
+    seed = index.block_crc_seed
     block = built.data[first.position : first.position + first.size]
+    assert decode_block(block, first, seed)
     with pytest.raises(CorruptionError, match="bytes"):
-        decode_block(block[:-1], first)
+        decode_block(block[:-1], first, seed)
     with pytest.raises(CorruptionError):
-        decode_block(block, second)
+        decode_block(block, second, seed)
     shifted = IndexEntry(
         first.stream_id,
         first.start_offset + 1,
@@ -447,7 +469,7 @@ def test_a_block_read_short_or_against_the_wrong_entry_is_detected() -> None:
         first.size,
     )
     with pytest.raises(CorruptionError):
-        decode_block(block, shifted)
+        decode_block(block, shifted, seed)
 
 
 @settings(max_examples=300, deadline=None)
@@ -457,17 +479,28 @@ def test_random_bytes_only_ever_raise_corruption(junk: bytes) -> None:
         verify_object(junk)
     with pytest.raises(CorruptionError):
         verify_object(junk + OBJECT_MAGIC)
+    with pytest.raises(CorruptionError):
+        verify_object(junk + OBJECT_MAGIC_V1)
 
 
-def _refooter(data: bytes, **changes: int) -> bytes:
-    """Rewrite footer fields with a valid footer CRC, to test checks beyond the checksum."""
-    fields = struct.Struct(">QIIIHH12s")
-    values = dict(
-        zip(
-            ("index_position", "index_length", "index_crc", "entry_count", "version", "flags"),
-            fields.unpack_from(data, len(data) - FOOTER_SIZE)[:6],
-            strict=True,
-        )
+_FIELD_NAMES = (
+    "index_position",
+    "index_length",
+    "index_crc",
+    "entry_count",
+    "version",
+    "flags",
+    "deployment_id",
+    "object_id",
+)
+
+
+def _refooter(data: bytes, **changes: int | bytes) -> bytes:
+    """Rewrite the fields of a version-2 footer with a valid footer CRC, to test checks beyond
+    the checksum."""
+    fields = struct.Struct(">QIIIHH16sQ12s")
+    values: dict[str, int | bytes] = dict(
+        zip(_FIELD_NAMES, fields.unpack_from(data, len(data) - FOOTER_SIZE)[:8], strict=True)
     )
     values.update(changes)
     packed = fields.pack(*values.values(), bytes(12))
@@ -478,8 +511,10 @@ def _refooter(data: bytes, **changes: int) -> bytes:
 def test_footer_checks_beyond_the_checksum() -> None:
     good = build(small_streams(), block_target_bytes=120).data
     assert _refooter(good) == good
-    with pytest.raises(CorruptionError, match="version 2 is not supported"):
-        parse_footer(_refooter(good, version=2)[-FOOTER_SIZE:], len(good))
+    with pytest.raises(CorruptionError, match="version 3 is not supported"):
+        parse_footer(_refooter(good, version=3)[-FOOTER_SIZE:], len(good))
+    with pytest.raises(CorruptionError, match="version 1 is not supported"):
+        parse_footer(_refooter(good, version=1)[-FOOTER_SIZE:], len(good))
     with pytest.raises(CorruptionError, match="flags"):
         parse_index(_refooter(good, flags=1), len(good))
     with pytest.raises(CorruptionError, match="entries"):
@@ -495,9 +530,10 @@ def test_describe_object_lists_the_footer_and_every_block() -> None:
     built = build(small_streams(), block_target_bytes=120)
     index = parse_index(built.data, len(built.data))
     lines = describe_object(built.data)
-    assert "format version 1" in lines[0]
-    assert len(lines) == 2 + len(index.entries)
-    assert all("crc ok" in line for line in lines[2:])
+    assert "format version 2" in lines[0]
+    assert lines[1] == f"identity: deployment {DEPLOYMENT.hex()}, object id 42"
+    assert len(lines) == 3 + len(index.entries)
+    assert all("crc ok" in line for line in lines[3:])
     victim = index.entries[3]
     bad = _flip(built.data, victim.position + 5)
     lines = describe_object(bad)
@@ -505,13 +541,116 @@ def test_describe_object_lists_the_footer_and_every_block() -> None:
     assert len(bad_lines) == 1 and f"position {victim.position} " in bad_lines[0]
 
 
+def test_describe_object_of_a_version_1_object_says_it_has_no_identity() -> None:
+    built = build(small_streams(), block_target_bytes=120, identity=None)
+    lines = describe_object(built.data)
+    assert "format version 1" in lines[0]
+    assert lines[1] == "identity: none (format version 1 carries no identity)"
+    assert all("crc ok" in line for line in lines[3:])
+
+
 def test_object_keys_are_stable_and_spread_over_hashed_prefixes() -> None:
-    assert object_key(1) == object_key(1)
-    key = object_key(0x1234, prefix="objects/")
-    assert re.fullmatch(r"objects/[0-9a-f]{2}/[0-9a-f]{2}/0000000000001234\.wso", key)
-    firsts = Counter(object_key(object_id)[:2] for object_id in range(65536))
+    assert object_key(1, DEPLOYMENT) == object_key(1, DEPLOYMENT)
+    key = object_key(0x1234, DEPLOYMENT, prefix="objects/")
+    assert re.fullmatch(
+        r"objects/[0-9a-f]{2}/[0-9a-f]{2}/0123456789abcdef-0000000000001234\.wso", key
+    )
+    firsts = Counter(object_key(object_id, DEPLOYMENT)[:2] for object_id in range(65536))
     assert len(firsts) == 256
     assert min(firsts.values()) > 160 and max(firsts.values()) < 360
-    assert object_key(1)[:5] != object_key(2)[:5]
+    assert object_key(1, DEPLOYMENT)[:5] != object_key(2, DEPLOYMENT)[:5]
     with pytest.raises(InvalidArgument):
-        object_key(-1)
+        object_key(-1, DEPLOYMENT)
+    with pytest.raises(InvalidArgument):
+        object_key(1, b"short")
+
+
+def test_two_deployments_never_share_an_object_key() -> None:
+    ours = {object_key(object_id, DEPLOYMENT) for object_id in range(2000)}
+    theirs = {object_key(object_id, OTHER_DEPLOYMENT) for object_id in range(2000)}
+    assert not ours & theirs
+    assert all(is_identity_key(key) for key in ours)
+
+
+def test_legacy_keys_are_unchanged_and_not_identity_keys() -> None:
+    key = legacy_object_key(0x1234, prefix="objects/")
+    assert re.fullmatch(r"objects/[0-9a-f]{2}/[0-9a-f]{2}/0000000000001234\.wso", key)
+    assert not is_identity_key(key)
+
+
+# ---------------------------------------------------------------- identity
+
+
+async def test_an_object_of_another_deployment_or_id_is_an_identity_mismatch() -> None:
+    streams = small_streams()
+    ours = build(streams, block_target_bytes=120)
+    key = object_key(42, DEPLOYMENT)
+    foreign = {
+        "another deployment": build(streams, 120, ObjectIdentity(OTHER_DEPLOYMENT, 42)),
+        "another object id": build(streams, 120, ObjectIdentity(DEPLOYMENT, 43)),
+        "another deployment, other size": build(
+            streams[:2], 120, ObjectIdentity(OTHER_DEPLOYMENT, 42)
+        ),
+    }
+    for case, built in foreign.items():
+        store = MemoryObjectStore()
+        await store.put(key, built.data)
+        for object_size, index_size in (
+            (len(ours.data), ours.index_size),  # sizes from metadata
+            (None, None),  # sizes from the store
+        ):
+            with pytest.raises(IdentityMismatch) as caught:
+                await read_index(store, key, object_size, index_size, expected=IDENTITY)
+            message = str(caught.value)
+            assert key in message, case
+            assert f"expected deployment {DEPLOYMENT.hex()} object 42" in message, case
+            found = parse_footer(built.data, len(built.data)).identity
+            assert found is not None
+            assert f"found deployment {found.deployment_id.hex()} object {found.object_id}" in (
+                message
+            ), case
+        with pytest.raises(IdentityMismatch):
+            verify_object(built.data, IDENTITY)
+    verify_object(ours.data, IDENTITY)
+
+
+def test_a_block_from_another_object_fails_its_check_even_with_the_same_layout() -> None:
+    streams = small_streams()
+    ours = build(streams, block_target_bytes=120)
+    theirs = build(streams, 120, ObjectIdentity(OTHER_DEPLOYMENT, 42))
+    index = parse_index(ours.data, len(ours.data))
+    assert parse_index(theirs.data, len(theirs.data)).entries == index.entries
+    for entry in index.entries:
+        block = theirs.data[entry.position : entry.position + entry.size]
+        with pytest.raises(CorruptionError, match="another object"):
+            decode_block(block, entry, index.block_crc_seed)
+
+
+async def test_version_1_objects_are_still_read() -> None:
+    streams = small_streams()
+    built = build(streams, block_target_bytes=120, identity=None)
+    assert built.data.endswith(OBJECT_MAGIC_V1)
+    assert (
+        built.index_size
+        == len(parse_index(built.data, len(built.data)).entries) * (INDEX_ENTRY_SIZE)
+        + FOOTER_SIZE_V1
+    )
+    store = MemoryObjectStore()
+    key = legacy_object_key(42)
+    await store.put(key, built.data)
+    for sizes in ((len(built.data), built.index_size), (None, None)):
+        index = await read_index(store, key, *sizes, expected=IDENTITY)
+        assert index.version == 1 and index.identity is None
+        for stream_id, batches in streams:
+            assert read_stream(built.data, index, stream_id, 0) == expected_records(
+                stream_id, batches
+            )
+
+
+async def test_a_version_1_file_under_an_identity_key_is_a_mismatch() -> None:
+    built = build(small_streams(), block_target_bytes=120, identity=None)
+    store = MemoryObjectStore()
+    key = object_key(42, DEPLOYMENT)
+    await store.put(key, built.data)
+    with pytest.raises(IdentityMismatch, match="version-1 object without an identity"):
+        await read_index(store, key, len(built.data), built.index_size, expected=IDENTITY)

@@ -148,8 +148,10 @@ async def test_s3_multipart_put_uploads_parts_concurrently(
     make_store: Any, fault_proxy: Any
 ) -> None:
     store = make_store(
-        fault_proxy.endpoint_url, multipart_threshold_bytes=5 * MiB,
-        multipart_part_bytes=5 * MiB, part_concurrency=4,
+        fault_proxy.endpoint_url,
+        multipart_threshold_bytes=5 * MiB,
+        multipart_part_bytes=5 * MiB,
+        part_concurrency=4,
     )
     fault_proxy.configure(path_contains="partNumber=", latency_p50_ms=150, latency_p99_ms=160)
     data = pattern(17 * MiB, seed=3)
@@ -165,7 +167,8 @@ async def test_s3_multipart_put_uploads_parts_concurrently(
 
 async def test_s3_multipart_aborted_on_part_failure(make_store: Any, fault_proxy: Any) -> None:
     store = make_store(
-        fault_proxy.endpoint_url, multipart_threshold_bytes=5 * MiB,
+        fault_proxy.endpoint_url,
+        multipart_threshold_bytes=5 * MiB,
         multipart_part_bytes=5 * MiB,
         settings={"retry": RetryPolicy(max_attempts=2, base_delay_s=0.001)},
     )
@@ -222,8 +225,8 @@ async def test_s3_throttling_is_retried_then_typed(make_store: Any, fault_proxy:
     assert await store.get("t") == b"through the burst"
 
     impatient = make_store(
-        fault_proxy.endpoint_url, settings={"retry": RetryPolicy(max_attempts=3,
-                                                                 throttle_base_delay_s=0.001)}
+        fault_proxy.endpoint_url,
+        settings={"retry": RetryPolicy(max_attempts=3, throttle_base_delay_s=0.001)},
     )
     fault_proxy.configure(methods=["GET"], throttle_next=50)
     with pytest.raises(Throttled):
@@ -258,6 +261,10 @@ async def test_s3_probe_detects_ignored_conditional_writes(
         await lenient.put_if_absent("k", b"1")
     assert lenient.capabilities.conditional_put is False
     assert "ignores conditional writes" in caplog.text
+    # Even where the header is ignored, an existing object is never replaced.
+    with pytest.raises(PreconditionFailed):
+        await lenient.put_if_absent("k", b"2")
+    assert await lenient.get("k") == b"1"
     strict = make_store(fault_proxy.endpoint_url, require_conditional_put=True)
     with pytest.raises(ConfigError):
         await strict.put_if_absent("k2", b"1")
@@ -284,15 +291,46 @@ async def test_s3_errors_are_typed(make_store: Any, s3_bucket: Any) -> None:
 
 
 async def test_s3_factory_options_and_create_bucket(s3_bucket: Any) -> None:
-    section = s3_bucket.options(bucket="made-on-demand", create_bucket=True,
-                                multipart_threshold="32MiB")
+    section = s3_bucket.options(
+        bucket="made-on-demand", create_bucket=True, multipart_threshold="32MiB"
+    )
     store = S3_OBJECT_STORE.build(section, BuildContext(), "object_store")
     assert store.multipart_threshold_bytes == 32 * MiB
     await store.put("k", b"v")
     assert await store.get("k") == b"v"
     await store.close()
     with pytest.raises(ConfigError, match=r"object_store\.multipart_part_size"):
-        validate_options(S3_OBJECT_STORE, s3_bucket.options(multipart_part_size="1MiB"),
-                         BuildContext().base_dir, "object_store")
+        validate_options(
+            S3_OBJECT_STORE,
+            s3_bucket.options(multipart_part_size="1MiB"),
+            BuildContext().base_dir,
+            "object_store",
+        )
     with pytest.raises(ConfigError, match=r"object_store\.bucket"):
         validate_options(S3_OBJECT_STORE, {}, BuildContext().base_dir, "object_store")
+
+
+async def test_s3_multipart_put_if_absent_never_replaces_an_existing_object(
+    make_store: Any,
+) -> None:
+    store = make_store(multipart_threshold_bytes=5 * MiB, multipart_part_bytes=5 * MiB)
+    first = pattern(11 * MiB, seed=1)
+    await store.put_if_absent("big-once", first)
+    assert await store.get("big-once") == first
+    with pytest.raises(PreconditionFailed):
+        await store.put_if_absent("big-once", pattern(11 * MiB, seed=2))
+    assert await store.get("big-once") == first
+    assert await list_multipart_uploads(store) == []
+    await store.close()
+
+
+async def test_s3_conditional_writer_never_replaces_an_existing_object(make_store: Any) -> None:
+    store = make_store(multipart_part_bytes=5 * MiB)
+    await store.put("w-taken", b"first")
+    writer = store.writer("w-taken", if_absent=True)
+    await writer.write(pattern(6 * MiB))  # one full part: a multipart upload
+    with pytest.raises(PreconditionFailed):
+        await writer.close()
+    assert await store.get("w-taken") == b"first"
+    assert await list_multipart_uploads(store) == []
+    await store.close()

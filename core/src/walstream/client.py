@@ -257,6 +257,7 @@ class Client:
             is_live=self._is_live,
             on_fatal=self._on_fatal,
             trim_wal=False,
+            deployment_id=self.deployment_id,
         )
         self._uploader.start()
         accept_loss = self.config.recovery.accept_loss
@@ -303,6 +304,7 @@ class Client:
                 hooks=self.hooks,
                 clock=self.clock,
                 on_destroyed=self.reader.forget_objects,
+                deployment_id=self.deployment_id,
             )
             self._compactor.start()
         return self
@@ -358,6 +360,7 @@ class Client:
             hooks=self.hooks,
             clock=self.clock,
             on_destroyed=self.reader.forget_objects,
+            deployment_id=self.deployment_id,
         )
         changed = await compactor.compact_once()
         await compactor.collect_garbage()

@@ -11,18 +11,28 @@ ranges of deleted streams are dropped.
 Garbage collection deletes the keys of MARK_DESTROYED objects and of prepared ids whose TTL
 expired (uploads that never committed), then forgets them in metadata. A reader that raced a
 deletion gets ``NotFound`` and looks the range up again.
+
+Schedule: when a pass is due is derived from durable state, so restarts do not reset it. A pass
+is due once the oldest candidate has been committed for ``interval_s`` (its ``committed_ms``), or
+at once when garbage waits; within one process passes are at least ``interval_s`` apart. A node
+restarted more often than ``interval_s`` therefore still compacts: right after it starts.
+
+Outputs are written with :func:`walstream.upload.publish_object` (conditional create, never an
+overwrite), carry the deployment and object id, and source objects are read with their identity
+checked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from .clock import Clock
 from .config import CompactionConfig
-from .errors import PreconditionFailed, WalstreamError
+from .errors import IdentityMismatch, PreconditionFailed, WalstreamError
 from .hooks import EngineHooks
 from .metadata import (
     MetadataStore,
@@ -33,8 +43,15 @@ from .metadata import (
     StreamRange,
     StreamState,
 )
-from .object_format import ObjectBuilder, decode_block, object_key, read_index
+from .object_format import (
+    ObjectBuilder,
+    ObjectIdentity,
+    decode_block,
+    object_key,
+    read_index,
+)
 from .objects import ObjectStore
+from .upload import publish_object
 
 __all__ = ["Compactor"]
 
@@ -57,7 +74,12 @@ class Compactor:
         hooks: EngineHooks,
         clock: Clock,
         on_destroyed: Callable[[set[int]], None] | None = None,
+        deployment_id: bytes | None = None,
+        rng: random.Random | None = None,
     ) -> None:
+        self._deployment_id = deployment_id
+        """The deployment whose objects this compacts (loaded from metadata when not given)."""
+        self._rng = rng or random.Random()
         self._objects = objects
         self._metadata = metadata
         self._config = config
@@ -76,27 +98,59 @@ class Compactor:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _loop(self) -> None:
+        last_pass_ms: int | None = None
         while not self._stop.is_set():
             try:
-                await asyncio.wait_for(self._stop.wait(), self._config.interval_s)
-                return
-            except TimeoutError:
-                pass
+                delay = await self.seconds_until_due(last_pass_ms)
+            except WalstreamError as exc:
+                log.warning("cannot tell when compaction is due, will retry: %s", exc)
+                delay = self._config.interval_s
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                    return
+                except TimeoutError:
+                    pass
             try:
                 await self.compact_once()
                 await self.collect_garbage()
             except WalstreamError as exc:
                 log.warning("compaction pass failed, will retry: %s", exc)
+            last_pass_ms = self._clock.now_ms()
+
+    async def seconds_until_due(self, last_pass_ms: int | None = None) -> float:
+        """Seconds until the next pass is due (0: now), from durable state: due when the oldest
+        candidate was committed ``interval_s`` ago, or now when garbage waits; never sooner than
+        ``interval_s`` after ``last_pass_ms`` (this process's previous pass, if any). With fewer
+        candidates than ``min_objects`` and no garbage, the answer is ``interval_s`` (look
+        again then)."""
+        interval_ms = int(self._config.interval_s * 1000)
+        now_ms = self._clock.now_ms()
+        earliest = now_ms if last_pass_ms is None else last_pass_ms + interval_ms
+        committed = await self._metadata.list_objects(state=ObjectState.COMMITTED)
+        candidates = [info for info in committed if self._is_candidate(info)]
+        if len(candidates) >= self._config.min_objects:
+            due = min(info.committed_ms for info in candidates) + interval_ms
+        elif await self._metadata.list_objects(state=ObjectState.MARK_DESTROYED):
+            due = now_ms
+        else:
+            due = now_ms + interval_ms
+        return max(0, max(due, earliest) - now_ms) / 1000
+
+    def _is_candidate(self, info: ObjectInfo) -> bool:
+        return info.kind is ObjectKind.STREAM_SET or (
+            info.kind is ObjectKind.STREAM and info.size < self._config.small_object_bytes
+        )
+
+    async def _deployment(self) -> bytes:
+        if self._deployment_id is None:
+            self._deployment_id = await self._metadata.deployment_id()
+        return self._deployment_id
 
     async def compact_once(self) -> bool:
         """One pass; True if objects were rewritten."""
         committed = await self._metadata.list_objects(state=ObjectState.COMMITTED)
-        candidates = [
-            info
-            for info in committed
-            if info.kind is ObjectKind.STREAM_SET
-            or (info.kind is ObjectKind.STREAM and info.size < self._config.small_object_bytes)
-        ]
+        candidates = [info for info in committed if self._is_candidate(info)]
         if len(candidates) < self._config.min_objects:
             return False
         # Bound one pass: oldest candidates first, up to max_object_bytes of input.
@@ -152,6 +206,9 @@ class Compactor:
                     new_commits.append(commit)
                     written_keys.append(commit.key)
             await self._metadata.replace_objects(sorted(sources), new_commits)
+        except IdentityMismatch:
+            await self._objects.delete(written_keys)
+            raise
         except PreconditionFailed as exc:
             log.info("compaction lost a race (%s); its output is discarded", exc)
             await self._objects.delete(written_keys)
@@ -171,12 +228,18 @@ class Compactor:
 
     async def _write_run(self, run: list[_Piece]) -> list[ObjectCommit]:
         stream_id = run[0].range.stream_id
-        outputs: list[tuple[ObjectBuilder, list[StreamRange]]] = []
-        builder = ObjectBuilder()
+        deployment_id = await self._deployment()
+        outputs: list[tuple[list[bytes], list[StreamRange]]] = []
+        batches: list[bytes] = []
+        batches_bytes = 0
         covered: list[StreamRange] = []
         for piece in run:
             index = await read_index(
-                self._objects, piece.info.key, piece.info.size, piece.info.index_size
+                self._objects,
+                piece.info.key,
+                piece.info.size,
+                piece.info.index_size,
+                expected=ObjectIdentity(deployment_id, piece.info.object_id),
             )
             for entry in index.blocks_for(
                 stream_id, piece.range.start_offset, piece.range.end_offset
@@ -184,28 +247,39 @@ class Compactor:
                 block = await self._objects.get(
                     piece.info.key, entry.position, entry.position + entry.size
                 )
-                for header, batch in decode_block(block, entry):
+                for header, batch in decode_block(block, entry, index.block_crc_seed):
                     if (
                         header.base_offset < piece.range.start_offset
                         or header.base_offset >= piece.range.end_offset
                     ):
                         continue
-                    if (
-                        builder.size_bytes
-                        and builder.size_bytes + len(batch) > self._config.max_object_bytes
-                    ):
-                        outputs.append((builder, covered))
-                        builder, covered = ObjectBuilder(), []
-                    builder.add_batch(batch)
+                    if batches and batches_bytes + len(batch) > self._config.max_object_bytes:
+                        outputs.append((batches, covered))
+                        batches, batches_bytes, covered = [], 0, []
+                    batches.append(batch)
+                    batches_bytes += len(batch)
                     covered = _extend(covered, piece.range, header.base_offset, header.end_offset)
-        if builder.size_bytes:
-            outputs.append((builder, covered))
+        if batches:
+            outputs.append((batches, covered))
         ids = await self._metadata.prepare_objects(len(outputs), 600_000)
         commits: list[ObjectCommit] = []
         for object_id, (output, ranges) in zip(ids, outputs, strict=True):
-            built = output.finish()
-            key = object_key(object_id)
-            await self._objects.put(key, built.data)
+            # The output's identity needs its id, which exists only once the outputs are counted.
+            identity = ObjectIdentity(deployment_id, object_id)
+            builder = ObjectBuilder(identity=identity)
+            for batch in output:
+                builder.add_batch(batch)
+            built = builder.finish()
+            key = object_key(object_id, deployment_id)
+            await publish_object(
+                self._objects,
+                key,
+                built.data,
+                identity,
+                clock=self._clock,
+                rng=self._rng,
+                give_up=self._stop.is_set,
+            )
             commits.append(
                 ObjectCommit(
                     object_id,
@@ -222,7 +296,13 @@ class Compactor:
         """Delete destroyed objects and expired uploads; returns how many were removed."""
         destroyed = await self._metadata.list_objects(state=ObjectState.MARK_DESTROYED)
         expired = await self._metadata.expired_prepared(self._clock.now_ms())
-        keys = [info.key for info in destroyed] + [object_key(object_id) for object_id in expired]
+        keys = [info.key for info in destroyed]
+        if expired:
+            deployment_id = await self._deployment()
+            # An expired id has no key in metadata: delete where an upload would have put it.
+            # Keys of the format before (without the deployment) are left alone: another
+            # deployment sharing the location may own an object under the same legacy key.
+            keys.extend(object_key(object_id, deployment_id) for object_id in expired)
         if not keys:
             return 0
         await self._objects.delete(keys)

@@ -330,9 +330,11 @@ class LocalObjectStore(ObjectStore):
             else:
                 yield ObjectMeta(key, size)
 
-    def writer(self, key: str) -> LocalObjectWriter:
+    def writer(self, key: str, *, if_absent: bool = False) -> LocalObjectWriter:
+        """A streaming writer; with ``if_absent`` its ``close`` publishes like ``put_if_absent``
+        (``PreconditionFailed`` if the key exists, never a replacement)."""
         validate_key(key)
-        return LocalObjectWriter(self, key)
+        return LocalObjectWriter(self, key, if_absent=if_absent)
 
     def describe(self) -> dict[str, Any]:
         return {"type": "local", "root": str(self.root), "fsync": self.fsync}
@@ -340,11 +342,13 @@ class LocalObjectStore(ObjectStore):
 
 class LocalObjectWriter(ObjectWriter):
     """Streams parts into a temporary file in the target folder; ``close`` fsyncs and renames it
-    into place, ``abort`` removes it. Nothing is visible under the key before ``close``."""
+    into place (links it, failing if the key exists, with ``if_absent``), ``abort`` removes it.
+    Nothing is visible under the key before ``close``."""
 
-    def __init__(self, store: LocalObjectStore, key: str) -> None:
+    def __init__(self, store: LocalObjectStore, key: str, *, if_absent: bool = False) -> None:
         self._store = store
         self._key = key
+        self._if_absent = if_absent
         self._path = store.path_of(key)
         self._fd: int | None = None
         self._temp: Path | None = None
@@ -373,7 +377,12 @@ class LocalObjectWriter(ObjectWriter):
         try:
             self._store._finish_temp(fd, temp, self._key)
             try:
-                os.replace(temp, self._path)
+                if self._if_absent:
+                    os.link(temp, self._path)
+                else:
+                    os.replace(temp, self._path)
+            except FileExistsError:
+                raise self._store._exists_error(self._path, self._key) from None
             except OSError as exc:
                 raise _translate(exc, "publish", self._path, self._key) from None
         finally:

@@ -16,32 +16,47 @@ all integers big-endian, every part checksummed with CRC32C.
       stream_id i64 | start_offset i64 | end_delta i32 | record_count i32 | position u64 | size u32
 
   ``size`` counts the block's bytes including its CRC.
-- **Footer** — fixed 48 bytes::
+- **Footer**, version 2 — fixed 72 bytes::
+
+      index_position u64 | index_length u32 | index_crc u32 | entry_count u32
+      | format_version u16 | flags u16 | deployment_id 16 bytes | object_id u64
+      | reserved 12 zero bytes | footer_crc u32 | magic 8 bytes
+
+  ``footer_crc`` is the CRC32C of the 60 bytes before it; ``magic`` is ``b"WSOBJ\\x00\\x00\\x02"``.
+  The footer names the deployment and the object id the object was written for, and every
+  data-block CRC of a version-2 object is seeded with that identity (the CRC32C of
+  ``deployment_id || object_id`` is the CRC's initial value): a block read out of another
+  deployment's or another object's file fails its check even when its bytes are intact.
+- **Footer**, version 1 (still read, written only without an identity) — fixed 48 bytes::
 
       index_position u64 | index_length u32 | index_crc u32 | entry_count u32
       | format_version u16 | flags u16 | reserved 12 zero bytes | footer_crc u32 | magic 8 bytes
 
-  ``footer_crc`` is the CRC32C of the 36 bytes before it; ``magic`` is ``b"WSOBJ\\x00\\x00\\x01"``.
+  ``footer_crc`` covers the 36 bytes before it; ``magic`` is ``b"WSOBJ\\x00\\x00\\x01"`` and its
+  block CRCs are unseeded. The magic (the last 8 bytes) tells a reader which footer it holds.
 
 A reader that knows the object's ``index_size`` (index block + footer, kept in metadata) reaches
 any offset with two ranged reads: one suffix read for the index, one read for the block. Bad or
-truncated bytes raise :class:`CorruptionError`; they are never returned as records.
+truncated bytes raise :class:`CorruptionError`; an object of another deployment or object id
+raises :class:`IdentityMismatch`; neither is ever returned as records.
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
+import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import crc32c
 
-from .errors import CorruptionError, InvalidArgument
+from .errors import CorruptionError, IdentityMismatch, InvalidArgument
 from .objects import ObjectStore
 from .records import (
     BATCH_HEADER,
+    DEPLOYMENT_ID_BYTES,
     BatchHeader,
     SequencedRecord,
     decode_batch,
@@ -51,18 +66,26 @@ from .records import (
 __all__ = [
     "DEFAULT_BLOCK_TARGET_BYTES",
     "FOOTER_SIZE",
+    "FOOTER_SIZE_V1",
     "FORMAT_VERSION",
     "INDEX_ENTRY_SIZE",
+    "LEGACY_FORMAT_VERSION",
+    "MAX_FOOTER_SIZE",
     "OBJECT_MAGIC",
+    "OBJECT_MAGIC_V1",
     "BuiltObject",
     "Footer",
     "IndexEntry",
     "ObjectBuilder",
+    "ObjectIdentity",
     "ObjectIndex",
     "StreamSlice",
+    "check_identity",
     "decode_block",
     "decode_block_records",
     "describe_object",
+    "is_identity_key",
+    "legacy_object_key",
     "object_key",
     "parse_footer",
     "parse_index",
@@ -70,20 +93,30 @@ __all__ = [
     "verify_object",
 ]
 
-OBJECT_MAGIC = b"WSOBJ\x00\x00\x01"
-FORMAT_VERSION = 1
+OBJECT_MAGIC = b"WSOBJ\x00\x00\x02"
+"""Magic of the current format (version 2: the footer carries the object's identity)."""
+OBJECT_MAGIC_V1 = b"WSOBJ\x00\x00\x01"
+FORMAT_VERSION = 2
+LEGACY_FORMAT_VERSION = 1
 DEFAULT_BLOCK_TARGET_BYTES = 1 << 20
 
 _INDEX_ENTRY = struct.Struct(">qqiiQI")
-_FOOTER_FIELDS = struct.Struct(">QIIIHH12s")
-_FOOTER = struct.Struct(">QIIIHH12sI8s")
+_FOOTER_FIELDS_V1 = struct.Struct(">QIIIHH12s")
+_FOOTER_V1 = struct.Struct(">QIIIHH12sI8s")
+_FOOTER_FIELDS = struct.Struct(f">QIIIHH{DEPLOYMENT_ID_BYTES}sQ12s")
+_FOOTER = struct.Struct(f">QIIIHH{DEPLOYMENT_ID_BYTES}sQ12sI8s")
 _U32 = struct.Struct(">I")
 
 INDEX_ENTRY_SIZE = _INDEX_ENTRY.size
 FOOTER_SIZE = _FOOTER.size
+FOOTER_SIZE_V1 = _FOOTER_V1.size
+MAX_FOOTER_SIZE = max(FOOTER_SIZE, FOOTER_SIZE_V1)
+_MAGIC_SIZE = len(OBJECT_MAGIC)
 assert INDEX_ENTRY_SIZE == 36
-assert FOOTER_SIZE == 48
-assert _FOOTER_FIELDS.size == 36
+assert FOOTER_SIZE == 72
+assert FOOTER_SIZE_V1 == 48
+assert _FOOTER_FIELDS_V1.size == 36
+assert _FOOTER_FIELDS.size == 60
 
 _BLOCK_CRC_SIZE = 4
 _MIN_BLOCK_SIZE = BATCH_HEADER.size + _BLOCK_CRC_SIZE
@@ -94,6 +127,31 @@ _MAX_BLOCK_TARGET_BYTES = 1 << 31
 
 def _crc(data: bytes | memoryview, value: int = 0) -> int:
     return int(crc32c.crc32c(data, value))
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectIdentity:
+    """Who an object belongs to: the deployment (16 bytes from the metadata store) and the object
+    id metadata prepared for it. Written into every version-2 footer and checked on read."""
+
+    deployment_id: bytes
+    object_id: int
+
+    def __post_init__(self) -> None:
+        if len(self.deployment_id) != DEPLOYMENT_ID_BYTES:
+            raise InvalidArgument(
+                f"a deployment id is {DEPLOYMENT_ID_BYTES} bytes, got {len(self.deployment_id)}"
+            )
+        if not 0 <= self.object_id < 2**64:
+            raise InvalidArgument(f"object ids are in [0, 2**64), got {self.object_id}")
+
+    @property
+    def block_crc_seed(self) -> int:
+        """The initial CRC value of every data block of a version-2 object with this identity."""
+        return _crc(self.deployment_id + self.object_id.to_bytes(8, "big"))
+
+    def describe(self) -> str:
+        return f"deployment {self.deployment_id.hex()} object {self.object_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +196,17 @@ class Footer:
     entry_count: int
     version: int
     flags: int
+    identity: ObjectIdentity | None = None
+    """The deployment and object id (version 2); ``None`` for a version-1 footer."""
+
+    @property
+    def size(self) -> int:
+        """Bytes of this footer (its version's fixed size)."""
+        return FOOTER_SIZE_V1 if self.version == LEGACY_FORMAT_VERSION else FOOTER_SIZE
+
+    @property
+    def block_crc_seed(self) -> int:
+        return 0 if self.identity is None else self.identity.block_crc_seed
 
 
 class ObjectBuilder:
@@ -146,15 +215,27 @@ class ObjectBuilder:
     A stream's batches must be added together and with contiguous offsets (all of stream A, then
     all of stream B, ...); streams may come in any order. Only batch headers are checked here:
     the batches are expected to come from :func:`walstream.records.encode_batch`.
+
+    With ``identity`` the object is written in the current format (version 2: the footer names
+    the deployment and object id, block CRCs are seeded with them); every object walstream
+    uploads has one. Without it the builder writes the version-1 format, which carries no
+    identity (kept for tools and tests that need old-format files).
     """
 
-    def __init__(self, block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES) -> None:
+    def __init__(
+        self,
+        block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
+        *,
+        identity: ObjectIdentity | None = None,
+    ) -> None:
         if not 1 <= block_target_bytes <= _MAX_BLOCK_TARGET_BYTES:
             raise InvalidArgument(
                 f"block_target_bytes must be between 1 and {_MAX_BLOCK_TARGET_BYTES}, "
                 f"got {block_target_bytes}"
             )
         self._block_target_bytes = block_target_bytes
+        self.identity = identity
+        self._crc_seed = 0 if identity is None else identity.block_crc_seed
         self._parts: list[bytes] = []
         self._entries: list[IndexEntry] = []
         self._slices: list[StreamSlice] = []
@@ -216,6 +297,7 @@ class ObjectBuilder:
             self._cut_block()
         if not self._block_bytes:
             self._block_start = header.base_offset
+            self._block_crc = self._crc_seed
         self._parts.append(bytes(batch))
         self._block_bytes += len(batch)
         self._block_crc = _crc(batch, self._block_crc)
@@ -244,15 +326,35 @@ class ObjectBuilder:
             )
             for entry in entries
         )
-        fields = _FOOTER_FIELDS.pack(
-            self._data_bytes, len(index), _crc(index), len(entries), FORMAT_VERSION, 0, bytes(12)
-        )
-        footer = fields + _U32.pack(_crc(fields)) + OBJECT_MAGIC
+        if self.identity is None:
+            fields = _FOOTER_FIELDS_V1.pack(
+                self._data_bytes,
+                len(index),
+                _crc(index),
+                len(entries),
+                LEGACY_FORMAT_VERSION,
+                0,
+                bytes(12),
+            )
+            footer = fields + _U32.pack(_crc(fields)) + OBJECT_MAGIC_V1
+        else:
+            fields = _FOOTER_FIELDS.pack(
+                self._data_bytes,
+                len(index),
+                _crc(index),
+                len(entries),
+                FORMAT_VERSION,
+                0,
+                self.identity.deployment_id,
+                self.identity.object_id,
+                bytes(12),
+            )
+            footer = fields + _U32.pack(_crc(fields)) + OBJECT_MAGIC
         self._parts.append(index)
         self._parts.append(footer)
         data = b"".join(self._parts)
         self._parts = []
-        return BuiltObject(data, len(index) + FOOTER_SIZE, list(self._slices))
+        return BuiltObject(data, len(index) + len(footer), list(self._slices))
 
     def _cut_block(self) -> None:
         assert self._stream_id is not None
@@ -299,11 +401,14 @@ class ObjectIndex:
         object_size: int,
         index_position: int,
         version: int = FORMAT_VERSION,
+        identity: ObjectIdentity | None = None,
     ) -> None:
         self.entries = entries
         self.object_size = object_size
         self.index_position = index_position
         self.version = version
+        self.identity = identity
+        """The identity from the footer (``None`` for a version-1 object)."""
         # Blocks of one stream are sorted and contiguous, so their end offsets are sorted too.
         self._end_keys = [(entry.stream_id, entry.end_offset) for entry in entries]
 
@@ -311,6 +416,11 @@ class ObjectIndex:
     def index_size(self) -> int:
         """Bytes of the index block and footer."""
         return self.object_size - self.index_position
+
+    @property
+    def block_crc_seed(self) -> int:
+        """Initial CRC value of this object's data blocks (pass to :func:`decode_block`)."""
+        return 0 if self.identity is None else self.identity.block_crc_seed
 
     def blocks_for(
         self, stream_id: int, start_offset: int, end_offset: int | None = None
@@ -334,68 +444,139 @@ class ObjectIndex:
     def __repr__(self) -> str:
         return (
             f"ObjectIndex(entries={len(self.entries)}, object_size={self.object_size}, "
-            f"index_position={self.index_position}, version={self.version})"
+            f"index_position={self.index_position}, version={self.version}, "
+            f"identity={None if self.identity is None else self.identity.describe()})"
         )
 
 
-def parse_footer(footer: bytes, object_size: int) -> Footer:
-    """Decode and check the 48-byte footer of an object of ``object_size`` bytes."""
-    if len(footer) != FOOTER_SIZE:
+def footer_size_of(tail: bytes | memoryview) -> int:
+    """The size of the footer that ends ``tail`` (the last bytes of an object), told by its magic.
+    Raises :class:`CorruptionError` when the last 8 bytes are no known magic."""
+    magic = bytes(tail[-_MAGIC_SIZE:]) if len(tail) >= _MAGIC_SIZE else bytes(tail)
+    if magic == OBJECT_MAGIC:
+        return FOOTER_SIZE
+    if magic == OBJECT_MAGIC_V1:
+        return FOOTER_SIZE_V1
+    raise CorruptionError(f"bad object magic {magic!r}: not a walstream object, or truncated")
+
+
+def parse_footer(footer: bytes | memoryview, object_size: int) -> Footer:
+    """Decode and check the footer at the end of ``footer`` (the footer itself or any longer
+    tail of the object) of an object of ``object_size`` bytes. Accepts versions 1 and 2."""
+    size = footer_size_of(footer)
+    if len(footer) < size:
         raise CorruptionError(
-            f"object footer is {len(footer)} bytes, expected {FOOTER_SIZE} (truncated object?)"
+            f"object footer is {len(footer)} bytes, expected {size} (truncated object?)"
         )
-    (
-        index_position,
-        index_length,
-        index_crc,
-        entry_count,
-        version,
-        flags,
-        reserved,
-        footer_crc,
-        magic,
-    ) = _FOOTER.unpack(footer)
-    if magic != OBJECT_MAGIC:
-        raise CorruptionError(f"bad object magic {magic!r}: not a walstream object, or truncated")
-    if _crc(footer[: _FOOTER_FIELDS.size]) != footer_crc:
+    raw = bytes(footer[len(footer) - size :])
+    identity: ObjectIdentity | None = None
+    if size == FOOTER_SIZE_V1:
+        (
+            index_position,
+            index_length,
+            index_crc,
+            entry_count,
+            version,
+            flags,
+            reserved,
+            footer_crc,
+            _magic,
+        ) = _FOOTER_V1.unpack(raw)
+        fields_size = _FOOTER_FIELDS_V1.size
+        expected_version = LEGACY_FORMAT_VERSION
+    else:
+        (
+            index_position,
+            index_length,
+            index_crc,
+            entry_count,
+            version,
+            flags,
+            deployment_id,
+            object_id,
+            reserved,
+            footer_crc,
+            _magic,
+        ) = _FOOTER.unpack(raw)
+        fields_size = _FOOTER_FIELDS.size
+        expected_version = FORMAT_VERSION
+    if _crc(raw[:fields_size]) != footer_crc:
         raise CorruptionError("object footer checksum mismatch")
-    if version != FORMAT_VERSION:
+    if version != expected_version:
         raise CorruptionError(
-            f"object format version {version} is not supported (this walstream reads version "
-            f"{FORMAT_VERSION}); upgrade walstream"
+            f"object format version {version} is not supported (this walstream reads versions "
+            f"{LEGACY_FORMAT_VERSION} and {FORMAT_VERSION}); upgrade walstream"
         )
     if flags != 0 or reserved != bytes(12):
         raise CorruptionError(f"object footer has unknown flags 0x{flags:04x} or reserved bytes")
+    if size == FOOTER_SIZE:
+        identity = ObjectIdentity(deployment_id, object_id)
     if entry_count == 0 or index_length != entry_count * INDEX_ENTRY_SIZE:
         raise CorruptionError(
             f"object footer: index of {index_length} bytes cannot hold {entry_count} entries"
         )
-    if index_position + index_length + FOOTER_SIZE != object_size:
+    if index_position + index_length + size != object_size:
         raise CorruptionError(
             f"object footer places the index at [{index_position}, "
             f"{index_position + index_length}) but the object is {object_size} bytes "
             "(truncated, or the wrong size was recorded)"
         )
-    return Footer(index_position, index_length, index_crc, entry_count, version, flags)
+    return Footer(index_position, index_length, index_crc, entry_count, version, flags, identity)
 
 
-def parse_index(tail: bytes, object_size: int) -> ObjectIndex:
-    """Parse the index from ``tail``, the LAST bytes of an object of ``object_size`` bytes
-    (at least ``index_size`` of them). Checks the footer, the index CRC, the order of entries
-    and that the blocks exactly tile the data area."""
-    if len(tail) < FOOTER_SIZE or len(tail) > object_size:
-        raise CorruptionError(
-            f"object tail of {len(tail)} bytes cannot hold a footer of an object of "
-            f"{object_size} bytes (truncated object?)"
+def check_identity(
+    footer: Footer, key: str, expected: ObjectIdentity | None, *, require: bool = False
+) -> None:
+    """Raise :class:`IdentityMismatch` unless ``footer`` names ``expected``.
+
+    A version-1 footer carries no identity: it passes unless ``require`` (the key is of the
+    identity-carrying scheme, so the file under it must be version 2). ``expected=None`` checks
+    nothing (tools reading a file on its own).
+    """
+    if expected is None:
+        return
+    if footer.identity is None:
+        if require:
+            raise IdentityMismatch(
+                f"object {key!r}: expected {expected.describe()}, found a version-1 object "
+                "without an identity under a key of the identity format; the file was replaced. "
+                "Check that the object store holds this deployment's objects"
+            )
+        return
+    if footer.identity != expected:
+        raise IdentityMismatch(
+            f"object {key!r}: expected {expected.describe()}, found "
+            f"{footer.identity.describe()}; the object store holds another deployment's or "
+            "another object's file under this key. Check that object_store points at this "
+            "deployment's objects"
         )
-    footer = parse_footer(bytes(tail[-FOOTER_SIZE:]), object_size)
-    needed = footer.index_length + FOOTER_SIZE
+
+
+def parse_index(
+    tail: bytes | memoryview,
+    object_size: int,
+    *,
+    key: str = "",
+    expected: ObjectIdentity | None = None,
+    require_identity: bool = False,
+) -> ObjectIndex:
+    """Parse the index from ``tail``, the LAST bytes of an object of ``object_size`` bytes
+    (at least ``index_size`` of them). Checks the footer, the identity (when ``expected`` is
+    given, right after the footer checksum so a foreign object is reported as
+    :class:`IdentityMismatch` whatever its size), the index CRC, the order of entries and that
+    the blocks exactly tile the data area."""
+    if len(tail) > object_size:
+        raise CorruptionError(
+            f"object tail of {len(tail)} bytes is longer than the object of {object_size} bytes"
+        )
+    footer = _parse_footer_checked(tail, object_size, key, expected, require_identity)
+    needed = footer.index_length + footer.size
     if len(tail) < needed:
         raise CorruptionError(
             f"object index needs the last {needed} bytes, got {len(tail)} "
             "(the recorded index_size does not match the object)"
         )
-    index = memoryview(tail)[len(tail) - needed : len(tail) - FOOTER_SIZE]
+    index = memoryview(tail)[len(tail) - needed : len(tail) - footer.size]
     if _crc(index) != footer.index_crc:
         raise CorruptionError("object index checksum mismatch")
     entries = [
@@ -412,7 +593,56 @@ def parse_index(tail: bytes, object_size: int) -> ObjectIndex:
         )
     ]
     _check_entries(entries, footer.index_position)
-    return ObjectIndex(entries, object_size, footer.index_position, footer.version)
+    return ObjectIndex(entries, object_size, footer.index_position, footer.version, footer.identity)
+
+
+def _parse_footer_checked(
+    tail: bytes | memoryview,
+    object_size: int,
+    key: str,
+    expected: ObjectIdentity | None,
+    require_identity: bool,
+) -> Footer:
+    """The footer at the end of ``tail``, identity checked before the size checks (a foreign
+    object of another size is an identity mismatch, not a truncation)."""
+    try:
+        footer = parse_footer(tail, object_size)
+    except CorruptionError:
+        # The size check may be what failed: a foreign object of another size is named as such.
+        _check_foreign(tail, key, expected, require_identity)
+        raise
+    check_identity(footer, key, expected, require=require_identity)
+    return footer
+
+
+def _check_foreign(
+    tail: bytes | memoryview, key: str, expected: ObjectIdentity | None, require_identity: bool
+) -> None:
+    """Raise :class:`IdentityMismatch` when ``tail`` ends in a footer whose checksum and version
+    are right (whatever object size it implies) and that does not name ``expected``."""
+    if expected is None:
+        return
+    footer = _footer_ignoring_size(tail)
+    if footer is not None:
+        check_identity(footer, key, expected, require=require_identity)
+
+
+def _footer_ignoring_size(tail: bytes | memoryview) -> Footer | None:
+    """The footer at the end of ``tail`` when its magic, checksum and version are right, without
+    checking it against any object size; ``None`` otherwise."""
+    try:
+        size = footer_size_of(tail)
+    except CorruptionError:
+        return None
+    if len(tail) < size:
+        return None
+    raw = bytes(tail[len(tail) - size :])
+    try:
+        # Parse it as if the object were exactly what the footer says it is.
+        index_position, index_length = struct.unpack_from(">QI", raw)
+        return parse_footer(raw, index_position + index_length + size)
+    except CorruptionError:
+        return None
 
 
 def _check_entries(entries: Sequence[IndexEntry], data_size: int) -> None:
@@ -452,48 +682,68 @@ async def read_index(
     key: str,
     object_size: int | None = None,
     index_size: int | None = None,
+    *,
+    expected: ObjectIdentity | None = None,
 ) -> ObjectIndex:
     """Load the index of object ``key``.
 
     With ``index_size`` (from metadata) this is ONE suffix GET; without it, a GET of the footer
-    then a GET of the index. ``object_size`` comes from ``head`` when not given.
+    then a GET of the index. ``object_size`` comes from ``head`` when not given. With
+    ``expected`` the footer must name that identity (:class:`IdentityMismatch` otherwise); a key
+    of the identity scheme (:func:`is_identity_key`) must hold a version-2 object.
     """
+    require = expected is not None and is_identity_key(key)
     if object_size is None:
         object_size = (await store.head(key)).size
     if index_size is not None:
-        if index_size < FOOTER_SIZE:
+        if index_size < FOOTER_SIZE_V1:
             raise InvalidArgument(f"index_size {index_size} is smaller than a footer")
-        if index_size > object_size:
-            raise CorruptionError(
-                f"object {key!r} is {object_size} bytes, smaller than its index of "
-                f"{index_size} bytes (truncated object?)"
-            )
         tail = await store.get(key, -index_size)
-        return _parse_index_of(key, tail, object_size)
-    if object_size < FOOTER_SIZE:
+        if index_size > object_size or len(tail) < index_size:
+            # Foreign or truncated: name the identity if the footer is a readable foreign one.
+            _check_foreign(tail, key, expected, require)
+            raise CorruptionError(
+                f"object {key!r} is {min(object_size, len(tail))} bytes, smaller than its index "
+                f"of {index_size} bytes (truncated object?)"
+            )
+        return _parse_index_of(key, tail, object_size, expected, require)
+    if object_size < FOOTER_SIZE_V1:
         raise CorruptionError(
             f"object {key!r} is {object_size} bytes, too small for a footer (truncated object?)"
         )
-    footer_bytes = await store.get(key, -FOOTER_SIZE)
+    footer_bytes = await store.get(key, -min(object_size, MAX_FOOTER_SIZE))
     try:
-        footer = parse_footer(footer_bytes, object_size)
+        footer = _parse_footer_checked(footer_bytes, object_size, key, expected, require)
+    except IdentityMismatch:
+        raise
     except CorruptionError as exc:
         raise CorruptionError(f"object {key!r}: {exc}") from None
+    footer_bytes = footer_bytes[len(footer_bytes) - footer.size :]
     index_bytes = await store.get(
         key, footer.index_position, footer.index_position + footer.index_length
     )
-    return _parse_index_of(key, index_bytes + footer_bytes, object_size)
+    return _parse_index_of(key, index_bytes + footer_bytes, object_size, expected, require)
 
 
-def _parse_index_of(key: str, tail: bytes, object_size: int) -> ObjectIndex:
+def _parse_index_of(
+    key: str,
+    tail: bytes,
+    object_size: int,
+    expected: ObjectIdentity | None,
+    require_identity: bool,
+) -> ObjectIndex:
     try:
-        return parse_index(tail, object_size)
+        return parse_index(
+            tail, object_size, key=key, expected=expected, require_identity=require_identity
+        )
+    except IdentityMismatch:
+        raise
     except CorruptionError as exc:
         raise CorruptionError(f"object {key!r}: {exc}") from None
 
 
 def _decode_block(
-    block: bytes | memoryview, entry: IndexEntry
+    block: bytes | memoryview, entry: IndexEntry, crc_seed: int = 0
 ) -> list[tuple[BatchHeader, bytes, list[SequencedRecord]]]:
     if len(block) != entry.size:
         raise CorruptionError(
@@ -503,10 +753,11 @@ def _decode_block(
     view = memoryview(block)
     body = view[: len(view) - _BLOCK_CRC_SIZE]
     (stored_crc,) = _U32.unpack_from(view, len(body))
-    if _crc(body) != stored_crc:
+    if _crc(body, crc_seed) != stored_crc:
         raise CorruptionError(
             f"data block checksum mismatch (stream {entry.stream_id}, offsets "
             f"[{entry.start_offset}, {entry.end_offset}), object position {entry.position})"
+            + ("; the bytes are damaged or belong to another object" if crc_seed else "")
         )
     batches: list[tuple[BatchHeader, bytes, list[SequencedRecord]]] = []
     next_offset = entry.start_offset
@@ -532,34 +783,50 @@ def _decode_block(
     return batches
 
 
-def decode_block(block: bytes, entry: IndexEntry) -> list[tuple[BatchHeader, bytes]]:
+def decode_block(
+    block: bytes, entry: IndexEntry, crc_seed: int = 0
+) -> list[tuple[BatchHeader, bytes]]:
     """Check one data block against its index entry and return its batches as
-    ``(header, batch bytes)``. Raises :class:`CorruptionError` on any mismatch."""
-    return [(header, batch) for header, batch, _ in _decode_block(block, entry)]
+    ``(header, batch bytes)``. ``crc_seed`` is the object's :attr:`ObjectIndex.block_crc_seed`.
+    Raises :class:`CorruptionError` on any mismatch."""
+    return [(header, batch) for header, batch, _ in _decode_block(block, entry, crc_seed)]
 
 
-def decode_block_records(block: bytes, entry: IndexEntry) -> list[SequencedRecord]:
+def decode_block_records(
+    block: bytes, entry: IndexEntry, crc_seed: int = 0
+) -> list[SequencedRecord]:
     """Check one data block and return its records in offset order."""
-    return [record for _, _, records in _decode_block(block, entry) for record in records]
+    return [record for _, _, records in _decode_block(block, entry, crc_seed) for record in records]
 
 
-def verify_object(data: bytes) -> ObjectIndex:
-    """Check a whole object: footer, index and every data block."""
-    index = parse_index(data, len(data))
+def verify_object(data: bytes, expected: ObjectIdentity | None = None) -> ObjectIndex:
+    """Check a whole object: footer (and identity, when ``expected`` is given), index and every
+    data block."""
+    index = parse_index(data, len(data), expected=expected)
     view = memoryview(data)
     for entry in index.entries:
-        _decode_block(view[entry.position : entry.position + entry.size], entry)
+        _decode_block(
+            view[entry.position : entry.position + entry.size], entry, index.block_crc_seed
+        )
     return index
 
 
 def describe_object(data: bytes) -> list[str]:
-    """Human-readable lines for ``walstream inspect object``: the footer, then one line per index
-    entry with the result of its block check. Raises :class:`CorruptionError` when the footer or
-    index is unreadable (nothing can be located then)."""
+    """Human-readable lines for ``walstream inspect object``: the footer with the identity it
+    names, then one line per index entry with the result of its block check. Raises
+    :class:`CorruptionError` when the footer or index is unreadable (nothing can be located
+    then)."""
     index = parse_index(data, len(data))
-    footer = parse_footer(data[-FOOTER_SIZE:], len(data))
+    footer = parse_footer(data, len(data))
+    identity = (
+        "none (format version 1 carries no identity)"
+        if footer.identity is None
+        else f"deployment {footer.identity.deployment_id.hex()}, object id "
+        f"{footer.identity.object_id}"
+    )
     lines = [
         f"object: {len(data)} bytes, format version {footer.version}, flags 0x{footer.flags:04x}",
+        f"identity: {identity}",
         f"index: position {footer.index_position}, {footer.index_length} bytes, "
         f"{footer.entry_count} entries, crc ok; streams: "
         + ", ".join(str(stream_id) for stream_id in index.stream_ids()),
@@ -567,7 +834,9 @@ def describe_object(data: bytes) -> list[str]:
     view = memoryview(data)
     for entry in index.entries:
         try:
-            batches = _decode_block(view[entry.position : entry.position + entry.size], entry)
+            batches = _decode_block(
+                view[entry.position : entry.position + entry.size], entry, index.block_crc_seed
+            )
             check = f"crc ok, {len(batches)} batches"
         except CorruptionError as exc:
             check = f"BAD: {exc}"
@@ -579,10 +848,45 @@ def describe_object(data: bytes) -> list[str]:
     return lines
 
 
-def object_key(object_id: int, prefix: str = "") -> str:
-    """The key of object ``object_id``, spread over hashed prefixes so that keys of consecutive
-    ids land in different folders (object stores partition by key prefix)."""
+DEPLOYMENT_TAG_CHARS = 16
+"""Hex characters of the deployment id in an object key (64 bits: two deployments sharing a
+bucket or folder never meet on a key; the footer identity catches even that)."""
+_IDENTITY_KEY = re.compile(r"(?:^|/)[0-9a-f]{16}-[0-9a-f]{16}\.wso$")
+
+
+def object_key(object_id: int, deployment_id: bytes, prefix: str = "") -> str:
+    """The key of object ``object_id`` of deployment ``deployment_id``:
+    ``{prefix}{h0}/{h1}/{deployment tag}-{object id}.wso``.
+
+    The two folders come from a hash of the deployment and object id, so that keys of
+    consecutive ids land in different folders (object stores partition by key prefix); the name
+    carries the deployment so that deployments sharing a bucket or folder never share a key.
+    Metadata stores each object's key, so objects written under :func:`legacy_object_key` stay
+    readable.
+    """
+    if not 0 <= object_id < 2**64:
+        raise InvalidArgument(f"object ids are in [0, 2**64), got {object_id}")
+    if len(deployment_id) != DEPLOYMENT_ID_BYTES:
+        raise InvalidArgument(
+            f"a deployment id is {DEPLOYMENT_ID_BYTES} bytes, got {len(deployment_id)}"
+        )
+    tag = deployment_id.hex()[:DEPLOYMENT_TAG_CHARS]
+    digest = hashlib.blake2b(
+        deployment_id + object_id.to_bytes(8, "big"), digest_size=8
+    ).hexdigest()
+    return f"{prefix}{digest[:2]}/{digest[2:4]}/{tag}-{object_id:016x}.wso"
+
+
+def legacy_object_key(object_id: int, prefix: str = "") -> str:
+    """The key objects had before keys carried the deployment (format version 1 objects):
+    still found through metadata, and by garbage collection of ids prepared before an
+    upgrade."""
     if not 0 <= object_id < 2**64:
         raise InvalidArgument(f"object ids are in [0, 2**64), got {object_id}")
     digest = hashlib.blake2b(object_id.to_bytes(8, "big"), digest_size=8).hexdigest()
     return f"{prefix}{digest[:2]}/{digest[2:4]}/{object_id:016x}.wso"
+
+
+def is_identity_key(key: str) -> bool:
+    """True for keys made by :func:`object_key`: the object under them must carry an identity."""
+    return _IDENTITY_KEY.search(key) is not None

@@ -3,6 +3,15 @@
 Used by the node's read path below its LogCache, and by readers that run no node at all (Spark
 executors, ``walstream read`` on a stopped deployment): metadata says which objects hold a range,
 one suffix GET reads an object's index, one ranged GET reads its blocks.
+
+Identity: every index read checks that the footer names this deployment and the object id
+metadata gave (:class:`IdentityMismatch` otherwise), and the data-block CRCs of a version-2 object
+are seeded with that identity, so a block read from a replaced file fails its check too.
+
+Failure isolation: a block that fails its check fails only the reads whose records (within their
+limits) lie in it. Nothing is cached for it (the block cache holds decoded good blocks only; an
+index is cached only once it parsed), read-ahead never turns a bad following block into an error
+of a read that ends before it, and the next read that reaches the bad block fetches it again.
 """
 
 from __future__ import annotations
@@ -12,10 +21,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from .cache import BlockCache
-from .errors import CorruptionError, DataLossError, NotFound
+from .errors import CorruptionError, DataLossError, IdentityMismatch, NotFound
 from .hooks import EngineHooks, NullHooks
 from .metadata import MetadataStore, ObjectInfo
-from .object_format import IndexEntry, ObjectIndex, decode_block_records, read_index
+from .object_format import (
+    IndexEntry,
+    ObjectIdentity,
+    ObjectIndex,
+    decode_block_records,
+    read_index,
+)
 from .objects import ObjectStore
 from .records import SequencedRecord, record_size
 
@@ -39,6 +54,9 @@ class ObjectReader:
     Read-ahead: a reader that keeps reading where it stopped gets a window that doubles from
     ``readahead_min_bytes`` to ``readahead_max_bytes``; the window's following blocks of the
     same object are fetched with the same ranged GET.
+
+    ``deployment_id`` is the deployment whose objects this reader accepts; when not given it is
+    loaded once from ``metadata``.
     """
 
     def __init__(
@@ -49,8 +67,10 @@ class ObjectReader:
         readahead_min_bytes: int = 512 << 10,
         readahead_max_bytes: int = 32 << 20,
         hooks: EngineHooks | None = None,
+        deployment_id: bytes | None = None,
     ) -> None:
         self.objects = objects
+        self.deployment_id = deployment_id
         self.metadata = metadata
         self.blocks: BlockCache[tuple[int, int], list[SequencedRecord]] = BlockCache(
             block_cache_bytes
@@ -72,7 +92,9 @@ class ObjectReader:
     ) -> list[SequencedRecord]:
         """Committed records of ``stream_id`` in ``[start, end)``, at most the limits (at least
         one record when any exists). Stops early at the end of committed data, and before a
-        recorded data-loss gap; a read that starts inside one raises :class:`DataLossError`."""
+        recorded data-loss gap; a read that starts inside one raises :class:`DataLossError`.
+        Raises :class:`CorruptionError` (or :class:`IdentityMismatch`) when a record within the
+        limits lies in a block that fails its check; a read that ends before that block succeeds."""
         records: list[SequencedRecord] = []
         size = 0
         position = start
@@ -167,6 +189,7 @@ class ObjectReader:
         window beyond what is cached. ``window[0]`` doubles after each GET of a sequential scan."""
         index = await self.index(info)
         entries = index.blocks_for(stream_id, start, end)
+        seed = index.block_crc_seed
         result: list[list[SequencedRecord]] = []
         position = 0
         while position < len(entries):
@@ -188,7 +211,12 @@ class ObjectReader:
             ):
                 run.append(entries[position + len(run)])
                 run_bytes += run[-1].size
-            for decoded in await self._fetch_run(info, run):
+            for number, decoded in enumerate(await self._fetch_run(info, run, seed)):
+                if isinstance(decoded, CorruptionError):
+                    if result or number > 0:
+                        # Only read-ahead reached the bad block: serve what precedes it.
+                        return result
+                    raise await self._explain(info, index, decoded)
                 result.append(decoded)
             position += len(run)
             fetched_window = window[0]
@@ -198,28 +226,75 @@ class ObjectReader:
         return result
 
     async def _fetch_run(
-        self, info: ObjectInfo, run: list[IndexEntry]
-    ) -> list[list[SequencedRecord]]:
+        self, info: ObjectInfo, run: list[IndexEntry], seed: int
+    ) -> list[list[SequencedRecord] | CorruptionError]:
+        """Fetch the adjacent blocks of ``run`` with one ranged GET. Each block is checked on
+        its own: a good block is cached and returned decoded, a bad one is returned as its
+        error (and not cached), so a bad block never fails its neighbours."""
         first, last = run[0].position, run[-1].position + run[-1].size
         self.gets += 1
         data = await self.objects.get(info.key, first, last)
-        if len(data) != last - first:
-            raise CorruptionError(
-                f"object {info.key}: short read {len(data)} of {last - first} bytes at {first}"
-            )
-        decoded_run: list[list[SequencedRecord]] = []
+        decoded_run: list[list[SequencedRecord] | CorruptionError] = []
         for entry in run:
+            if entry.position + entry.size - first > len(data):
+                decoded_run.append(
+                    CorruptionError(
+                        f"object {info.key}: short read of {len(data)} of {last - first} bytes "
+                        f"at {first} misses the block at {entry.position} (truncated object?)"
+                    )
+                )
+                continue
             block = data[entry.position - first : entry.position - first + entry.size]
-            decoded = decode_block_records(block, entry)
+            try:
+                decoded = decode_block_records(block, entry, seed)
+            except CorruptionError as exc:
+                decoded_run.append(CorruptionError(f"object {info.key}: {exc}"))
+                continue
             self.blocks.put((info.object_id, entry.position), decoded, entry.size)
             decoded_run.append(decoded)
         return decoded_run
 
+    async def _explain(
+        self, info: ObjectInfo, cached: ObjectIndex, error: CorruptionError
+    ) -> CorruptionError:
+        """The error to raise for a bad block: :class:`IdentityMismatch` when the object now has
+        another identity (the file was replaced after its index was cached), else ``error``.
+        A changed index is dropped from the cache so later reads parse it afresh. ``NotFound``
+        (the object was compacted away meanwhile) propagates: the read looks the range up again."""
+        self.gets += 1
+        try:
+            fresh = await read_index(
+                self.objects,
+                info.key,
+                info.size,
+                info.index_size,
+                expected=await self._identity(info),
+            )
+        except IdentityMismatch as mismatch:
+            self._indexes.discard_if(lambda key: key == info.object_id)
+            return mismatch
+        except CorruptionError:
+            self._indexes.discard_if(lambda key: key == info.object_id)
+            return error
+        if fresh.entries != cached.entries or fresh.identity != cached.identity:
+            self._indexes.discard_if(lambda key: key == info.object_id)
+        return error
+
+    async def _identity(self, info: ObjectInfo) -> ObjectIdentity:
+        if self.deployment_id is None:
+            self.deployment_id = await self.metadata.deployment_id()
+        return ObjectIdentity(self.deployment_id, info.object_id)
+
     async def index(self, info: ObjectInfo) -> ObjectIndex:
+        """The index of ``info``'s object, its footer checked against this deployment and the
+        object id (cached once it parsed; a failed read caches nothing)."""
         index = self._indexes.get(info.object_id)
         if index is None:
+            expected = await self._identity(info)
             self.gets += 1
-            index = await read_index(self.objects, info.key, info.size, info.index_size)
+            index = await read_index(
+                self.objects, info.key, info.size, info.index_size, expected=expected
+            )
             self._indexes.put(info.object_id, index, 1)
         return index
 

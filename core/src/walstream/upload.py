@@ -7,6 +7,10 @@ in block order → ``wal.trim`` up to the block's last WAL offset → the block 
 A block with one stream becomes a *stream object*; otherwise streams with at least
 ``split_bytes`` in the block get their own stream object and the rest share one *stream-set
 object*.
+
+Objects are never overwritten: every object is created with ``put_if_absent`` under a key that
+names the deployment and carries the deployment and object id in its footer
+(:func:`publish_object`).
 """
 
 from __future__ import annotations
@@ -20,14 +24,22 @@ from dataclasses import dataclass
 from .cache import CachedBatch, LogBlock, LogCache
 from .clock import Clock
 from .config import UploadConfig
-from .errors import AmbiguousError, BackendUnavailable, WalstreamError
+from .errors import (
+    AmbiguousError,
+    BackendUnavailable,
+    CorruptionError,
+    IdentityMismatch,
+    NotFound,
+    PreconditionFailed,
+    WalstreamError,
+)
 from .hooks import EngineHooks
 from .metadata import MetadataStore, ObjectCommit, ObjectKind, StreamRange
-from .object_format import BuiltObject, ObjectBuilder, object_key
+from .object_format import BuiltObject, ObjectBuilder, ObjectIdentity, object_key, parse_footer
 from .objects import ObjectStore
 from .wal import WriteAheadLog
 
-__all__ = ["Uploader", "retry_transient"]
+__all__ = ["Uploader", "publish_object", "retry_transient"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +77,74 @@ async def retry_transient(
             delay = min(max_delay_s, delay * 2)
 
 
+async def publish_object(
+    objects: ObjectStore,
+    key: str,
+    data: bytes,
+    identity: ObjectIdentity,
+    *,
+    clock: Clock,
+    rng: random.Random,
+    give_up: Callable[[], bool],
+) -> None:
+    """Create object ``key`` holding ``data`` (an object built for ``identity``), never
+    overwriting anything.
+
+    The put is conditional (``put_if_absent``) and retried on transient errors. When the key
+    already exists — typically because an earlier attempt whose answer was lost did create it —
+    the existing object is read back: the same bytes mean it is ours and the publish succeeded.
+    Anything else is left untouched and raises :class:`IdentityMismatch` (another deployment's
+    or another object's file holds the key) or :class:`PreconditionFailed` (a different object
+    of the same identity: the object id was handed out twice, e.g. metadata restored from an
+    older backup).
+    """
+    try:
+        await retry_transient(
+            lambda: objects.put_if_absent(key, data),
+            what=f"put {key}",
+            clock=clock,
+            rng=rng,
+            give_up=give_up,
+        )
+        return
+    except PreconditionFailed:
+        pass
+    try:
+        existing = await retry_transient(
+            lambda: objects.get(key),
+            what=f"read back existing {key}",
+            clock=clock,
+            rng=rng,
+            give_up=give_up,
+        )
+    except NotFound:
+        raise PreconditionFailed(
+            f"object {key!r} was reported to exist but cannot be read back; it was not "
+            "overwritten. Check for another writer using this object store"
+        ) from None
+    assert isinstance(existing, bytes)
+    if existing == data:
+        log.info("object %s already holds exactly our bytes: an earlier attempt created it", key)
+        return
+    try:
+        found = parse_footer(existing, len(existing)).identity
+    except CorruptionError:
+        found = None
+    if found is not None and found != identity:
+        raise IdentityMismatch(
+            f"cannot create object {key!r}: it already exists with {found.describe()}, expected "
+            f"{identity.describe()}; it was not overwritten. Another deployment writes to the "
+            "same object store location: give each deployment its own bucket prefix or folder"
+        )
+    raise PreconditionFailed(
+        f"cannot create object {key!r} ({identity.describe()}): another object "
+        f"({len(existing)} bytes, identity "
+        f"{'none or unreadable' if found is None else found.describe()}) already exists under "
+        "this key and was not overwritten. The object id was handed out twice (was metadata "
+        "restored from an older backup?)"
+    )
+
+
 @dataclass
 class _PlannedObject:
     kind: ObjectKind
@@ -88,8 +168,11 @@ class Uploader:
         is_live: Callable[[int], bool],
         on_fatal: Callable[[BaseException], None],
         trim_wal: bool = True,
+        deployment_id: bytes | None = None,
     ) -> None:
         self._cache = cache
+        self._deployment_id = deployment_id
+        """The deployment whose objects this writes (loaded from metadata when not given)."""
         self._wal = wal
         self._objects = objects
         self._metadata = metadata
@@ -260,6 +343,8 @@ class Uploader:
             give_up=lambda: self._aborted,
         )
         assert isinstance(object_ids, list)
+        if self._deployment_id is None:
+            self._deployment_id = await self._metadata.deployment_id()
         commits = await asyncio.gather(
             *(
                 self._write_one(object_id, plan)
@@ -269,15 +354,19 @@ class Uploader:
         return list(commits)
 
     async def _write_one(self, object_id: int, plan: _PlannedObject) -> ObjectCommit:
+        assert self._deployment_id is not None
+        identity = ObjectIdentity(self._deployment_id, object_id)
         total = sum(len(batch.data) for stream in plan.streams for batch in stream)
         if total >= _OFFLOAD_BUILD_BYTES:
-            built = await asyncio.to_thread(_build, plan.streams)
+            built = await asyncio.to_thread(_build, plan.streams, identity)
         else:
-            built = _build(plan.streams)
-        key = object_key(object_id)
-        await retry_transient(
-            lambda: self._objects.put(key, built.data),
-            what=f"put {key}",
+            built = _build(plan.streams, identity)
+        key = object_key(object_id, self._deployment_id)
+        await publish_object(
+            self._objects,
+            key,
+            built.data,
+            identity,
             clock=self._clock,
             rng=self._rng,
             give_up=lambda: self._aborted,
@@ -299,8 +388,8 @@ class Uploader:
         return ObjectCommit(object_id, key, plan.kind, len(built.data), built.index_size, ranges)
 
 
-def _build(streams: list[list[CachedBatch]]) -> BuiltObject:
-    builder = ObjectBuilder()
+def _build(streams: list[list[CachedBatch]], identity: ObjectIdentity) -> BuiltObject:
+    builder = ObjectBuilder(identity=identity)
     for stream in streams:
         for batch in stream:
             builder.add_batch(batch.data)

@@ -92,8 +92,20 @@ class S3ObjectStore(ObjectStore):
             await self.client.call("put_object", write=True, Key=self._full(key), Body=data)
 
     async def put_if_absent(self, key: str, data: bytes) -> None:
-        await self.ensure_probed()
-        await self._put_if_absent(self._full(key), bytes(data))
+        """Create ``key`` only if it does not exist (``If-None-Match: *``, on the single PUT and
+        on the completion of a multipart upload). On an endpoint that ignores the header the
+        key is looked up first: that still refuses to replace an object that exists, though two
+        concurrent creators can then both succeed (``capabilities.conditional_put`` is False)."""
+        supported = await self.ensure_probed()
+        full_key = self._full(key)
+        if not supported:
+            try:
+                await self._head_full(full_key)
+            except NotFound:
+                pass
+            else:
+                raise PreconditionFailed(f"object {full_key!r} already exists")
+        await self._put_if_absent(full_key, bytes(data))
 
     async def _put_if_absent(self, full_key: str, data: bytes) -> None:
         try:
@@ -177,7 +189,7 @@ class S3ObjectStore(ObjectStore):
                     f"{sample.get('Message', '')}); deleting is idempotent, retry"
                 )
 
-    async def list(  # type: ignore[override]
+    async def list(
         self, prefix: str = "", *, start_after: str | None = None, limit: int | None = None
     ) -> AsyncIterator[ObjectMeta]:
         """Keys starting with ``prefix`` in lexicographic order, page by page.
@@ -203,8 +215,10 @@ class S3ObjectStore(ObjectStore):
                 return
             params["ContinuationToken"] = token
 
-    def writer(self, key: str) -> ObjectWriter:
-        return S3ObjectWriter(self, self._full(key))
+    def writer(self, key: str, *, if_absent: bool = False) -> ObjectWriter:
+        """A streaming multipart writer; with ``if_absent`` its completion carries
+        ``If-None-Match: *`` (``PreconditionFailed`` if the key exists, never a replacement)."""
+        return S3ObjectWriter(self, self._full(key), if_none_match=if_absent)
 
     async def close(self) -> None:
         if self._owns_client:
@@ -276,7 +290,8 @@ class S3ObjectStore(ObjectStore):
     # -- multipart -----
 
     async def _put_multipart(self, full_key: str, data: bytes, *, if_none_match: bool) -> None:
-        async with S3ObjectWriter(self, full_key, if_none_match=if_none_match) as writer:
+        writer = S3ObjectWriter(self, full_key, if_none_match=if_none_match)
+        async with writer:
             view = memoryview(data)
             part = self.multipart_part_bytes
             for first in range(0, len(data), part):
@@ -314,9 +329,7 @@ class S3ObjectWriter(ObjectWriter):
     async def _start_part(self, part: bytes) -> None:
         self._raise_part_failure()
         if self._upload_id is None:
-            response = await self._client.call(
-                "create_multipart_upload", write=True, Key=self._key
-            )
+            response = await self._client.call("create_multipart_upload", write=True, Key=self._key)
             self._upload_id = str(response["UploadId"])
         await self._slots.acquire()  # back-pressure: at most part_concurrency parts in memory
         number = len(self._tasks) + 1
@@ -401,7 +414,10 @@ class S3ObjectWriter(ObjectWriter):
         except BackendUnavailable as exc:
             log.warning(
                 "could not abort multipart upload %s of %s (%s); a bucket lifecycle rule "
-                "for incomplete uploads will remove it", upload_id, self._key, exc,
+                "for incomplete uploads will remove it",
+                upload_id,
+                self._key,
+                exc,
             )
         except AmbiguousError as exc:
             log.warning("abort of multipart upload %s of %s unclear: %s", upload_id, self._key, exc)
