@@ -606,6 +606,8 @@ class Client:
             raise InvalidArgument("read needs exactly one of start, from_timestamp, tail_offset")
         if limit_records <= 0 or limit_bytes <= 0:
             raise InvalidArgument("limit_records and limit_bytes must be positive")
+        if start is not None and start < 0:
+            raise InvalidArgument(f"read start must be an offset >= 0, got {start}")
         await self._refresh_remote(state)
         if state.deleted:
             raise StreamNotFound(f"stream {state.info.stream_id} was deleted")
