@@ -178,3 +178,59 @@ def test_help_and_skip_reasons_speak_of_the_command_line(tmp_path: Path) -> None
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "add --object-store NAME to walstream conformance" in done.stdout
     assert "--walstream-" not in done.stdout
+
+
+def test_every_installed_wal_gets_a_fresh_medium_from_one_config(tmp_path: Path) -> None:
+    """The per-test isolation comes from the options a factory declares, so it covers every
+    installed WAL (s3, s3express, nvme-quorum, ebs, memory): two tests never share a medium."""
+    import importlib.metadata
+
+    from walstream_conformance.backends import isolated_section, load_factory
+
+    names = sorted({entry.name for entry in importlib.metadata.entry_points(group="walstream.wal")})
+    assert "memory" in names
+    for name in names:
+        factory = load_factory("wal", name)
+        section = {
+            option.name: f"configured-{option.name}"
+            for option in factory.options
+            if option.kind in ("str", "path")
+        }
+        first, first_paths = isolated_section(factory, section, tmp_path)
+        second, second_paths = isolated_section(factory, section, tmp_path)
+        changed = {key for key in section if first[key] != section[key]}
+        assert changed, f"{name}: no option isolates one test's medium from another's"
+        assert all(first[key] != second[key] for key in changed), name
+        for path in first_paths + second_paths:
+            assert path.parent == tmp_path and not path.exists()
+
+
+def test_isolation_rules_for_paths_prefixes_and_devices(tmp_path: Path) -> None:
+    from walstream.config import BackendFactory, Option
+    from walstream_conformance.backends import isolated_section
+
+    factory: BackendFactory[object] = BackendFactory(
+        kind="wal",
+        name="probe",
+        description="options only",
+        options=(
+            Option("path", "path", "a file"),
+            Option("device", "path", "a device"),
+            Option("prefix", "str", "a key prefix", default=""),
+            Option("log_id", "str", "a log name"),
+            Option("bucket", "str", "kept as configured"),
+        ),
+        create=lambda options, context: object(),
+    )
+    section, paths = isolated_section(
+        factory,
+        {"path": "data/wal.img", "device": "/dev/null", "prefix": "team/ci", "bucket": "b"},
+        tmp_path,
+    )
+    derived = Path(section["path"])
+    assert derived.parent == tmp_path / "data" and derived.suffix == ".img"
+    assert derived.name.startswith("wal.conformance-") and paths == [derived]
+    assert section["device"] == "/dev/null"  # a device cannot be copied: kept, and shared
+    assert section["prefix"].startswith("team/ci/conformance-") and section["prefix"].endswith("/")
+    assert section["log_id"].startswith("conformance-")
+    assert section["bucket"] == "b"

@@ -4,6 +4,7 @@ an importable target (what the crash harness hands a child process)."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import importlib
 import importlib.metadata
 import importlib.util
@@ -264,10 +265,13 @@ def isolation_changes(
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+    """Remove a derived path and its companions (``meta.<token>.db-wal``, ``-shm``, …): every
+    name that starts with it carries the unique token, so nothing else can match."""
+    for item in [path, *path.parent.glob(f"{glob.escape(path.name)}?*")]:
+        if item.is_dir() and not item.is_symlink():
+            shutil.rmtree(item, ignore_errors=True)
+        else:
+            item.unlink(missing_ok=True)
 
 
 def _default_section(factory: BackendFactory[Any], scratch: Path) -> dict[str, Any]:
