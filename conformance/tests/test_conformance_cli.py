@@ -87,8 +87,11 @@ def _junit_outcomes(report: Path) -> tuple[int, list[str]]:
 
 
 # Tests that each claim a WAL at a fixed epoch: run one after another on one shared medium,
-# every test after the first is fenced by the one before.
-_SHARED_MEDIUM_TESTS = "acked_recovered or fencing or trim_inclusive or offsets_increase"
+# every test after the first is fenced by the one before. (The crash harness is left out for
+# time: it builds its WAL from the same per-test spec.)
+_SHARED_MEDIUM_TESTS = (
+    "(acked_recovered and not kill) or fencing or trim_inclusive or offsets_increase"
+)
 
 
 def test_readme_s3_command_runs_each_test_on_its_own_prefix(tmp_path: Path) -> None:
@@ -123,13 +126,13 @@ def test_readme_s3_command_runs_each_test_on_its_own_prefix(tmp_path: Path) -> N
                 "--seed",
                 "7",
                 "-k",
-                _SHARED_MEDIUM_TESTS,
+                "fencing or offsets_increase",  # two suffice, and each takes seconds on S3
                 cwd=tmp_path,
             )
             assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
             assert "FencedError" not in done.stdout
             run_count, failed = _junit_outcomes(report)
-            assert run_count >= 4 and failed == []
+            assert run_count == 2 and failed == []
             assert "per-test prefix" in done.stdout and "ci -> ci/conformance-" in done.stdout
 
 
