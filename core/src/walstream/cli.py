@@ -70,8 +70,9 @@ examples:
 Without --config every command uses the embedded deployment in ./walstream-data
 (an ebs or memory WAL, a local object store and SQLite metadata).
 Exit status: 0 ok, 1 error (one line on stderr), 2 bad configuration or usage.
-Short options mean the same in every command: -c config, -v verbose, -f follow, -n count,
--i input file, -k key, -b batch. --json and --format json write JSON lines (one object per line).
+Short options mean the same in every command: -c config, -v verbose, -f follow,
+-n count, -i input file, -k key (conformance: -k EXPR selects tests, as in pytest),
+-b batch. --json and --format json write JSON lines (one object per line).
 """
 
 
