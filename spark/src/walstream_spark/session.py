@@ -16,7 +16,8 @@ def local_session(
 
     Spark finds the source by itself where walstream-spark is installed (the top-level module
     ``pyspark_walstream``); ``register_source`` also registers it explicitly, which covers a
-    source tree that only the driver can import. Pass False to rely on discovery alone.
+    source tree put on the path at run time instead of installed. Pass False to rely on
+    discovery alone.
 
     Python workers run this interpreter (so they import walstream from the same environment);
     the web UI and the console progress bar are off and shuffles use few partitions.
