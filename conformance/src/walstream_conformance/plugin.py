@@ -2,7 +2,9 @@
 
 ``pytest --walstream-wal=NAME [--walstream-wal-config=FILE]`` (likewise ``--walstream-object-store``
 and ``--walstream-metadata``) runs the suites against installed backends. Without a config file,
-each test gets a throwaway instance from the backend factory's ``provision`` hook.
+each test gets a throwaway instance from the backend factory's ``provision`` hook; with one, each
+test gets a fresh medium derived from it (``backends.isolated_section``: a new key prefix, log id,
+volume name or sibling file), so no test meets a WAL that another test or run left claimed.
 
 A backend's own test module overrides ``walstream_wal_factory`` (and friends) instead.
 """
@@ -72,8 +74,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--walstream-epoch-base",
         type=int,
         default=0,
-        help="first node epoch the WAL tests use (raise it for a configured WAL that remembers "
-        "epochs from earlier runs)",
+        help="first node epoch the WAL tests use (raise it for a configured WAL that cannot be "
+        "derived afresh per test, such as a block device, and remembers earlier runs' epochs)",
     )
 
 
