@@ -360,3 +360,139 @@ def test_default_deployment_lives_in_walstream_data(cli: Cli, tmp_path: Path) ->
     cli("streams", "create", "here", config=None)
     assert (tmp_path / "walstream-data" / "meta.db").exists()
     assert os.path.exists(tmp_path / "walstream-data")
+
+
+# -- what a new user runs into --------------------------------------------------------------------
+
+
+def test_tail_n_prints_the_last_n_records_even_past_one_reads_byte_limit(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """One read returns at most 1 MiB; ``tail -n`` pages until it has printed the last N."""
+    cli("streams", "create", "big")
+    values = tmp_path / "values.txt"
+    values.write_text("".join(f"{index:05d}{'x' * 995}\n" for index in range(3000)))  # ~3 MB
+    cli("append", "big", "--file", str(values), "--batch", "1000", "--no-progress")
+
+    last = cli("tail", "big", "-n", "2500").stdout.splitlines()
+    assert len(last) == 2500
+    assert [int(line.split("\t")[0]) for line in last] == list(range(500, 3000))
+    assert last[-1].split("\t")[1].startswith("02999x")
+
+    everything = cli("tail", "big", "-n", "100000").stdout.splitlines()
+    assert [int(line.split("\t")[0]) for line in everything] == list(range(3000))
+    via_read = cli("read", "big", "--tail-offset", "100000").stdout.splitlines()
+    assert via_read == everything
+
+    cli("trim", "big", "1000")
+    after_trim = cli("tail", "big", "-n", "100000").stdout.splitlines()
+    assert [int(line.split("\t")[0]) for line in after_trim] == list(range(1000, 3000))
+
+
+def test_trim_before_the_start_says_nothing_was_trimmed(cli: Cli) -> None:
+    cli("streams", "create", "orders")
+    cli("append", "orders", input="".join(f"{index}\n" for index in range(600)))
+    assert "offsets before 500 are gone" in cli("trim", "orders", "500").stdout
+
+    again = cli("trim", "orders", "100")
+    assert "nothing trimmed" in again.stdout and "already starts at offset 500" in again.stdout
+    assert "are gone" not in again.stdout
+    assert cli("read", "orders", "--limit", "1").stdout == "500\t500\n"
+    assert "nothing trimmed" in cli("trim", "orders", "500").stdout
+
+
+def test_inspect_object_of_a_missing_file_says_so_and_how_to_find_objects(cli: Cli) -> None:
+    missing = cli(
+        "inspect", "object", "./walstream-data/objects/51/99/0000000000000001.wso", expect=1
+    )
+    assert_one_line_error(missing, "NotFound")
+    assert "no such file" in missing.stderr and "walstream inspect metadata" in missing.stderr
+    assert "path segment" not in missing.stderr
+    unknown_key = cli("inspect", "object", "00/00/0000000000000042.wso", expect=1)
+    assert_one_line_error(unknown_key, "NotFound")
+
+
+def test_append_messages_plurals_and_input_file_spellings(cli: Cli, tmp_path: Path) -> None:
+    cli("streams", "create", "s")
+    one = cli("append", "s", input="only\n")
+    assert "appended 1 record in 1 batch to 's'" in one.stderr
+    lines = tmp_path / "lines.txt"
+    lines.write_text("a\nb\nc\n")
+    short = cli("append", "s", "-i", str(lines), "-b", "2", "--no-progress")
+    assert "appended 3 records in 2 batches" in short.stderr
+    former = cli("append", "s", "-f", str(lines), "--no-progress")  # the old spelling still works
+    assert "appended 3 records in 1 batch to" in former.stderr
+
+    missing = cli("append", "s", "--file", "no-such-file.txt", expect=2)
+    assert "Traceback" not in missing.stderr and "FileNotFoundError" not in missing.stderr
+    assert "walstream: error: append --file no-such-file.txt: no such file" in missing.stderr
+    assert cli("read", "s", "-n", "2").stdout.splitlines() == ["0\tonly", "1\ta"]
+
+
+def test_a_missing_stream_points_at_the_streams_list_command(cli: Cli) -> None:
+    result = cli("read", "nope", expect=1)
+    assert_one_line_error(result, "StreamNotFound")
+    assert "walstream streams list" in result.stderr and "list_streams()" not in result.stderr
+
+
+def test_help_names_every_deployment_section_and_json_lines(cli: Cli) -> None:
+    from walstream_plugins.deployment import TOP_LEVEL_KEYS
+
+    top = " ".join(cli("--help").stdout.split())
+    config_help = top[top.index("--config FILE") :]
+    config_help = config_help[: config_help.index("-v, --verbose")]
+    for key in TOP_LEVEL_KEYS:
+        assert key in config_help, (key, config_help)
+    assert "-vv" in top
+    for command in (("streams", "list"), ("plugins",), ("read",)):
+        text = " ".join(cli(*command, "--help").stdout.split())
+        assert "JSON lines" in text, (command, text)
+    append_help = cli("append", "--help").stdout
+    assert "-i F" in append_help and "-f F" not in append_help
+
+
+LOGGING_PROBE = """
+import logging, sys
+from walstream import cli
+cli._configure_logging(int(sys.argv[1]))
+logging.getLogger("botocore.endpoint").debug("third-party debug")
+logging.getLogger("botocore.endpoint").info("third-party info")
+logging.getLogger("walstream.client").debug("core debug")
+logging.getLogger("walstream_wal_s3.wal").debug("plugin debug")
+"""
+
+
+@pytest.mark.parametrize(
+    ("verbosity", "shown", "hidden"),
+    [
+        (0, [], ["third-party info", "core debug", "plugin debug", "third-party debug"]),
+        (1, ["third-party info", "core debug", "plugin debug"], ["third-party debug"]),
+        (2, ["third-party info", "core debug", "plugin debug", "third-party debug"], []),
+    ],
+)
+def test_verbose_keeps_third_party_debug_logging_for_vv(
+    verbosity: int, shown: list[str], hidden: list[str]
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", LOGGING_PROBE, str(verbosity)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    for message in shown:
+        assert message in done.stderr
+    for message in hidden:
+        assert message not in done.stderr
+
+
+def test_python_read_of_a_negative_offset_is_invalid_argument(deployment: Path) -> None:
+    import walstream.sync
+    from walstream import Record
+    from walstream.errors import InvalidArgument
+
+    with walstream.sync.open(str(deployment)) as client:
+        stream = client.create_stream("neg")
+        stream.append([Record(b"a")])
+        with pytest.raises(InvalidArgument, match="offset >= 0, got -1"):
+            stream.read(start=-1)

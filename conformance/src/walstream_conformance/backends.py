@@ -4,11 +4,16 @@ an importable target (what the crash harness hands a child process)."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import importlib
 import importlib.metadata
 import importlib.util
+import itertools
 import json
+import secrets
+import shutil
 import sys
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +28,8 @@ __all__ = [
     "BackendSpec",
     "backend_options",
     "build_backend",
+    "isolated_section",
+    "isolation_changes",
     "load_factory",
     "load_target",
     "read_config_section",
@@ -161,12 +168,23 @@ def backend_options(
     kind: BackendKind, name: str, config: Path | None, scratch: Path
 ) -> Iterator[BackendSpec]:
     """A spec for backend ``name``: from ``config`` when given, else from the factory's
-    ``provision`` hook (a throwaway instance in ``scratch``), else from its defaults."""
+    ``provision`` hook (a throwaway instance in ``scratch``), else from its defaults.
+
+    A spec from ``config`` does not reuse the configured medium: every call derives a fresh
+    one from it (:func:`isolated_section`), because every test needs an empty WAL, store or
+    catalogue — a WAL left claimed by an earlier test (or an earlier run) fences the next one.
+    Files and folders derived from configured paths are removed on exit.
+    """
     factory = load_factory(kind, name)
     if config is not None:
         section = read_config_section(config, kind)
         section.pop("type", None)
-        yield BackendSpec(kind, name=name, section=section, base_dir=str(config.parent))
+        isolated, created = isolated_section(factory, section, config.parent)
+        try:
+            yield BackendSpec(kind, name=name, section=isolated, base_dir=str(config.parent))
+        finally:
+            for path in created:
+                _remove(path)
         return
     if factory.provision is None:
         yield BackendSpec(
@@ -178,6 +196,82 @@ def backend_options(
             key: value for key, value in _jsonable(dict(options)).items() if value is not None
         }
         yield BackendSpec(kind, name=name, section=section, base_dir=str(scratch))
+
+
+#: Names of string options that say where a backend keeps its data inside a shared service
+#: (a key prefix in a bucket, a log name on chunk servers, an in-process volume name).
+NAMESPACE_OPTIONS = frozenset({"prefix", "log_id", "name"})
+
+_RUN_ID = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+_INSTANCES = itertools.count(1)
+
+
+def isolated_section(
+    factory: BackendFactory[Any], section: Mapping[str, Any], base_dir: Path
+) -> tuple[dict[str, Any], list[Path]]:
+    """``section`` rewritten to address a medium no other test (and no earlier run) uses,
+    derived from the options the factory declares:
+
+    - a ``path`` option (a WAL file, an object folder, a database) becomes a new sibling,
+      ``<stem>.conformance-<run>-<n><suffix>`` next to the configured one. A configured path
+      that exists and is neither a file nor a folder (a block device) is kept: it cannot be
+      copied, so the tests share it;
+    - a ``prefix`` option (or one ending in ``_prefix``) gets ``conformance-<run>-<n>/``
+      appended: a fresh key space in the same bucket;
+    - a ``log_id`` or ``name`` option gets ``-conformance-<run>-<n>`` appended (or is set to
+      ``conformance-<run>-<n>`` when unset).
+
+    Every other option (endpoints, credentials, sizes) is kept as configured. Returns the new
+    section and the derived paths, which the caller removes when the test is done.
+    """
+    token = f"conformance-{_RUN_ID}-{next(_INSTANCES)}"
+    result = dict(section)
+    created: list[Path] = []
+    for option in factory.options:
+        value = section.get(option.name, option.default)
+        if option.kind == "path":
+            if value is None:
+                continue
+            configured = Path(str(value)).expanduser()
+            if not configured.is_absolute():
+                configured = base_dir / configured
+            if configured.exists() and not (configured.is_file() or configured.is_dir()):
+                continue
+            derived = configured.with_name(f"{configured.stem}.{token}{configured.suffix}")
+            result[option.name] = str(derived)
+            created.append(derived)
+        elif option.kind == "str" and (option.name == "prefix" or option.name.endswith("_prefix")):
+            prefix = "" if value is None else str(value)
+            if prefix and not prefix.endswith("/"):
+                prefix += "/"
+            result[option.name] = f"{prefix}{token}/"
+        elif option.kind == "str" and option.name in NAMESPACE_OPTIONS:
+            result[option.name] = token if value in (None, "") else f"{value}-{token}"
+    return result, created
+
+
+def isolation_changes(
+    factory: BackendFactory[Any], section: Mapping[str, Any], isolated: Mapping[str, Any]
+) -> list[tuple[str, str]]:
+    """What :func:`isolated_section` changed, as ``(option, "configured -> per-test")`` rows."""
+    rows = []
+    for option in factory.options:
+        before = section.get(option.name, option.default)
+        after = isolated.get(option.name, before)
+        if after != before:
+            shown = "(unset)" if before in (None, "") else str(before)
+            rows.append((option.name, f"{shown} -> {after}"))
+    return rows
+
+
+def _remove(path: Path) -> None:
+    """Remove a derived path and its companions (``meta.<token>.db-wal``, ``-shm``, …): every
+    name that starts with it carries the unique token, so nothing else can match."""
+    for item in [path, *path.parent.glob(f"{glob.escape(path.name)}?*")]:
+        if item.is_dir() and not item.is_symlink():
+            shutil.rmtree(item, ignore_errors=True)
+        else:
+            item.unlink(missing_ok=True)
 
 
 def _default_section(factory: BackendFactory[Any], scratch: Path) -> dict[str, Any]:

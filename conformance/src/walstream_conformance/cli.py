@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from .backends import backend_options, load_factory
+from .backends import backend_options, isolation_changes, load_factory, read_config_section
 from .requirements import SUITE_VERSION, ObjectStoreRequirements, WalRequirements
 
 __all__ = ["add_arguments", "main", "run"]
@@ -34,17 +34,43 @@ _KINDS = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``walstream conformance``. ``--config``/``-c`` and ``-v`` default to
+    "absent" (not ``None``), so ``walstream -c FILE -v conformance …`` can fill them in from the
+    options given before the command."""
     parser.add_argument("--wal", metavar="NAME", help="WAL backend to test (entry-point name)")
     parser.add_argument(
         "--config",
+        "-c",
         metavar="FILE",
         type=Path,
-        help="YAML options of the WAL (a bare section or a whole deployment)",
+        default=argparse.SUPPRESS,
+        help="YAML options of the WAL: a bare section (type: s3, bucket: …) or a whole "
+        "deployment whose wal section is used. Each test gets a fresh WAL derived from it "
+        "(a new key prefix, log id or file next to the configured path)",
     )
     parser.add_argument("--object-store", metavar="NAME", help="object-store backend to test")
-    parser.add_argument("--object-store-config", metavar="FILE", type=Path)
+    parser.add_argument(
+        "--object-store-config",
+        metavar="FILE",
+        type=Path,
+        help="YAML options of the object store (a bare section or a whole deployment); each "
+        "test gets a fresh prefix or folder derived from it (default: a throwaway instance)",
+    )
     parser.add_argument("--metadata", metavar="NAME", help="metadata backend to test")
-    parser.add_argument("--metadata-config", metavar="FILE", type=Path)
+    parser.add_argument(
+        "--metadata-config",
+        metavar="FILE",
+        type=Path,
+        help="YAML options of the metadata store (a bare section or a whole deployment); each "
+        "test gets a fresh database derived from it (default: a throwaway instance)",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="one line per test (pytest -v)",
+    )
     parser.add_argument("--junit-xml", metavar="PATH", type=Path, help="write a JUnit XML report")
     parser.add_argument(
         "--crash-cycles", metavar="N", type=int, help="kill/recover cycles of the crash harness"
@@ -76,7 +102,11 @@ class _Summary:
                     if isinstance(report.longrepr, tuple)
                     else str(report.longrepr)
                 )
-                self.skipped[reason.removeprefix("Skipped: ")] += 1
+                reason = reason.removeprefix("Skipped: ")
+                if reason.startswith("needs fixture "):
+                    # Such a fixture is defined in a backend's own tests, not on a command line.
+                    reason += "; only a backend's own test module can provide it"
+                self.skipped[reason] += 1
                 self.outcomes["skipped"] += 1
             elif report.failed:
                 self.outcomes["failed"] += 1
@@ -95,6 +125,12 @@ def _capabilities(kind: Any, name: str, config: Path | None) -> list[tuple[str, 
         tempfile.TemporaryDirectory(prefix="walstream-conformance-") as scratch,
         backend_options(kind, name, config, Path(scratch)) as spec,
     ):
+        if config is not None:
+            configured = read_config_section(config, kind)
+            rows += [
+                (f"per-test {option}", change)
+                for option, change in isolation_changes(factory, configured, spec.section)
+            ]
         backend = spec.build()
         try:
             if kind == "wal":
@@ -123,8 +159,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    verbose = bool(getattr(args, "verbose", False))
+    wal_config = getattr(args, "config", None)  # a str when `walstream -c FILE` gave it
     configs = {
-        "wal": args.config,
+        "wal": None if wal_config is None else Path(wal_config),
         "object_store": getattr(args, "object_store_config", None),
         "metadata": getattr(args, "metadata_config", None),
     }
@@ -135,11 +173,12 @@ def run(args: argparse.Namespace) -> int:
         "no:cacheprovider",
         "-o",
         "asyncio_mode=auto",
-        "-q",
+        "-v" if verbose else "-q",
         "--no-header",
         "-rN",
         "-W",
         "ignore::pytest.PytestAssertRewriteWarning",
+        "--walstream-hints=cli",
     ]
     for kind, option, label in _KINDS:
         name = chosen[kind]

@@ -2,7 +2,9 @@
 
 ``pytest --walstream-wal=NAME [--walstream-wal-config=FILE]`` (likewise ``--walstream-object-store``
 and ``--walstream-metadata``) runs the suites against installed backends. Without a config file,
-each test gets a throwaway instance from the backend factory's ``provision`` hook.
+each test gets a throwaway instance from the backend factory's ``provision`` hook; with one, each
+test gets a fresh medium derived from it (``backends.isolated_section``: a new key prefix, log id,
+volume name or sibling file), so no test meets a WAL that another test or run left claimed.
 
 A backend's own test module overrides ``walstream_wal_factory`` (and friends) instead.
 """
@@ -62,11 +64,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="seed of the crash harness and fault schedules (a failure prints the seed to replay)",
     )
     group.addoption(
+        "--walstream-hints",
+        choices=("pytest", "cli"),
+        default="pytest",
+        help="which options skip reasons cite: pytest's --walstream-* (default) or those of "
+        "`walstream conformance` (which passes cli)",
+    )
+    group.addoption(
         "--walstream-epoch-base",
         type=int,
         default=0,
-        help="first node epoch the WAL tests use (raise it for a configured WAL that remembers "
-        "epochs from earlier runs)",
+        help="first node epoch the WAL tests use (raise it for a configured WAL that cannot be "
+        "derived afresh per test, such as a block device, and remembers earlier runs' epochs)",
     )
 
 
@@ -87,6 +96,17 @@ def pytest_configure(config: pytest.Config) -> None:
         invocation = Path(str(config.invocation_params.dir))
         args = [arg for arg in config.args if Path(arg).resolve() != invocation.resolve()]
         config.args[:] = [*args, str(SELECTED_SUITES)]
+
+
+_CLI_OPTIONS = {"wal": "--wal", "object-store": "--object-store", "metadata": "--metadata"}
+
+
+def _no_backend(request: pytest.FixtureRequest, kind: str, label: str, fixture: str) -> str:
+    """The skip reason of a suite with no backend chosen, citing the options of the way the
+    suite was run (``walstream conformance`` or pytest)."""
+    if request.config.getoption("--walstream-hints") == "cli":
+        return f"no {label} to test: add {_CLI_OPTIONS[kind]} NAME to walstream conformance"
+    return f"no {label} to test: pass --walstream-{kind}=NAME or define {fixture}"
 
 
 def _config_path(request: pytest.FixtureRequest, kind: str) -> Path | None:
@@ -131,12 +151,14 @@ def walstream_wal_spec(
 
 
 @pytest.fixture
-def walstream_wal_factory(walstream_wal_spec: BackendSpec | None) -> Callable[[], WriteAheadLog]:
+def walstream_wal_factory(
+    request: pytest.FixtureRequest, walstream_wal_spec: BackendSpec | None
+) -> Callable[[], WriteAheadLog]:
     """A callable making a new WAL instance on this test's medium. Override it in a backend's
     tests; the default builds the backend chosen with ``--walstream-wal``."""
     spec = walstream_wal_spec
     if spec is None:
-        pytest.skip("no WAL to test: pass --walstream-wal=NAME or define walstream_wal_factory")
+        pytest.skip(_no_backend(request, "wal", "WAL", "walstream_wal_factory"))
 
     def make() -> WriteAheadLog:
         wal: WriteAheadLog = spec.build()
@@ -194,10 +216,7 @@ async def walstream_object_store(
     backend chosen with ``--walstream-object-store``."""
     name = request.config.getoption("--walstream-object-store")
     if not name:
-        pytest.skip(
-            "no object store to test: pass --walstream-object-store=NAME or define "
-            "walstream_object_store"
-        )
+        pytest.skip(_no_backend(request, "object-store", "object store", "walstream_object_store"))
     scratch = tmp_path_factory.mktemp("objects")
     with backend_options(
         "object_store", name, _config_path(request, "object-store"), scratch
@@ -221,8 +240,7 @@ def walstream_metadata_factory(
     name = request.config.getoption("--walstream-metadata")
     if not name:
         pytest.skip(
-            "no metadata store to test: pass --walstream-metadata=NAME or define "
-            "walstream_metadata_factory"
+            _no_backend(request, "metadata", "metadata store", "walstream_metadata_factory")
         )
     scratch = tmp_path_factory.mktemp("metadata")
     with backend_options("metadata", name, _config_path(request, "metadata"), scratch) as spec:

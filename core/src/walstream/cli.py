@@ -1,7 +1,8 @@
 """The ``walstream`` command line.
 
 Every command takes ``--config FILE`` (a deployment YAML; default: the embedded deployment in
-``./walstream-data``) and ``-v`` (debug logging, tracebacks on errors). Failures print one line,
+``./walstream-data``) and ``-v`` (debug logging of walstream, tracebacks on errors; ``-vv`` also
+debug logging of third-party libraries such as botocore). Failures print one line,
 ``walstream: error: <ErrorClass>: <message>``, and exit with 1 (2 for configuration and usage
 errors).
 """
@@ -25,7 +26,10 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from .errors import (
     ConfigError,
+    InvalidArgument,
+    NotFound,
     OutOfRangeError,
+    StreamNotFound,
     WalstreamError,
 )
 from .records import ReadResult, Record, SequencedRecord
@@ -54,12 +58,12 @@ examples:
   seq 1 1000 | walstream append orders
   walstream append orders --file events.txt --key user-42 --batch 500
   walstream read orders --start 0 --limit 10 --format json
-  walstream tail orders -f
+  walstream tail orders -n 100 -f
   walstream trim orders 500
   walstream --config deploy.yaml streams list --prefix ord
-  walstream inspect object ./walstream-data/objects/51/99/0000000000000001.wso
-  walstream inspect metadata
-  walstream recover -c deploy.yaml                  # recover the WAL, or say what was lost
+  walstream inspect metadata          # lists every object with its KEY
+  walstream inspect object KEY        # or the object's file under ./walstream-data/objects/
+  walstream recover -c deploy.yaml    # recover the WAL, or say what was lost
   walstream plugins
   walstream demo --streams 3 --records 20000
   walstream serve -c deploy.yaml --listen 127.0.0.1:7400
@@ -68,6 +72,9 @@ examples:
 Without --config every command uses the embedded deployment in ./walstream-data
 (an ebs or memory WAL, a local object store and SQLite metadata).
 Exit status: 0 ok, 1 error (one line on stderr), 2 bad configuration or usage.
+Short options mean the same in every command: -c config, -v verbose, -f follow,
+-n count, -i input file, -k key (conformance: -k EXPR selects tests, as in pytest),
+-b batch. --json and --format json write JSON lines (one object per line).
 """
 
 
@@ -254,6 +261,13 @@ def _out(line: str = "") -> None:
     sys.stdout.write(line + "\n")
 
 
+def _plural(count: int, noun: str) -> str:
+    """``1 record``, ``2 records``, ``1 batch``, ``3 batches``."""
+    if count == 1:
+        return f"{count} {noun}"
+    return f"{count} {noun}es" if noun.endswith(("s", "sh", "ch", "x")) else f"{count} {noun}s"
+
+
 # -- commands: streams ----------------------------------------------------------------------------
 
 
@@ -337,7 +351,14 @@ async def cmd_append(args: argparse.Namespace) -> int:
     source: IO[bytes]
     if args.file is not None:
         path = Path(args.file)
-        source = path.open("rb")
+        try:
+            source = path.open("rb")
+        except FileNotFoundError:
+            print(f"{PROG}: error: append --file {args.file}: no such file", file=sys.stderr)
+            return EXIT_USAGE
+        except IsADirectoryError:
+            print(f"{PROG}: error: append --file {args.file}: is a folder", file=sys.stderr)
+            return EXIT_USAGE
         progress = progress_bar(
             path.stat().st_size, f"append {args.stream}", enabled=not args.no_progress
         )
@@ -364,7 +385,8 @@ async def cmd_append(args: argparse.Namespace) -> int:
             source.close()
     if appended:
         print(
-            f"appended {appended} records in {batches} batches to {args.stream!r} (tail {tail})",
+            f"appended {_plural(appended, 'record')} in {_plural(batches, 'batch')} to "
+            f"{args.stream!r} (tail {tail})",
             file=sys.stderr,
         )
     else:
@@ -407,21 +429,32 @@ async def cmd_read(args: argparse.Namespace) -> int:
         if page == 0:
             return EXIT_OK
         result = await _first_read(stream, args, page)
-        end = result.tail  # the records present when the read began
-        while True:
-            records = result.records if remaining is None else result.records[:remaining]
-            for record in records:
-                _out(format_record(record, args.format))
-            if remaining is not None:
-                remaining -= len(records)
-            if not records or remaining == 0:
-                break
-            position = records[-1].offset + 1
-            if position >= end:
-                break
-            page = READ_PAGE_RECORDS if remaining is None else min(READ_PAGE_RECORDS, remaining)
-            result = await stream.read(start=position, limit_records=page)
+        await _print_pages(stream, result, remaining, args.format)
     return EXIT_OK
+
+
+async def _print_pages(
+    stream: Stream, result: ReadResult, remaining: int | None, output_format: str
+) -> int:
+    """Print ``result`` and the pages after it, up to the tail the first read saw (records
+    appended since are not waited for) and at most ``remaining`` records. One read returns at
+    most a page of records and of bytes (1 MiB by default), so a large count always takes
+    several reads. Returns the offset after the last record printed (the tail when none)."""
+    end = result.tail  # the records present when the read began
+    position = end
+    while True:
+        records = result.records if remaining is None else result.records[:remaining]
+        for record in records:
+            _out(format_record(record, output_format))
+        if remaining is not None:
+            remaining -= len(records)
+        if not records:
+            return position
+        position = records[-1].offset + 1
+        if remaining == 0 or position >= end:
+            return position
+        page = READ_PAGE_RECORDS if remaining is None else min(READ_PAGE_RECORDS, remaining)
+        result = await stream.read(start=position, limit_records=page)
 
 
 async def cmd_tail(args: argparse.Namespace) -> int:
@@ -450,21 +483,25 @@ async def cmd_tail(args: argparse.Namespace) -> int:
 
 
 async def _print_last(stream: Stream, lines: int, output_format: str) -> int:
-    """Print the last ``lines`` records; return the offset after them."""
+    """Print the last ``lines`` records (every readable one when the stream holds fewer);
+    return the offset after them."""
     if lines <= 0:
         return await stream.check_tail()
-    try:
-        result = await stream.read(tail_offset=lines, limit_records=lines)
-    except OutOfRangeError as trimmed:
-        result = await stream.read(start=trimmed.start_offset, limit_records=lines)
-    for record in result.records:
-        _out(format_record(record, output_format))
-    return result.records[-1].offset + 1 if result.records else result.tail
+    result = await stream.read(tail_offset=lines, limit_records=min(lines, READ_PAGE_RECORDS))
+    return await _print_pages(stream, result, lines, output_format)
 
 
 async def cmd_trim(args: argparse.Namespace) -> int:
     async with _open_client(args.config) as client:
         stream = await client.open_stream(_name_or_id(args.stream))
+        start = await stream.start_offset()
+        if args.offset <= start:
+            # Trimming never moves the start back: the records before it are already gone.
+            _out(
+                f"nothing trimmed: {args.stream!r} already starts at offset {start} "
+                f"(trim only moves the first readable offset forward)"
+            )
+            return EXIT_OK
         await stream.trim(args.offset)
         _out(f"trimmed {args.stream!r}: offsets before {args.offset} are gone")
     return EXIT_OK
@@ -591,7 +628,14 @@ async def cmd_inspect_object(args: argparse.Namespace) -> int:
         source = str(path)
     else:
         async with _backend(args.config, "object_store") as objects:
-            data = await objects.get(args.object)
+            try:
+                data = await objects.get(args.object)
+            except (InvalidArgument, NotFound):
+                raise NotFound(
+                    f"{args.object}: no such file, and no object with that key in the "
+                    "configured object store; `walstream inspect metadata` lists every object "
+                    "with its KEY (a local store keeps it in the file <object_store.root>/KEY)"
+                ) from None
         source = f"key {args.object}"
     description = object_format.describe_object(data)
     _out(f"object {source}: {len(data)} bytes")
@@ -944,15 +988,17 @@ def _common_options(suppress_defaults: bool) -> argparse.ArgumentParser:
         "-c",
         metavar="FILE",
         default=default,
-        help="deployment YAML (node, wal, object_store, metadata, cache, upload sections); "
-        "default: the embedded deployment in ./walstream-data",
+        help="deployment YAML (sections node, wal, object_store, metadata, cache, upload, "
+        "compaction, server, hooks, and the key append_timeout); default: the embedded "
+        "deployment in ./walstream-data",
     )
     parser.add_argument(
         "-v",
         "--verbose",
-        action="store_true",
-        default=argparse.SUPPRESS if suppress_defaults else False,
-        help="debug logging on stderr, and full tracebacks on errors",
+        action="count",
+        default=argparse.SUPPRESS if suppress_defaults else 0,
+        help="debug logging of walstream on stderr, and full tracebacks on errors; -vv also "
+        "debug logging of other libraries (botocore, aiohttp, ...)",
     )
     return parser
 
@@ -982,8 +1028,8 @@ def _add_format(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=("text", "json", "hex"),
         default="text",
-        help="text: OFFSET<TAB>VALUE (UTF-8, undecodable bytes escaped); json: one object per "
-        "line with offset, timestamp_ms, key, value, headers (bytes that are not UTF-8 "
+        help="text: OFFSET<TAB>VALUE (UTF-8, undecodable bytes escaped); json: JSON lines, one "
+        "object per line with offset, timestamp_ms, key, value, headers (bytes that are not UTF-8 "
         'appear as {"base64": ...}); hex: OFFSET<TAB>KEY<TAB>VALUE in hex',
     )
 
@@ -1034,7 +1080,11 @@ def build_parser() -> argparse.ArgumentParser:
         "example:\n  walstream streams list --prefix orders-",
     )
     listing.add_argument("--prefix", default="", help="only streams whose name starts with it")
-    listing.add_argument("--json", action="store_true", help="one JSON object per stream")
+    listing.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON lines: one JSON object per stream per line (not one JSON array)",
+    )
     delete = _add_command(
         streams_commands,
         "delete",
@@ -1053,13 +1103,18 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_append,
         common,
         "examples:\n  echo hello | walstream append orders\n"
-        "  walstream append orders --file events.txt --batch 1000 --key k1\n\n"
+        "  walstream append orders --file events.txt --batch 1000 --key k1\n"
+        "  walstream append orders -i events.txt -b 1000 -k k1\n\n"
         "Each line (without its newline) becomes one record's value. Batches are appended\n"
         "atomically and printed as 'offsets FIRST..LAST'. Reading a file shows a progress bar\n"
         "on stderr.",
     )
     append.add_argument("stream", help="stream name (or #ID)")
-    append.add_argument("--file", "-f", metavar="F", help="read lines from this file, not stdin")
+    append.add_argument(
+        "--file", "-i", metavar="F", help="read lines from this file, not stdin (-i: input)"
+    )
+    # The former short spelling: -f means --follow elsewhere, so it is kept but not advertised.
+    append.add_argument("-f", dest="file", metavar="F", help=argparse.SUPPRESS)
     append.add_argument("--key", "-k", metavar="K", help="key of every appended record")
     append.add_argument(
         "--header",
@@ -1106,9 +1161,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="start at the first record with timestamp_ms >= MS",
     )
     position.add_argument(
-        "--tail-offset", type=_count(0), metavar="N", help="start N records before the tail"
+        "--tail-offset",
+        type=_count(0),
+        metavar="N",
+        help="start N records before the tail: the last N records (all of them when fewer "
+        "are readable)",
     )
-    read.add_argument("--limit", type=_count(0), metavar="N", help="print at most N records")
+    read.add_argument("--limit", "-n", type=_count(0), metavar="N", help="print at most N records")
     _add_format(read)
 
     # tail
@@ -1141,7 +1200,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_count(0),
         default=DEFAULT_TAIL_LINES,
         metavar="N",
-        help=f"how many of the last records to print first (default {DEFAULT_TAIL_LINES})",
+        help=f"print the last N records first, paging through as many reads as that takes; "
+        f"all of them when the stream holds fewer (default {DEFAULT_TAIL_LINES})",
     )
     _add_format(tail)
 
@@ -1152,7 +1212,10 @@ def build_parser() -> argparse.ArgumentParser:
         "make every offset before OFFSET unreadable",
         cmd_trim,
         common,
-        "example:\n  walstream trim orders 1000",
+        "example:\n  walstream trim orders 1000\n\n"
+        "Trimming only moves the first readable offset forward: an OFFSET at or before it\n"
+        "trims nothing, says so ('nothing trimmed: ... already starts at offset N') and\n"
+        "exits 0. An OFFSET beyond the tail is an error (exit 1).",
     )
     trim.add_argument("stream", help="stream name (or #ID)")
     trim.add_argument("offset", type=_count(0), help="the new first readable offset")
@@ -1195,7 +1258,11 @@ def build_parser() -> argparse.ArgumentParser:
         common,
         "example:\n  walstream plugins",
     )
-    plugins.add_argument("--json", action="store_true", help="one JSON object per backend")
+    plugins.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON lines: one JSON object per backend per line (not one JSON array)",
+    )
 
     # inspect
     inspect = commands.add_parser(
@@ -1204,9 +1271,10 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         description="Decode and verify stored data.",
         epilog="examples:\n"
-        "  walstream inspect object ./walstream-data/objects/51/99/0000000000000001.wso\n"
-        "  walstream inspect object 51/99/0000000000000001.wso  # a key in the store\n"
-        "  walstream inspect metadata\n  walstream inspect wal walstream-data/wal.img",
+        "  walstream inspect metadata                  # streams, nodes, objects with their KEY\n"
+        "  walstream inspect object KEY                # a KEY from that list\n"
+        "  walstream inspect object ./walstream-data/objects/KEY   # the same object's file\n"
+        "  walstream inspect wal walstream-data/wal.img",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     inspect_commands = inspect.add_subparsers(dest="inspect_command", metavar="WHAT", required=True)
@@ -1217,8 +1285,9 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_inspect_object,
         common,
         "examples:\n"
-        "  walstream inspect object ./walstream-data/objects/51/99/0000000000000001.wso\n"
-        "  walstream inspect object <key>   # fetched from the configured object store",
+        "  walstream inspect metadata      # the KEY column lists every object's key\n"
+        "  walstream inspect object KEY    # fetched from the configured object store\n"
+        "  walstream inspect object ./walstream-data/objects/KEY   # a local object's file",
     )
     inspect_object.add_argument(
         "object",
@@ -1298,18 +1367,33 @@ def build_parser() -> argparse.ArgumentParser:
 # -- entry point ----------------------------------------------------------------------------------
 
 
-def _configure_logging(verbose: bool) -> None:
+def _configure_logging(verbose: int) -> None:
+    """No ``-v``: warnings only. ``-v``: debug logging of walstream and its plugins (loggers
+    named ``walstream*``), other libraries at INFO (botocore alone logs thousands of DEBUG lines
+    per S3 run). ``-vv``: everything at DEBUG."""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if verbose == 1:
+        for handler in logging.root.handlers:
+            handler.addFilter(_own_debug_only)
 
 
-def _error(exc: BaseException, verbose: bool) -> None:
+def _own_debug_only(record: logging.LogRecord) -> bool:
+    """A handler filter: DEBUG records only from walstream's own loggers (a filter on the
+    handler also covers the loggers that plugins create after logging is configured)."""
+    return record.levelno >= logging.INFO or record.name.startswith("walstream")
+
+
+def _error(exc: BaseException, verbose: int) -> None:
     if verbose:
         traceback.print_exception(exc, file=sys.stderr)
     message = str(exc).strip() or "(no message)"
+    if isinstance(exc, StreamNotFound):
+        # The message is written for the Python API; point a shell user at the command.
+        message = message.replace("list_streams()", "`walstream streams list`")
     print(f"{PROG}: error: {type(exc).__name__}: {message}", file=sys.stderr)
 
 

@@ -9,8 +9,15 @@ from typing import Any
 __all__ = ["local_session"]
 
 
-def local_session(master: str = "local[2]", app_name: str = "walstream", **conf: str) -> Any:
+def local_session(
+    master: str = "local[2]", app_name: str = "walstream", register_source: bool = True, **conf: str
+) -> Any:
     """A SparkSession on this machine with the walstream source registered.
+
+    Spark finds the source by itself where walstream-spark is installed (the top-level module
+    ``pyspark_walstream``); ``register_source`` also registers it explicitly, which covers a
+    source tree put on the path at run time instead of installed. Pass False to rely on
+    discovery alone.
 
     Python workers run this interpreter (so they import walstream from the same environment);
     the web UI and the console progress bar are off and shuffles use few partitions.
@@ -34,5 +41,6 @@ def local_session(master: str = "local[2]", app_name: str = "walstream", **conf:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
+    if register_source:
+        register(spark)
     return spark
