@@ -44,6 +44,7 @@ from walstream.errors import (
     ConfigError,
     CorruptionError,
     FencedError,
+    IdentityMismatch,
     InvalidArgument,
     WalstreamError,
 )
@@ -51,6 +52,7 @@ from walstream.wal import (
     GroupCommitWal,
     PreparedGroup,
     WalCapabilities,
+    WalDamage,
     WalMode,
     WalOffset,
     WalRecord,
@@ -59,6 +61,8 @@ from walstream.wal import (
 from .device import BufferPool, WalDevice, aligned_buffer, create_preallocated_file
 from .layout import (
     BLOCK_BYTES,
+    FORMAT_VERSION,
+    NO_DEPLOYMENT,
     PADDING_MAGIC,
     RECORD_AREA_START,
     RECORD_HEADER_BYTES,
@@ -66,12 +70,11 @@ from .layout import (
     HeaderSlot,
     align_up,
     body_crc,
-    has_header_magic,
     pack_record_header,
     pick_header,
     salt_seed,
 )
-from .scan import scan_ring
+from .scan import DEFAULT_RESYNC_SCAN_BYTES, walk_log
 
 __all__ = ["MIN_CAPACITY_BYTES", "EbsWal"]
 
@@ -79,6 +82,10 @@ log = logging.getLogger(__name__)
 
 MIN_CAPACITY_BYTES = RECORD_AREA_START + 16 * BLOCK_BYTES
 _MAX_RECORD_BYTES = 64 << 20
+_FORMAT_CHECK_BYTES = 1 << 20
+"""How much of the record area must be zero (besides both header slots) for a medium without a
+valid header to be formatted: every format starts writing at ring position 0, so a medium that
+held a WAL has records there."""
 
 
 class EbsWal(GroupCommitWal):
@@ -125,6 +132,9 @@ class EbsWal(GroupCommitWal):
         """Next logical write position (4 KiB aligned)."""
         self._tail = 0
         """First untrimmed logical offset (what the header's tail offset says)."""
+        self._written_end = 0
+        """Just past the last group written (or the end of the recovered chain): what a clean
+        close records as acknowledged-through."""
         self._trim_offset = -1
         self._segments: deque[list[int]] = deque()
         """Untrimmed logical runs ``[start, end)``; runs are physically contiguous, a restart
@@ -145,6 +155,8 @@ class EbsWal(GroupCommitWal):
             survives_process_kill=True,
             survives_power_loss=True,
             shared_between_processes=True,
+            checks_identity=True,
+            reports_damage=True,
             extra={"block_bytes": BLOCK_BYTES},
         )
 
@@ -169,7 +181,9 @@ class EbsWal(GroupCommitWal):
                 for problem in problems:
                     log.warning("WAL %s: header %s; using the other slot", self.path, problem)
             if header is None:
-                header = await self._format(slots, problems, mode)
+                header = await self._format(raw, problems, mode)
+            self._check_size(header, device)
+            header = self._check_identity(header, node_id, mode)
             self._adopt(header)
             if mode is WalMode.FAILOVER:
                 await self._take_over()
@@ -180,12 +194,22 @@ class EbsWal(GroupCommitWal):
             self._device = None
             raise
 
-    async def _format(self, slots: list[bytes], problems: list[str], mode: WalMode) -> HeaderSlot:
-        if any(has_header_magic(slot) for slot in slots):
+    async def _format(self, raw: bytes, problems: list[str], mode: WalMode) -> HeaderSlot:
+        """Format a new medium; refuse one that holds anything (a WAL whose header is damaged
+        must never be silently replaced by an empty one)."""
+        assert self._device is not None
+        probe = raw
+        if self._device.size_bytes > RECORD_AREA_START:
+            probe += await self._device.read(
+                RECORD_AREA_START,
+                min(_FORMAT_CHECK_BYTES, align_up(self._device.size_bytes - RECORD_AREA_START)),
+            )
+        if probe.count(0) != len(probe):
             raise CorruptionError(
-                f"both header slots of the WAL {self.path} are damaged ({'; '.join(problems)}); "
-                "its records cannot be located. Restore the device, or delete the file to start "
-                "an empty WAL (unuploaded records are lost)"
+                f"the WAL {self.path} has no readable header slot ({'; '.join(problems)}) but "
+                "is not empty: its records cannot be located, and it is not formatted over. "
+                "Restore the device from a backup, or, to give up its unuploaded records, "
+                "delete the file (or zero its first 8 KiB and first MiB of records)"
             )
         if mode is not WalMode.READ_WRITE or not self.create:
             raise BackendUnavailable(
@@ -211,12 +235,67 @@ class EbsWal(GroupCommitWal):
             node_id=self.node_id,
             node_epoch=self.node_epoch,
             salt=salt,
+            deployment_id=self.deployment_id or NO_DEPLOYMENT,
+            home_node_id=self.node_id if self.deployment_id else -1,
         )
         # Both slots, so that a header left by an earlier format can never win.
         await self._write_slot(header)
         await self._write_slot(header.next())
         log.info("WAL %s formatted: %d bytes of ring", self.path, ring_bytes)
         return header.next()
+
+    def _check_size(self, header: HeaderSlot, device: WalDevice) -> None:
+        if device.size_bytes < header.ring_end:
+            raise CorruptionError(
+                f"the WAL {self.path} has {device.size_bytes} bytes but its header declares "
+                f"{header.ring_end} ({header.capacity_bytes} bytes of records after "
+                f"{header.area_start} of header): it was truncated or copied incompletely and "
+                "records are missing. Restore the complete file or device"
+            )
+
+    def _check_identity(self, header: HeaderSlot, node_id: int, mode: WalMode) -> HeaderSlot:
+        """Refuse a WAL of another deployment or node; adopt an old one that records none.
+
+        Returns the header to use: with the identity filled in when this open adopts it (the
+        next header write, made before any record, persists it)."""
+        wanted = self.deployment_id
+        if not wanted:
+            return header  # no deployment bound: nothing to compare (embedded tests, tools)
+        if header.has_identity:
+            theirs = (header.deployment_id, header.home_node_id)
+            if theirs != (wanted, node_id):
+                raise IdentityMismatch(
+                    f"the WAL {self.path} belongs to deployment {header.deployment_id.hex()} "
+                    f"node {header.home_node_id}, not to this deployment {wanted.hex()} node "
+                    f"{node_id}: check that wal.path points at this deployment's and this "
+                    "node's WAL (and the metadata store at this deployment's), and was not "
+                    "copied from another deployment or node"
+                )
+            return header
+        if header.home_node_id >= 0 and header.home_node_id != node_id:
+            raise IdentityMismatch(
+                f"the WAL {self.path} belongs to node {header.home_node_id}, not to node "
+                f"{node_id}: check that wal.path points at this node's WAL"
+            )
+        if mode is WalMode.READ_ONLY:
+            log.info(
+                "WAL %s records no deployment id (format version %d); reading it as %s",
+                self.path,
+                header.version,
+                wanted.hex(),
+            )
+            return header
+        log.warning(
+            "WAL %s records no deployment id (format version %d): adopting it for deployment "
+            "%s node %d (written to its header now)",
+            self.path,
+            header.version,
+            wanted.hex(),
+            node_id,
+        )
+        return dataclasses.replace(
+            header, version=FORMAT_VERSION, deployment_id=wanted, home_node_id=node_id
+        )
 
     def _adopt(self, header: HeaderSlot) -> None:
         self._header = header
@@ -230,7 +309,9 @@ class EbsWal(GroupCommitWal):
         if requested != self._capacity and not (self._device and self._device.is_block_device):
             log.info(
                 "WAL %s keeps its formatted ring of %d bytes (wal.capacity asks for %d)",
-                self.path, self._capacity, requested,
+                self.path,
+                self._capacity,
+                requested,
             )
 
     async def _claim(self) -> None:
@@ -278,6 +359,10 @@ class EbsWal(GroupCommitWal):
                 f"the WAL {self.path} is full: {self._used_bytes} of {capacity} bytes are "
                 f"untrimmed and this group needs {total}; upload and trim, or raise wal.capacity"
             )
+        # The group's watermark: every record below it is acknowledged now (the oldest group
+        # still in flight holds the first record that is not). Recovery reads it to tell damage
+        # from a torn tail (see scan.py).
+        watermark = self._inflight[0].prepared.offsets[0] if self._inflight else self._head
         buffers = []
         writes: list[tuple[memoryview, int]] = []
         if wrap_bytes:
@@ -285,7 +370,13 @@ class EbsWal(GroupCommitWal):
             buffers.append(padding)
             view = memoryview(padding)[:BLOCK_BYTES]
             pack_record_header(
-                view, 0, PADDING_MAGIC, wrap_bytes - RECORD_HEADER_BYTES, self._head, 0,
+                view,
+                0,
+                PADDING_MAGIC,
+                wrap_bytes - RECORD_HEADER_BYTES,
+                self._head,
+                watermark,
+                0,
                 self._seed,
             )
             writes.append((view, self._area_start + ring_position))
@@ -301,7 +392,14 @@ class EbsWal(GroupCommitWal):
             offset = start + position
             size = len(payload)
             pack_record_header(
-                view, position, RECORD_MAGIC, size, offset, body_crc(payload), self._seed
+                view,
+                position,
+                RECORD_MAGIC,
+                size,
+                offset,
+                watermark,
+                body_crc(payload),
+                self._seed,
             )
             body_at = position + RECORD_HEADER_BYTES
             view[body_at : body_at + size] = payload
@@ -310,8 +408,14 @@ class EbsWal(GroupCommitWal):
             self._records.append((offset, start + position))
         if position < span:
             pack_record_header(
-                view, position, PADDING_MAGIC, span - position - RECORD_HEADER_BYTES,
-                start + position, 0, self._seed,
+                view,
+                position,
+                PADDING_MAGIC,
+                span - position - RECORD_HEADER_BYTES,
+                start + position,
+                watermark,
+                0,
+                self._seed,
             )
         writes.append((view, self._area_start + start % capacity))
         if self._segments and self._segments[-1][1] == self._head:
@@ -319,6 +423,7 @@ class EbsWal(GroupCommitWal):
         else:
             self._segments.append([self._head, self._head + total])
         self._head += total
+        self._written_end = self._head
         self._used_bytes += total
         return PreparedGroup(offsets, list(payloads), state=(writes, buffers))
 
@@ -349,44 +454,68 @@ class EbsWal(GroupCommitWal):
         self._records.clear()
         self._segments = deque([[self._tail, self._tail]])
         chain_end = self._tail
-        uncommitted: list[WalRecord] = []
-        async for step in scan_ring(device.read, header):
-            if step.kind == "stop":
-                message = (
-                    f"WAL {self.path}: recovery stopped at offset {step.offset}: {step.problem}"
-                )
-                if step.corrupt:
-                    log.warning("CorruptionError: %s", CorruptionError(message))
+        damage: WalDamage | None = None
+        async for item in walk_log(
+            device.read,
+            header,
+            clean_bytes=self._clean_scan_bytes(),
+            resync_bytes=min(DEFAULT_RESYNC_SCAN_BYTES, self._capacity),
+        ):
+            if item.kind == "end":
+                chain_end = item.offset
+                if item.torn_start >= 0:
+                    log.warning("WAL %s: %s", self.path, item.problem)
                 else:
-                    log.info("%s", message)
-                if uncommitted:
-                    log.warning(
-                        "WAL %s: dropped %d record(s) of a group that was not completely "
-                        "written (never acknowledged)", self.path, len(uncommitted),
+                    log.info(
+                        "WAL %s: recovery ended at offset %d: %s",
+                        self.path,
+                        item.offset,
+                        item.problem,
                     )
                 break
-            if step.kind == "jump":
-                self._segments.append([step.offset, step.offset])
-                chain_end = step.offset
+            if item.kind == "jump":
+                self._segments.append([item.offset, item.offset])
                 continue
-            if step.kind == "record":
-                assert step.data is not None
-                uncommitted.append(WalRecord(step.offset, step.data))
-            if step.end % BLOCK_BYTES == 0:
-                # A group ends on a block boundary: everything up to here was written whole.
-                chain_end = step.end
-                self._segments[-1][1] = chain_end
-                for record in uncommitted:
-                    self._records.append(
-                        (record.offset, record.offset + RECORD_HEADER_BYTES + len(record.data))
-                    )
-                    if record.offset > self._trim_offset:
-                        yield record
-                uncommitted.clear()
+            if item.kind == "damage":
+                found = item.damage
+                assert found is not None
+                # The damaged bytes stay in the ring until trimmed.
+                self._segments[-1][1] = max(self._segments[-1][1], item.end)
+                if item.continues_at >= 0 and item.continues_at != item.end:
+                    self._segments.append([item.continues_at, item.continues_at])
+                if found.end - 1 <= self._trim_offset:
+                    continue  # only trimmed records were there
+                log.error(
+                    "WAL %s: CorruptionError: damaged region from offset %d to %d (%d bytes: "
+                    "%s) although later writes show it held acknowledged records; reported "
+                    "to the engine as possible data loss",
+                    self.path,
+                    found.start,
+                    found.end,
+                    found.damaged_bytes,
+                    found.reason,
+                )
+                damage = found if damage is None else _merge(damage, found)
+                continue
+            self._segments[-1][1] = item.end
+            if item.kind == "record":
+                assert item.data is not None
+                self._records.append((item.offset, item.end))
+                if item.offset > self._trim_offset:
+                    yield WalRecord(item.offset, item.data, damage_before=damage)
+                    damage = None
+        if damage is not None:
+            yield WalRecord(damage.end, b"", damage_before=damage)
+        self._segments[-1][1] = max(self._segments[-1][1], chain_end)
         self._used_bytes = sum(end - start for start, end in self._segments)
-        self._head = chain_end
+        self._head = self._written_end = chain_end
         if self.mode is WalMode.READ_WRITE:
             await self._resume_after(chain_end)
+
+    def _clean_scan_bytes(self) -> int:
+        """How far past a clean end valid groups can lie: the in-flight window, doubled."""
+        group = max(self.max_group_bytes, self.capabilities.max_record_bytes) + 2 * BLOCK_BYTES
+        return min(self._capacity, 2 * self.max_inflight * group)
 
     async def _resume_after(self, chain_end: int) -> None:
         """Resume writing beyond everything an earlier writer may have left (module docstring)."""
@@ -443,9 +572,29 @@ class EbsWal(GroupCommitWal):
     async def _close(self) -> None:
         if self._fence_task is not None:
             await asyncio.gather(self._fence_task, return_exceptions=True)
+        await self._record_clean_close()
         if self._device is not None:
             self._device.close()
             self._device = None
+
+    async def _record_clean_close(self) -> None:
+        """Every append was answered and none failed: record in the header that everything below
+        the head was acknowledged, so that damage at the very end of the log is reported rather
+        than taken for a torn write at the next recovery."""
+        header = self._header
+        if (
+            self.mode is not WalMode.READ_WRITE
+            or not self._writable
+            or self._failure is not None
+            or self._device is None
+            or header is None
+            or self._written_end <= header.acked_through
+        ):
+            return
+        try:
+            await self._persist_header(acked_through=self._written_end)
+        except (WalstreamError, OSError) as exc:
+            log.warning("WAL %s: could not record the clean close: %s", self.path, exc)
 
     # -- header and fence ------------------------------------------------------------------------
 
@@ -481,7 +630,7 @@ class EbsWal(GroupCommitWal):
         finally:
             buffer.close()
 
-    async def _persist_header(self, *, take_over: bool = False, **changes: int) -> None:
+    async def _persist_header(self, *, take_over: bool = False, **changes: Any) -> None:
         """Write the next header slot; unless taking over, only while this node still owns it."""
         async with self._header_lock:
             on_device = await self._read_header()
@@ -496,6 +645,7 @@ class EbsWal(GroupCommitWal):
             new = dataclasses.replace(
                 self._header,
                 sequence=on_device.sequence + 1,
+                version=FORMAT_VERSION,
                 timestamp_ms=self.clock.now_ms(),
                 node_id=self.node_id,
                 node_epoch=self.node_epoch,
@@ -547,6 +697,15 @@ class EbsWal(GroupCommitWal):
         }
 
 
+def _merge(first: WalDamage, second: WalDamage) -> WalDamage:
+    """Two damaged regions with no record between them, reported as one."""
+    return WalDamage(
+        first.start,
+        second.end,
+        first.damaged_bytes + second.damaged_bytes,
+        f"{first.reason}; {second.reason}",
+    )
+
+
 def align_down(value: int) -> int:
     return max(0, value - value % BLOCK_BYTES)
-
