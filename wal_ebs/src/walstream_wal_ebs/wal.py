@@ -123,6 +123,8 @@ class EbsWal(GroupCommitWal):
             clock=clock,
         )
         self._device: WalDevice | None = None
+        self._created = False
+        """This open created the file (an empty file found on disk is not formatted)."""
         self._header: HeaderSlot | None = None
         self._header_lock = asyncio.Lock()
         self._capacity = 0
@@ -170,6 +172,7 @@ class EbsWal(GroupCommitWal):
                     + ("(create: false)" if not self.create else f"(nothing to {mode.value})")
                 )
             create_preallocated_file(self.path, self._requested_bytes)
+            self._created = True
         device = WalDevice(self.path, direct=self.direct, writable=mode is not WalMode.READ_ONLY)
         try:
             device.attach(asyncio.get_running_loop())
@@ -204,6 +207,15 @@ class EbsWal(GroupCommitWal):
                 RECORD_AREA_START,
                 min(_FORMAT_CHECK_BYTES, align_up(self._device.size_bytes - RECORD_AREA_START)),
             )
+        if not self._created and self._device.size_bytes < MIN_CAPACITY_BYTES:
+            if not self._device.is_block_device:
+                # This code creates WAL files at their full size: a shorter one was cut.
+                raise CorruptionError(
+                    f"the WAL file {self.path} has only {self._device.size_bytes} bytes and no "
+                    f"header, less than any WAL ({MIN_CAPACITY_BYTES}): if it held a WAL, it was "
+                    "truncated and its records are gone. Restore it, or delete it to start an "
+                    "empty WAL (unuploaded records are lost)"
+                )
         if probe.count(0) != len(probe):
             raise CorruptionError(
                 f"the WAL {self.path} has no readable header slot ({'; '.join(problems)}) but "
@@ -331,9 +343,9 @@ class EbsWal(GroupCommitWal):
     async def _take_over(self) -> None:
         """FAILOVER: fence the old writer by owning the header with a higher epoch.
 
-        The new owner is written to both slots one after the other: a racing header write of
-        the old writer (it read the header before the first of them) can then overwrite at most
-        one of them, and the other still carries the newest sequence.
+        The new owner is written to both slots one after the other (``_persist_header``): a
+        racing header write of the old writer (it read the header before the first of them) can
+        then overwrite at most one of them, and the other still carries the newest sequence.
         """
         header = self._header
         assert header is not None
@@ -343,7 +355,6 @@ class EbsWal(GroupCommitWal):
                 f"({header.node_epoch}); got {self.node_epoch}"
             )
         await self._persist_header(take_over=True)
-        await self._persist_header()
 
     def _prepare_group(self, payloads: Sequence[bytes]) -> PreparedGroup:
         capacity = self._capacity
@@ -455,6 +466,8 @@ class EbsWal(GroupCommitWal):
         self._segments = deque([[self._tail, self._tail]])
         chain_end = self._tail
         damage: WalDamage | None = None
+        reported = False
+        """The last record yielded was an empty one carrying ``damage`` (a damage report)."""
         async for item in walk_log(
             device.read,
             header,
@@ -496,6 +509,7 @@ class EbsWal(GroupCommitWal):
                     found.reason,
                 )
                 damage = found if damage is None else _merge(damage, found)
+                reported = False
                 continue
             self._segments[-1][1] = item.end
             if item.kind == "record":
@@ -503,8 +517,12 @@ class EbsWal(GroupCommitWal):
                 self._records.append((item.offset, item.end))
                 if item.offset > self._trim_offset:
                     yield WalRecord(item.offset, item.data, damage_before=damage)
-                    damage = None
-        if damage is not None:
+                    # An empty record carrying damage reads as a pure damage report: keep the
+                    # damage for the next record with data too.
+                    reported = damage is not None and not item.data
+                    if item.data:
+                        damage = None
+        if damage is not None and not reported:
             yield WalRecord(damage.end, b"", damage_before=damage)
         self._segments[-1][1] = max(self._segments[-1][1], chain_end)
         self._used_bytes = sum(end - start for start, end in self._segments)
@@ -631,7 +649,13 @@ class EbsWal(GroupCommitWal):
             buffer.close()
 
     async def _persist_header(self, *, take_over: bool = False, **changes: Any) -> None:
-        """Write the next header slot; unless taking over, only while this node still owns it."""
+        """Write the new header state to both slots, one after the other; unless taking over,
+        only while this node still owns the WAL (checked before each write).
+
+        Both slots: a slot that later fails its CRC (a flipped bit) then falls back to the same
+        state, never to an older tail that would bring trimmed records back. A torn write of
+        the first leaves the previous state in the other slot; of the second, the new state in
+        the first."""
         async with self._header_lock:
             on_device = await self._read_header()
             if take_over:
@@ -653,6 +677,11 @@ class EbsWal(GroupCommitWal):
             )
             await self._write_slot(new)
             self._header = new
+            # A FAILOVER may have taken the WAL meanwhile: its slots must stay the newest.
+            self._owner_check(await self._read_header())
+            second = new.next(timestamp_ms=self.clock.now_ms())
+            await self._write_slot(second)
+            self._header = second
 
     async def _check_fence(self) -> None:
         """Wait for a header read that started after this call: it proves that no FAILOVER
