@@ -12,9 +12,22 @@ beginning of the ring. Groups never share a block, so in-flight groups never ove
 ``_write_group`` writes the blocks and then re-reads the header slots: if another node id or epoch
 owns the WAL, the group fails with :class:`FencedError` before anything is acknowledged.
 
+Every group carries a watermark (record format 2): the offset of the first record of the oldest
+group still in flight when it was issued (or the group's own start): everything below it was
+acknowledged. A clean close records the same in the header (``acked_through``).
+
 Recovery walks the chain from the header's tail offset (:mod:`walstream_wal_ebs.scan`) and yields
-records only once the walk reaches a 4 KiB boundary after them (a group's end): a record of a group
-whose later part is torn or corrupt is dropped with it.
+records only once the walk reaches a 4 KiB boundary after them (a group's end). Where the chain
+breaks, the walk finds the next valid record; a break that a later watermark (or the header's
+acked-through) shows held acknowledged records is reported as ``damage_before`` on the next
+record (invariant 11), while a break nothing attests is a torn tail and is dropped with the
+valid records after it (they were in flight with it, unacknowledged).
+
+Opening checks the identity (invariant 12): the header records the deployment id bound with
+``bind_deployment`` and the node id; another deployment's or node's WAL is refused with
+:class:`IdentityMismatch`, a version-1 header (no identity) is adopted. A medium shorter than its
+header declares, or holding data without a readable header, is refused with
+:class:`CorruptionError`; only an all-zero medium is formatted.
 
 Restarts. Up to ``max_inflight`` groups were in flight when the previous writer died; some may
 have landed beyond the point where the walk stops. A writer therefore never resumes at the stop
