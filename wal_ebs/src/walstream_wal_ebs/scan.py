@@ -16,7 +16,9 @@ checks out under this format's salt and carries a logical offset above the break
 its position (a later record of the same lap, or a later writer's). Stale bytes of an earlier lap
 carry lower offsets, bytes of an earlier format another salt, padding and unused space no valid
 header: none of them is ever taken for data. When the break is a record whose header checks out
-but whose body does not, the walk skips exactly that record.
+but whose body does not, or whose header is one flipped bit away from checking out (CRC32C
+corrects that unambiguously in 32 bytes), the walk skips exactly that record; a padding record one
+bit away from valid is a padding record (it holds nothing, so nothing is lost).
 
 **Torn tail or damage.** Valid records after a break are not proof of damage: up to
 ``max_inflight`` groups are written concurrently, and a crash can leave a later one on the medium
@@ -34,8 +36,10 @@ Format-1 records carry no watermark; one found after a break attests it (it cann
 been in flight), so damage in old data is reported rather than dropped.
 
 Resynchronisation reads ahead at most ``resync_bytes`` after a damaged record (the free part of the
-ring, capped) and ``clean_bytes`` after a clean end (zeros or stale bytes, where only the in-flight
-window can hold anything newer).
+ring, capped at 256 MiB: a larger damaged region reads as the end of the log, and is reported only
+when the header's acked-through covers it) and ``clean_bytes`` after a clean end (zeros or stale
+bytes, where only the in-flight window can hold anything newer), so a restart after a clean end
+reads a few MiB more than the chain itself.
 """
 
 from __future__ import annotations
