@@ -167,6 +167,20 @@ async def test_both_header_slots_damaged_is_refused_not_reformatted(wal_path: Pa
     assert wal_path.read_bytes() == before
 
 
+async def test_a_damaged_header_slot_never_brings_trimmed_records_back(wal_path: Path) -> None:
+    wal, _ = await start(wal_path)
+    written = await groups_one_by_one(wal, 5)
+    await wal.trim(written[2][0])
+    await abandon(wal)
+    for slot in range(2):  # whichever slot is damaged, the other holds the same tail
+        damaged = wal_path.parent / f"slot-{slot}.img"
+        damaged.write_bytes(wal_path.read_bytes())
+        flip_bit(damaged, slot * BLOCK_BYTES + 50)
+        reader, records = await start(damaged, epoch=2, mode=WalMode.READ_ONLY)
+        assert pairs(records) == written[3:]
+        await reader.close()
+
+
 async def test_non_empty_file_without_header_is_refused(wal_path: Path) -> None:
     with open(wal_path, "wb") as file:
         file.truncate(1 << 20)
@@ -453,3 +467,43 @@ async def test_inspect_wal_exit_codes(
     os.truncate(wal_path, 8 << 10)
     code, output = run()
     assert code == 2 and "TRUNCATED" in output
+
+
+@pytest.mark.parametrize("first_group_acked_before_second", [False, True])
+async def test_restarted_writers_lost_first_group(
+    wal_path: Path, first_group_acked_before_second: bool
+) -> None:
+    """The first group of a restarted writer sits where the previous writer's log ended. If it
+    never landed while its successor did, the successor's watermark decides: issued while the
+    first was in flight, both are a torn tail; issued after the first was acknowledged, the
+    first is damage."""
+    wal, _ = await start(wal_path)
+    earlier = await groups_one_by_one(wal, 3)
+    await wal.close()
+    wal, records = await start(wal_path, epoch=2)
+    assert pairs(records) == earlier
+    if first_group_acked_before_second:
+        first = await wal.append(b"f" * 3000)
+        second = await wal.append(b"s" * 3000)
+    else:
+        slow_writes(wal, 0.05)
+        first_future = wal.append(b"f" * 3000)
+        await asyncio.sleep(0)
+        second_future = wal.append(b"s" * 3000)
+        first, second = await asyncio.gather(first_future, second_future)
+    assert second - first == BLOCK_BYTES
+    await abandon(wal)
+    overwrite(wal_path, place(wal, first), bytes(BLOCK_BYTES))  # the first group never landed
+    wal, records = await start(wal_path, epoch=3, mode=WalMode.READ_ONLY)
+    if first_group_acked_before_second:
+        assert pairs(records) == [*earlier, (second, b"s" * 3000)]
+        assert records[-1].damage_before is not None
+        assert (
+            classify_recovery([*earlier, (first, b"f" * 3000), (second, b"s" * 3000)], records)
+            is Outcome.DETECTED
+        )
+    else:
+        assert [(r.offset, r.data, r.damage_before) for r in records] == [
+            (offset, data, None) for offset, data in earlier
+        ]
+    await wal.close()

@@ -142,6 +142,10 @@ class _Break:
 
     start: int
     reason: str
+    attest_from: int
+    """A watermark above this attests the break: the break's position in the offsets of the
+    writer whose record follows it (``start`` itself, unless a later writer's record follows:
+    its watermarks speak of its own offsets)."""
     boundary: int
     """The last group boundary at or before ``start``: where a torn tail would begin."""
     boundary_index: int
@@ -183,7 +187,7 @@ class _Walker:
 
     def pending(self) -> bool:
         """Whether a buffered break is not attested (yet); break starts increase."""
-        return bool(self.breaks) and self.breaks[-1].start >= self.attested_below
+        return bool(self.breaks) and self.breaks[-1].attest_from >= self.attested_below
 
     def reach_boundary(self) -> None:
         self.boundary = self.expected
@@ -292,7 +296,9 @@ class _Walker:
 
     def add_break(self, stop: _Stop, resume: int, distance: int) -> None:
         start = self.expected
-        self.breaks.append(_Break(start, stop.problem, self.boundary, self.boundary_index))
+        self.breaks.append(
+            _Break(start, stop.problem, resume - distance, self.boundary, self.boundary_index)
+        )
         self.buffer.append(
             ChainItem(
                 "damage",
@@ -309,9 +315,11 @@ class _Walker:
 
     def finish(self, stop: _Stop) -> None:
         """The chain ended at ``expected``: release what is attested, drop the torn tail."""
-        final = _Break(self.expected, stop.problem, self.boundary, self.boundary_index)
+        final = _Break(
+            self.expected, stop.problem, self.expected, self.boundary, self.boundary_index
+        )
         breaks = [*self.breaks, final]
-        first_torn = next((brk for brk in breaks if brk.start >= self.attested_below), None)
+        first_torn = next((brk for brk in breaks if brk.attest_from >= self.attested_below), None)
         if first_torn is None:
             # Even the end is attested (the header's acked-through covers it): acknowledged
             # records are missing there. Keep everything and report it.
