@@ -206,7 +206,7 @@ async def test_all_zero_file_is_formatted(wal_path: Path) -> None:
 # -- damage versus a torn tail ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("where", ["record header", "record body"])
+@pytest.mark.parametrize("where", ["record header", "record body", "garbage over a header"])
 async def test_mid_log_bit_flip_is_reported_and_later_records_recovered(
     wal_path: Path, where: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -214,8 +214,12 @@ async def test_mid_log_bit_flip_is_reported_and_later_records_recovered(
     written = await groups_one_by_one(wal, 6)
     await abandon(wal)  # no clean close: only the later groups' watermarks attest the damage
     damaged_offset = written[2][0]
-    inside = 9 if where == "record header" else RECORD_HEADER_BYTES + 1500
-    flip_bit(wal_path, place(wal, damaged_offset) + inside)
+    if where == "garbage over a header":
+        # Not one bit away from a valid header: the walk must find the next group by itself.
+        overwrite(wal_path, place(wal, damaged_offset) + 4, b"\x5a" * 24)
+    else:
+        inside = 9 if where == "record header" else RECORD_HEADER_BYTES + 1500
+        flip_bit(wal_path, place(wal, damaged_offset) + inside)
     caplog.set_level(logging.INFO)
     wal, records = await start(wal_path, epoch=2)
     assert pairs(records) == written[:2] + written[3:]
@@ -224,6 +228,8 @@ async def test_mid_log_bit_flip_is_reported_and_later_records_recovered(
     assert after.damage_before is not None
     assert after.damage_before.start == damaged_offset
     assert after.damage_before.end > damaged_offset
+    if where == "garbage over a header":
+        assert after.damage_before.end == written[3][0]
     assert all(record.damage_before is None for record in records if record is not after)
     assert classify_recovery(written, records) is Outcome.DETECTED
     assert "damaged region" in caplog.text
@@ -319,7 +325,8 @@ async def test_padding_bit_flip_is_not_damage(wal_path: Path) -> None:
     await wal.close()
 
 
-async def test_stale_lap_bytes_are_never_resurrected(wal_path: Path) -> None:
+@pytest.mark.parametrize("clean_close", [False, True])
+async def test_stale_lap_bytes_are_never_resurrected(wal_path: Path, clean_close: bool) -> None:
     ring_file = RECORD_AREA_START + (64 << 10)
     wal, _ = await start(wal_path, capacity_bytes=ring_file)
     live: list[tuple[int, bytes]] = []
@@ -328,7 +335,7 @@ async def test_stale_lap_bytes_are_never_resurrected(wal_path: Path) -> None:
         live.append((await wal.append(data), data))
         await wal.trim(live[-2][0]) if len(live) > 1 else None
     live = live[-1:]
-    await abandon(wal)
+    await (wal.close() if clean_close else abandon(wal))
     end = place(wal, live[0][0]) + align_up(RECORD_HEADER_BYTES + 6000)
     capacity = wal.capabilities.capacity_bytes
     assert capacity is not None
