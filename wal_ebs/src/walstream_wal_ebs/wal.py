@@ -544,8 +544,11 @@ class EbsWal(GroupCommitWal):
             await self._resume_after(chain_end)
 
     def _clean_scan_bytes(self) -> int:
-        """How far past a clean end valid groups can lie: the in-flight window, doubled."""
-        group = max(self.max_group_bytes, self.capabilities.max_record_bytes) + 2 * BLOCK_BYTES
+        """How far past a clean end (zeros, stale bytes) the walk looks for groups written out of
+        order: the in-flight window, doubled (8 MiB by default). Only a lost write (a group that
+        reads as never written although later ones attest it) needs this look; damage within a
+        record is found by the walk itself, however far the next record lies."""
+        group = self.max_group_bytes + 2 * BLOCK_BYTES
         return min(self._capacity, 2 * self.max_inflight * group)
 
     async def _resume_after(self, chain_end: int) -> None:
