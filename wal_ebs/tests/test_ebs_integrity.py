@@ -111,6 +111,8 @@ async def test_foreign_deployment_is_refused(wal_path: Path) -> None:
     # Refusing wrote nothing: the owner still reads its record.
     wal, records = await start(wal_path, epoch=6, deployment=DEPLOYMENT_A)
     assert [record.data for record in records] == [b"ours"]
+    assert wal.describe()["deployment_id"] == DEPLOYMENT_A.hex()
+    assert wal.describe()["home_node_id"] == 1
     await wal.close()
 
 

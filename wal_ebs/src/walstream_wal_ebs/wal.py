@@ -739,6 +739,9 @@ class EbsWal(GroupCommitWal):
             "tail_offset": self._tail,
             "trim_offset": self._trim_offset,
             "block_device": bool(self._device and self._device.is_block_device),
+            "deployment_id": self._header.deployment_id.hex() if self._header else "",
+            "home_node_id": self._header.home_node_id if self._header else -1,
+            "format_version": self._header.version if self._header else 0,
         }
 
 
