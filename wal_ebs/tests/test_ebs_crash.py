@@ -103,9 +103,18 @@ def run_crash_cycles(path: Path, workdir: Path, cycles: int, seed: int) -> Crash
         with open(stderr_path, "wb") as stderr:
             child = subprocess.Popen(
                 [
-                    sys.executable, "-m", "walstream_wal_ebs.crashloop", str(path),
-                    "--report", str(report), "--seed", str(seed), "--cycle", str(cycle),
-                    "--capacity", str(1 << 20),
+                    sys.executable,
+                    "-m",
+                    "walstream_wal_ebs.crashloop",
+                    str(path),
+                    "--report",
+                    str(report),
+                    "--seed",
+                    str(seed),
+                    "--cycle",
+                    str(cycle),
+                    "--capacity",
+                    str(1 << 20),
                 ],
                 stderr=stderr,
             )
