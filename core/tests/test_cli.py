@@ -494,5 +494,5 @@ def test_python_read_of_a_negative_offset_is_invalid_argument(deployment: Path) 
     with walstream.sync.open(str(deployment)) as client:
         stream = client.create_stream("neg")
         stream.append([Record(b"a")])
-        with pytest.raises(InvalidArgument, match="start: must be between 0 and .*, got -1"):
+        with pytest.raises(InvalidArgument, match=r"start: must be between 0 and .*, got -1"):
             stream.read(start=-1)

@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,6 +85,15 @@ class CrashModel:
             self.trimmed_to = self.trimming_to = self.highest_offset
 
 
+def _wait_for_ready(report: Path, child: subprocess.Popen[bytes], deadline_s: float) -> None:
+    """Until the writer reported the end of its recovery (or exited, or the deadline passed)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline and child.poll() is None:
+        if report.exists() and "ready\n" in report.read_text():
+            return
+        time.sleep(0.01)
+
+
 def run_crash_cycles(path: Path, workdir: Path, cycles: int, seed: int) -> CrashModel:
     rng = random.Random(seed)
     model = CrashModel(seed)
@@ -93,14 +103,30 @@ def run_crash_cycles(path: Path, workdir: Path, cycles: int, seed: int) -> Crash
         with open(stderr_path, "wb") as stderr:
             child = subprocess.Popen(
                 [
-                    sys.executable, "-m", "walstream_wal_ebs.crashloop", str(path),
-                    "--report", str(report), "--seed", str(seed), "--cycle", str(cycle),
-                    "--capacity", str(1 << 20),
+                    sys.executable,
+                    "-m",
+                    "walstream_wal_ebs.crashloop",
+                    str(path),
+                    "--report",
+                    str(report),
+                    "--seed",
+                    str(seed),
+                    "--cycle",
+                    str(cycle),
+                    "--capacity",
+                    str(1 << 20),
                 ],
                 stderr=stderr,
             )
             try:
-                child.wait(timeout=rng.uniform(0.3, 1.3))
+                if rng.random() < 0.2:
+                    # Anywhere from start-up on: also during recovery and its header writes.
+                    child.wait(timeout=rng.uniform(0.3, 1.3))
+                else:
+                    # While appending: counted from the end of recovery, so that a loaded
+                    # machine (slow imports) does not turn most cycles into kills before it.
+                    _wait_for_ready(report, child, deadline_s=20.0)
+                    child.wait(timeout=rng.uniform(0.05, 1.0))
             except subprocess.TimeoutExpired:
                 os.kill(child.pid, signal.SIGKILL)
                 child.wait()

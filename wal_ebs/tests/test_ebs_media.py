@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import logging
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -68,46 +67,6 @@ async def test_corrupt_header_slot_uses_the_other(wal_path: Path, open_wal, dama
         list(inspect_wal(wal_path))
 
 
-@pytest.mark.parametrize("where", ["body", "header"])
-async def test_corrupt_record_stops_recovery(
-    wal_path: Path, open_wal, place, damage, caplog: pytest.LogCaptureFixture, where: str
-) -> None:
-    wal, _ = await open_wal(wal_path)
-    groups = []
-    for group in range(3):  # awaited one by one: three groups, three block runs
-        groups.append(await wal.append(bytes([group + 1]) * 3000))
-    await wal.close()
-    position = place(wal, groups[1]) + (24 + 1500 if where == "body" else 9)
-    damage(wal_path, position, b"\x00\x01\x02")
-    caplog.set_level(logging.INFO)
-    wal, records = await open_wal(wal_path, epoch=2)
-    assert [(r.offset, r.data) for r in records] == [(groups[0], b"\x01" * 3000)]
-    assert "CorruptionError" in caplog.text
-    assert any(line.startswith("CORRUPT") for line in inspect_wal(wal_path))
-    # Appends continue after the damage and are recovered next time; the damaged and the
-    # stale records beyond it never come back.
-    offset = await wal.append(b"fresh")
-    await wal.close()
-    wal, records = await open_wal(wal_path, epoch=3)
-    expected = [(groups[0], b"\x01" * 3000), (offset, b"fresh")]
-    assert [(r.offset, r.data) for r in records] == expected
-    await wal.close()
-
-
-async def test_torn_write_stops_recovery(wal_path: Path, open_wal, place, damage) -> None:
-    wal, _ = await open_wal(wal_path)
-    first = await wal.append(b"a" * 1000)
-    # One group of two records across two blocks; half of its second block never lands.
-    torn = await asyncio.gather(wal.append(b"b" * 3000), wal.append(b"c" * 3000))
-    await wal.close()
-    second_block = place(wal, torn[0]) + BLOCK_BYTES
-    damage(wal_path, second_block, bytes(BLOCK_BYTES // 2))
-    wal, records = await open_wal(wal_path, epoch=2)
-    # The first record of the torn group is whole, but its group is not: neither comes back.
-    assert [(r.offset, r.data) for r in records] == [(first, b"a" * 1000)]
-    await wal.close()
-
-
 async def test_stale_lap_is_never_returned(wal_path: Path, open_wal, place, damage) -> None:
     wal, _ = await open_wal(wal_path, capacity_bytes=RING_FILE_BYTES)
     offsets = []
@@ -119,27 +78,6 @@ async def test_stale_lap_is_never_returned(wal_path: Path, open_wal, place, dama
     wal, records = await open_wal(wal_path, epoch=2, capacity_bytes=RING_FILE_BYTES)
     assert [r.offset for r in records] == live_offsets
     assert "earlier lap" in list(inspect_wal(wal_path))[-2]
-    await wal.close()
-
-
-async def test_stale_group_beyond_a_torn_one_stays_dead(
-    wal_path: Path, open_wal, place, damage
-) -> None:
-    """A crash can leave group 3 written and group 2 torn. The next writer must not make
-    group 3 parse again by writing up to it."""
-    wal, _ = await open_wal(wal_path)
-    first = await wal.append(b"1" * 100)
-    second = await wal.append(b"2" * 100)
-    third = await wal.append(b"3" * 100)
-    await wal.close()
-    damage(wal_path, place(wal, second) + 30, b"torn")
-    wal, records = await open_wal(wal_path, epoch=2)
-    assert [r.offset for r in records] == [first]
-    fresh = await wal.append(b"new" * 30)  # fills exactly the torn group's block
-    await wal.close()
-    wal, records = await open_wal(wal_path, epoch=3)
-    assert [(r.offset, r.data) for r in records] == [(first, b"1" * 100), (fresh, b"new" * 30)]
-    assert third not in [r.offset for r in records]
     await wal.close()
 
 

@@ -26,6 +26,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from .errors import (
     ConfigError,
+    CorruptionError,
     InvalidArgument,
     NotFound,
     OutOfRangeError,
@@ -46,6 +47,8 @@ PROG = "walstream"
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+EXIT_CORRUPT = 2
+"""``inspect wal``: the medium is damaged or belongs to another deployment or node."""
 EXIT_INTERRUPTED = 130
 
 READ_PAGE_RECORDS = 1000
@@ -736,8 +739,21 @@ def cmd_inspect_wal(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"the {args.type!r} WAL cannot be inspected from a path (its factory has no inspect)"
         )
-    for line in factory.inspect(Path(args.path)):
-        _out(str(line))
+    expected: dict[str, Any] = {}
+    if args.deployment_id is not None:
+        try:
+            expected["deployment_id"] = bytes.fromhex(args.deployment_id)
+        except ValueError as exc:
+            raise InvalidArgument(f"--deployment-id: not hexadecimal: {exc}") from exc
+    if args.node_id is not None:
+        expected["node_id"] = args.node_id
+    try:
+        for line in factory.inspect(Path(args.path), **expected):
+            _out(str(line))
+    except CorruptionError as exc:
+        # Damage or a foreign identity (IdentityMismatch): a distinct status for scripts.
+        _error(exc, args.verbose)
+        return EXIT_CORRUPT
     return EXIT_OK
 
 
@@ -1305,7 +1321,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_wal = _add_command(
         inspect_commands,
         "wal",
-        "decode and verify a WAL medium (e.g. an ebs WAL file)",
+        "decode and verify a WAL medium (e.g. an ebs WAL file); exit 2 on damage or a foreign "
+        "identity",
         cmd_inspect_wal,
         common,
         "example:\n  walstream inspect wal ./walstream-data/wal.img --type ebs",
@@ -1313,6 +1330,13 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_wal.add_argument("path", help="the WAL's file, device or folder")
     inspect_wal.add_argument(
         "--type", default="ebs", help="WAL plugin name whose inspector decodes it (default ebs)"
+    )
+    inspect_wal.add_argument(
+        "--deployment-id",
+        help="hex deployment id the WAL must belong to (exit 2 if it records another)",
+    )
+    inspect_wal.add_argument(
+        "--node-id", type=int, help="node id the WAL must belong to (exit 2 if it records another)"
     )
 
     # conformance

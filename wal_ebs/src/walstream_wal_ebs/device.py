@@ -26,6 +26,7 @@ import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from walstream.errors import AmbiguousError, BackendUnavailable, ConfigError
 
@@ -142,8 +143,9 @@ class WalDevice:
         self.is_block_device = stat.S_ISBLK(mode)
         self.size_bytes = os.lseek(self.fd, 0, os.SEEK_END)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._context: object | None = None
-        self._eventfd: object | None = None
+        # libaio ships no type information: its context and eventfd are untyped.
+        self._context: Any = None
+        self._eventfd: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -161,12 +163,12 @@ class WalDevice:
 
     def close(self) -> None:
         if self._eventfd is not None and self._loop is not None:
-            self._loop.remove_reader(self._eventfd.fileno())  # type: ignore[attr-defined]
+            self._loop.remove_reader(self._eventfd.fileno())
         if self._context is not None:
-            self._context.close()  # type: ignore[attr-defined]
+            self._context.close()
             self._context = None
         if self._eventfd is not None:
-            self._eventfd.close()  # type: ignore[attr-defined]
+            self._eventfd.close()
             self._eventfd = None
         if self.fd >= 0:
             os.close(self.fd)
@@ -239,7 +241,7 @@ class WalDevice:
         submitted = 0
         try:
             while submitted < len(blocks):
-                submitted += self._context.submit(blocks[submitted:])  # type: ignore[attr-defined]
+                submitted += self._context.submit(blocks[submitted:])
         except OSError as exc:
             action = "write" if write else "read"
             problem = f"io_submit of a {action} to {self.path} failed: {exc}"
@@ -253,11 +255,11 @@ class WalDevice:
 
     def _reap(self) -> None:
         try:
-            self._eventfd.read()  # type: ignore[attr-defined]
+            self._eventfd.read()
         except BlockingIOError:
             pass
         # The completion callbacks resolve the futures created in _submit.
-        self._context.getEvents(min_nr=0, timeout=0)  # type: ignore[attr-defined]
+        self._context.getEvents(min_nr=0, timeout=0)
 
     def _io_problem(self, action: str, position: int, length: int, result: int) -> str:
         if result < 0:

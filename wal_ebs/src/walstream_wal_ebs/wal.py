@@ -12,9 +12,22 @@ beginning of the ring. Groups never share a block, so in-flight groups never ove
 ``_write_group`` writes the blocks and then re-reads the header slots: if another node id or epoch
 owns the WAL, the group fails with :class:`FencedError` before anything is acknowledged.
 
+Every group carries a watermark (record format 2): the offset of the first record of the oldest
+group still in flight when it was issued (or the group's own start): everything below it was
+acknowledged. A clean close records the same in the header (``acked_through``).
+
 Recovery walks the chain from the header's tail offset (:mod:`walstream_wal_ebs.scan`) and yields
-records only once the walk reaches a 4 KiB boundary after them (a group's end): a record of a group
-whose later part is torn or corrupt is dropped with it.
+records only once the walk reaches a 4 KiB boundary after them (a group's end). Where the chain
+breaks, the walk finds the next valid record; a break that a later watermark (or the header's
+acked-through) shows held acknowledged records is reported as ``damage_before`` on the next
+record (invariant 11), while a break nothing attests is a torn tail and is dropped with the
+valid records after it (they were in flight with it, unacknowledged).
+
+Opening checks the identity (invariant 12): the header records the deployment id bound with
+``bind_deployment`` and the node id; another deployment's or node's WAL is refused with
+:class:`IdentityMismatch`, a version-1 header (no identity) is adopted. A medium shorter than its
+header declares, or holding data without a readable header, is refused with
+:class:`CorruptionError`; only an all-zero medium is formatted.
 
 Restarts. Up to ``max_inflight`` groups were in flight when the previous writer died; some may
 have landed beyond the point where the walk stops. A writer therefore never resumes at the stop
@@ -44,6 +57,7 @@ from walstream.errors import (
     ConfigError,
     CorruptionError,
     FencedError,
+    IdentityMismatch,
     InvalidArgument,
     WalstreamError,
 )
@@ -51,6 +65,7 @@ from walstream.wal import (
     GroupCommitWal,
     PreparedGroup,
     WalCapabilities,
+    WalDamage,
     WalMode,
     WalOffset,
     WalRecord,
@@ -59,6 +74,8 @@ from walstream.wal import (
 from .device import BufferPool, WalDevice, aligned_buffer, create_preallocated_file
 from .layout import (
     BLOCK_BYTES,
+    FORMAT_VERSION,
+    NO_DEPLOYMENT,
     PADDING_MAGIC,
     RECORD_AREA_START,
     RECORD_HEADER_BYTES,
@@ -66,12 +83,11 @@ from .layout import (
     HeaderSlot,
     align_up,
     body_crc,
-    has_header_magic,
     pack_record_header,
     pick_header,
     salt_seed,
 )
-from .scan import scan_ring
+from .scan import DEFAULT_RESYNC_SCAN_BYTES, walk_log
 
 __all__ = ["MIN_CAPACITY_BYTES", "EbsWal"]
 
@@ -79,6 +95,10 @@ log = logging.getLogger(__name__)
 
 MIN_CAPACITY_BYTES = RECORD_AREA_START + 16 * BLOCK_BYTES
 _MAX_RECORD_BYTES = 64 << 20
+_FORMAT_CHECK_BYTES = 1 << 20
+"""How much of the record area must be zero (besides both header slots) for a medium without a
+valid header to be formatted: every format starts writing at ring position 0, so a medium that
+held a WAL has records there."""
 
 
 class EbsWal(GroupCommitWal):
@@ -116,6 +136,8 @@ class EbsWal(GroupCommitWal):
             clock=clock,
         )
         self._device: WalDevice | None = None
+        self._created = False
+        """This open created the file (an empty file found on disk is not formatted)."""
         self._header: HeaderSlot | None = None
         self._header_lock = asyncio.Lock()
         self._capacity = 0
@@ -125,6 +147,9 @@ class EbsWal(GroupCommitWal):
         """Next logical write position (4 KiB aligned)."""
         self._tail = 0
         """First untrimmed logical offset (what the header's tail offset says)."""
+        self._written_end = 0
+        """Just past the last group written (or the end of the recovered chain): what a clean
+        close records as acknowledged-through."""
         self._trim_offset = -1
         self._segments: deque[list[int]] = deque()
         """Untrimmed logical runs ``[start, end)``; runs are physically contiguous, a restart
@@ -145,6 +170,8 @@ class EbsWal(GroupCommitWal):
             survives_process_kill=True,
             survives_power_loss=True,
             shared_between_processes=True,
+            checks_identity=True,
+            reports_damage=True,
             extra={"block_bytes": BLOCK_BYTES},
         )
 
@@ -158,6 +185,7 @@ class EbsWal(GroupCommitWal):
                     + ("(create: false)" if not self.create else f"(nothing to {mode.value})")
                 )
             create_preallocated_file(self.path, self._requested_bytes)
+            self._created = True
         device = WalDevice(self.path, direct=self.direct, writable=mode is not WalMode.READ_ONLY)
         try:
             device.attach(asyncio.get_running_loop())
@@ -169,7 +197,9 @@ class EbsWal(GroupCommitWal):
                 for problem in problems:
                     log.warning("WAL %s: header %s; using the other slot", self.path, problem)
             if header is None:
-                header = await self._format(slots, problems, mode)
+                header = await self._format(raw, problems, mode)
+            self._check_size(header, device)
+            header = self._check_identity(header, node_id, mode)
             self._adopt(header)
             if mode is WalMode.FAILOVER:
                 await self._take_over()
@@ -180,12 +210,31 @@ class EbsWal(GroupCommitWal):
             self._device = None
             raise
 
-    async def _format(self, slots: list[bytes], problems: list[str], mode: WalMode) -> HeaderSlot:
-        if any(has_header_magic(slot) for slot in slots):
+    async def _format(self, raw: bytes, problems: list[str], mode: WalMode) -> HeaderSlot:
+        """Format a new medium; refuse one that holds anything (a WAL whose header is damaged
+        must never be silently replaced by an empty one)."""
+        assert self._device is not None
+        probe = raw
+        if self._device.size_bytes > RECORD_AREA_START:
+            probe += await self._device.read(
+                RECORD_AREA_START,
+                min(_FORMAT_CHECK_BYTES, align_up(self._device.size_bytes - RECORD_AREA_START)),
+            )
+        if not self._created and self._device.size_bytes < MIN_CAPACITY_BYTES:
+            if not self._device.is_block_device:
+                # This code creates WAL files at their full size: a shorter one was cut.
+                raise CorruptionError(
+                    f"the WAL file {self.path} has only {self._device.size_bytes} bytes and no "
+                    f"header, less than any WAL ({MIN_CAPACITY_BYTES}): if it held a WAL, it was "
+                    "truncated and its records are gone. Restore it, or delete it to start an "
+                    "empty WAL (unuploaded records are lost)"
+                )
+        if probe.count(0) != len(probe):
             raise CorruptionError(
-                f"both header slots of the WAL {self.path} are damaged ({'; '.join(problems)}); "
-                "its records cannot be located. Restore the device, or delete the file to start "
-                "an empty WAL (unuploaded records are lost)"
+                f"the WAL {self.path} has no readable header slot ({'; '.join(problems)}) but "
+                "is not empty: its records cannot be located, and it is not formatted over. "
+                "Restore the device from a backup, or, to give up its unuploaded records, "
+                "delete the file (or zero its first 8 KiB and first MiB of records)"
             )
         if mode is not WalMode.READ_WRITE or not self.create:
             raise BackendUnavailable(
@@ -211,12 +260,67 @@ class EbsWal(GroupCommitWal):
             node_id=self.node_id,
             node_epoch=self.node_epoch,
             salt=salt,
+            deployment_id=self.deployment_id or NO_DEPLOYMENT,
+            home_node_id=self.node_id if self.deployment_id else -1,
         )
         # Both slots, so that a header left by an earlier format can never win.
         await self._write_slot(header)
         await self._write_slot(header.next())
         log.info("WAL %s formatted: %d bytes of ring", self.path, ring_bytes)
         return header.next()
+
+    def _check_size(self, header: HeaderSlot, device: WalDevice) -> None:
+        if device.size_bytes < header.ring_end:
+            raise CorruptionError(
+                f"the WAL {self.path} has {device.size_bytes} bytes but its header declares "
+                f"{header.ring_end} ({header.capacity_bytes} bytes of records after "
+                f"{header.area_start} of header): it was truncated or copied incompletely and "
+                "records are missing. Restore the complete file or device"
+            )
+
+    def _check_identity(self, header: HeaderSlot, node_id: int, mode: WalMode) -> HeaderSlot:
+        """Refuse a WAL of another deployment or node; adopt an old one that records none.
+
+        Returns the header to use: with the identity filled in when this open adopts it (the
+        next header write, made before any record, persists it)."""
+        wanted = self.deployment_id
+        if not wanted:
+            return header  # no deployment bound: nothing to compare (embedded tests, tools)
+        if header.has_identity:
+            theirs = (header.deployment_id, header.home_node_id)
+            if theirs != (wanted, node_id):
+                raise IdentityMismatch(
+                    f"the WAL {self.path} belongs to deployment {header.deployment_id.hex()} "
+                    f"node {header.home_node_id}, not to this deployment {wanted.hex()} node "
+                    f"{node_id}: check that wal.path points at this deployment's and this "
+                    "node's WAL (and the metadata store at this deployment's), and was not "
+                    "copied from another deployment or node"
+                )
+            return header
+        if header.home_node_id >= 0 and header.home_node_id != node_id:
+            raise IdentityMismatch(
+                f"the WAL {self.path} belongs to node {header.home_node_id}, not to node "
+                f"{node_id}: check that wal.path points at this node's WAL"
+            )
+        if mode is WalMode.READ_ONLY:
+            log.info(
+                "WAL %s records no deployment id (format version %d); reading it as %s",
+                self.path,
+                header.version,
+                wanted.hex(),
+            )
+            return header
+        log.warning(
+            "WAL %s records no deployment id (format version %d): adopting it for deployment "
+            "%s node %d (written to its header now)",
+            self.path,
+            header.version,
+            wanted.hex(),
+            node_id,
+        )
+        return dataclasses.replace(
+            header, version=FORMAT_VERSION, deployment_id=wanted, home_node_id=node_id
+        )
 
     def _adopt(self, header: HeaderSlot) -> None:
         self._header = header
@@ -230,7 +334,9 @@ class EbsWal(GroupCommitWal):
         if requested != self._capacity and not (self._device and self._device.is_block_device):
             log.info(
                 "WAL %s keeps its formatted ring of %d bytes (wal.capacity asks for %d)",
-                self.path, self._capacity, requested,
+                self.path,
+                self._capacity,
+                requested,
             )
 
     async def _claim(self) -> None:
@@ -250,9 +356,9 @@ class EbsWal(GroupCommitWal):
     async def _take_over(self) -> None:
         """FAILOVER: fence the old writer by owning the header with a higher epoch.
 
-        The new owner is written to both slots one after the other: a racing header write of
-        the old writer (it read the header before the first of them) can then overwrite at most
-        one of them, and the other still carries the newest sequence.
+        The new owner is written to both slots one after the other (``_persist_header``): a
+        racing header write of the old writer (it read the header before the first of them) can
+        then overwrite at most one of them, and the other still carries the newest sequence.
         """
         header = self._header
         assert header is not None
@@ -262,7 +368,6 @@ class EbsWal(GroupCommitWal):
                 f"({header.node_epoch}); got {self.node_epoch}"
             )
         await self._persist_header(take_over=True)
-        await self._persist_header()
 
     def _prepare_group(self, payloads: Sequence[bytes]) -> PreparedGroup:
         capacity = self._capacity
@@ -278,6 +383,10 @@ class EbsWal(GroupCommitWal):
                 f"the WAL {self.path} is full: {self._used_bytes} of {capacity} bytes are "
                 f"untrimmed and this group needs {total}; upload and trim, or raise wal.capacity"
             )
+        # The group's watermark: every record below it is acknowledged now (the oldest group
+        # still in flight holds the first record that is not). Recovery reads it to tell damage
+        # from a torn tail (see scan.py).
+        watermark = self._inflight[0].prepared.offsets[0] if self._inflight else self._head
         buffers = []
         writes: list[tuple[memoryview, int]] = []
         if wrap_bytes:
@@ -285,7 +394,13 @@ class EbsWal(GroupCommitWal):
             buffers.append(padding)
             view = memoryview(padding)[:BLOCK_BYTES]
             pack_record_header(
-                view, 0, PADDING_MAGIC, wrap_bytes - RECORD_HEADER_BYTES, self._head, 0,
+                view,
+                0,
+                PADDING_MAGIC,
+                wrap_bytes - RECORD_HEADER_BYTES,
+                self._head,
+                watermark,
+                0,
                 self._seed,
             )
             writes.append((view, self._area_start + ring_position))
@@ -301,7 +416,14 @@ class EbsWal(GroupCommitWal):
             offset = start + position
             size = len(payload)
             pack_record_header(
-                view, position, RECORD_MAGIC, size, offset, body_crc(payload), self._seed
+                view,
+                position,
+                RECORD_MAGIC,
+                size,
+                offset,
+                watermark,
+                body_crc(payload),
+                self._seed,
             )
             body_at = position + RECORD_HEADER_BYTES
             view[body_at : body_at + size] = payload
@@ -310,8 +432,14 @@ class EbsWal(GroupCommitWal):
             self._records.append((offset, start + position))
         if position < span:
             pack_record_header(
-                view, position, PADDING_MAGIC, span - position - RECORD_HEADER_BYTES,
-                start + position, 0, self._seed,
+                view,
+                position,
+                PADDING_MAGIC,
+                span - position - RECORD_HEADER_BYTES,
+                start + position,
+                watermark,
+                0,
+                self._seed,
             )
         writes.append((view, self._area_start + start % capacity))
         if self._segments and self._segments[-1][1] == self._head:
@@ -319,6 +447,7 @@ class EbsWal(GroupCommitWal):
         else:
             self._segments.append([self._head, self._head + total])
         self._head += total
+        self._written_end = self._head
         self._used_bytes += total
         return PreparedGroup(offsets, list(payloads), state=(writes, buffers))
 
@@ -349,44 +478,78 @@ class EbsWal(GroupCommitWal):
         self._records.clear()
         self._segments = deque([[self._tail, self._tail]])
         chain_end = self._tail
-        uncommitted: list[WalRecord] = []
-        async for step in scan_ring(device.read, header):
-            if step.kind == "stop":
-                message = (
-                    f"WAL {self.path}: recovery stopped at offset {step.offset}: {step.problem}"
-                )
-                if step.corrupt:
-                    log.warning("CorruptionError: %s", CorruptionError(message))
+        damage: WalDamage | None = None
+        reported = False
+        """The last record yielded was an empty one carrying ``damage`` (a damage report)."""
+        async for item in walk_log(
+            device.read,
+            header,
+            clean_bytes=self._clean_scan_bytes(),
+            resync_bytes=min(DEFAULT_RESYNC_SCAN_BYTES, self._capacity),
+        ):
+            if item.kind == "end":
+                chain_end = item.offset
+                if item.torn_start >= 0:
+                    log.warning("WAL %s: %s", self.path, item.problem)
                 else:
-                    log.info("%s", message)
-                if uncommitted:
-                    log.warning(
-                        "WAL %s: dropped %d record(s) of a group that was not completely "
-                        "written (never acknowledged)", self.path, len(uncommitted),
+                    log.info(
+                        "WAL %s: recovery ended at offset %d: %s",
+                        self.path,
+                        item.offset,
+                        item.problem,
                     )
                 break
-            if step.kind == "jump":
-                self._segments.append([step.offset, step.offset])
-                chain_end = step.offset
+            if item.kind == "jump":
+                self._segments.append([item.offset, item.offset])
                 continue
-            if step.kind == "record":
-                assert step.data is not None
-                uncommitted.append(WalRecord(step.offset, step.data))
-            if step.end % BLOCK_BYTES == 0:
-                # A group ends on a block boundary: everything up to here was written whole.
-                chain_end = step.end
-                self._segments[-1][1] = chain_end
-                for record in uncommitted:
-                    self._records.append(
-                        (record.offset, record.offset + RECORD_HEADER_BYTES + len(record.data))
-                    )
-                    if record.offset > self._trim_offset:
-                        yield record
-                uncommitted.clear()
+            if item.kind == "damage":
+                found = item.damage
+                assert found is not None
+                # The damaged bytes stay in the ring until trimmed.
+                self._segments[-1][1] = max(self._segments[-1][1], item.end)
+                if item.continues_at >= 0 and item.continues_at != item.end:
+                    self._segments.append([item.continues_at, item.continues_at])
+                if found.end - 1 <= self._trim_offset:
+                    continue  # only trimmed records were there
+                log.error(
+                    "WAL %s: CorruptionError: damaged region from offset %d to %d (%d bytes: "
+                    "%s) although later writes show it held acknowledged records; reported "
+                    "to the engine as possible data loss",
+                    self.path,
+                    found.start,
+                    found.end,
+                    found.damaged_bytes,
+                    found.reason,
+                )
+                damage = found if damage is None else _merge(damage, found)
+                reported = False
+                continue
+            self._segments[-1][1] = item.end
+            if item.kind == "record":
+                assert item.data is not None
+                self._records.append((item.offset, item.end))
+                if item.offset > self._trim_offset:
+                    yield WalRecord(item.offset, item.data, damage_before=damage)
+                    # An empty record carrying damage reads as a pure damage report: keep the
+                    # damage for the next record with data too.
+                    reported = damage is not None and not item.data
+                    if item.data:
+                        damage = None
+        if damage is not None and not reported:
+            yield WalRecord(damage.end, b"", damage_before=damage)
+        self._segments[-1][1] = max(self._segments[-1][1], chain_end)
         self._used_bytes = sum(end - start for start, end in self._segments)
-        self._head = chain_end
+        self._head = self._written_end = chain_end
         if self.mode is WalMode.READ_WRITE:
             await self._resume_after(chain_end)
+
+    def _clean_scan_bytes(self) -> int:
+        """How far past a clean end (zeros, stale bytes) the walk looks for groups written out of
+        order: the in-flight window, doubled (8 MiB by default). Only a lost write (a group that
+        reads as never written although later ones attest it) needs this look; damage within a
+        record is found by the walk itself, however far the next record lies."""
+        group = self.max_group_bytes + 2 * BLOCK_BYTES
+        return min(self._capacity, 2 * self.max_inflight * group)
 
     async def _resume_after(self, chain_end: int) -> None:
         """Resume writing beyond everything an earlier writer may have left (module docstring)."""
@@ -443,9 +606,29 @@ class EbsWal(GroupCommitWal):
     async def _close(self) -> None:
         if self._fence_task is not None:
             await asyncio.gather(self._fence_task, return_exceptions=True)
+        await self._record_clean_close()
         if self._device is not None:
             self._device.close()
             self._device = None
+
+    async def _record_clean_close(self) -> None:
+        """Every append was answered and none failed: record in the header that everything below
+        the head was acknowledged, so that damage at the very end of the log is reported rather
+        than taken for a torn write at the next recovery."""
+        header = self._header
+        if (
+            self.mode is not WalMode.READ_WRITE
+            or not self._writable
+            or self._failure is not None
+            or self._device is None
+            or header is None
+            or self._written_end <= header.acked_through
+        ):
+            return
+        try:
+            await self._persist_header(acked_through=self._written_end)
+        except (WalstreamError, OSError) as exc:
+            log.warning("WAL %s: could not record the clean close: %s", self.path, exc)
 
     # -- header and fence ------------------------------------------------------------------------
 
@@ -481,8 +664,14 @@ class EbsWal(GroupCommitWal):
         finally:
             buffer.close()
 
-    async def _persist_header(self, *, take_over: bool = False, **changes: int) -> None:
-        """Write the next header slot; unless taking over, only while this node still owns it."""
+    async def _persist_header(self, *, take_over: bool = False, **changes: Any) -> None:
+        """Write the new header state to both slots, one after the other; unless taking over,
+        only while this node still owns the WAL (checked before each write).
+
+        Both slots: a slot that later fails its CRC (a flipped bit) then falls back to the same
+        state, never to an older tail that would bring trimmed records back. A torn write of
+        the first leaves the previous state in the other slot; of the second, the new state in
+        the first."""
         async with self._header_lock:
             on_device = await self._read_header()
             if take_over:
@@ -496,6 +685,7 @@ class EbsWal(GroupCommitWal):
             new = dataclasses.replace(
                 self._header,
                 sequence=on_device.sequence + 1,
+                version=FORMAT_VERSION,
                 timestamp_ms=self.clock.now_ms(),
                 node_id=self.node_id,
                 node_epoch=self.node_epoch,
@@ -503,6 +693,11 @@ class EbsWal(GroupCommitWal):
             )
             await self._write_slot(new)
             self._header = new
+            # A FAILOVER may have taken the WAL meanwhile: its slots must stay the newest.
+            self._owner_check(await self._read_header())
+            second = new.next(timestamp_ms=self.clock.now_ms())
+            await self._write_slot(second)
+            self._header = second
 
     async def _check_fence(self) -> None:
         """Wait for a header read that started after this call: it proves that no FAILOVER
@@ -544,9 +739,21 @@ class EbsWal(GroupCommitWal):
             "tail_offset": self._tail,
             "trim_offset": self._trim_offset,
             "block_device": bool(self._device and self._device.is_block_device),
+            "deployment_id": self._header.deployment_id.hex() if self._header else "",
+            "home_node_id": self._header.home_node_id if self._header else -1,
+            "format_version": self._header.version if self._header else 0,
         }
+
+
+def _merge(first: WalDamage, second: WalDamage) -> WalDamage:
+    """Two damaged regions with no record between them, reported as one."""
+    return WalDamage(
+        first.start,
+        second.end,
+        first.damaged_bytes + second.damaged_bytes,
+        f"{first.reason}; {second.reason}",
+    )
 
 
 def align_down(value: int) -> int:
     return max(0, value - value % BLOCK_BYTES)
-
