@@ -115,3 +115,15 @@ def optional_int(
     if value < minimum:
         raise ConfigError(f"option {key!r}: must be at least {minimum}, got {value}")
     return value
+
+
+def optional_bool(options: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = options.get(key)
+    if raw is None or str(raw).strip() == "":
+        return default
+    value = str(raw).strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"option {key!r}: expected true or false, got {raw!r}")

@@ -15,8 +15,10 @@ given: the same committed state gives the same slices, in stream order then offs
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
+from walstream.errors import DataLossError
 from walstream.metadata import MetadataStore
 
 from .options import OffsetSpec
@@ -24,6 +26,8 @@ from .options import OffsetSpec
 __all__ = ["ReadSlice", "StreamRequest", "plan_slices", "resolve_requests"]
 
 _PAGE = 1000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -101,10 +105,15 @@ async def plan_slices(
     requests: list[StreamRequest],
     target_bytes: int,
     max_records: int,
+    fail_on_data_loss: bool = True,
 ) -> list[ReadSlice]:
+    """Slices covering every request. Offsets recorded as lost (``walstream recover
+    --accept-loss``) inside a request raise :class:`DataLossError` unless ``fail_on_data_loss``
+    is false, in which case they are skipped with a warning."""
     slices: list[ReadSlice] = []
     for request in requests:
         pieces = await _committed_pieces(metadata, request)
+        await _check_holes(metadata, request, pieces, fail_on_data_loss)
         slices.extend(_merge(_split(pieces, target_bytes, max_records), target_bytes, max_records))
     return slices
 
@@ -132,6 +141,43 @@ async def _committed_pieces(metadata: MetadataStore, request: StreamRequest) -> 
         if position == before:
             break  # nothing committed beyond here (the request was clipped to committed_end)
     return pieces
+
+
+async def _check_holes(
+    metadata: MetadataStore,
+    request: StreamRequest,
+    pieces: list[ReadSlice],
+    fail_on_data_loss: bool,
+) -> None:
+    """Recorded data-loss gaps between (or after) the committed pieces of a request."""
+    position = request.start
+    holes: list[tuple[int, int]] = []
+    for piece in pieces:
+        if piece.start > position:
+            holes.append((position, piece.start))
+        position = max(position, piece.end)
+    if position < request.end:
+        holes.append((position, request.end))
+    for low, high in holes:
+        gaps = await metadata.get_data_loss(request.stream_id, low, high)
+        if not gaps:
+            # No object and no recorded loss: a trim or a delete raced the plan (the executors
+            # clip to what is still readable).
+            continue
+        for gap in gaps:
+            message = (
+                f"stream {request.name!r}: offsets [{gap.start_offset}, {gap.end_offset}) were "
+                f"recorded as lost ({gap.reason})"
+            )
+            if fail_on_data_loss:
+                raise DataLossError(
+                    message + "; read around them, or set option failOnDataLoss=false to skip "
+                    "lost offsets",
+                    request.stream_id,
+                    gap.start_offset,
+                    gap.end_offset,
+                )
+            log.warning("%s; skipped (failOnDataLoss=false)", message)
 
 
 def _split(pieces: list[ReadSlice], target_bytes: int, max_records: int) -> list[ReadSlice]:

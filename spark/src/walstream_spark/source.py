@@ -55,7 +55,15 @@ from pyspark.sql.types import StructType
 from walstream.errors import ConfigError
 from walstream.metadata import StreamInfo
 
-from .options import EARLIEST, LATEST, optional_int, parse_offsets, parse_streams, required
+from .options import (
+    EARLIEST,
+    LATEST,
+    optional_bool,
+    optional_int,
+    parse_offsets,
+    parse_streams,
+    required,
+)
 from .planning import ReadSlice, StreamRequest, plan_slices, resolve_requests
 from .reading import SCHEMA, read_slice_batches
 from .runtime import backends_for, run
@@ -107,12 +115,19 @@ class _ReadOptions:
         self.partition_records = optional_int(
             options, "partitionRecords", _DEFAULT_PARTITION_RECORDS, 1
         )
+        self.fail_on_data_loss = optional_bool(options, "failOnDataLoss", True)
 
     def plan(self, requests: list[StreamRequest]) -> list[SlicePartition]:
         backends = backends_for(self.config)
         assert self.partition_bytes is not None and self.partition_records is not None
         slices = run(
-            plan_slices(backends.metadata, requests, self.partition_bytes, self.partition_records)
+            plan_slices(
+                backends.metadata,
+                requests,
+                self.partition_bytes,
+                self.partition_records,
+                self.fail_on_data_loss,
+            )
         )
         return [SlicePartition(piece) for piece in slices]
 
