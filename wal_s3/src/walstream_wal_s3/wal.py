@@ -675,14 +675,11 @@ class S3Wal(GroupCommitWal):
                 f"marker {key}), not node {self.node_id}: check the node id and the WAL prefix "
                 "of this node's configuration"
             )
-        if (
-            self.deployment_id
-            and marker.deployment_id
-            and marker.deployment_id != (self.deployment_id)
-        ):
+        theirs = marker.deployment_id
+        if self.deployment_id and theirs and theirs != self.deployment_id:
             raise IdentityMismatch(
                 f"S3 WAL at {self._location()} belongs to deployment "
-                f"{marker.deployment_id.hex()} (epoch marker {key}), not to this deployment "
+                f"{theirs.hex()} (epoch marker {key}), not to this deployment "
                 f"{self.deployment_id.hex()}: check that the WAL bucket and prefix point at this "
                 "deployment's WAL and that the metadata store is this deployment's; two "
                 "deployments must never share a WAL prefix"
