@@ -113,6 +113,15 @@ async def test_foreign_deployment_prefix_is_refused(store: S3ObjectStore) -> Non
     await owner.close()
 
 
+async def test_marker_of_another_node_is_refused(store: S3ObjectStore) -> None:
+    # Node 8's WAL copied under node 7's prefix (a mixed-up configuration).
+    await store.put(KEYS.epoch(1), b"node=8 epoch=1 mode=read_write")
+    wal = wal_on(store)
+    with pytest.raises(IdentityMismatch, match="claimed by node 8"):
+        await wal.start(NODE, 2, WalMode.READ_WRITE)
+    await wal.close()
+
+
 async def test_unbound_wal_keeps_working_without_identity_checks(store: S3ObjectStore) -> None:
     await write_objects(store, 2)
     unbound = wal_on(store, deployment=None)

@@ -75,9 +75,9 @@ A damaged object at the end of the chain (a complete object that fails its check
 with a pure damage report ``WalRecord(next_offset, b"", damage_before=...)``. A damage-reporting
 gap stays in the chain until a trim passes it, so every later recovery reports it again (its
 base rule holds). Trimming needs no rule of its own: the walk starts at the trim point, gaps
-below it do not matter, and a trim never deletes the object holding the trim point. Before a
-damaged gap is reported, the listing is repeated once the gap's first key is seen to exist (a
-LIST racing a live writer, as a READ_ONLY reader can, may miss an object that lands meanwhile).
+below it do not matter, and a trim never deletes the object holding the trim point. When
+an object starting at a damaged gap shows up in a second LIST, the scan is repeated: a LIST
+racing a live writer (as a READ_ONLY reader's can) may miss an object that lands meanwhile.
 
 **Trim** writes ``trim/<start>`` first, then deletes the covered WAL objects, then the older
 ``trim/`` keys: the persisted trim point is never lost, and a crash in between leaves only
@@ -291,8 +291,9 @@ class EpochMarker:
         deployment = self.deployment_id.hex() if self.deployment_id else "none"
         return (
             f"walstream-s3-wal-epoch format=2 node={self.node_id} epoch={self.epoch} "
-            f"mode={mode} deployment={deployment} max_inflight={self.max_inflight} "
-            f"token={token}"
+            f"mode={mode} deployment={deployment} "
+            + (f"max_inflight={self.max_inflight} " if self.max_inflight else "")
+            + f"token={token}"
         ).encode()
 
     @classmethod
@@ -920,7 +921,7 @@ class S3Wal(GroupCommitWal):
 
     async def _recover(self) -> AsyncIterator[WalRecord]:
         chain = [name for name in self._chain if name.last >= self._trim_start]
-        fetches: deque[asyncio.Task[bytes]] = deque()
+        fetches: deque[asyncio.Task[bytes | None]] = deque()
         position = 0
         expected = self._trim_start  # the next offset to yield: below it, yielded or trimmed
         damage: _Damage | None = None
@@ -948,7 +949,7 @@ class S3Wal(GroupCommitWal):
                     expected = name.first
                 if name.last < expected:
                     continue  # an overlapping object at the trim point; already covered
-                if not data:
+                if data is None:
                     if await self._trimmed_past(name.last):
                         expected = name.last + 1
                         continue
@@ -993,12 +994,12 @@ class S3Wal(GroupCommitWal):
             for task in fetches:
                 task.cancel()
 
-    async def _fetch(self, key: str) -> bytes:
-        """The object's bytes; empty when it does not exist (no WAL object is empty)."""
+    async def _fetch(self, key: str) -> bytes | None:
+        """The object's bytes; ``None`` when it does not exist."""
         try:
             return await self.store.get(key)
         except NotFound:
-            return b""
+            return None
 
     async def _trimmed_past(self, last: int) -> bool:
         """Whether a trim that covers offset ``last`` was persisted since the scan."""
