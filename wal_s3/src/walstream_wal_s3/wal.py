@@ -89,6 +89,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import random
 import struct
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -545,6 +546,7 @@ class S3Wal(GroupCommitWal):
         max_record_bytes: int = 64 << 20,
         owns_store: bool = True,
         clock: Clock | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         super().__init__(
             capabilities=WalCapabilities(
@@ -578,7 +580,8 @@ class S3Wal(GroupCommitWal):
         """First offsets of groups whose PUT or fence check has not completed."""
         self._fence = _FenceCheck(self._check_not_fenced)
         self._trim_lock: asyncio.Lock | None = None
-        self._rng = make_rng(None)
+        self._rng = rng or make_rng(None)
+        """Draws the token that makes each epoch claim's marker unique."""
         self.objects_written = 0
         self.bytes_written = 0
         self.damage_reported = 0
@@ -768,6 +771,8 @@ class S3Wal(GroupCommitWal):
         raise AssertionError("unreachable")
 
     async def _split(self, scan: _Scan) -> _Chain:
+        """Apply the torn-tail rules to the gaps of the walk, first to last: the first gap that
+        can be torn starts the dropped tail, every earlier one is damage."""
         items = scan.walk()
         gap_indexes = [index for index, item in enumerate(items) if isinstance(item, _Gap)]
         gaps: dict[int, tuple[int, str]] = {}
