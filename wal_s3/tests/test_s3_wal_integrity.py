@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from walstream.errors import IdentityMismatch
+from walstream.objects import ObjectMeta
 from walstream.wal import WalMode, WalRecord
 from walstream_wal_s3 import S3ObjectStore, S3Settings
 from walstream_wal_s3.client import RetryPolicy
@@ -340,3 +341,29 @@ async def test_concurrent_writes_recover_intact(store: S3ObjectStore) -> None:
     assert pairs(recovered) == acked
     assert all(record.damage_before is None for record in recovered)
     await again.close()
+
+
+async def test_object_missed_by_a_racing_listing_is_listed_again(s3_bucket: Any) -> None:
+    class RacyListing(S3ObjectStore):
+        """Hides one data key from the first full listing, as a LIST racing its PUT can."""
+
+        hidden: str | None = None
+
+        async def list(  # type: ignore[override]
+            self, prefix: str = "", *, start_after: str | None = None, limit: int | None = None
+        ) -> AsyncIterator[ObjectMeta]:
+            hide, self.hidden = (self.hidden, None) if prefix == KEYS.root else (None, self.hidden)
+            async for meta in super().list(prefix, start_after=start_after, limit=limit):
+                if meta.key != hide:
+                    yield meta
+
+    store = RacyListing(S3Settings(**s3_bucket.options()))
+    payloads = await write_objects(store, 12)
+    store.hidden = (await data_keys(store))[2]
+    reader = wal_on(store)
+    records = await start(reader, 0, WalMode.READ_ONLY)
+    assert store.hidden is None  # the racing listing happened
+    assert pairs(records) == list(enumerate(payloads))
+    assert all(record.damage_before is None for record in records)
+    await reader.close()
+    await store.close()
