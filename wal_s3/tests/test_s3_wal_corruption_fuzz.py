@@ -18,6 +18,7 @@ import random
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
 import pytest_asyncio
 from walstream.errors import WalstreamError
 from walstream.wal import WalMode, WalRecord
@@ -28,7 +29,7 @@ from walstream_wal_s3.wal import S3Wal, WalKeys, encode_wal_object
 
 SEED = 20261123
 CI_CASES = 16
-SOAK_CASES = 960
+SOAK_CASES = 480
 DAMAGES = ("bitflip", "truncate", "delete", "foreign")
 TARGETS = ("first", "middle", "last")
 OURS = bytes.fromhex("5157a1e5000000000000000000000001")
@@ -139,6 +140,7 @@ async def run_case(store: S3ObjectStore, case: int, rng: random.Random, report: 
     report.add(f"s3 wal object ({target})", damage, outcome, detail)
 
 
+@pytest.mark.timeout(1800)  # the soak length; CI runs a few seconds
 async def test_s3_wal_corruption_fuzz(store: S3ObjectStore, soak: bool) -> None:
     cases = SOAK_CASES if soak else CI_CASES
     rng = random.Random(SEED)
