@@ -79,6 +79,12 @@ below it do not matter, and a trim never deletes the object holding the trim poi
 an object starting at a damaged gap shows up in a second LIST, the scan is repeated: a LIST
 racing a live writer (as a READ_ONLY reader's can) may miss an object that lands meanwhile.
 
+Rule 4 is what catches a lost object followed by fewer than ``max_inflight`` others (a writer
+that awaits each append writes one object at a time): every object records, at the time it is
+written, the offset below which every group has completed. Format 1 objects attest nothing, so
+for them rules 1-3 decide. Objects of a dropped torn tail are read no further than their headers.
+A missing object's size is unknown: ``damaged_bytes`` counts the damaged objects that exist.
+
 **Trim** writes ``trim/<start>`` first, then deletes the covered WAL objects, then the older
 ``trim/`` keys: the persisted trim point is never lost, and a crash in between leaves only
 garbage that the next trim or start removes.
