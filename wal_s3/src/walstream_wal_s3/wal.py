@@ -7,12 +7,25 @@ A :data:`WalOffset` is a record sequence number.
 
 Layout under ``<prefix>wal/<node_id>/``::
 
-    epochs/<epoch>              epoch marker, created with If-None-Match: * (the fence)
+    epochs/<epoch>              epoch marker, created with If-None-Match: * (the fence); says
+                                which deployment and node it belongs to and the writer's
+                                max_inflight
     bases/<epoch>               first offset epoch <epoch> may write (written after its recovery)
     data/<first>-<last>-<epoch> WAL object holding records first..last (inclusive)
     trim/<start>                records below <start> are trimmed (the largest key wins)
 
 (numbers zero-padded to 20 digits, so keys sort numerically).
+
+**WAL objects** (:func:`encode_wal_object`) start with a CRC32C-protected header: magic, format
+version, node id, epoch, first offset, record count, body length and body CRC32C. Version 2 adds
+the deployment id (invariant 12) and ``durable_before``: every offset below it was durable in this
+WAL (written and fence-confirmed by this writer, or recovered at its start) when the object was
+written. Version 1 objects (no deployment id, no attestation) are still read.
+
+**Identity.** :meth:`S3Wal.start` reads the newest epoch marker before claiming an epoch and
+refuses, with :class:`IdentityMismatch`, a prefix whose marker names another deployment (or node).
+During recovery an object whose header names another deployment, node or epoch, or other offsets
+than its key, is damage: never yielded. Without a bound deployment id nothing is compared.
 
 **Fencing argument.** A writer of epoch ``e`` acknowledges a group only after (1) its PUT
 completed and (2) a LIST of ``epochs/`` *started after* that PUT completed found no marker
@@ -30,12 +43,47 @@ So no record is acknowledged by a zombie after the new owner's fence, and every 
 acknowledge is recovered. Objects of epoch ``e`` that land later (a PUT in flight when the
 zombie paused) were never acknowledged; to keep them out of every later recovery, the new
 owner writes ``bases/f`` = the first offset after the chain it recovered, and recovery ignores
-an object of epoch ``e`` starting at or after ``bases/f`` for any ``f > e``.
+an object of epoch ``e`` starting at or after ``bases/f`` for any ``f > e`` (zombie objects).
 
-**Recovery** reads the trim point (largest ``trim/`` key), drops objects excluded by a newer
-epoch's base, then follows the contiguous chain of objects from the trim point (at equal first
-offsets, the newer epoch wins) and stops at the first gap; records after a gap were never
-acknowledged (acks are in order), and the next epoch's base makes them unreachable.
+**Recovery** reads the trim point (largest ``trim/`` key), drops zombie objects, then walks the
+objects from the trim point in offset order (at equal first offsets, the newer epoch wins). A PUT
+is atomic, so an object that exists but fails its checksum, structure or identity check is never
+a torn write: it is damage. Where no object holds the next offsets there is a *gap*, and each
+gap is either the torn tail of a crashed writer or damage (invariant 11):
+
+A gap starting at offset ``g`` is a **torn tail** only when everything after it could have been
+in flight, unacknowledged, together with the missing PUT:
+
+1. no epoch's base is above ``g`` (``bases/f > g`` means epoch ``f``'s recovery already recovered
+   past ``g``: the gap appeared later, so it is lost data — this keeps a verdict stable across
+   restarts and failovers);
+2. all objects after ``g`` were written by one epoch ``w`` (one writer's in-flight window;
+   objects of a superseded epoch beyond a newer base are zombie objects and ignored before);
+3. the objects and gaps from ``g`` on number at most ``max_inflight`` of epoch ``w`` (from its
+   marker; this WAL's own setting for markers of format 1): acknowledgements complete in order,
+   so while the missing group was unacknowledged at most ``max_inflight - 1`` later groups were
+   issued, and after a failed write none is;
+4. no object after ``g`` attests ``g`` (``durable_before > g``) and every one of their headers is
+   intact and ours.
+
+The conditions only get easier for later gaps, so the first gap that meets them starts the torn
+tail: it and everything after it are dropped (never acknowledged), the next offset is ``g`` and
+the new owner's base turns the dropped objects into garbage. Every earlier gap is damage: the
+first valid record after it carries :class:`~walstream.wal.WalDamage` in ``damage_before``
+(reason: the missing offsets and the rule that proves them acknowledged), and recovery goes on.
+A damaged object at the end of the chain (a complete object that fails its checks) is reported
+with a pure damage report ``WalRecord(next_offset, b"", damage_before=...)``. A damage-reporting
+gap stays in the chain until a trim passes it, so every later recovery reports it again (its
+base rule holds). Trimming needs no rule of its own: the walk starts at the trim point, gaps
+below it do not matter, and a trim never deletes the object holding the trim point. When
+an object starting at a damaged gap shows up in a second LIST, the scan is repeated: a LIST
+racing a live writer (as a READ_ONLY reader's can) may miss an object that lands meanwhile.
+
+Rule 4 is what catches a lost object followed by fewer than ``max_inflight`` others (a writer
+that awaits each append writes one object at a time): every object records, at the time it is
+written, the offset below which every group has completed. Format 1 objects attest nothing, so
+for them rules 1-3 decide. Objects of a dropped torn tail are read no further than their headers.
+A missing object's size is unknown: ``damaged_bytes`` counts the damaged objects that exist.
 
 **Trim** writes ``trim/<start>`` first, then deletes the covered WAL objects, then the older
 ``trim/`` keys: the persisted trim point is never lost, and a crash in between leaves only
@@ -45,7 +93,9 @@ garbage that the next trim or start removes.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
+import random
 import struct
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -53,19 +103,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import crc32c
-from walstream.clock import Clock
+from walstream.clock import Clock, make_rng
 from walstream.errors import (
     CorruptionError,
     FencedError,
+    IdentityMismatch,
     InvalidArgument,
     NotFound,
     PreconditionFailed,
     WalstreamError,
 )
+from walstream.records import DEPLOYMENT_ID_BYTES
 from walstream.wal import (
     GroupCommitWal,
     PreparedGroup,
     WalCapabilities,
+    WalDamage,
     WalMode,
     WalOffset,
     WalRecord,
@@ -75,58 +128,137 @@ from .objects import S3ObjectStore
 
 __all__ = [
     "WAL_OBJECT_MAGIC",
+    "EpochMarker",
     "S3Wal",
     "WalKeys",
+    "WalObjectHeader",
     "WalObjectName",
+    "decode_wal_header",
     "decode_wal_object",
     "encode_wal_object",
+    "read_wal_object",
 ]
 
 log = logging.getLogger(__name__)
 
 WAL_OBJECT_MAGIC = b"WSW1"
-_HEADER = struct.Struct(">4sHHqqqIII")  # magic, version, flags, node, epoch, first, count,
-_HEADER_CRC = struct.Struct(">I")  #        body_len, body_crc | header_crc
-_HEADER_BYTES = _HEADER.size + _HEADER_CRC.size
+_HEADER_V1 = struct.Struct(">4sHHqqqIII")  # magic, version, flags, node, epoch, first, count,
+#                                            body_len, body_crc
+_HEADER_V2 = struct.Struct(">4sHHqqqIII16sq")  # ... + deployment id, durable_before
+_HEADERS = {1: _HEADER_V1, 2: _HEADER_V2}
+_HEADER_CRC = struct.Struct(">I")  # after the header: CRC32C of the header
+_VERSION = struct.Struct(">H")
 _LENGTH = struct.Struct(">I")
-_FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The WAL object format this code writes; :func:`decode_wal_header` reads 1 and 2."""
+MAX_HEADER_BYTES = max(header.size for header in _HEADERS.values()) + _HEADER_CRC.size
+_NO_DEPLOYMENT = bytes(DEPLOYMENT_ID_BYTES)
 _RECOVERY_PREFETCH = 8
+_RESCANS = 3
+_REASONS_SHOWN = 4
+
+
+@dataclass(frozen=True)
+class WalObjectHeader:
+    """The checked header of a WAL object."""
+
+    version: int
+    node_id: int
+    epoch: int
+    first_offset: int
+    count: int
+    body_len: int
+    body_crc: int
+    deployment_id: bytes = b""
+    """Empty for version 1 objects and for writers without a bound deployment."""
+    durable_before: int | None = None
+    """Every offset below was durable in the WAL when the object was written (version 2)."""
+
+    @property
+    def size(self) -> int:
+        return _HEADERS[self.version].size + _HEADER_CRC.size
 
 
 def encode_wal_object(
-    node_id: int, epoch: int, first_offset: int, payloads: Sequence[bytes]
+    node_id: int,
+    epoch: int,
+    first_offset: int,
+    payloads: Sequence[bytes],
+    *,
+    deployment_id: bytes = b"",
+    durable_before: int = 0,
+    version: int = FORMAT_VERSION,
 ) -> bytes:
     """One WAL object: a CRC32C-protected header, then ``len u32 | data`` per record (body
-    CRC32C in the header)."""
+    CRC32C in the header). ``version=1`` writes the old format (no deployment id, no
+    ``durable_before``), which readers still accept."""
+    if deployment_id and len(deployment_id) != DEPLOYMENT_ID_BYTES:
+        raise InvalidArgument(
+            f"a deployment id has {DEPLOYMENT_ID_BYTES} bytes, got {len(deployment_id)}"
+        )
     parts: list[bytes] = []
     for payload in payloads:
         parts.append(_LENGTH.pack(len(payload)))
         parts.append(payload)
     body = b"".join(parts)
-    header = _HEADER.pack(
-        WAL_OBJECT_MAGIC, _FORMAT_VERSION, 0, node_id, epoch, first_offset, len(payloads),
-        len(body), crc32c.crc32c(body),
+    common = (
+        WAL_OBJECT_MAGIC,
+        version,
+        0,
+        node_id,
+        epoch,
+        first_offset,
+        len(payloads),
+        len(body),
+        crc32c.crc32c(body),
     )
+    if version == 1:
+        header = _HEADER_V1.pack(*common)
+    elif version == 2:
+        header = _HEADER_V2.pack(*common, deployment_id or _NO_DEPLOYMENT, durable_before)
+    else:
+        raise InvalidArgument(f"WAL object format version {version} is not 1 or 2")
     return header + _HEADER_CRC.pack(crc32c.crc32c(header)) + body
 
 
-def decode_wal_object(data: bytes, where: str = "WAL object") -> tuple[int, int, int, list[bytes]]:
-    """``(node_id, epoch, first_offset, payloads)``; :class:`CorruptionError` on bad bytes."""
-    if len(data) < _HEADER_BYTES:
+def decode_wal_header(data: bytes, where: str = "WAL object") -> WalObjectHeader:
+    """The header at the start of ``data`` (which may be just the first
+    :data:`MAX_HEADER_BYTES`); :class:`CorruptionError` when it fails its checks."""
+    if len(data) < len(WAL_OBJECT_MAGIC) + _VERSION.size:
         raise CorruptionError(f"{where}: {len(data)} bytes is shorter than a WAL object header")
-    header = data[: _HEADER.size]
-    (header_crc,) = _HEADER_CRC.unpack_from(data, _HEADER.size)
+    magic = bytes(data[: len(WAL_OBJECT_MAGIC)])
+    (version,) = _VERSION.unpack_from(data, len(WAL_OBJECT_MAGIC))
+    layout = _HEADERS.get(version)
+    if magic != WAL_OBJECT_MAGIC or layout is None:
+        raise CorruptionError(f"{where}: not a WAL object (magic {magic!r}, version {version})")
+    if len(data) < layout.size + _HEADER_CRC.size:
+        raise CorruptionError(f"{where}: {len(data)} bytes is shorter than a WAL object header")
+    header = bytes(data[: layout.size])
+    (header_crc,) = _HEADER_CRC.unpack_from(data, layout.size)
     if crc32c.crc32c(header) != header_crc:
         raise CorruptionError(f"{where}: header checksum mismatch")
-    magic, version, _, node_id, epoch, first, count, body_len, body_crc = _HEADER.unpack(header)
-    if magic != WAL_OBJECT_MAGIC or version != _FORMAT_VERSION:
-        raise CorruptionError(f"{where}: not a WAL object (magic {magic!r}, version {version})")
-    body = memoryview(data)[_HEADER_BYTES:]
-    if len(body) != body_len or crc32c.crc32c(body) != body_crc:
+    fields = layout.unpack(header)
+    _, _, _, node_id, epoch, first, count, body_len, body_crc = fields[:9]
+    deployment_id = b""
+    durable_before: int | None = None
+    if version >= 2:
+        deployment_id = b"" if fields[9] == _NO_DEPLOYMENT else fields[9]
+        durable_before = fields[10]
+    return WalObjectHeader(
+        version, node_id, epoch, first, count, body_len, body_crc, deployment_id, durable_before
+    )
+
+
+def read_wal_object(data: bytes, where: str = "WAL object") -> tuple[WalObjectHeader, list[bytes]]:
+    """``(header, payloads)`` of a whole WAL object; :class:`CorruptionError` on bad bytes."""
+    header = decode_wal_header(data, where)
+    body = memoryview(data)[header.size :]
+    body_len = header.body_len
+    if len(body) != body_len or crc32c.crc32c(body) != header.body_crc:
         raise CorruptionError(f"{where}: body checksum or length mismatch")
     payloads: list[bytes] = []
     position = 0
-    for _ in range(count):
+    for _ in range(header.count):
         if position + 4 > body_len:
             raise CorruptionError(f"{where}: record table overruns the body")
         (length,) = _LENGTH.unpack_from(body, position)
@@ -137,7 +269,57 @@ def decode_wal_object(data: bytes, where: str = "WAL object") -> tuple[int, int,
         position += length
     if position != body_len:
         raise CorruptionError(f"{where}: {body_len - position} trailing bytes after the records")
-    return node_id, epoch, first, payloads
+    return header, payloads
+
+
+def decode_wal_object(data: bytes, where: str = "WAL object") -> tuple[int, int, int, list[bytes]]:
+    """``(node_id, epoch, first_offset, payloads)``; :class:`CorruptionError` on bad bytes."""
+    header, payloads = read_wal_object(data, where)
+    return header.node_id, header.epoch, header.first_offset, payloads
+
+
+@dataclass(frozen=True)
+class EpochMarker:
+    """What an ``epochs/<epoch>`` marker says about the writer that claimed the epoch.
+
+    Format 2 is one line of ``key=value`` words: ``walstream-s3-wal-epoch format=2 node=7
+    epoch=3 mode=read_write deployment=<32 hex digits or none> max_inflight=8 token=<hex>``
+    (the token makes every claim's bytes unique, so a retried conditional create that finds the
+    marker can tell its own from a competitor's). Format 1 markers hold ``node=7 epoch=3
+    mode=read_write`` and parse with an empty deployment id and no ``max_inflight``.
+    """
+
+    node_id: int
+    epoch: int
+    deployment_id: bytes = b""
+    max_inflight: int | None = None
+
+    def encode(self, mode: str, token: str) -> bytes:
+        deployment = self.deployment_id.hex() if self.deployment_id else "none"
+        return (
+            f"walstream-s3-wal-epoch format=2 node={self.node_id} epoch={self.epoch} "
+            f"mode={mode} deployment={deployment} "
+            + (f"max_inflight={self.max_inflight} " if self.max_inflight else "")
+            + f"token={token}"
+        ).encode()
+
+    @classmethod
+    def parse(cls, data: bytes, where: str) -> EpochMarker:
+        try:
+            words = data.decode("ascii").split()
+            fields = dict(word.split("=", 1) for word in words if "=" in word)
+            deployment = fields.get("deployment", "none")
+            max_inflight = fields.get("max_inflight")
+            return cls(
+                node_id=int(fields["node"]),
+                epoch=int(fields["epoch"]),
+                deployment_id=b"" if deployment == "none" else bytes.fromhex(deployment),
+                max_inflight=None if max_inflight is None else int(max_inflight),
+            )
+        except (UnicodeDecodeError, KeyError, ValueError):
+            raise CorruptionError(
+                f"S3 WAL epoch marker {where} is not a walstream epoch marker: {data[:80]!r}"
+            ) from None
 
 
 @dataclass(frozen=True, order=True)
@@ -193,10 +375,16 @@ class WalKeys:
         key = f"{self.data}{_number(first)}-{_number(last)}-{_number(epoch)}"
         return WalObjectName(first, last, epoch, key)
 
+    def data_starting_at(self, first: int) -> str:
+        """The key prefix shared by every data object whose first offset is ``first``."""
+        return f"{self.data}{_number(first)}-"
+
     def parse_data(self, key: str) -> WalObjectName | None:
         try:
             first, last, epoch = (int(part) for part in key[len(self.data) :].split("-"))
         except ValueError:
+            return None
+        if first < 0 or last < first or epoch < 0:
             return None
         return WalObjectName(first, last, epoch, key)
 
@@ -207,9 +395,17 @@ class WalKeys:
             return None
 
 
+@dataclass(frozen=True)
+class _Gap:
+    """Offsets ``start..end-1`` that no WAL object in the walk holds."""
+
+    start: int
+    end: int
+
+
 @dataclass
 class _Scan:
-    """One listing of a node's WAL and the chain it implies."""
+    """One listing of a node's WAL."""
 
     trim_start: int = 0
     trim_keys: list[str] = field(default_factory=list)
@@ -218,36 +414,79 @@ class _Scan:
     objects: list[WalObjectName] = field(default_factory=list)
 
     def excluded(self, name: WalObjectName) -> bool:
-        """Written by an epoch that a newer epoch's base cut off (see module doc)."""
-        return any(
-            epoch > name.epoch and name.first >= base for epoch, base in self.bases.items()
-        )
+        """Written by an epoch that a newer epoch's base cut off (a zombie object)."""
+        return any(epoch > name.epoch and name.first >= base for epoch, base in self.bases.items())
 
-    def chain(self) -> tuple[list[WalObjectName], list[WalObjectName]]:
-        """``(chain, garbage)``: the contiguous objects from the trim point, and the rest."""
-        valid = [name for name in self.objects if not self.excluded(name)]
-        by_first: dict[int, list[WalObjectName]] = {}
-        for name in valid:
-            by_first.setdefault(name.first, []).append(name)
-        chain: list[WalObjectName] = []
+    def walk(self) -> list[WalObjectName | _Gap]:
+        """The objects from the trim point in offset order, with the gaps between them.
+
+        At equal first offsets the newer epoch wins; only at the trim point can the object to
+        take start before the expected offset.
+        """
+        valid = sorted(
+            (name for name in self.objects if not self.excluded(name)),
+            key=lambda name: (name.first, -name.epoch),
+        )
+        firsts = [name.first for name in valid]
+        items: list[WalObjectName | _Gap] = []
         expected = self.trim_start
         while True:
-            candidates = by_first.get(expected) or [
-                # Only at the trim point can an object start before `expected`.
-                name for name in valid if name.first < expected <= name.last
-            ]
-            if not candidates:
-                break
-            best = max(candidates, key=lambda name: (name.first, name.epoch))
-            chain.append(best)
+            index = bisect.bisect_left(firsts, expected)
+            if index < len(valid) and valid[index].first == expected:
+                best = valid[index]
+            elif not items and (
+                covering := [name for name in valid if name.first < expected <= name.last]
+            ):
+                best = max(covering, key=lambda name: (name.first, name.epoch))
+            elif index < len(valid):
+                # Nothing holds `expected`; the walk resumes at the next object.
+                items.append(_Gap(expected, valid[index].first))
+                best = valid[index]
+            else:
+                return items
+            items.append(best)
             expected = best.last + 1
-        in_chain = {name.key for name in chain}
-        garbage = [name for name in self.objects if name.key not in in_chain]
-        return chain, garbage
 
     @property
     def newest_epoch(self) -> int:
         return max(self.epochs, default=-1)
+
+
+@dataclass
+class _Chain:
+    """What recovery keeps of a scan: the chain, its damaged gaps and the dropped torn tail."""
+
+    objects: list[WalObjectName]
+    """Objects to recover, in offset order (damaged gaps may lie between them)."""
+    gaps: dict[int, tuple[int, str]]
+    """Damaged gaps in the chain: start → (end, why it is not a torn tail)."""
+    torn_start: int | None
+    torn: list[WalObjectName]
+    garbage: list[WalObjectName]
+    """Objects outside the chain (torn tail, superseded, zombie), removed by a new owner."""
+    end: int
+    """The next offset to write."""
+
+
+@dataclass
+class _Damage:
+    """A damaged region being collected during recovery (reported on the next valid record)."""
+
+    start: int
+    end: int
+    damaged_bytes: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    def extend(self, end: int, damaged_bytes: int, reason: str) -> None:
+        self.end = max(self.end, end)
+        self.damaged_bytes += damaged_bytes
+        self.reasons.append(reason)
+
+    def report(self, end: int) -> WalDamage:
+        shown = "; ".join(self.reasons[:_REASONS_SHOWN])
+        if len(self.reasons) > _REASONS_SHOWN:
+            shown += f"; and {len(self.reasons) - _REASONS_SHOWN} more damaged objects or gaps"
+        return WalDamage(self.start, end, self.damaged_bytes, shown)
 
 
 class _FenceCheck:
@@ -300,7 +539,8 @@ class _FenceCheck:
 
 
 class S3Wal(GroupCommitWal):
-    """A WAL of batched S3 objects (see the module doc for layout, fencing and recovery)."""
+    """A WAL of batched S3 objects (see the module doc for layout, fencing, identity and
+    recovery)."""
 
     def __init__(
         self,
@@ -312,6 +552,7 @@ class S3Wal(GroupCommitWal):
         max_record_bytes: int = 64 << 20,
         owns_store: bool = True,
         clock: Clock | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         super().__init__(
             capabilities=WalCapabilities(
@@ -321,6 +562,8 @@ class S3Wal(GroupCommitWal):
                 survives_process_kill=True,
                 survives_power_loss=True,
                 shared_between_processes=True,
+                checks_identity=True,
+                reports_damage=True,
                 extra={"offset_unit": "record", "medium": "s3"},
             ),
             max_group_bytes=max_batch_bytes,
@@ -335,14 +578,24 @@ class S3Wal(GroupCommitWal):
         self._trim_start = 0
         self._trim_keys: list[str] = []
         self._chain: list[WalObjectName] = []
+        self._gaps: dict[int, tuple[int, str]] = {}
+        self._markers: dict[int, EpochMarker | None] = {}
         self._live: deque[WalObjectName] = deque()
         """Objects that may exist, in offset order: deleted once a trim covers them."""
+        self._unfinished: set[int] = set()
+        """First offsets of groups whose PUT or fence check has not completed."""
         self._fence = _FenceCheck(self._check_not_fenced)
         self._trim_lock: asyncio.Lock | None = None
+        self._rng = rng or make_rng(None)
+        """Draws the token that makes each epoch claim's marker unique."""
         self.objects_written = 0
         self.bytes_written = 0
+        self.damage_reported = 0
+        """Damaged regions reported by the last recovery."""
+        self.torn_objects = 0
+        """Objects dropped as a torn tail by the last start."""
 
-    # -- open and fence -----
+    # -- open, identity and fence -----
 
     async def _open(self, node_id: int, node_epoch: int, mode: WalMode) -> None:
         if node_id < 0 or node_epoch < 0:
@@ -354,44 +607,113 @@ class S3Wal(GroupCommitWal):
                 "the S3 WAL fences zombie writers with conditional creates"
             )
             await self._claim_epoch(node_epoch)
-        scan = await self._scan()
-        chain, garbage = scan.chain()
+        else:
+            await self._check_identity(await self._newest_epoch())
+        scan, chain = await self._resolve_chain()
         self._trim_start = scan.trim_start
         self._trim_keys = scan.trim_keys
-        self._chain = chain
-        self._next_offset = max(chain[-1].last + 1 if chain else 0, scan.trim_start)
-        self._live = deque(chain)
+        self._chain = chain.objects
+        self._gaps = chain.gaps
+        self._next_offset = max(chain.end, scan.trim_start)
+        self._live = deque(chain.objects)
+        self.torn_objects = len(chain.torn)
+        if chain.torn_start is not None:
+            log.warning(
+                "S3 WAL node=%d: torn tail from offset %d dropped (%d objects written while the "
+                "missing one was in flight, never acknowledged): %s",
+                node_id,
+                chain.torn_start,
+                len(chain.torn),
+                ", ".join(name.key for name in chain.torn[:_REASONS_SHOWN]),
+            )
+        for start, (end, reason) in chain.gaps.items():
+            log.error(
+                "S3 WAL node=%d: offsets %d..%d are lost: %s", node_id, start, end - 1, reason
+            )
         if mode is WalMode.READ_ONLY:
             return
         await self.store.put(self._keys.base(node_epoch), str(self._next_offset).encode())
         await self._fence.confirm()
-        if garbage:
+        if chain.garbage:
             # Unreachable from now on (our base excludes them); remove them while we own the WAL.
-            await self.store.delete(name.key for name in garbage)
+            await self.store.delete(name.key for name in chain.garbage)
         log.info(
             "S3 WAL node=%d epoch=%d %s: %d objects to recover, trim start %d, next offset %d",
-            node_id, node_epoch, mode.value, len(chain), self._trim_start, self._next_offset,
+            node_id,
+            node_epoch,
+            mode.value,
+            len(chain.objects),
+            self._trim_start,
+            self._next_offset,
         )
 
-    async def _claim_epoch(self, node_epoch: int) -> None:
+    async def _newest_epoch(self) -> int:
         newest = -1
         async for meta in self.store.list(self._keys.epochs):
             epoch = self._keys.parse_number(meta.key, self._keys.epochs)
             if epoch is not None:
                 newest = max(newest, epoch)
+        return newest
+
+    def _location(self) -> str:
+        settings = self.store.settings
+        return f"s3://{settings.bucket}/{settings.prefix}{self._keys.root}"
+
+    async def _marker(self, epoch: int) -> EpochMarker | None:
+        """The marker of ``epoch`` (cached), ``None`` when it does not exist."""
+        if epoch not in self._markers:
+            key = self._keys.epoch(epoch)
+            try:
+                data = await self.store.get(key)
+            except NotFound:
+                self._markers[epoch] = None
+            else:
+                self._markers[epoch] = EpochMarker.parse(data, key)
+        return self._markers[epoch]
+
+    async def _check_identity(self, newest: int) -> None:
+        """Refuse a WAL whose newest epoch marker names another node or deployment."""
+        if newest < 0:
+            return
+        marker = await self._marker(newest)
+        if marker is None:
+            return
+        key = self._keys.epoch(newest)
+        if marker.node_id != self.node_id:
+            raise IdentityMismatch(
+                f"S3 WAL at {self._location()} was claimed by node {marker.node_id} (epoch "
+                f"marker {key}), not node {self.node_id}: check the node id and the WAL prefix "
+                "of this node's configuration"
+            )
+        theirs = marker.deployment_id
+        if self.deployment_id and theirs and theirs != self.deployment_id:
+            raise IdentityMismatch(
+                f"S3 WAL at {self._location()} belongs to deployment "
+                f"{theirs.hex()} (epoch marker {key}), not to this deployment "
+                f"{self.deployment_id.hex()}: check that the WAL bucket and prefix point at this "
+                "deployment's WAL and that the metadata store is this deployment's; two "
+                "deployments must never share a WAL prefix"
+            )
+
+    async def _claim_epoch(self, node_epoch: int) -> None:
+        newest = await self._newest_epoch()
+        await self._check_identity(newest)
         if newest >= node_epoch:
             raise FencedError(
                 f"S3 WAL of node {self.node_id} is owned by epoch {newest} >= {node_epoch}; "
                 "start the node with a newer epoch"
             )
-        marker = f"node={self.node_id} epoch={node_epoch} mode={self.mode and self.mode.value}"
+        marker = EpochMarker(self.node_id, node_epoch, self.deployment_id, self.max_inflight)
+        mode = self.mode.value if self.mode else "none"
+        data = marker.encode(mode, f"{self._rng.getrandbits(64):016x}")
         try:
-            await self.store.put_if_absent(self._keys.epoch(node_epoch), marker.encode())
+            await self.store.put_if_absent(self._keys.epoch(node_epoch), data)
         except PreconditionFailed:
             raise FencedError(
                 f"S3 WAL of node {self.node_id}: epoch {node_epoch} was claimed by another "
                 "process; start with a newer epoch"
             ) from None
+        self._markers[node_epoch] = marker
 
     async def _check_not_fenced(self) -> None:
         async for meta in self.store.list(
@@ -434,6 +756,148 @@ class S3Wal(GroupCommitWal):
         except (UnicodeDecodeError, ValueError):
             raise CorruptionError(f"S3 WAL base object {key!r} holds {data[:40]!r}") from None
 
+    # -- the chain: torn tail or damage -----
+
+    async def _resolve_chain(self) -> tuple[_Scan, _Chain]:
+        """Scan and split the walk into chain, damaged gaps and torn tail (module doc).
+
+        A damaged gap whose first key exists by now was a LIST racing a writer: list again.
+        """
+        for attempt in range(_RESCANS):
+            scan = await self._scan()
+            chain = await self._split(scan)
+            listed = {name.key for name in scan.objects}
+            raced = False
+            for start in chain.gaps:
+                async for meta in self.store.list(self._keys.data_starting_at(start), limit=1):
+                    raced = raced or meta.key not in listed
+            if not raced or attempt == _RESCANS - 1:
+                return scan, chain
+            log.info("S3 WAL node=%d: an object landed while listing; listing again", self.node_id)
+        raise AssertionError("unreachable")
+
+    async def _split(self, scan: _Scan) -> _Chain:
+        """Apply the torn-tail rules to the gaps of the walk, first to last: the first gap that
+        can be torn starts the dropped tail, every earlier one is damage."""
+        items = scan.walk()
+        gap_indexes = [index for index, item in enumerate(items) if isinstance(item, _Gap)]
+        gaps: dict[int, tuple[int, str]] = {}
+        torn_index: int | None = None
+        for index in gap_indexes:
+            gap = items[index]
+            assert isinstance(gap, _Gap)
+            why_not_torn = await self._why_not_torn(scan, gap, items[index + 1 :])
+            if why_not_torn is None:
+                torn_index = index
+                break
+            gaps[gap.start] = (gap.end, why_not_torn)
+        kept = items if torn_index is None else items[:torn_index]
+        objects = [item for item in kept if isinstance(item, WalObjectName)]
+        torn: list[WalObjectName] = []
+        torn_start: int | None = None
+        if torn_index is not None:
+            torn_gap = items[torn_index]
+            assert isinstance(torn_gap, _Gap)
+            torn_start = torn_gap.start
+            torn = [item for item in items[torn_index:] if isinstance(item, WalObjectName)]
+            end = torn_gap.start
+        else:
+            end = objects[-1].last + 1 if objects else scan.trim_start
+        in_chain = {name.key for name in objects}
+        garbage = [name for name in scan.objects if name.key not in in_chain]
+        return _Chain(objects, gaps, torn_start, torn, garbage, end)
+
+    async def _why_not_torn(
+        self, scan: _Scan, gap: _Gap, after: Sequence[WalObjectName | _Gap]
+    ) -> str | None:
+        """Why ``gap`` cannot be a torn tail, or ``None`` when it can (module doc, rules 1-4)."""
+        missing = f"no WAL object holds offsets {gap.start}..{gap.end - 1}"
+        recovered_past = sorted(
+            (epoch, base) for epoch, base in scan.bases.items() if base > gap.start
+        )
+        if recovered_past:
+            epoch, base = recovered_past[0]
+            return (
+                f"{missing}, but the recovery of epoch {epoch} had recovered past them "
+                f"(base {base}): the objects were deleted or lost since"
+            )
+        names = [item for item in after if isinstance(item, WalObjectName)]
+        epochs = sorted({name.epoch for name in names})
+        if len(epochs) > 1:
+            return (
+                f"{missing}, and objects of epochs {epochs} follow them: more than one writer's "
+                "in-flight window, so they were acknowledged"
+            )
+        writer = epochs[0]
+        marker = await self._marker_or_none(writer)
+        window = marker.max_inflight if marker and marker.max_inflight else self.max_inflight
+        if len(after) + 1 > window:
+            return (
+                f"{missing}, and {len(names)} WAL objects of epoch {writer} follow them "
+                f"(first {names[0].key}): more than the {window - 1} that can be in flight "
+                f"behind an unacknowledged one (max_inflight {window}), so they were acknowledged"
+            )
+        headers = await asyncio.gather(*(self._tail_header(name) for name in names))
+        for name, (header, problem) in zip(names, headers, strict=True):
+            if problem is not None:
+                return f"{missing}, and a later object cannot vouch for a torn write: {problem}"
+            assert header is not None
+            if header.durable_before is not None and header.durable_before > gap.start:
+                return (
+                    f"{missing}, but WAL object {name.key} written later attests that offsets "
+                    f"below {header.durable_before} were durable"
+                )
+        return None
+
+    async def _marker_or_none(self, epoch: int) -> EpochMarker | None:
+        try:
+            return await self._marker(epoch)
+        except CorruptionError as exc:
+            log.warning("S3 WAL node=%d: %s; using this WAL's max_inflight", self.node_id, exc)
+            return None
+
+    async def _tail_header(self, name: WalObjectName) -> tuple[WalObjectHeader | None, str | None]:
+        """The checked header of an object after a gap, or what is wrong with it."""
+        try:
+            data = await self.store.get(name.key, 0, MAX_HEADER_BYTES)
+        except NotFound:
+            return None, f"WAL object {name.key} vanished while recovering"
+        try:
+            header = decode_wal_header(data, f"WAL object {name.key}")
+        except CorruptionError as exc:
+            return None, str(exc)
+        problem = await self._header_problem(name, header)
+        if problem is not None:
+            return None, f"WAL object {name.key}: {problem}"
+        return header, None
+
+    async def _header_problem(self, name: WalObjectName, header: WalObjectHeader) -> str | None:
+        """What makes a WAL object not ours or not what its key says, if anything."""
+        if header.node_id != self.node_id:
+            return f"written by node {header.node_id}, not node {self.node_id}"
+        if header.epoch != name.epoch:
+            return f"written by epoch {header.epoch}, but its key says epoch {name.epoch}"
+        if header.first_offset != name.first or header.count != name.last - name.first + 1:
+            return f"holds offsets {header.first_offset}+{header.count}, not what its key says"
+        if not self.deployment_id:
+            return None
+        if header.deployment_id:
+            if header.deployment_id != self.deployment_id:
+                return (
+                    f"belongs to deployment {header.deployment_id.hex()}, not to this "
+                    f"deployment {self.deployment_id.hex()} (identity mismatch)"
+                )
+            return None
+        # Written without a deployment id (format 1, or an unbound writer): only acceptable
+        # when the epoch that wrote it did not record one either.
+        marker = await self._marker_or_none(name.epoch)
+        if marker is not None and marker.deployment_id:
+            return (
+                f"carries no deployment id although epoch {name.epoch} was claimed by "
+                f"deployment {marker.deployment_id.hex()}"
+            )
+        return None
+
     # -- write -----
 
     def _prepare_group(self, payloads: Sequence[bytes]) -> PreparedGroup:
@@ -442,48 +906,120 @@ class S3Wal(GroupCommitWal):
         self._next_offset += len(payloads)
         name = self._keys.data_object(first, offsets[-1], self.node_epoch)
         self._live.append(name)
+        self._unfinished.add(first)
         return PreparedGroup(offsets, list(payloads), state=name)
 
     async def _write_group(self, group: PreparedGroup) -> None:
         name: WalObjectName = group.state
-        body = encode_wal_object(self.node_id, self.node_epoch, name.first, group.payloads)
+        # Every group below the oldest unfinished one completed (PUT and fence check), and
+        # everything below this epoch's first group was recovered at start: attest it.
+        durable_before = min(self._unfinished)
+        body = encode_wal_object(
+            self.node_id,
+            self.node_epoch,
+            name.first,
+            group.payloads,
+            deployment_id=self.deployment_id,
+            durable_before=durable_before,
+        )
         await self.store.put(name.key, body)
         self.objects_written += 1
         self.bytes_written += len(body)
         await self._fence.confirm()
+        self._unfinished.discard(name.first)
 
     # -- recover -----
 
     async def _recover(self) -> AsyncIterator[WalRecord]:
         chain = [name for name in self._chain if name.last >= self._trim_start]
-        fetches: deque[asyncio.Task[bytes]] = deque()
+        fetches: deque[asyncio.Task[bytes | None]] = deque()
         position = 0
+        expected = self._trim_start  # the next offset to yield: below it, yielded or trimmed
+        damage: _Damage | None = None
+        self.damage_reported = 0
+
+        def note(start: int, end: int, damaged_bytes: int, reason: str) -> None:
+            nonlocal damage
+            if damage is None:
+                damage = _Damage(start, end)
+            damage.extend(end, damaged_bytes, reason)
+
         try:
             while position < len(chain) or fetches:
                 while position < len(chain) and len(fetches) < _RECOVERY_PREFETCH:
-                    fetches.append(asyncio.create_task(self.store.get(chain[position].key)))
+                    fetches.append(asyncio.create_task(self._fetch(chain[position].key)))
                     position += 1
                 name = chain[position - len(fetches)]
-                try:
-                    data = await fetches.popleft()
-                except NotFound:
-                    raise CorruptionError(
-                        f"S3 WAL object {name.key} vanished during recovery; was the WAL "
-                        "trimmed or reset by another process?"
-                    ) from None
-                _, _, first, payloads = decode_wal_object(data, f"S3 WAL object {name.key}")
-                if first != name.first or len(payloads) != name.last - name.first + 1:
-                    raise CorruptionError(
-                        f"S3 WAL object {name.key} holds offsets {first}+{len(payloads)}, "
-                        "not what its key says"
+                data = await fetches.popleft()
+                if name.first > expected:
+                    _, reason = self._gaps.get(
+                        expected,
+                        (name.first, f"no WAL object holds offsets {expected}..{name.first - 1}"),
                     )
+                    note(expected, name.first, 0, reason)
+                    expected = name.first
+                if name.last < expected:
+                    continue  # an overlapping object at the trim point; already covered
+                if data is None:
+                    if await self._trimmed_past(name.last):
+                        expected = name.last + 1
+                        continue
+                    note(
+                        expected,
+                        name.last + 1,
+                        0,
+                        f"WAL object {name.key} vanished during recovery without a trim",
+                    )
+                    expected = name.last + 1
+                    continue
+                problem: str | None
+                payloads: list[bytes] = []
+                try:
+                    header, payloads = read_wal_object(data, f"WAL object {name.key}")
+                except CorruptionError as exc:
+                    problem = str(exc)
+                else:
+                    problem = await self._header_problem(name, header)
+                    if problem is not None:
+                        problem = f"WAL object {name.key} {problem}"
+                if problem is not None:
+                    note(expected, name.last + 1, len(data), problem)
+                    expected = name.last + 1
+                    continue
                 for index, payload in enumerate(payloads):
-                    offset = first + index
-                    if offset >= self._trim_start:
+                    offset = name.first + index
+                    if offset < expected:
+                        continue
+                    if damage is not None:
+                        self.damage_reported += 1
+                        yield WalRecord(offset, payload, damage_before=damage.report(offset))
+                        damage = None
+                    else:
                         yield WalRecord(offset, payload)
+                expected = name.last + 1
+            if damage is not None:
+                # Damage at the end that is no torn write (a complete object failed its checks).
+                self.damage_reported += 1
+                yield WalRecord(expected, b"", damage_before=damage.report(expected))
         finally:
             for task in fetches:
                 task.cancel()
+
+    async def _fetch(self, key: str) -> bytes | None:
+        """The object's bytes; ``None`` when it does not exist."""
+        try:
+            return await self.store.get(key)
+        except NotFound:
+            return None
+
+    async def _trimmed_past(self, last: int) -> bool:
+        """Whether a trim that covers offset ``last`` was persisted since the scan."""
+        async for meta in self.store.list(self._keys.trims):
+            start = self._keys.parse_number(meta.key, self._keys.trims)
+            if start is not None and start > last:
+                self._trim_start = max(self._trim_start, start)
+                return True
+        return False
 
     # -- trim, reset, close -----
 
@@ -527,10 +1063,13 @@ class S3Wal(GroupCommitWal):
             "type": "s3",
             "node_id": self.node_id,
             "node_epoch": self.node_epoch,
+            "deployment_id": self.deployment_id.hex() or None,
+            "format_version": FORMAT_VERSION,
             "next_offset": self._next_offset,
             "trim_start": self._trim_start,
             "objects_written": self.objects_written,
             "fence_checks": self._fence.checks,
+            "damaged_gaps": len(self._gaps),
+            "torn_objects": self.torn_objects,
             **self.store.settings.describe(),
         }
-
