@@ -83,7 +83,9 @@ Rule 4 is what catches a lost object followed by fewer than ``max_inflight`` oth
 that awaits each append writes one object at a time): every object records, at the time it is
 written, the offset below which every group has completed. Format 1 objects attest nothing, so
 for them rules 1-3 decide. Objects of a dropped torn tail are read no further than their headers.
-A missing object's size is unknown: ``damaged_bytes`` counts the damaged objects that exist.
+A missing object's size is unknown: ``damaged_bytes`` counts the damaged objects that exist and,
+for missing WAL records, the largest size each could have had (``max_record_bytes``), so the
+engine's bound on what a lost range could hold stays an upper bound.
 
 **Trim** writes ``trim/<start>`` first, then deletes the covered WAL objects, then the older
 ``trim/`` keys: the persisted trim point is never lost, and a crash in between leaves only
@@ -956,7 +958,7 @@ class S3Wal(GroupCommitWal):
                         expected,
                         (name.first, f"no WAL object holds offsets {expected}..{name.first - 1}"),
                     )
-                    note(expected, name.first, 0, reason)
+                    note(expected, name.first, self._missing_bytes(name.first - expected), reason)
                     expected = name.first
                 if name.last < expected:
                     continue  # an overlapping object at the trim point; already covered
@@ -967,7 +969,7 @@ class S3Wal(GroupCommitWal):
                     note(
                         expected,
                         name.last + 1,
-                        0,
+                        self._missing_bytes(name.last + 1 - expected),
                         f"WAL object {name.key} vanished during recovery without a trim",
                     )
                     expected = name.last + 1
@@ -1004,6 +1006,11 @@ class S3Wal(GroupCommitWal):
         finally:
             for task in fetches:
                 task.cancel()
+
+    def _missing_bytes(self, records: int) -> int:
+        """An upper bound of the bytes ``records`` missing WAL records held (their objects are
+        gone, so their sizes are unknown): the engine bounds a data-loss gap with it."""
+        return max(0, records) * self.capabilities.max_record_bytes
 
     async def _fetch(self, key: str) -> bytes | None:
         """The object's bytes; ``None`` when it does not exist."""
