@@ -476,3 +476,19 @@ async def test_large_read_spans_objects_bigger_than_the_readahead_window(tmp_pat
         result = await stream.read(start=0, limit_records=100_000, limit_bytes=1 << 30)
         assert [r.offset for r in result.records] == list(range(12_000))
         assert all(r.value == value_for("w", r.offset, 1024) for r in result.records)
+
+
+async def test_a_single_record_over_the_wal_limit_names_the_record_not_the_batch() -> None:
+    client = Client(
+        wal=MemoryWal(max_record_bytes=1 << 10),
+        objects=MemoryObjectStore(),
+        metadata=MemoryMetadataStore(),
+    )
+    async with client:
+        stream = await client.create_stream("big")
+        with pytest.raises(CapacityError, match=r"a single record of .* exceeds") as single:
+            await stream.append([Record(bytes(4000))])
+        assert "fewer records" not in str(single.value)
+        with pytest.raises(CapacityError, match=r"batch of 8 records.*fewer records at once"):
+            await stream.append([Record(bytes(200)) for _ in range(8)])
+        assert await stream.check_tail() == 0

@@ -32,8 +32,11 @@ DESIGN_EXAMPLE = """\
     upload: {max_bytes: 32MiB, max_interval: 250ms}
 """
 
-MINIMAL = {"wal": {"type": "memory"}, "object_store": {"type": "memory"},
-           "metadata": {"type": "memory"}}
+MINIMAL = {
+    "wal": {"type": "memory"},
+    "object_store": {"type": "memory"},
+    "metadata": {"type": "memory"},
+}
 
 
 def config_error(source: Any, **kwargs: Any) -> str:
@@ -75,7 +78,8 @@ async def test_design_example_builds_backends_that_work(write_yaml: WriteYaml) -
 
 
 def test_every_engine_section_maps_onto_engine_config(write_yaml: WriteYaml) -> None:
-    deployment = load_deployment(write_yaml("""\
+    deployment = load_deployment(
+        write_yaml("""\
         node: {id: 0}
         wal: {type: memory}
         object_store: {type: memory}
@@ -89,12 +93,15 @@ def test_every_engine_section_maps_onto_engine_config(write_yaml: WriteYaml) -> 
         append_timeout: 750ms
         server: {listen: "[::1]:8080", token: s3cret}
         hooks: {disable: [metrics]}
-    """))
+    """)
+    )
     config = deployment.engine_config
     assert config.node_id == 0
     assert (config.cache.log_cache_bytes, config.cache.block_cache_bytes) == (64 << 20, 10**9)
     assert (config.cache.readahead_min_bytes, config.cache.readahead_max_bytes) == (
-        256 << 10, 16 << 20)
+        256 << 10,
+        16 << 20,
+    )
     assert config.upload.max_bytes == 8 << 20
     assert config.upload.max_interval_s == 2.0
     assert config.upload.split_bytes == 4 << 20
@@ -136,8 +143,12 @@ def test_env_expansion_with_and_without_defaults(write_yaml: WriteYaml) -> None:
         server: {token: "${WALSTREAM_TOKEN}", listen: "127.0.0.1:${PORT:-7400}"}
         upload: {max_interval: "${EMPTY:-100ms}"}
     """)
-    environ = {"NODE_ID": "7", "DATA_DIR": "/srv/walstream", "WALSTREAM_TOKEN": "tok-$1",
-               "EMPTY": ""}
+    environ = {
+        "NODE_ID": "7",
+        "DATA_DIR": "/srv/walstream",
+        "WALSTREAM_TOKEN": "tok-$1",
+        "EMPTY": "",
+    }
     deployment = load_deployment(path, environ=environ)
     assert deployment.node_id == 7
     assert deployment.sections["wal"]["capacity"] == 2 << 20
@@ -151,15 +162,14 @@ def test_env_expansion_with_and_without_defaults(write_yaml: WriteYaml) -> None:
 
 def test_env_expansion_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WALSTREAM_TEST_VOLUME", "from-env")
-    deployment = load_deployment(with_section(wal={"type": "memory",
-                                                   "name": "${WALSTREAM_TEST_VOLUME}"}))
+    deployment = load_deployment(
+        with_section(wal={"type": "memory", "name": "${WALSTREAM_TEST_VOLUME}"})
+    )
     assert deployment.sections["wal"]["name"] == "from-env"
 
 
 def test_missing_env_variable_names_key_and_variable() -> None:
-    message = config_error(
-        with_section(server={"token": "Bearer ${WALSTREAM_TOKEN}"}), environ={}
-    )
+    message = config_error(with_section(server={"token": "Bearer ${WALSTREAM_TOKEN}"}), environ={})
     assert message.startswith("server.token: environment variable WALSTREAM_TOKEN is not set")
 
 
@@ -227,8 +237,10 @@ def test_uninstalled_wal_name_lists_installed_names() -> None:
         ({"server": {"listen": "localhost"}}, "server.listen: expected host:port"),
         ({"server": {"listen": "localhost:99999"}}, "server.listen: expected host:port"),
         ({"hooks": {"disable": {"metrics": True}}}, "hooks.disable: expected a list"),
-        ({"cache": {"readahead_min_bytes": "2MiB", "readahead_max_bytes": "1MiB"}},
-         "cache.readahead_min_bytes (2097152) must not exceed"),
+        (
+            {"cache": {"readahead_min_bytes": "2MiB", "readahead_max_bytes": "1MiB"}},
+            "cache.readahead_min_bytes (2097152) must not exceed",
+        ),
     ],
 )
 def test_wrong_values_name_the_key(sections: dict[str, Any], expected_start: str) -> None:
@@ -296,8 +308,11 @@ def test_backend_creation_failure_becomes_config_error() -> None:
     def refuse(options: dict[str, Any], context: Any) -> MemoryObjectStore:
         raise PermissionError(13, "Permission denied", "/srv/objects")
 
-    unregister = register_factory(BackendFactory(
-        kind="object_store", name="refusing", description="", options=(), create=refuse))
+    unregister = register_factory(
+        BackendFactory(
+            kind="object_store", name="refusing", description="", options=(), create=refuse
+        )
+    )
     try:
         deployment = load_deployment(with_section(object_store={"type": "refusing"}))
         with pytest.raises(ConfigError) as caught:
@@ -305,13 +320,20 @@ def test_backend_creation_failure_becomes_config_error() -> None:
     finally:
         unregister()
     assert str(caught.value).startswith(
-        "object_store: object_store type 'refusing' could not be created: PermissionError")
+        "object_store: object_store type 'refusing' could not be created: PermissionError"
+    )
 
 
 def test_backend_of_the_wrong_type_is_refused() -> None:
-    unregister = register_factory(BackendFactory(
-        kind="metadata", name="not-metadata", description="", options=(),
-        create=lambda options, context: MemoryObjectStore()))
+    unregister = register_factory(
+        BackendFactory(
+            kind="metadata",
+            name="not-metadata",
+            description="",
+            options=(),
+            create=lambda options, context: MemoryObjectStore(),
+        )
+    )
     try:
         deployment = load_deployment(with_section(metadata={"type": "not-metadata"}))
         with pytest.raises(ConfigError, match="which is not a MetadataStore"):
@@ -330,12 +352,14 @@ def test_embedded_default_resolves_under_the_data_root(tmp_path: Path) -> None:
             created[name] = values
             return MemoryWal() if kind == "wal" else MemoryObjectStore()
 
-        return BackendFactory(kind=kind, name=name, description="stand-in", options=options,
-                              create=create)
+        return BackendFactory(
+            kind=kind, name=name, description="stand-in", options=options, create=create
+        )
 
     registrations = [
-        register_factory(stand_in("wal", "ebs", (Option("path", "path", ""),
-                                                 Option("capacity", "size", "")))),
+        register_factory(
+            stand_in("wal", "ebs", (Option("path", "path", ""), Option("capacity", "size", "")))
+        ),
         register_factory(stand_in("object_store", "local", (Option("root", "path", ""),))),
         register_factory(stand_in("metadata", "sqlite", (Option("path", "path", ""),))),
     ]
@@ -347,15 +371,19 @@ def test_embedded_default_resolves_under_the_data_root(tmp_path: Path) -> None:
     root = tmp_path / "data"
     assert deployment.base_dir == root
     assert deployment.node_id == 1
-    assert deployment.sections["wal"] == {"type": "ebs", "path": root / "wal.img",
-                                          "capacity": 512 << 20}
+    assert deployment.sections["wal"] == {
+        "type": "ebs",
+        "path": root / "wal.img",
+        "capacity": 512 << 20,
+    }
     assert deployment.sections["object_store"]["root"] == root / "objects"
     assert deployment.sections["metadata"]["path"] == root / "meta.db"
     assert EMBEDDED_DEFAULT["wal"]["type"] == "ebs"  # one constant decides the default
 
 
-def test_embedded_default_with_the_real_plugins(tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_embedded_default_with_the_real_plugins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``load_deployment(None)`` is the embedded default in ./walstream-data; without the ebs
     plugin installed it says which package to install."""
     monkeypatch.chdir(tmp_path)
@@ -376,8 +404,10 @@ def test_disabling_an_unknown_hook_extension_warns_with_a_suggestion(
     with caplog.at_level("WARNING", logger="walstream_plugins.deployment"):
         deployment = load_deployment(with_section(hooks={"disable": ["metric"]}))
     assert deployment.disabled_hooks == ("metric",)
-    assert any("hooks.disable" in record.getMessage()
-               and "Did you mean 'metrics'?" in record.getMessage() for record in caplog.records)
+    assert any(
+        "hooks.disable" in record.getMessage() and "Did you mean 'metrics'?" in record.getMessage()
+        for record in caplog.records
+    )
 
 
 def test_yaml_boolean_words_as_keys_are_explained(write_yaml: WriteYaml) -> None:
@@ -388,3 +418,38 @@ def test_yaml_boolean_words_as_keys_are_explained(write_yaml: WriteYaml) -> None
         compaction: {on: true}
     """)
     assert "quote YAML words such as 'on'" in config_error(path)
+
+
+@pytest.mark.parametrize(
+    ("wal_path", "root", "meta_path"),
+    [
+        ("./data/objects", "./data/objects", "./data/meta.db"),  # the WAL file is the object root
+        ("./data/objects/wal.img", "./data/objects", "./data/meta.db"),  # inside it
+        ("./data/wal.img", "./data/objects", "./data/objects/meta.db"),  # metadata inside it
+    ],
+)
+def test_overlapping_wal_metadata_and_object_locations_are_refused(
+    write_yaml: WriteYaml, wal_path: str, root: str, meta_path: str
+) -> None:
+    path = write_yaml(
+        f"""
+        wal: {{type: ebs, path: {wal_path}, capacity: 8MiB}}
+        object_store: {{type: local, root: {root}}}
+        metadata: {{type: sqlite, path: {meta_path}}}
+        """,
+        "deploy.yaml",
+    )
+    message = config_error(path)
+    assert "overlap" in message and "separate locations" in message
+
+
+def test_separate_locations_load(write_yaml: WriteYaml) -> None:
+    path = write_yaml(
+        """
+        wal: {type: ebs, path: ./data/wal.img, capacity: 8MiB}
+        object_store: {type: local, root: ./data/objects}
+        metadata: {type: sqlite, path: ./data/meta.db}
+        """,
+        "deploy.yaml",
+    )
+    assert load_deployment(path).sections["object_store"]["root"].name == "objects"

@@ -334,3 +334,13 @@ async def test_s3_conditional_writer_never_replaces_an_existing_object(make_stor
     assert await store.get("w-taken") == b"first"
     assert await list_multipart_uploads(store) == []
     await store.close()
+
+
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:9000", "localhost", "ftp://host", "http://"])
+def test_endpoint_url_without_an_http_scheme_is_a_config_error(endpoint: str) -> None:
+    from walstream.errors import ConfigError
+    from walstream_wal_s3.client import S3Settings
+
+    with pytest.raises(ConfigError, match=r"endpoint_url: .* http:// or https://"):
+        S3Settings(bucket="data", endpoint_url=endpoint)
+    assert S3Settings(bucket="data", endpoint_url="http://127.0.0.1:9000").endpoint_url

@@ -506,9 +506,16 @@ class Client:
             base = state.next_offset
             data = encode_batch(state.info.stream_id, state.epoch, base, records, timestamps)
             if len(data) > self.wal.capabilities.max_record_bytes:
+                limit = self.wal.capabilities.max_record_bytes
+                if len(records) == 1:
+                    raise CapacityError(
+                        f"a single record of {len(data)} bytes (encoded) exceeds the WAL's "
+                        f"maximum record of {limit} bytes; store large values elsewhere and "
+                        "append a reference, or use a WAL with a larger max_record_bytes"
+                    )
                 raise CapacityError(
-                    f"batch of {len(data)} bytes exceeds the WAL's maximum record of "
-                    f"{self.wal.capabilities.max_record_bytes} bytes; append fewer records at once"
+                    f"batch of {len(records)} records, {len(data)} bytes, exceeds the WAL's "
+                    f"maximum record of {limit} bytes; append fewer records at once"
                 )
             await self._wait_for_space(len(data))
             self._check_writable(state)

@@ -469,6 +469,7 @@ def _from_mapping(
     for kind in BACKEND_KINDS:
         factories[kind], sections[kind] = _validate_backend(kind, document.get(kind), base_dir)
 
+    _check_separate_locations(sections)
     upload = sections["upload"]
     compaction = sections["compaction"]
     engine_config = EngineConfig(
@@ -498,6 +499,23 @@ def _from_mapping(
         sections=ordered,
         factories=factories,
     )
+
+
+def _check_separate_locations(sections: dict[str, Any]) -> None:
+    """The WAL's file, the metadata file and the object store's folder must not overlap: a WAL
+    file inside the object root (or equal to it) breaks reads long after the writes succeeded."""
+    located: list[tuple[str, Path]] = []
+    for kind, key in (("wal", "path"), ("metadata", "path"), ("object_store", "root")):
+        value = sections.get(kind, {}).get(key)
+        if isinstance(value, (str, Path)) and str(value):
+            located.append((f"{kind}.{key}", Path(value).resolve()))
+    for index, (name, path) in enumerate(located):
+        for other_name, other in located[index + 1 :]:
+            if path == other or path.is_relative_to(other) or other.is_relative_to(path):
+                raise ConfigError(
+                    f"{name} ({path}) and {other_name} ({other}) overlap: give the WAL, the "
+                    "metadata file and the object store separate locations"
+                )
 
 
 def load_deployment(

@@ -53,6 +53,7 @@ from walstream.clock import Clock, SystemClock, make_rng
 from walstream.errors import (
     AmbiguousError,
     BackendUnavailable,
+    ConfigError,
     InvalidArgument,
     NotFound,
     PreconditionFailed,
@@ -72,13 +73,26 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _THROTTLE_CODES = frozenset(
-    {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests",
-     "RequestThrottled", "ServiceUnavailable"}
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "TooManyRequests",
+        "RequestThrottled",
+        "ServiceUnavailable",
+    }
 )
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404", "NoSuchUpload", "NoSuchVersion"})
 _CREDENTIAL_CODES = frozenset(
-    {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-     "InvalidToken", "403"}
+    {
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "403",
+    }
 )
 
 
@@ -126,6 +140,13 @@ class S3Settings:
     def __post_init__(self) -> None:
         if not self.bucket:
             raise InvalidArgument("S3 bucket name is empty")
+        if self.endpoint_url is not None:
+            scheme, _, rest = str(self.endpoint_url).partition("://")
+            if scheme not in ("http", "https") or not rest.strip("/"):
+                raise ConfigError(
+                    f"endpoint_url: {self.endpoint_url!r} is not an http:// or https:// URL; "
+                    f"write it with its scheme, e.g. http://{rest or self.endpoint_url}"
+                )
         if self.prefix and not self.prefix.endswith("/"):
             object.__setattr__(self, "prefix", self.prefix + "/")
         if (self.access_key_id is None) != (self.secret_access_key is None):
@@ -188,8 +209,7 @@ def classify(exc: BaseException, what: str, bucket: str) -> tuple[WalstreamError
         detail = f"S3 {what}: {status} {code}" + (f" ({message})" if message else "")
         if code == "NoSuchBucket":
             return BackendUnavailable(
-                f"{detail}: bucket {bucket!r} does not exist; create it or set "
-                "create_bucket: true"
+                f"{detail}: bucket {bucket!r} does not exist; create it or set create_bucket: true"
             ), _Retry.NO
         if code in _NOT_FOUND_CODES or status == 404:
             return NotFound(f"{detail}: no such object"), _Retry.NO
@@ -229,8 +249,14 @@ def classify(exc: BaseException, what: str, bucket: str) -> tuple[WalstreamError
         ), _Retry.YES
     if isinstance(
         exc,
-        (ReadTimeoutError, ConnectionClosedError, ResponseStreamingError, HTTPClientError,
-         TimeoutError, ConnectionError),
+        (
+            ReadTimeoutError,
+            ConnectionClosedError,
+            ResponseStreamingError,
+            HTTPClientError,
+            TimeoutError,
+            ConnectionError,
+        ),
     ):
         return AmbiguousError(
             f"S3 {what}: the connection failed after the request was sent ({exc}); it may "
