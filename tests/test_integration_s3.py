@@ -76,3 +76,34 @@ async def _scenario(deploy: Path) -> None:
         assert (await stream.read(start=15_000, limit_records=1)).records[0].value == value_for(
             "orders", 15_000
         )
+
+
+def test_cli_commands_on_s3_close_their_connections(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every S3-backed command exits without asyncio's 'Unclosed client session' error."""
+    import subprocess
+    import sys
+
+    deploy = tmp_path / "s3.yaml"
+    shutil.copy(EXAMPLE, deploy)
+    walstream_cli = str(Path(sys.executable).parent / "walstream")
+    with testing.MotoServer() as server:
+        monkeypatch.setenv("WALSTREAM_S3_ENDPOINT", server.endpoint_url)
+        commands = [
+            (["streams", "create", "orders"], ""),
+            (["append", "orders"], "one\ntwo\n"),
+            (["read", "orders"], ""),
+            (["streams", "list"], ""),
+        ]
+        for args, stdin in commands:
+            done = subprocess.run(
+                [walstream_cli, "-c", str(deploy), *args],
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=tmp_path,
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert "Unclosed" not in done.stderr, (args, done.stderr)

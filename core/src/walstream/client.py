@@ -205,6 +205,8 @@ class Client:
         self.node_id = self.config.node_id
         self.node_epoch = -1
         self.deployment_id = b""
+        self.owns_backends = False
+        """Set by :func:`walstream.open`: :meth:`close` closes the object and metadata stores."""
         """Set by :meth:`start` from the metadata store (DESIGN §8: identity everywhere)."""
         self._streams: dict[int, _StreamState] = {}
         self._cache = LogCache(self.config.cache.log_cache_bytes, self.clock)
@@ -310,12 +312,27 @@ class Client:
         return self
 
     async def close(self) -> None:
-        """Upload and commit everything acknowledged, close the WAL, mark the node STOPPED."""
+        """Upload and commit everything acknowledged, close the WAL, mark the node STOPPED.
+
+        A client built by :func:`walstream.open` owns its backends and closes them too."""
         if self._closed:
             return
         self._closed = True
-        if not self._started:
-            return
+        try:
+            if self._started:
+                await self._stop()
+        finally:
+            if self.owns_backends:
+                await self._close_backends()
+
+    async def _close_backends(self) -> None:
+        for backend in (self.objects, self.metadata):
+            try:
+                await backend.close()
+            except Exception as exc:  # closing must not hide why the client stopped
+                log.warning("closing %s failed: %s", type(backend).__name__, exc)
+
+    async def _stop(self) -> None:
         if self._inflight:
             await asyncio.gather(*self._inflight, return_exceptions=True)
         clean = self._failure is None

@@ -54,6 +54,7 @@ def _build_client(
         hooks=hooks,
         clock=clock,
     )
+    client.owns_backends = True
     if config is None:
         folder = shlex.quote(os.getcwd())  # the embedded deployment lives in ./walstream-data
         client.accept_loss_command = f"cd {folder} && walstream recover --accept-loss"
