@@ -604,6 +604,8 @@ class QuorumWal(GroupCommitWal):
         catchup_buffer_bytes: int = 64 << 20,
         clock: Clock | None = None,
     ) -> None:
+        self.verify_parallelism = 16
+        """Chunks recovery reads back at once when it verifies the log at open."""
         replica_count = len(replicas)
         if replica_count == 0:
             raise ConfigError("a quorum WAL needs at least one replica")
@@ -755,58 +757,65 @@ class QuorumWal(GroupCommitWal):
         self._verified.clear()
         self._verified_bytes = 0
         self._bad_copies = {}
-        for seq in sorted(candidates):
+        unreachable: dict[int, str] = {}
+        slots = asyncio.Semaphore(self.verify_parallelism)
+
+        async def verify(seq: int) -> None:
+            nonlocal committed_through
             groups: dict[tuple[int, int, int], list[str]] = {}
             for name, chunk in candidates[seq]:
                 groups.setdefault((chunk.epoch, chunk.crc, chunk.size), []).append(name)
             order = sorted(groups, key=lambda key: (-key[0], -len(groups[key]), key[1]))
             problems: dict[str, str] = {}
             transient: list[str] = []
-            for epoch, crc, size in order:
-                for name in groups[(epoch, crc, size)]:
-                    try:
-                        data, decoded = await self._read_verified(name, seq, crc)
-                    except (CorruptionError, NotFound) as exc:
-                        problems[name] = str(exc)
-                        continue
-                    except WalstreamError as exc:
-                        problems[name] = str(exc)
-                        transient.append(name)
-                        continue
-                    holders = tuple(
-                        holder for holder in groups[(epoch, crc, size)] if holder not in problems
-                    )
-                    verified[seq] = ChainLink(seq, epoch, size, crc, holders)
-                    committed_through = max(committed_through, decoded.acked_through)
-                    self._keep_verified(seq, data)
-                    break
-                if seq in verified:
-                    break
+            async with slots:
+                for epoch, crc, size in order:
+                    for name in groups[(epoch, crc, size)]:
+                        try:
+                            data, decoded = await self._read_verified(name, seq, crc)
+                        except (CorruptionError, NotFound) as exc:
+                            problems[name] = str(exc)
+                            continue
+                        except WalstreamError as exc:
+                            problems[name] = str(exc)
+                            transient.append(name)
+                            continue
+                        holders = tuple(
+                            holder
+                            for holder in groups[(epoch, crc, size)]
+                            if holder not in problems
+                        )
+                        verified[seq] = ChainLink(seq, epoch, size, crc, holders)
+                        committed_through = max(committed_through, decoded.acked_through)
+                        self._keep_verified(seq, data)
+                        break
+                    if seq in verified:
+                        break
             for name in problems:
                 if name not in transient:
                     self._bad_copies.setdefault(name, set()).add(seq)
+            detail = "; ".join(f"{name}: {problem}" for name, problem in sorted(problems.items()))
             if seq in verified:
                 if problems:
                     log.warning(
                         "quorum WAL %s: chunk %d is damaged on %s; repairing it from %s",
                         self.log_id,
                         seq,
-                        "; ".join(
-                            f"{name}: {problem}" for name, problem in sorted(problems.items())
-                        ),
+                        detail,
                         verified[seq].holders,
                     )
-                continue
-            if transient:
-                raise BackendUnavailable(
+            elif transient:
+                unreachable[seq] = (
                     f"quorum WAL {self.log_id}: no copy of chunk {seq} could be verified and "
-                    f"{', '.join(sorted(transient))} did not answer "
-                    f"({'; '.join(f'{n}: {p}' for n, p in sorted(problems.items()))}); "
-                    "recovery cannot tell damage from an unreachable replica, retry when it is up"
+                    f"{', '.join(sorted(transient))} did not answer ({detail}); recovery cannot "
+                    "tell damage from an unreachable replica, retry when it is up"
                 )
-            failed[seq] = "; ".join(
-                f"{name}: {problem}" for name, problem in sorted(problems.items())
-            )
+            else:
+                failed[seq] = detail
+
+        await asyncio.gather(*(verify(seq) for seq in sorted(candidates)))
+        if unreachable:
+            raise BackendUnavailable(unreachable[min(unreachable)])
         chain: list[ChainLink] = []
         last_listed = max(candidates, default=trim_seq)
         for seq in range(trim_seq + 1, max(last_listed, committed_through) + 1):
