@@ -99,6 +99,15 @@ can depend on them (acknowledgements complete in seq order) and the seal invalid
 The next writer continues after the damaged links, so they keep being reported (the evidence
 stays: later chunks' watermarks and the seal) until a trim passes them.
 
+A replica that lost data it once held (a chunk server that found a segment file shorter than
+it wrote it) says so in its listings (``incomplete``) until its log is sealed again. Absence on
+such a replica proves nothing. When fewer than ``N - W + 1`` intact replicas were read, an
+acknowledged chunk at the end of the log may have lived only on the replicas that lost data, so
+the end of the log is itself uncertain *and not because of a crash*: recovery appends a **damage
+marker** (a chunk without records that carries the reason, format 0xC3) after its chain and
+settles it like a repair. The marker is reported as damage (a pure damage report at the end)
+by this and every later recovery, until a trim passes it.
+
 A replica that cannot answer a read is not evidence of anything: when a seq has no verified
 copy and some replica failed for a reason other than bad or missing bytes, recovery fails with
 :class:`BackendUnavailable` instead of guessing.
@@ -157,6 +166,7 @@ __all__ = [
     "chunk_offset",
     "decode_chunk",
     "encode_chunk",
+    "encode_damage_marker",
     "identity_mismatch",
     "offset_seq",
     "parse_chunk",
@@ -175,6 +185,9 @@ CHUNK_MAGIC = 0xC1
 """Chunk format 1: ``magic | count | records | crc`` (no identity, no watermark); still read."""
 CHUNK_MAGIC_V2 = 0xC2
 """Chunk format 2: adds the writer's identity and its acknowledgement watermark."""
+DAMAGE_MARKER_MAGIC = 0xC3
+"""A damage marker: a chunk without records that recovery writes where it found that
+acknowledged records may be lost (its reason is reported by every later recovery)."""
 _CHUNK_HEAD = struct.Struct(">BI")
 _CHUNK_HEAD_V2 = struct.Struct(f">B{DEPLOYMENT_ID_BYTES}sQQI")
 _U32 = struct.Struct(">I")
@@ -226,6 +239,24 @@ class Chunk:
     records: list[bytes]
     identity: LogIdentity | None = None
     acked_through: int = 0
+    damage: str | None = None
+    """Set for a damage marker: what recovery found lost there."""
+
+
+def encode_damage_marker(
+    reason: str, *, identity: LogIdentity | None = None, acked_through: int = 0
+) -> bytes:
+    """``magic 0xC3 u8 | deployment_id 16 | node_id u64 | acked_through u64 | len u32 |
+    reason utf-8 | crc32c u32``."""
+    deployment_id, node_id = (
+        (identity.deployment_id, identity.node_id) if identity else (NO_DEPLOYMENT, 0)
+    )
+    raw = reason.encode()
+    body = (
+        _CHUNK_HEAD_V2.pack(DAMAGE_MARKER_MAGIC, deployment_id, node_id, acked_through, len(raw))
+        + raw
+    )
+    return body + _U32.pack(crc32c.crc32c(body))
 
 
 def encode_chunk(
@@ -274,13 +305,18 @@ def parse_chunk(data: bytes) -> Chunk:
     if magic == CHUNK_MAGIC:
         _, count = _CHUNK_HEAD.unpack_from(body, 0)
         position = _CHUNK_HEAD.size
-    elif magic == CHUNK_MAGIC_V2:
+    elif magic in (CHUNK_MAGIC_V2, DAMAGE_MARKER_MAGIC):
         if len(body) < _CHUNK_HEAD_V2.size:
             raise CorruptionError("chunk header overruns the chunk")
         _, deployment_id, node_id, acked_through, count = _CHUNK_HEAD_V2.unpack_from(body, 0)
         if deployment_id != NO_DEPLOYMENT:
             identity = LogIdentity(deployment_id, node_id)
         position = _CHUNK_HEAD_V2.size
+        if magic == DAMAGE_MARKER_MAGIC:
+            if position + count != len(body):
+                raise CorruptionError("damage marker length mismatch")
+            reason = body[position:].decode(errors="replace")
+            return Chunk([], identity, acked_through, damage=reason)
     else:
         raise CorruptionError(f"bad chunk magic 0x{magic:02x}")
     records: list[bytes] = []
@@ -337,6 +373,9 @@ class LogListing:
     chunks: Mapping[int, ChunkInfo] = field(default_factory=dict)
     identity: LogIdentity | None = None
     """Whose log the replica says this is (recorded by the first identified claim)."""
+    incomplete: bool = False
+    """The replica lost data it once held (e.g. a truncated file) and has not been sealed
+    since: its listing cannot show that a chunk was never written."""
 
 
 class Replica(Protocol):
@@ -506,7 +545,9 @@ class ChainLink:
     crc: int
     holders: tuple[str, ...]
     damage: str | None = None
-    """Set when no copy of a committed chunk verifies: what failed where (the chunk is lost)."""
+    """Set when no copy of a committed chunk verifies: what failed where (the chunk is lost),
+    and for a damage marker (then ``marker`` is set and the link is a real chunk)."""
+    marker: bool = False
 
 
 @dataclass(frozen=True)
@@ -666,6 +707,8 @@ class QuorumWal(GroupCommitWal):
         self._verified_bytes = 0
         self._damaged: dict[int, str] = {}
         """Committed seqs with no valid copy anywhere (reported by recover, never copied)."""
+        self._markers: dict[int, bytes] = {}
+        """Damage markers this recovery made, for settle to write."""
         self._bad_copies: dict[str, set[int]] = {}
         """Seqs whose copy on a replica failed verification at recovery: catch-up rewrites them
         even when the listing looks right."""
@@ -696,8 +739,12 @@ class QuorumWal(GroupCommitWal):
         self._next_seq = resolution.end_seq + 1
         self._acked_through = resolution.end_seq
         self._last_offset = max(chunk_offset(self._next_seq, 0) - 1, resolution.trim_offset)
-        self._chunk_crcs = {link.seq: link.crc for link in resolution.chain if not link.damage}
-        self._damaged = {link.seq: link.damage for link in resolution.chain if link.damage}
+        self._chunk_crcs = {
+            link.seq: link.crc for link in resolution.chain if link.marker or not link.damage
+        }
+        self._damaged = {
+            link.seq: link.damage for link in resolution.chain if link.damage and not link.marker
+        }
         if mode is WalMode.READ_ONLY:
             return
         await self._settle(resolution, listings)
@@ -705,7 +752,7 @@ class QuorumWal(GroupCommitWal):
             if state.replica.name not in listings or any(
                 state.replica.name not in link.holders
                 for link in resolution.chain
-                if not link.damage
+                if link.marker or not link.damage
             ):
                 state.lagging = True
                 state.wake.set()
@@ -785,7 +832,15 @@ class QuorumWal(GroupCommitWal):
                             for holder in groups[(epoch, crc, size)]
                             if holder not in problems
                         )
-                        verified[seq] = ChainLink(seq, epoch, size, crc, holders)
+                        verified[seq] = ChainLink(
+                            seq,
+                            epoch,
+                            size,
+                            crc,
+                            holders,
+                            damage=decoded.damage,
+                            marker=decoded.damage is not None,
+                        )
                         committed_through = max(committed_through, decoded.acked_through)
                         self._keep_verified(seq, data)
                         break
@@ -847,6 +902,24 @@ class QuorumWal(GroupCommitWal):
                     f"although it was committed ({evidence})",
                 )
             )
+        complete = [name for name, listing in listings.items() if not listing.incomplete]
+        if len(complete) < self.replica_count - self.write_quorum + 1:
+            # Too few replicas can vouch for the end of the log: an acknowledged chunk may have
+            # lived only on the replicas that lost data. Record that durably as a marker chunk
+            # (written by settle like a repair), so every later recovery reports it too.
+            lost = sorted(name for name in listings if name not in complete)
+            seq = chain[-1].seq + 1 if chain else trim_seq + 1
+            reason = (
+                f"replicas {', '.join(lost)} lost data they held (truncated or damaged files) and "
+                f"only {len(complete)} intact replicas were read (a write quorum of "
+                f"{self.write_quorum} needs {self.replica_count - self.write_quorum + 1}): "
+                f"acknowledged records after chunk {seq - 1} may be lost"
+            )
+            data = encode_damage_marker(reason, identity=self._identity, acked_through=seq - 1)
+            self._markers[seq] = data
+            chain.append(
+                ChainLink(seq, 0, len(data), chunk_crc(data), (), damage=reason, marker=True)
+            )
         for link in chain:
             if link.damage:
                 log.error("quorum WAL %s: %s", self.log_id, link.damage)
@@ -855,9 +928,9 @@ class QuorumWal(GroupCommitWal):
     async def _settle(self, resolution: Resolution, listings: Mapping[str, LogListing]) -> None:
         """Make recovery's decision durable before anything is returned (rule 4)."""
         for link in resolution.chain:
-            if link.damage or len(link.holders) >= self.write_quorum:
+            if (link.damage and not link.marker) or len(link.holders) >= self.write_quorum:
                 continue
-            data = await self._read_link(link)
+            data = self._markers.get(link.seq) or await self._read_link(link)
             lacking = [name for name in listings if name not in link.holders]
             seq = link.seq
             written = await self._on_replicas(
@@ -916,6 +989,7 @@ class QuorumWal(GroupCommitWal):
         for link in resolution.chain:
             if link.damage:
                 damage.append(link)
+                self._verified.pop(link.seq, None)
                 continue
             data = await self._read_link(link)
             self._verified.pop(link.seq, None)

@@ -129,6 +129,9 @@ class BodyReader:
     def take(self, size: int) -> bytes:
         return self._take(size)
 
+    def u8(self) -> int:
+        return self._take(1)[0]
+
     def u32(self) -> int:
         return int(_U32.unpack(self._take(4))[0])
 
@@ -192,6 +195,7 @@ def encode_listing(listing: LogListing, *, identified: bool = False) -> bytes:
     )
     if identified:
         parts.append(encode_identity(listing.identity))
+        parts.append(bytes([1 if listing.incomplete else 0]))
     return b"".join(parts)
 
 
@@ -216,13 +220,17 @@ def decode_listing(body: bytes, *, identified: bool = False) -> LogListing:
     except struct.error as exc:
         raise FrameError(f"malformed listing: {exc}") from None
     identity = None
+    incomplete = False
     if identified:
         reader = BodyReader(body[position:])
         identity = decode_identity(reader)
+        incomplete = bool(reader.u8() & 1)
         reader.end()
     elif position != len(body):
         raise FrameError("listing has trailing bytes")
-    return LogListing(claimed_epoch, trim_seq, trim_offset, tuple(seals), chunks, identity)
+    return LogListing(
+        claimed_epoch, trim_seq, trim_offset, tuple(seals), chunks, identity, incomplete
+    )
 
 
 def pack_u64(*values: int) -> bytes:

@@ -22,6 +22,11 @@ simply missing from this server's listings, and the quorum WAL repairs them from
 when no peer has a valid copy either, reports them as damage). The control state lost with a
 damaged record comes back from the checkpoint of the next segment (claims, seals and trim
 points only grow). The server keeps serving; ``damaged_records`` counts what was skipped.
+Truncation: ``segments.manifest`` records every segment's size at each rotation and clean close
+(written atomically). A segment found shorter than recorded lost bytes that were durable, so no
+crash explains it: the store appends a TAIL_LOST record and every log it holds (and every log
+it learns later) lists itself as *incomplete* until its next seal, which tells recovery that
+this server cannot vouch for the end of the log. CHECKPOINT2 carries these flags.
 A log whose segments carry two different identities (a segment of another deployment swapped
 in) refuses identified claims with :class:`IdentityMismatch`.
 """
@@ -67,7 +72,9 @@ KIND_TRIM = 4
 KIND_CHECKPOINT = 5
 KIND_IDENTITY = 6
 KIND_CHECKPOINT2 = 7
-_KINDS = frozenset(range(KIND_CHUNK, KIND_CHECKPOINT2 + 1))
+KIND_TAIL_LOST = 8
+_KINDS = frozenset(range(KIND_CHUNK, KIND_TAIL_LOST + 1))
+MANIFEST = "segments.manifest"
 
 
 @dataclass(slots=True)
@@ -89,6 +96,8 @@ class _Log:
     identity: LogIdentity | None = None
     conflicting: LogIdentity | None = None
     """A second identity met on replay: segments of two deployments are mixed here."""
+    incomplete: bool = False
+    """This server lost data (TAIL_LOST) after the log's last seal."""
 
 
 @dataclass
@@ -121,19 +130,83 @@ class ChunkStore:
         """Bytes of a torn tail cut off at open (for logs and tests)."""
         self.damaged_records = 0
         """Damaged regions skipped at open (each one or more records; see the module doc)."""
+        self.lost_bytes = 0
+        """Bytes that segment files lost since the manifest recorded them (found at open)."""
+        self._tail_lost = False
+        """This server once lost data: logs it did not know then are incomplete too."""
 
     # -- opening ----------
 
     def open(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         indexes = sorted(int(path.stem) for path in self.root.glob("*.seg") if path.stem.isdigit())
+        recorded = self._read_manifest()
+        sizes = {index: (self.root / _segment_name(index)).stat().st_size for index in indexes}
         for position, index in enumerate(indexes):
             self._replay(index, last=position == len(indexes) - 1)
         for state in self._logs.values():
             for stored in state.chunks.values():
                 self._segments[stored.segment].live_chunks += 1
+        lost = {
+            index: recorded[index] - size
+            for index, size in sizes.items()
+            if recorded.get(index, 0) > size
+        }
         self._rotate(next_index=(indexes[-1] + 1) if indexes else 1)
+        if lost:
+            # Bytes this server once made durable are gone: whatever chunks they held cannot be
+            # named any more, so every log is marked incomplete until its next seal.
+            self.lost_bytes = sum(lost.values())
+            log.error(
+                "segments %s are shorter than this server wrote them (%d bytes lost); the logs "
+                "here report themselves incomplete until a recovery seals them",
+                sorted(lost),
+                self.lost_bytes,
+            )
+            self._append_record(KIND_TAIL_LOST, _U64.pack(self.lost_bytes))
+            self._mark_tail_lost()
+            os.fdatasync(self._active_fd)
+            self._synced = self._written
         self._delete_dead_segments()
+
+    def _read_manifest(self) -> dict[int, int]:
+        """Segment sizes recorded at the last rotation or clean close (empty when unreadable)."""
+        try:
+            text = (self.root / MANIFEST).read_text()
+            return {
+                int(index): int(size)
+                for index, size in (line.split() for line in text.split("\n") if line)
+            }
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring an unreadable %s: %s", MANIFEST, exc)
+            return {}
+
+    def _write_manifest(self) -> None:
+        """Record every segment's size durably (a later open finds truncated segments)."""
+        lines = []
+        for index, segment in sorted(self._segments.items()):
+            size = (
+                self._active_size if segment is self._active else os.fstat(segment.read_fd).st_size
+            )
+            lines.append(f"{index} {size}\n")
+        temporary = self.root / (MANIFEST + ".tmp")
+        with open(temporary, "w") as file:
+            file.write("".join(lines))
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, self.root / MANIFEST)
+        directory = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def _mark_tail_lost(self) -> None:
+        self._tail_lost = True
+        for state in self._logs.values():
+            state.incomplete = True
 
     def _replay(self, index: int, *, last: bool) -> None:
         path = self.root / _segment_name(index)
@@ -236,6 +309,11 @@ class ChunkStore:
                     identity = _read_identity(reader)
                     if identity.deployment_id != bytes(DEPLOYMENT_ID_BYTES):
                         self._apply_identity(state, identity)
+                    state.incomplete = bool(reader.u8() & 1)
+            if kind == KIND_CHECKPOINT2 and reader.u8() & 1:
+                self._tail_lost = True
+        elif kind == KIND_TAIL_LOST:
+            self._mark_tail_lost()
         else:
             raise FrameError(f"unknown record kind {kind}")
 
@@ -244,7 +322,7 @@ class ChunkStore:
     def _log(self, log_id: str) -> _Log:
         state = self._logs.get(log_id)
         if state is None:
-            state = self._logs[log_id] = _Log()
+            state = self._logs[log_id] = _Log(incomplete=self._tail_lost)
         return state
 
     @staticmethod
@@ -264,6 +342,7 @@ class ChunkStore:
 
     def _apply_seal(self, state: _Log, seal: Seal, *, count_live: bool) -> None:
         state.claimed_epoch = max(state.claimed_epoch, seal.epoch)
+        state.incomplete = False
         if seal not in state.seals:
             state.seals = sorted([*state.seals, seal])[-MAX_SEALS:]
         for seq, stored in list(state.chunks.items()):
@@ -322,11 +401,7 @@ class ChunkStore:
         self._append_record(KIND_CHECKPOINT2, self._checkpoint_body())
         os.fdatasync(self._active_fd)
         self._synced = self._written
-        directory = os.open(self.root, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        self._write_manifest()
 
     def _checkpoint_body(self) -> bytes:
         parts = [_U32.pack(len(self._logs))]
@@ -340,6 +415,8 @@ class ChunkStore:
             parts.append(
                 _pack_identity(state.identity or LogIdentity(bytes(DEPLOYMENT_ID_BYTES), 0))
             )
+            parts.append(bytes([1 if state.incomplete else 0]))
+        parts.append(bytes([1 if self._tail_lost else 0]))
         return b"".join(parts)
 
     async def _sync(self) -> None:
@@ -389,6 +466,7 @@ class ChunkStore:
                 for seq, stored in state.chunks.items()
             },
             state.identity,
+            state.incomplete,
         )
 
     async def claim(
@@ -483,6 +561,7 @@ class ChunkStore:
     def close(self) -> None:
         if self._active_fd >= 0:
             os.fdatasync(self._active_fd)
+            self._write_manifest()
             os.close(self._active_fd)
             self._active_fd = -1
         for segment in self._segments.values():
