@@ -23,49 +23,13 @@ from pathlib import Path
 from walstream.errors import WalstreamError
 from walstream.wal import WalMode, WalRecord
 from walstream_conformance.corruption import FuzzReport, classify_recovery
-from walstream_wal_nvme_quorum import ChunkServerReplica, NvmeQuorumWal
-from walstream_wal_nvme_quorum.server import ChunkServer
-from walstream_wal_nvme_quorum.store import ChunkStore
+from walstream_wal_nvme_quorum.testing import InProcessServers as Servers
 
 DEPLOYMENT = bytes.fromhex("5eed0000000000000000000000000001")
 OTHER_DEPLOYMENT = bytes.fromhex("0be7000000000000000000000000ffff")
 LOG = "node-1"
 CI_CASES = 36
 SOAK_CASES = 600
-
-
-class Servers:
-    """Three chunk servers over data folders under ``root``, started and stopped in-process."""
-
-    def __init__(self, root: Path, segment_bytes: int) -> None:
-        self.folders = [root / f"chunkd-{index}" for index in range(3)]
-        self.segment_bytes = segment_bytes
-        self.running: list[tuple[ChunkServer, ChunkStore]] = []
-        self.addresses: list[str] = []
-
-    async def start(self) -> None:
-        self.addresses = []
-        for folder in self.folders:
-            store = ChunkStore(folder, segment_bytes=self.segment_bytes)
-            store.open()
-            server = ChunkServer(store)
-            host, port = await server.start("127.0.0.1", 0)
-            self.running.append((server, store))
-            self.addresses.append(f"{host}:{port}")
-
-    async def stop(self) -> None:
-        for server, store in self.running:
-            await server.stop()
-            store.close()
-        self.running = []
-
-    def wal(self, **options: float) -> NvmeQuorumWal:
-        settings = {"request_timeout_s": 1.0, "write_timeout_s": 3.0, **options}
-        return NvmeQuorumWal(
-            [ChunkServerReplica(address) for address in self.addresses],
-            log_id=LOG,
-            **settings,  # type: ignore[arg-type]
-        )
 
 
 async def write_rounds(
