@@ -804,6 +804,7 @@ class QuorumWal(GroupCommitWal):
         self._verified.clear()
         self._verified_bytes = 0
         self._bad_copies = {}
+        self._markers = {}
         unreachable: dict[int, str] = {}
         slots = asyncio.Semaphore(self.verify_parallelism)
 
