@@ -451,3 +451,36 @@ async def test_unbound_wal_checks_no_identity() -> None:
     wal, recovered = await open_wal(replicas, epoch=2)  # no deployment bound, another node id
     assert len(recovered) == 3
     await wal.close()
+
+
+async def test_too_few_intact_replicas_make_the_end_a_durable_damage_report() -> None:
+    replicas = make_replicas()
+    acked = await write_rounds(replicas, rounds=3)
+    last = chunk_seqs(acked)[-1]
+    for replica in replicas:
+        del replica.logs[LOG].chunks[last]  # the end is gone everywhere ...
+    replicas[0].logs[LOG].incomplete = True  # ... and two replicas know they lost data
+    replicas[1].logs[LOG].incomplete = True
+    wal, recovered = await open_bound(replicas, epoch=2)
+    assert [(r.offset, r.data) for r in recovered[:-1]] == acked[:-3]
+    report = recovered[-1]
+    assert report.is_damage_report and report.damage_before is not None
+    assert "r0, r1 lost data" in report.damage_before.reason
+    assert classify_recovery(acked, recovered, torn_tail_allowance=0) is Outcome.DETECTED
+    after = await wal.append(b"after")
+    await wal.close()
+    assert not replicas[0].logs[LOG].incomplete  # the seal cleared the flag ...
+    _, again = await open_bound(replicas, epoch=3)
+    # ... and the marker chunk keeps the report: now on the first record after it.
+    assert [r.damage_before for r in again if r.damage_before] == [report.damage_before]
+    assert again[-1].offset == after
+
+
+async def test_one_replica_that_lost_data_is_no_reason_for_alarm() -> None:
+    replicas = make_replicas()
+    acked = await write_rounds(replicas, rounds=3)
+    replicas[0].logs[LOG].chunks.clear()
+    replicas[0].logs[LOG].incomplete = True
+    _, recovered = await open_bound(replicas, epoch=2)
+    assert [(r.offset, r.data) for r in recovered] == acked
+    assert all(record.damage_before is None for record in recovered)

@@ -439,6 +439,8 @@ class _MemoryLog:
     seals: list[Seal] = field(default_factory=list)
     chunks: dict[int, tuple[int, bytes]] = field(default_factory=dict)
     identity: LogIdentity | None = None
+    incomplete: bool = False
+    """Set by tests to play a replica that lost data; cleared by the next seal."""
 
 
 class MemoryReplica:
@@ -478,6 +480,7 @@ class MemoryReplica:
                 for seq, (epoch, data) in state.chunks.items()
             },
             state.identity,
+            state.incomplete,
         )
 
     async def claim(
@@ -512,6 +515,7 @@ class MemoryReplica:
     async def seal(self, log_id: str, epoch: int, end_seq: int) -> None:
         state = await self._enter(log_id, epoch)
         seal = Seal(epoch, end_seq)
+        state.incomplete = False
         if seal not in state.seals:
             state.seals = sorted([*state.seals, seal])[-MAX_SEALS:]
         for seq, (chunk_epoch, data) in list(state.chunks.items()):
