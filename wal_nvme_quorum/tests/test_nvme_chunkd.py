@@ -177,6 +177,10 @@ async def test_damage_before_the_tail_is_skipped_and_the_rest_served(tmp_path: P
         # Only the damaged record is lost on this server; the quorum repairs it from the peers.
         assert sorted(listing.chunks) == [2, 3, 4, 5, 6, 7]
         assert listing.claimed_epoch == 2
+        # It lost a record it had made durable: it says so until a recovery seals the log.
+        assert listing.incomplete
+        await replica.seal(LOG, 2, 7)
+        assert not (await replica.list_chunks(LOG)).incomplete
         for seq in range(2, 8):
             assert await replica.read_chunk(LOG, seq) == (1, chunks[seq])
         await replica.close()

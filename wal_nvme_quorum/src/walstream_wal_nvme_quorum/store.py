@@ -24,7 +24,8 @@ damaged record comes back from the checkpoint of the next segment (claims, seals
 points only grow). The server keeps serving; ``damaged_records`` counts what was skipped.
 Truncation: ``segments.manifest`` records every segment's size at each rotation and clean close
 (written atomically). A segment found shorter than recorded lost bytes that were durable, so no
-crash explains it: the store appends a TAIL_LOST record and every log it holds (and every log
+crash explains it; neither does a damaged record with valid records after it. In both cases the
+store appends a TAIL_LOST record and every log it holds (and every log
 it learns later) lists itself as *incomplete* until its next seal, which tells recovery that
 this server cannot vouch for the end of the log. CHECKPOINT2 carries these flags.
 A log whose segments carry two different identities (a segment of another deployment swapped
@@ -153,15 +154,18 @@ class ChunkStore:
             if recorded.get(index, 0) > size
         }
         self._rotate(next_index=(indexes[-1] + 1) if indexes else 1)
-        if lost:
-            # Bytes this server once made durable are gone: whatever chunks they held cannot be
-            # named any more, so every log is marked incomplete until its next seal.
+        if lost or self.damaged_records:
+            # Bytes this server once made durable are gone (cut off, or skipped as damaged
+            # while valid records follow: no crash explains either). Whatever chunks they held
+            # cannot be named any more, so every log is marked incomplete until its next seal.
             self.lost_bytes = sum(lost.values())
             log.error(
-                "segments %s are shorter than this server wrote them (%d bytes lost); the logs "
-                "here report themselves incomplete until a recovery seals them",
+                "segments %s are shorter than this server wrote them (%d bytes lost) and %d "
+                "damaged regions were skipped; the logs here report themselves incomplete until "
+                "a recovery seals them",
                 sorted(lost),
                 self.lost_bytes,
+                self.damaged_records,
             )
             self._append_record(KIND_TAIL_LOST, _U64.pack(self.lost_bytes))
             self._mark_tail_lost()
@@ -271,7 +275,7 @@ class ChunkStore:
     def _torn_tail(self, data: bytes, position: int, end: int) -> bool:
         """Whether the damage at ``position`` is what a crash mid-append leaves: nothing valid
         follows it in the last segment."""
-        return end >= len(data) or self._next_record(data, position + 1) >= len(data)
+        return self._next_record(data, position + 1) >= len(data)
 
     def _apply_record(self, kind: int, body: bytes, segment: int, body_start: int) -> None:
         reader = BodyReader(body)
