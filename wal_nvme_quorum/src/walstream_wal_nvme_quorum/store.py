@@ -144,7 +144,7 @@ class ChunkStore:
         recorded = self._read_manifest()
         sizes = {index: (self.root / _segment_name(index)).stat().st_size for index in indexes}
         for position, index in enumerate(indexes):
-            self._replay(index, last=position == len(indexes) - 1)
+            self._replay(index, last=position == len(indexes) - 1, durable=recorded.get(index, 0))
         for state in self._logs.values():
             for stored in state.chunks.values():
                 self._segments[stored.segment].live_chunks += 1
@@ -212,7 +212,9 @@ class ChunkStore:
         for state in self._logs.values():
             state.incomplete = True
 
-    def _replay(self, index: int, *, last: bool) -> None:
+    def _replay(self, index: int, *, last: bool, durable: int = 0) -> None:
+        """Replay one segment; ``durable`` is how many of its bytes the manifest says were
+        written before a clean close or rotation (damage there is never a torn tail)."""
         path = self.root / _segment_name(index)
         with open(path, "rb") as file:
             data = file.read()
@@ -220,7 +222,12 @@ class ChunkStore:
         position = 0
         while position < len(data):
             problem, end = self._check_record(data, position)
-            if problem is not None and last and self._torn_tail(data, position, end):
+            if (
+                problem is not None
+                and last
+                and position >= durable
+                and self._torn_tail(data, position, end)
+            ):
                 self.truncated_bytes = len(data) - position
                 log.warning("cutting a torn tail of %d bytes off %s", self.truncated_bytes, path)
                 with open(path, "r+b") as file:
