@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from walstream.config import BuildContext
 from walstream.errors import WalstreamError
 from walstream.quorum import chunk_crc
@@ -32,7 +33,7 @@ from walstream_wal_s3express.zones import ZoneServer, zone_wal_options
 DEPLOYMENT = bytes.fromhex("5eed0000000000000000000000000002")
 OTHER_DEPLOYMENT = bytes.fromhex("0be7000000000000000000000000fffe")
 CI_CASES = 8
-SOAK_CASES = 200
+SOAK_CASES = 120
 KINDS = (
     "flip in a chunk",
     "flip anywhere",
@@ -187,6 +188,7 @@ async def recover(
         await wal.close()
 
 
+@pytest.mark.timeout(1800)  # the soak length; CI cases take well under a minute
 async def test_s3express_corruption_fuzz(shared_zones: list[ZoneServer], soak: bool) -> None:
     seed = int(os.environ.get("WALSTREAM_SEED", "2207"))
     rng = random.Random(seed)
