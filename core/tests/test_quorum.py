@@ -11,10 +11,13 @@ from walstream.errors import (
     BackendUnavailable,
     CorruptionError,
     FencedError,
+    IdentityMismatch,
     InvalidArgument,
 )
 from walstream.quorum import (
+    Chunk,
     ChunkInfo,
+    LogIdentity,
     LogListing,
     MemoryReplica,
     QuorumWal,
@@ -23,9 +26,11 @@ from walstream.quorum import (
     decode_chunk,
     encode_chunk,
     offset_seq,
+    parse_chunk,
     resolve,
 )
-from walstream.wal import WalMode
+from walstream.wal import WalMode, WalRecord
+from walstream_conformance.corruption import Outcome, classify_recovery
 
 LOG = "node-1"
 
@@ -210,3 +215,272 @@ async def test_trim_and_reset_survive_restart() -> None:
     await wal2.close()
     _, recovered = await open_wal(replicas, epoch=3)
     assert recovered == [(after_reset, b"after reset")]
+
+
+# -- identity (WAL invariant 12) and damage reports (invariant 11) -------------------------------
+
+DEPLOYMENT = bytes(range(16))
+OTHER_DEPLOYMENT = bytes(range(100, 116))
+
+
+async def open_bound(
+    replicas: list[MemoryReplica],
+    epoch: int,
+    deployment: bytes = DEPLOYMENT,
+    mode: WalMode = WalMode.READ_WRITE,
+    **options: object,
+) -> tuple[QuorumWal, list[WalRecord]]:
+    wal = make_wal(replicas, **options)
+    wal.bind_deployment(deployment)
+    await wal.start(1, epoch, mode)
+    return wal, [record async for record in wal.recover()]
+
+
+async def write_rounds(
+    replicas: list[MemoryReplica], rounds: int, per_round: int = 3
+) -> list[tuple[int, bytes]]:
+    """Acknowledged records written in rounds (one chunk per round); the writer is abandoned."""
+    wal, _ = await open_bound(replicas, epoch=1)
+    acked: list[tuple[int, bytes]] = []
+    for round_index in range(rounds):
+        payloads = [f"round {round_index} record {i}".encode() for i in range(per_round)]
+        offsets = await asyncio.gather(*(wal.append(payload) for payload in payloads))
+        acked.extend(zip(offsets, payloads, strict=True))
+    await wal.close()
+    return acked
+
+
+def flip(replica: MemoryReplica, seq: int, position: int = -7) -> None:
+    epoch, data = replica.logs[LOG].chunks[seq]
+    damaged = bytearray(data)
+    damaged[position] ^= 0x10
+    replica.logs[LOG].chunks[seq] = (epoch, bytes(damaged))
+
+
+def chunk_seqs(acked: list[tuple[int, bytes]]) -> list[int]:
+    return sorted({offset_seq(offset) for offset, _ in acked})
+
+
+def test_chunk_format_2_carries_identity_and_watermark_and_format_1_still_decodes() -> None:
+    identity = LogIdentity(DEPLOYMENT, 7)
+    chunk = parse_chunk(encode_chunk([b"a", b"bc"], identity=identity, acked_through=41))
+    assert chunk == Chunk([b"a", b"bc"], identity, 41)
+    old = parse_chunk(encode_chunk([b"a", b"bc"], version=1))
+    assert old == Chunk([b"a", b"bc"], None, 0)
+    assert parse_chunk(encode_chunk([b"x"])).identity is None
+
+
+async def test_foreign_replica_refused_at_start_without_being_changed() -> None:
+    replicas = make_replicas()
+    await write_rounds(replicas, rounds=2)
+    foreign = replicas[1]
+    claimed_before = foreign.logs[LOG].claimed_epoch
+    foreign.logs[LOG].identity = LogIdentity(OTHER_DEPLOYMENT, 1)
+    wal = make_wal(replicas)
+    wal.bind_deployment(DEPLOYMENT)
+    with pytest.raises(IdentityMismatch) as caught:
+        await wal.start(1, 5, WalMode.READ_WRITE)
+    message = str(caught.value)
+    assert "r1" in message and OTHER_DEPLOYMENT.hex() in message and DEPLOYMENT.hex() in message
+    assert foreign.logs[LOG].claimed_epoch == claimed_before
+    await wal.close()
+    # A read-only open checks the listings' identity too.
+    reader = make_wal(replicas)
+    reader.bind_deployment(DEPLOYMENT)
+    with pytest.raises(IdentityMismatch):
+        await reader.start(1, 5, WalMode.READ_ONLY)
+    await reader.close()
+
+
+async def test_other_node_of_the_same_deployment_is_refused() -> None:
+    replicas = make_replicas()
+    await write_rounds(replicas, rounds=1)
+    wal = make_wal(replicas)
+    wal.bind_deployment(DEPLOYMENT)
+    with pytest.raises(IdentityMismatch, match="node 1"):
+        await wal.start(2, 5, WalMode.READ_WRITE)
+    await wal.close()
+
+
+async def test_foreign_chunk_on_one_replica_is_never_yielded_and_repaired() -> None:
+    replicas = make_replicas()
+    acked = await write_rounds(replicas, rounds=3)
+    seq = chunk_seqs(acked)[1]
+    foreign = encode_chunk(
+        [b"another deployment's record"], identity=LogIdentity(OTHER_DEPLOYMENT, 1)
+    )
+    replicas[0].logs[LOG].chunks[seq] = (1, foreign)
+    wal, recovered = await open_bound(replicas, epoch=2)
+    assert [(record.offset, record.data) for record in recovered] == acked
+    assert all(record.damage_before is None for record in recovered)
+    await wait_until(lambda: not wal.lagging_replicas())
+    assert decode_chunk(replicas[0].logs[LOG].chunks[seq][1]) != [b"another deployment's record"]
+    await wal.close()
+
+
+async def test_foreign_chunk_on_every_replica_is_reported_not_yielded() -> None:
+    replicas = make_replicas()
+    acked = await write_rounds(replicas, rounds=3)
+    seq = chunk_seqs(acked)[1]
+    foreign = encode_chunk(
+        [b"another deployment's record"], identity=LogIdentity(OTHER_DEPLOYMENT, 1)
+    )
+    for replica in replicas:
+        replica.logs[LOG].chunks[seq] = (1, foreign)
+    wal, recovered = await open_bound(replicas, epoch=2)
+    assert b"another deployment's record" not in [record.data for record in recovered]
+    first_after = next(record for record in recovered if offset_seq(record.offset) > seq)
+    assert first_after.damage_before is not None
+    assert "deployment" in first_after.damage_before.reason
+    await wal.close()
+
+
+async def test_corrupt_copies_are_repaired_from_a_valid_one() -> None:
+    replicas = make_replicas()
+    acked = await write_rounds(replicas, rounds=3)
+    seq = chunk_seqs(acked)[0]
+    flip(replicas[0], seq)
+    flip(replicas[1], seq, position=3)
+    wal, recovered = await open_bound(replicas, epoch=2)
+    assert [(record.offset, record.data) for record in recovered] == acked
+    assert all(record.damage_before is None for record in recovered)
+    await wait_until(lambda: not wal.lagging_replicas())
+    for replica in replicas:
+        decode_chunk(replica.logs[LOG].chunks[seq][1])  # every copy verifies again
+    await wal.close()
+
+
+async def test_no_valid_copy_mid_log_is_reported_and_later_records_recovered() -> None:
+    replicas = make_replicas()
+    acked = await write_rounds(replicas, rounds=4)
+    seq = chunk_seqs(acked)[1]
+    flip(replicas[0], seq)
+    flip(replicas[1], seq)
+    del replicas[2].logs[LOG].chunks[seq]
+    wal, recovered = await open_bound(replicas, epoch=2)
+    lost = [item for item in acked if offset_seq(item[0]) == seq]
+    assert [(record.offset, record.data) for record in recovered] == [
+        item for item in acked if item not in lost
+    ]
+    damaged = [record for record in recovered if record.damage_before is not None]
+    assert len(damaged) == 1 and offset_seq(damaged[0].offset) == seq + 1
+    damage = damaged[0].damage_before
+    assert damage is not None
+    assert damage.start == lost[0][0] and damage.end == damaged[0].offset
+    assert f"chunk {seq}" in damage.reason
+    assert "r0" in damage.reason and "r1" in damage.reason and "absent on r2" in damage.reason
+    assert "checksum" in damage.reason
+    assert classify_recovery(acked, recovered, torn_tail_allowance=3) is Outcome.DETECTED
+    # The writer continues; the damage stays reported by every later recovery.
+    later = await wal.append(b"after the damage")
+    await wal.close()
+    _, again = await open_bound(replicas, epoch=3)
+    assert [record.data for record in again][-1] == b"after the damage"
+    reported = [record for record in again if record.damage_before is not None]
+    assert [record.offset for record in reported] == [damaged[0].offset]
+    assert again[-1].offset == later
+
+
+async def test_damage_at_the_end_with_quorum_evidence_is_a_damage_report() -> None:
+    replicas = make_replicas()
+    acked = await write_rounds(replicas, rounds=3)
+    last = chunk_seqs(acked)[-1]
+    for replica in replicas:
+        flip(replica, last)
+    _, recovered = await open_bound(replicas, epoch=2)
+    assert [(record.offset, record.data) for record in recovered[:-1]] == acked[:-3]
+    report = recovered[-1]
+    assert report.is_damage_report and report.damage_before is not None
+    assert (
+        report.offset == report.damage_before.end and f"chunk {last}" in report.damage_before.reason
+    )
+    assert classify_recovery(acked, recovered, torn_tail_allowance=3) is Outcome.DETECTED
+
+
+async def test_uncertain_tail_without_evidence_is_dropped_as_torn() -> None:
+    replicas = make_replicas()
+    acked = await write_rounds(replicas, rounds=2)
+    # A write in flight at the crash reached one replica only, and that copy is damaged.
+    in_flight = chunk_seqs(acked)[-1] + 1
+    data = encode_chunk([b"in flight"], identity=LogIdentity(DEPLOYMENT, 1), acked_through=0)
+    await replicas[0].write_chunk(LOG, 1, in_flight, data)
+    flip(replicas[0], in_flight)
+    wal, recovered = await open_bound(replicas, epoch=2)
+    assert [(record.offset, record.data) for record in recovered] == acked
+    assert all(record.damage_before is None for record in recovered)
+    assert await wal.append(b"next") > acked[-1][0]
+    await wal.close()
+
+
+async def test_unreachable_copy_is_not_taken_for_damage() -> None:
+    replicas = make_replicas()
+    acked = await write_rounds(replicas, rounds=3)
+    seq = chunk_seqs(acked)[1]
+    flip(replicas[0], seq)
+    flip(replicas[1], seq)
+
+    async def unreachable(log_id: str, seq: int) -> tuple[int, bytes]:
+        raise BackendUnavailable("r2 is unreachable")
+
+    replicas[2].read_chunk = unreachable  # type: ignore[method-assign]
+    wal = make_wal(replicas)
+    wal.bind_deployment(DEPLOYMENT)
+    with pytest.raises(BackendUnavailable, match="cannot tell damage"):
+        await wal.start(1, 2, WalMode.READ_WRITE)
+    await wal.close()
+
+
+async def test_format_1_chunks_and_unidentified_logs_are_still_read() -> None:
+    replicas = make_replicas()
+    for replica in replicas:
+        await replica.claim(LOG, 1)
+        for seq in (1, 2):
+            await replica.write_chunk(LOG, 1, seq, encode_chunk([f"old {seq}".encode()], version=1))
+    wal, recovered = await open_bound(replicas, epoch=2)
+    assert [record.data for record in recovered] == [b"old 1", b"old 2"]
+    await wal.append(b"new")
+    await wal.close()
+    assert all(replica.logs[LOG].identity == LogIdentity(DEPLOYMENT, 1) for replica in replicas)
+    _, recovered = await open_bound(replicas, epoch=3)
+    assert [record.data for record in recovered] == [b"old 1", b"old 2", b"new"]
+
+
+async def test_unbound_wal_checks_no_identity() -> None:
+    replicas = make_replicas()
+    await write_rounds(replicas, rounds=1)
+    wal, recovered = await open_wal(replicas, epoch=2)  # no deployment bound, another node id
+    assert len(recovered) == 3
+    await wal.close()
+
+
+async def test_too_few_intact_replicas_make_the_end_a_durable_damage_report() -> None:
+    replicas = make_replicas()
+    acked = await write_rounds(replicas, rounds=3)
+    last = chunk_seqs(acked)[-1]
+    for replica in replicas:
+        del replica.logs[LOG].chunks[last]  # the end is gone everywhere ...
+    replicas[0].logs[LOG].incomplete = True  # ... and two replicas know they lost data
+    replicas[1].logs[LOG].incomplete = True
+    wal, recovered = await open_bound(replicas, epoch=2)
+    assert [(r.offset, r.data) for r in recovered[:-1]] == acked[:-3]
+    report = recovered[-1]
+    assert report.is_damage_report and report.damage_before is not None
+    assert "r0, r1 lost data" in report.damage_before.reason
+    assert classify_recovery(acked, recovered, torn_tail_allowance=0) is Outcome.DETECTED
+    after = await wal.append(b"after")
+    await wal.close()
+    assert not replicas[0].logs[LOG].incomplete  # the seal cleared the flag ...
+    _, again = await open_bound(replicas, epoch=3)
+    # ... and the marker chunk keeps the report: now on the first record after it.
+    assert [r.damage_before for r in again if r.damage_before] == [report.damage_before]
+    assert again[-1].offset == after
+
+
+async def test_one_replica_that_lost_data_is_no_reason_for_alarm() -> None:
+    replicas = make_replicas()
+    acked = await write_rounds(replicas, rounds=3)
+    replicas[0].logs[LOG].chunks.clear()
+    replicas[0].logs[LOG].incomplete = True
+    _, recovered = await open_bound(replicas, epoch=2)
+    assert [(r.offset, r.data) for r in recovered] == acked
+    assert all(record.damage_before is None for record in recovered)

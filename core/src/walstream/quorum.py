@@ -51,6 +51,66 @@ content, and a new writer only writes seqs above its own seal.
 Records whose append failed may be recovered or not (an ambiguous failure); after a recovery
 decided to discard them, their offsets may be reused by the next writer, but acknowledged
 offsets never repeat.
+
+Identity (WAL invariant 12)
+---------------------------
+
+A WAL bound to a deployment (:meth:`~walstream.wal.WriteAheadLog.bind_deployment`) stamps every
+chunk with a :class:`LogIdentity` (deployment id and node id, chunk format 2) and passes it to
+``claim``. A replica records the identity of a log with its first identified claim and refuses
+a claim with another identity with :class:`IdentityMismatch` *before* changing anything (a
+misconfigured node must not fence another deployment's writer); listings report the recorded
+identity, so a read-only open checks it too. A chunk whose identity differs from the WAL's is
+treated like a damaged copy: it is never yielded nor copied. Chunks of format 1 and logs without
+a recorded identity (written before identities existed, or by an unbound WAL) are accepted as
+ours; an unbound WAL checks nothing, as before.
+
+Damage versus a torn tail (WAL invariant 11)
+--------------------------------------------
+
+Listings say what a replica *claims* to hold; recovery trusts only bytes it read back and
+verified (the chunk checksum, the listing's checksum, the identity). For every seq it tries the
+listed copies, newest epoch first, until one verifies. A copy that fails is simply not a holder:
+rule 4 repairs the chunk from the verified copy, so one bad copy is never a loss.
+
+A seq with *no* verified copy among the replicas read is either a write that was in flight at a
+crash (never acknowledged: dropping it is correct) or an acknowledged chunk whose every copy was
+damaged (dropping it silently would break invariant 11). Recovery tells them apart by evidence
+that the chunk was committed, and only by evidence:
+
+- *Watermarks.* Every chunk of format 2 carries the writer's ``acked_through`` when the chunk
+  was formed: the highest seq that it and all before it had reached W replicas. A verified
+  chunk with watermark ``c`` proves every seq ``<= c`` was committed. The chunks that can be in
+  flight at a crash are exactly those above the watermark of every later chunk (the writer had
+  not yet seen them reach W), so this is the uncertain window and nothing outside it.
+- *Seals.* A seal ``(E, end_seq)`` was written only after recovery E kept (or reported) every
+  seq up to ``end_seq``: those seqs were committed.
+- *Quorum listings.* A seq listed by at least W of the replicas read reached W replicas: a
+  write that completes on W is committed by the protocol (any later recovery would keep it),
+  and a per-replica write is atomic, so it cannot be a torn one.
+
+A seq without a verified copy but with such evidence is **damage**: it becomes a damaged link
+of the chain (nothing to repair from), recovery continues after it, and the first record
+yielded after the damaged region carries ``damage_before`` naming the chunks, the replicas and
+what failed on each. Damage with no valid record after it is reported by a pure damage report
+(an empty record whose ``offset`` is the end of the damage). A seq without evidence ends the
+chain, as before: it and everything after it lie in the uncertain window, no acknowledgement
+can depend on them (acknowledgements complete in seq order) and the seal invalidates them.
+The next writer continues after the damaged links, so they keep being reported (the evidence
+stays: later chunks' watermarks and the seal) until a trim passes them.
+
+A replica that lost data it once held (a chunk server that found a segment file shorter than
+it wrote it) says so in its listings (``incomplete``) until its log is sealed again. Absence on
+such a replica proves nothing. When fewer than ``N - W + 1`` intact replicas were read, an
+acknowledged chunk at the end of the log may have lived only on the replicas that lost data, so
+the end of the log is itself uncertain *and not because of a crash*: recovery appends a **damage
+marker** (a chunk without records that carries the reason, format 0xC3) after its chain and
+settles it like a repair. The marker is reported as damage (a pure damage report at the end)
+by this and every later recovery, until a trim passes it.
+
+A replica that cannot answer a read is not evidence of anything: when a seq has no verified
+copy and some replica failed for a reason other than bad or missing bytes, recovery fails with
+:class:`BackendUnavailable` instead of guessing.
 """
 
 from __future__ import annotations
@@ -72,18 +132,30 @@ from .errors import (
     ConfigError,
     CorruptionError,
     FencedError,
+    IdentityMismatch,
     InvalidArgument,
     NotFound,
     PreconditionFailed,
     WalstreamError,
 )
-from .wal import GroupCommitWal, PreparedGroup, WalCapabilities, WalMode, WalOffset, WalRecord
+from .records import DEPLOYMENT_ID_BYTES
+from .wal import (
+    GroupCommitWal,
+    PreparedGroup,
+    WalCapabilities,
+    WalDamage,
+    WalMode,
+    WalOffset,
+    WalRecord,
+)
 
 __all__ = [
     "MAX_SEALS",
     "RECORDS_PER_CHUNK",
     "ChainLink",
+    "Chunk",
     "ChunkInfo",
+    "LogIdentity",
     "LogListing",
     "MemoryReplica",
     "QuorumWal",
@@ -94,7 +166,10 @@ __all__ = [
     "chunk_offset",
     "decode_chunk",
     "encode_chunk",
+    "encode_damage_marker",
+    "identity_mismatch",
     "offset_seq",
+    "parse_chunk",
     "quorum_wal_options",
     "resolve",
 ]
@@ -107,8 +182,17 @@ RECORDS_PER_CHUNK = 1 << 24
 MAX_SEALS = 4096
 
 CHUNK_MAGIC = 0xC1
+"""Chunk format 1: ``magic | count | records | crc`` (no identity, no watermark); still read."""
+CHUNK_MAGIC_V2 = 0xC2
+"""Chunk format 2: adds the writer's identity and its acknowledgement watermark."""
+DAMAGE_MARKER_MAGIC = 0xC3
+"""A damage marker: a chunk without records that recovery writes where it found that
+acknowledged records may be lost (its reason is reported by every later recovery)."""
 _CHUNK_HEAD = struct.Struct(">BI")
+_CHUNK_HEAD_V2 = struct.Struct(f">B{DEPLOYMENT_ID_BYTES}sQQI")
 _U32 = struct.Struct(">I")
+#: The deployment id of a chunk written by a WAL that was bound to no deployment.
+NO_DEPLOYMENT = bytes(DEPLOYMENT_ID_BYTES)
 
 T = TypeVar("T")
 
@@ -125,9 +209,82 @@ def chunk_crc(data: bytes) -> int:
     return crc32c.crc32c(data)
 
 
-def encode_chunk(payloads: Sequence[bytes]) -> bytes:
-    """``magic u8 | count u32 | (len u32 | bytes)* | crc32c u32`` (big-endian)."""
-    parts = [_CHUNK_HEAD.pack(CHUNK_MAGIC, len(payloads))]
+@dataclass(frozen=True, slots=True)
+class LogIdentity:
+    """Whose log it is: the deployment id (16 bytes) and the node id the WAL was started for."""
+
+    deployment_id: bytes
+    node_id: int
+
+    def describe(self) -> str:
+        return f"deployment {self.deployment_id.hex()} node {self.node_id}"
+
+
+def identity_mismatch(
+    replica: str, log_id: str, stored: LogIdentity, expected: LogIdentity
+) -> IdentityMismatch:
+    """The error a replica (or the WAL) raises for a log that belongs to someone else."""
+    return IdentityMismatch(
+        f"replica {replica}: log {log_id} belongs to {stored.describe()}, not to "
+        f"{expected.describe()} that opens it; check that the WAL configuration points at this "
+        "deployment's replicas (a bucket, prefix or chunk server of another deployment?)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A decoded chunk. ``identity`` is ``None`` for format 1 and for chunks of an unbound WAL;
+    ``acked_through`` (0 for format 1) is the writer's watermark when it formed the chunk."""
+
+    records: list[bytes]
+    identity: LogIdentity | None = None
+    acked_through: int = 0
+    damage: str | None = None
+    """Set for a damage marker: what recovery found lost there."""
+
+
+def encode_damage_marker(
+    reason: str, *, identity: LogIdentity | None = None, acked_through: int = 0
+) -> bytes:
+    """``magic 0xC3 u8 | deployment_id 16 | node_id u64 | acked_through u64 | len u32 |
+    reason utf-8 | crc32c u32``."""
+    deployment_id, node_id = (
+        (identity.deployment_id, identity.node_id) if identity else (NO_DEPLOYMENT, 0)
+    )
+    raw = reason.encode()
+    body = (
+        _CHUNK_HEAD_V2.pack(DAMAGE_MARKER_MAGIC, deployment_id, node_id, acked_through, len(raw))
+        + raw
+    )
+    return body + _U32.pack(crc32c.crc32c(body))
+
+
+def encode_chunk(
+    payloads: Sequence[bytes],
+    *,
+    identity: LogIdentity | None = None,
+    acked_through: int = 0,
+    version: int = 2,
+) -> bytes:
+    """Format 2: ``magic 0xC2 u8 | deployment_id 16 | node_id u64 | acked_through u64 |
+    count u32 | (len u32 | bytes)* | crc32c u32`` (big-endian, CRC over everything before it).
+    Format 1 (``version=1``, what older writers wrote): ``magic 0xC1 u8 | count u32 | records |
+    crc32c u32``. Without an identity, format 2 stores the all-zero deployment id."""
+    if version == 1:
+        parts = [_CHUNK_HEAD.pack(CHUNK_MAGIC, len(payloads))]
+    elif version == 2:
+        deployment_id, node_id = (
+            (identity.deployment_id, identity.node_id) if identity else (NO_DEPLOYMENT, 0)
+        )
+        if len(deployment_id) != DEPLOYMENT_ID_BYTES:
+            raise InvalidArgument(f"a deployment id has {DEPLOYMENT_ID_BYTES} bytes")
+        parts = [
+            _CHUNK_HEAD_V2.pack(
+                CHUNK_MAGIC_V2, deployment_id, node_id, acked_through, len(payloads)
+            )
+        ]
+    else:
+        raise InvalidArgument(f"unknown chunk format version {version}")
     for payload in payloads:
         parts.append(_U32.pack(len(payload)))
         parts.append(payload)
@@ -135,18 +292,34 @@ def encode_chunk(payloads: Sequence[bytes]) -> bytes:
     return body + _U32.pack(crc32c.crc32c(body))
 
 
-def decode_chunk(data: bytes) -> list[bytes]:
-    """The records of a chunk; :class:`CorruptionError` when any byte is off."""
+def parse_chunk(data: bytes) -> Chunk:
+    """Decode a chunk of format 1 or 2; :class:`CorruptionError` when any byte is off."""
     if len(data) < _CHUNK_HEAD.size + 4:
         raise CorruptionError(f"chunk of {len(data)} bytes is too short")
     body, (crc,) = data[:-4], _U32.unpack_from(data, len(data) - 4)
     if crc32c.crc32c(body) != crc:
         raise CorruptionError("chunk checksum mismatch")
-    magic, count = _CHUNK_HEAD.unpack_from(body, 0)
-    if magic != CHUNK_MAGIC:
+    magic = body[0]
+    identity: LogIdentity | None = None
+    acked_through = 0
+    if magic == CHUNK_MAGIC:
+        _, count = _CHUNK_HEAD.unpack_from(body, 0)
+        position = _CHUNK_HEAD.size
+    elif magic in (CHUNK_MAGIC_V2, DAMAGE_MARKER_MAGIC):
+        if len(body) < _CHUNK_HEAD_V2.size:
+            raise CorruptionError("chunk header overruns the chunk")
+        _, deployment_id, node_id, acked_through, count = _CHUNK_HEAD_V2.unpack_from(body, 0)
+        if deployment_id != NO_DEPLOYMENT:
+            identity = LogIdentity(deployment_id, node_id)
+        position = _CHUNK_HEAD_V2.size
+        if magic == DAMAGE_MARKER_MAGIC:
+            if position + count != len(body):
+                raise CorruptionError("damage marker length mismatch")
+            reason = body[position:].decode(errors="replace")
+            return Chunk([], identity, acked_through, damage=reason)
+    else:
         raise CorruptionError(f"bad chunk magic 0x{magic:02x}")
     records: list[bytes] = []
-    position = _CHUNK_HEAD.size
     for _ in range(count):
         if position + 4 > len(body):
             raise CorruptionError("chunk record header overruns the chunk")
@@ -158,7 +331,12 @@ def decode_chunk(data: bytes) -> list[bytes]:
         position += length
     if position != len(body):
         raise CorruptionError("chunk has trailing bytes")
-    return records
+    return Chunk(records, identity, acked_through)
+
+
+def decode_chunk(data: bytes) -> list[bytes]:
+    """The records of a chunk; :class:`CorruptionError` when any byte is off."""
+    return parse_chunk(data).records
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +371,11 @@ class LogListing:
     """Records at offsets ``<= trim_offset`` are trimmed (the chunk holding it may remain)."""
     seals: tuple[Seal, ...] = ()
     chunks: Mapping[int, ChunkInfo] = field(default_factory=dict)
+    identity: LogIdentity | None = None
+    """Whose log the replica says this is (recorded by the first identified claim)."""
+    incomplete: bool = False
+    """The replica lost data it once held (e.g. a truncated file) and has not been sealed
+    since: its listing cannot show that a chunk was never written."""
 
 
 class Replica(Protocol):
@@ -214,11 +397,17 @@ class Replica(Protocol):
     6. Errors: :class:`BackendUnavailable` when the request surely did not happen,
        :class:`AmbiguousError` when it may have, :class:`NotFound` for a missing chunk,
        :class:`CorruptionError` for bad stored bytes.
+    7. ``claim`` with an ``identity`` checks it before anything else: a log that recorded
+       another identity raises :class:`IdentityMismatch` (see :func:`identity_mismatch`) and
+       changes nothing; a log without one records it durably with the claim. Listings report
+       the recorded identity.
     """
 
     name: str
 
-    async def claim(self, log_id: str, epoch: int) -> LogListing: ...
+    async def claim(
+        self, log_id: str, epoch: int, identity: LogIdentity | None = None
+    ) -> LogListing: ...
 
     async def list_chunks(self, log_id: str) -> LogListing: ...
 
@@ -249,6 +438,9 @@ class _MemoryLog:
     trim_offset: int = -1
     seals: list[Seal] = field(default_factory=list)
     chunks: dict[int, tuple[int, bytes]] = field(default_factory=dict)
+    identity: LogIdentity | None = None
+    incomplete: bool = False
+    """Set by tests to play a replica that lost data; cleared by the next seal."""
 
 
 class MemoryReplica:
@@ -287,9 +479,18 @@ class MemoryReplica:
                 seq: ChunkInfo(seq, epoch, len(data), chunk_crc(data))
                 for seq, (epoch, data) in state.chunks.items()
             },
+            state.identity,
+            state.incomplete,
         )
 
-    async def claim(self, log_id: str, epoch: int) -> LogListing:
+    async def claim(
+        self, log_id: str, epoch: int, identity: LogIdentity | None = None
+    ) -> LogListing:
+        if identity is not None:
+            state = await self._enter(log_id)
+            if state.identity is not None and state.identity != identity:
+                raise identity_mismatch(self.name, log_id, state.identity, identity)
+            state.identity = identity
         return self._listing(await self._enter(log_id, epoch))
 
     async def list_chunks(self, log_id: str) -> LogListing:
@@ -314,6 +515,7 @@ class MemoryReplica:
     async def seal(self, log_id: str, epoch: int, end_seq: int) -> None:
         state = await self._enter(log_id, epoch)
         seal = Seal(epoch, end_seq)
+        state.incomplete = False
         if seal not in state.seals:
             state.seals = sorted([*state.seals, seal])[-MAX_SEALS:]
         for seq, (chunk_epoch, data) in list(state.chunks.items()):
@@ -346,6 +548,10 @@ class ChainLink:
     size: int
     crc: int
     holders: tuple[str, ...]
+    damage: str | None = None
+    """Set when no copy of a committed chunk verifies: what failed where (the chunk is lost),
+    and for a damage marker (then ``marker`` is set and the link is a real chunk)."""
+    marker: bool = False
 
 
 @dataclass(frozen=True)
@@ -361,7 +567,9 @@ class Resolution:
 
 
 def resolve(listings: Mapping[str, LogListing]) -> Resolution:
-    """The deterministic resolution of the log from replica listings (rule 3 of the module doc)."""
+    """The deterministic resolution of the log from replica listings alone (rule 3 of the module
+    doc), trusting every listed copy. :class:`QuorumWal` refines it by reading the copies back
+    (see "Damage versus a torn tail")."""
     trim_seq = max((listing.trim_seq for listing in listings.values()), default=0)
     trim_offset = max((listing.trim_offset for listing in listings.values()), default=-1)
     seals = tuple(sorted({seal for listing in listings.values() for seal in listing.seals}))
@@ -441,6 +649,8 @@ class QuorumWal(GroupCommitWal):
         catchup_buffer_bytes: int = 64 << 20,
         clock: Clock | None = None,
     ) -> None:
+        self.verify_parallelism = 16
+        """Chunks recovery reads back at once when it verifies the log at open."""
         replica_count = len(replicas)
         if replica_count == 0:
             raise ConfigError("a quorum WAL needs at least one replica")
@@ -460,6 +670,8 @@ class QuorumWal(GroupCommitWal):
                 survives_process_kill=True,
                 survives_power_loss=True,
                 shared_between_processes=True,
+                checks_identity=True,
+                reports_damage=True,
                 extra={"replicas": replica_count, "write_quorum": write_quorum},
             ),
             max_group_bytes=max_chunk_bytes,
@@ -491,31 +703,60 @@ class QuorumWal(GroupCommitWal):
         """CRC of every untrimmed chunk this writer knows (recovered or written)."""
         self._background: set[asyncio.Task[Any]] = set()
         self._fenced: FencedError | None = None
+        self._identity: LogIdentity | None = None
+        """Whose log this is; ``None`` when no deployment was bound (nothing is checked)."""
+        self._node_id = 0
+        self._verified: OrderedDict[int, bytes] = OrderedDict()
+        """Chunks recovery read and verified at open, kept (bounded) for settle and recover."""
+        self._verified_bytes = 0
+        self._damaged: dict[int, str] = {}
+        """Committed seqs with no valid copy anywhere (reported by recover, never copied)."""
+        self._markers: dict[int, bytes] = {}
+        """Damage markers this recovery made, for settle to write."""
+        self._bad_copies: dict[str, set[int]] = {}
+        """Seqs whose copy on a replica failed verification at recovery: catch-up rewrites them
+        even when the listing looks right."""
 
     # -- opening and recovery -------------------------------------------------------------------
 
     async def _open(self, node_id: int, node_epoch: int, mode: WalMode) -> None:
+        self._node_id = node_id
+        identity = LogIdentity(self.deployment_id, node_id) if self.deployment_id else None
+        self._identity = identity
         if mode is WalMode.READ_ONLY:
             listings = await self._on_replicas(
                 "list", lambda replica: replica.list_chunks(self.log_id), self.read_quorum
             )
         else:
             listings = await self._on_replicas(
-                "claim", lambda replica: replica.claim(self.log_id, node_epoch), self.read_quorum
+                "claim",
+                lambda replica: replica.claim(self.log_id, node_epoch, identity),
+                self.read_quorum,
             )
-        resolution = resolve(listings)
+        if identity is not None:
+            for name, listing in sorted(listings.items()):
+                if listing.identity is not None and listing.identity != identity:
+                    raise identity_mismatch(name, self.log_id, listing.identity, identity)
+        resolution = await self._resolve(listings)
         self._resolution = resolution
         self._trim_seq, self._trim_offset = resolution.trim_seq, resolution.trim_offset
         self._next_seq = resolution.end_seq + 1
         self._acked_through = resolution.end_seq
         self._last_offset = max(chunk_offset(self._next_seq, 0) - 1, resolution.trim_offset)
-        self._chunk_crcs = {link.seq: link.crc for link in resolution.chain}
+        self._chunk_crcs = {
+            link.seq: link.crc for link in resolution.chain if link.marker or not link.damage
+        }
+        self._damaged = {
+            link.seq: link.damage for link in resolution.chain if link.damage and not link.marker
+        }
         if mode is WalMode.READ_ONLY:
             return
         await self._settle(resolution, listings)
         for state in self._replicas.values():
             if state.replica.name not in listings or any(
-                state.replica.name not in link.holders for link in resolution.chain
+                state.replica.name not in link.holders
+                for link in resolution.chain
+                if link.marker or not link.damage
             ):
                 state.lagging = True
                 state.wake.set()
@@ -525,12 +766,176 @@ class QuorumWal(GroupCommitWal):
                     self._catch_up_loop(state), name=f"quorum-catchup-{state.replica.name}"
                 )
 
+    def _foreign(self, chunk: Chunk) -> str | None:
+        """Why ``chunk`` is not ours (invariant 12), or ``None``."""
+        if self._identity is None or chunk.identity is None or chunk.identity == self._identity:
+            return None
+        return f"belongs to {chunk.identity.describe()}, not {self._identity.describe()}"
+
+    async def _read_verified(self, name: str, seq: int, crc: int) -> tuple[bytes, Chunk]:
+        """Read chunk ``seq`` from replica ``name`` and verify it against the listed ``crc``,
+        its own checksum and the identity; :class:`CorruptionError` when any check fails."""
+        replica = self._replicas[name].replica
+        _, data = await self._bounded(replica.read_chunk(self.log_id, seq))
+        if chunk_crc(data) != crc:
+            raise CorruptionError(f"chunk {seq} differs from the listing")
+        chunk = parse_chunk(data)
+        foreign = self._foreign(chunk)
+        if foreign is not None:
+            raise IdentityMismatch(f"chunk {seq} {foreign}")
+        return data, chunk
+
+    def _keep_verified(self, seq: int, data: bytes) -> None:
+        self._verified[seq] = data
+        self._verified_bytes += len(data)
+        while self._verified_bytes > self.catchup_buffer_bytes and self._verified:
+            _, evicted = self._verified.popitem(last=False)
+            self._verified_bytes -= len(evicted)
+
+    async def _resolve(self, listings: Mapping[str, LogListing]) -> Resolution:
+        """Rule 3 on verified copies: the chain of kept chunks, with damaged links where a
+        committed chunk has no valid copy (see "Damage versus a torn tail")."""
+        listed = resolve(listings)
+        trim_seq, seals = listed.trim_seq, listed.seals
+        candidates: dict[int, list[tuple[str, ChunkInfo]]] = {}
+        for name, listing in sorted(listings.items()):
+            for seq, chunk in listing.chunks.items():
+                if seq > trim_seq and not any(seal.invalidates(chunk) for seal in seals):
+                    candidates.setdefault(seq, []).append((name, chunk))
+        committed_through = max((seal.end_seq for seal in seals), default=0)
+        verified: dict[int, ChainLink] = {}
+        failed: dict[int, str] = {}
+        self._verified.clear()
+        self._verified_bytes = 0
+        self._bad_copies = {}
+        self._markers = {}
+        unreachable: dict[int, str] = {}
+        slots = asyncio.Semaphore(self.verify_parallelism)
+
+        async def verify(seq: int) -> None:
+            nonlocal committed_through
+            groups: dict[tuple[int, int, int], list[str]] = {}
+            for name, chunk in candidates[seq]:
+                groups.setdefault((chunk.epoch, chunk.crc, chunk.size), []).append(name)
+            order = sorted(groups, key=lambda key: (-key[0], -len(groups[key]), key[1]))
+            problems: dict[str, str] = {}
+            transient: list[str] = []
+            async with slots:
+                for epoch, crc, size in order:
+                    for name in groups[(epoch, crc, size)]:
+                        try:
+                            data, decoded = await self._read_verified(name, seq, crc)
+                        except (CorruptionError, NotFound) as exc:
+                            problems[name] = str(exc)
+                            continue
+                        except WalstreamError as exc:
+                            problems[name] = str(exc)
+                            transient.append(name)
+                            continue
+                        holders = tuple(
+                            holder
+                            for holder in groups[(epoch, crc, size)]
+                            if holder not in problems
+                        )
+                        verified[seq] = ChainLink(
+                            seq,
+                            epoch,
+                            size,
+                            crc,
+                            holders,
+                            damage=decoded.damage,
+                            marker=decoded.damage is not None,
+                        )
+                        committed_through = max(committed_through, decoded.acked_through)
+                        self._keep_verified(seq, data)
+                        break
+                    if seq in verified:
+                        break
+            for name in problems:
+                if name not in transient:
+                    self._bad_copies.setdefault(name, set()).add(seq)
+            detail = "; ".join(f"{name}: {problem}" for name, problem in sorted(problems.items()))
+            if seq in verified:
+                if problems:
+                    log.warning(
+                        "quorum WAL %s: chunk %d is damaged on %s; repairing it from %s",
+                        self.log_id,
+                        seq,
+                        detail,
+                        verified[seq].holders,
+                    )
+            elif transient:
+                unreachable[seq] = (
+                    f"quorum WAL {self.log_id}: no copy of chunk {seq} could be verified and "
+                    f"{', '.join(sorted(transient))} did not answer ({detail}); recovery cannot "
+                    "tell damage from an unreachable replica, retry when it is up"
+                )
+            else:
+                failed[seq] = detail
+
+        await asyncio.gather(*(verify(seq) for seq in sorted(candidates)))
+        if unreachable:
+            raise BackendUnavailable(unreachable[min(unreachable)])
+        chain: list[ChainLink] = []
+        last_listed = max(candidates, default=trim_seq)
+        for seq in range(trim_seq + 1, max(last_listed, committed_through) + 1):
+            link = verified.get(seq)
+            if link is not None:
+                chain.append(link)
+                continue
+            listed_by = [name for name, _ in candidates.get(seq, [])]
+            if seq > committed_through and len(listed_by) < self.write_quorum:
+                break  # the uncertain window: never acknowledged, dropped with what follows
+            absent = sorted(name for name in listings if name not in listed_by)
+            reason = failed.get(seq, "")
+            if absent:
+                reason = "; ".join(filter(None, [reason, f"absent on {', '.join(absent)}"]))
+            evidence = (
+                f"committed through chunk {committed_through}"
+                if seq <= committed_through
+                else f"listed by {len(listed_by)} >= W={self.write_quorum} replicas"
+            )
+            size = max((chunk.size for _, chunk in candidates.get(seq, [])), default=0)
+            chain.append(
+                ChainLink(
+                    seq,
+                    0,
+                    size,
+                    0,
+                    (),
+                    damage=f"chunk {seq} has no valid copy on the replicas read ({reason}) "
+                    f"although it was committed ({evidence})",
+                )
+            )
+        complete = [name for name, listing in listings.items() if not listing.incomplete]
+        if len(complete) < self.replica_count - self.write_quorum + 1:
+            # Too few replicas can vouch for the end of the log: an acknowledged chunk may have
+            # lived only on the replicas that lost data. Record that durably as a marker chunk
+            # (written by settle like a repair), so every later recovery reports it too.
+            lost = sorted(name for name in listings if name not in complete)
+            seq = chain[-1].seq + 1 if chain else trim_seq + 1
+            reason = (
+                f"replicas {', '.join(lost)} lost data they held (truncated or damaged files) and "
+                f"only {len(complete)} intact replicas were read (a write quorum of "
+                f"{self.write_quorum} needs {self.replica_count - self.write_quorum + 1}): "
+                f"acknowledged records after chunk {seq - 1} may be lost"
+            )
+            data = encode_damage_marker(reason, identity=self._identity, acked_through=seq - 1)
+            self._markers[seq] = data
+            chain.append(
+                ChainLink(seq, 0, len(data), chunk_crc(data), (), damage=reason, marker=True)
+            )
+        for link in chain:
+            if link.damage:
+                log.error("quorum WAL %s: %s", self.log_id, link.damage)
+        return Resolution(trim_seq, listed.trim_offset, seals, tuple(chain))
+
     async def _settle(self, resolution: Resolution, listings: Mapping[str, LogListing]) -> None:
         """Make recovery's decision durable before anything is returned (rule 4)."""
         for link in resolution.chain:
-            if len(link.holders) >= self.write_quorum:
+            if (link.damage and not link.marker) or len(link.holders) >= self.write_quorum:
                 continue
-            data = await self._read_link(link)
+            data = self._markers.get(link.seq) or await self._read_link(link)
             lacking = [name for name in listings if name not in link.holders]
             seq = link.seq
             written = await self._on_replicas(
@@ -557,15 +962,14 @@ class QuorumWal(GroupCommitWal):
 
     async def _read_link(self, link: ChainLink) -> bytes:
         """The bytes of a kept chunk, from any replica holding them (verified)."""
+        cached = self._verified.get(link.seq)
+        if cached is not None:
+            return cached
         errors: list[str] = []
         names = list(link.holders) + [name for name in self._replicas if name not in link.holders]
         for name in names:
-            replica = self._replicas[name].replica
             try:
-                _, data = await self._bounded(replica.read_chunk(self.log_id, link.seq))
-                if chunk_crc(data) != link.crc:
-                    raise CorruptionError(f"chunk {link.seq} differs from the listing")
-                decode_chunk(data)
+                data, _ = await self._read_verified(name, link.seq, link.crc)
                 return data
             except WalstreamError as exc:
                 errors.append(f"{name}: {exc}")
@@ -578,8 +982,22 @@ class QuorumWal(GroupCommitWal):
         resolution = self._resolution
         if resolution is None:
             return
+        damage: list[ChainLink] = []
+
+        def report(end: WalOffset) -> WalDamage:
+            start = max(chunk_offset(damage[0].seq, 0), self._trim_offset + 1)
+            reason = "; ".join(str(link.damage) for link in damage[:8])
+            if len(damage) > 8:
+                reason += f"; and {len(damage) - 8} more chunks up to {damage[-1].seq}"
+            return WalDamage(start, end, sum(link.size for link in damage), reason)
+
         for link in resolution.chain:
+            if link.damage:
+                damage.append(link)
+                self._verified.pop(link.seq, None)
+                continue
             data = await self._read_link(link)
+            self._verified.pop(link.seq, None)
             records = decode_chunk(data)
             self._chunk_records[link.seq] = len(records)
             if link is resolution.chain[-1]:
@@ -587,7 +1005,18 @@ class QuorumWal(GroupCommitWal):
             for index, record in enumerate(records):
                 offset = chunk_offset(link.seq, index)
                 if offset > self._trim_offset:
-                    yield WalRecord(offset, record)
+                    if damage:
+                        yield WalRecord(offset, record, damage_before=report(offset))
+                        damage = []
+                    else:
+                        yield WalRecord(offset, record)
+        self._verified.clear()
+        self._verified_bytes = 0
+        if damage:
+            # Committed chunks at the end with no valid copy: not a torn write (see the module
+            # doc), so recovery says so instead of dropping them.
+            end = chunk_offset(damage[-1].seq + 1, 0)
+            yield WalRecord(end, b"", damage_before=report(end))
 
     # -- writing ----------------------------------------------------------------------------------
 
@@ -601,7 +1030,11 @@ class QuorumWal(GroupCommitWal):
         offsets = [chunk_offset(seq, index) for index in range(len(payloads))]
         self._last_offset = offsets[-1]
         self._chunk_records[seq] = len(payloads)
-        data = encode_chunk(payloads)
+        data = encode_chunk(
+            payloads,
+            identity=self._identity,
+            acked_through=self._acked_through,
+        )
         self._chunk_crcs[seq] = chunk_crc(data)
         return PreparedGroup(offsets, list(payloads), state=(seq, data))
 
@@ -706,7 +1139,7 @@ class QuorumWal(GroupCommitWal):
                     on_success(name)
             elif isinstance(exc, WalstreamError):
                 errors[name] = exc
-                if not isinstance(exc, FencedError):
+                if not isinstance(exc, FencedError | IdentityMismatch):
                     self._mark_lagging(name)
             else:
                 errors[name] = AmbiguousError(f"{type(exc).__name__}: {exc}")
@@ -727,6 +1160,13 @@ class QuorumWal(GroupCommitWal):
             launch(name)
         try:
             while True:
+                mismatch = next(
+                    (exc for exc in errors.values() if isinstance(exc, IdentityMismatch)), None
+                )
+                if mismatch is not None:
+                    # Another deployment's replica: retrying cannot help and nothing of ours
+                    # may be written there.
+                    raise mismatch
                 if len(results) >= needed and (not wait_all or not running):
                     break
                 fenced = next(
@@ -793,6 +1233,13 @@ class QuorumWal(GroupCommitWal):
             except FencedError as exc:
                 self._fenced = exc
                 return
+            except IdentityMismatch as exc:
+                log.error(
+                    "quorum WAL %s: not catching up %s: %s", self.log_id, state.replica.name, exc
+                )
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 1.0)
+                continue
             except WalstreamError as exc:
                 log.debug("catch-up of %s failed: %s", state.replica.name, exc)
                 await asyncio.sleep(backoff_s)
@@ -803,8 +1250,15 @@ class QuorumWal(GroupCommitWal):
                 state.lagging = False
                 log.info("quorum WAL %s: replica %s caught up", self.log_id, state.replica.name)
 
+    def _check_listing_identity(self, name: str, listing: LogListing) -> None:
+        """Refuse to copy anything to a replica whose log belongs to someone else."""
+        identity = self._identity
+        if identity is not None and listing.identity is not None and listing.identity != identity:
+            raise identity_mismatch(name, self.log_id, listing.identity, identity)
+
     async def _catch_up(self, replica: Replica) -> None:
         listing = await self._bounded(replica.list_chunks(self.log_id))
+        self._check_listing_identity(replica.name, listing)
         resolution = self._resolution
         own_seal = Seal(self.node_epoch, resolution.end_seq) if resolution else None
         if resolution is not None and own_seal not in listing.seals:
@@ -815,26 +1269,40 @@ class QuorumWal(GroupCommitWal):
         for seq in range(max(trim_seq, listing.trim_seq) + 1, self._acked_through + 1):
             if self._closed:
                 return
-            if seq <= self._trim_seq:
+            if seq <= self._trim_seq or seq in self._damaged:
                 continue
-            stored = listing.chunks.get(seq)
-            if stored is not None and stored.crc == self._chunk_crcs.get(seq):
+            if self._holds(replica.name, listing, seq):
                 self._chunk_written(seq, replica.name)
                 continue
             data = self._chunk_cache.get(seq)
             if data is None:
                 data = await self._read_from_peers(seq, replica.name)
             await self._bounded(replica.write_chunk(self.log_id, self.node_epoch, seq, data))
-            self._chunk_written(seq, replica.name)
+            self._copy_repaired(seq, replica.name)
+
+    def _holds(self, name: str, listing: LogListing, seq: int) -> bool:
+        """Whether replica ``name`` holds a good copy of ``seq`` as far as catch-up can tell."""
+        stored = listing.chunks.get(seq)
+        return (
+            stored is not None
+            and stored.crc == self._chunk_crcs.get(seq)
+            and seq not in self._bad_copies.get(name, ())
+        )
+
+    def _copy_repaired(self, seq: int, name: str) -> None:
+        self._bad_copies.get(name, set()).discard(seq)
+        self._chunk_written(seq, name)
 
     async def _read_from_peers(self, seq: int, exclude: str) -> bytes:
         errors: list[str] = []
-        for name, state in self._replicas.items():
+        crc = self._chunk_crcs.get(seq)
+        for name in self._replicas:
             if name == exclude:
                 continue
             try:
-                _, data = await self._bounded(state.replica.read_chunk(self.log_id, seq))
-                decode_chunk(data)
+                if crc is None:
+                    raise NotFound(f"chunk {seq} is not known to this writer")
+                data, _ = await self._read_verified(name, seq, crc)
                 return data
             except WalstreamError as exc:
                 errors.append(f"{name}: {exc}")
@@ -877,6 +1345,8 @@ class QuorumWal(GroupCommitWal):
             del self._chunk_holders[seq]
         for seq in [seq for seq in self._chunk_crcs if seq <= self._trim_seq]:
             del self._chunk_crcs[seq]
+        for seq in [seq for seq in self._damaged if seq <= self._trim_seq]:
+            del self._damaged[seq]
 
     async def _reset(self) -> None:
         end_seq = self._next_seq - 1

@@ -20,12 +20,13 @@ from walstream.errors import (
     BackendUnavailable,
     CorruptionError,
     FencedError,
+    IdentityMismatch,
     InvalidArgument,
     NotFound,
     PreconditionFailed,
     WalstreamError,
 )
-from walstream.quorum import LogListing
+from walstream.quorum import LogIdentity, LogListing
 
 from .protocol import (
     FRAME_PREFIX,
@@ -35,6 +36,7 @@ from .protocol import (
     Status,
     decode_listing,
     encode_frame,
+    encode_identity,
     pack_i64,
     pack_str,
     pack_u32,
@@ -97,6 +99,8 @@ class ChunkServerReplica:
         self._backoff_s = _INITIAL_BACKOFF_S
         self._request_ids = itertools.count(1)
         self._closed = False
+        self._version_1_server = False
+        """The server answered an identified request with "unknown operation"."""
 
     # -- connection management --------------------------------------------------------------------
 
@@ -216,6 +220,8 @@ class ChunkServerReplica:
             raise NotFound(message)
         if status == Status.CONFLICT:
             raise PreconditionFailed(message)
+        if status == Status.IDENTITY_MISMATCH:
+            raise IdentityMismatch(message)
         if status == Status.CORRUPT:
             raise CorruptionError(message)
         if status == Status.UNAUTHORIZED:
@@ -226,10 +232,37 @@ class ChunkServerReplica:
 
     # -- the Replica operations -----------------------------------------------------------------
 
-    async def claim(self, log_id: str, epoch: int) -> LogListing:
+    async def _identified(self, op: Op, body: bytes) -> LogListing | None:
+        """A version-2 request; ``None`` when the server speaks only version 1."""
+        if self._version_1_server:
+            return None
+        try:
+            return decode_listing(await self._request(op, body), identified=True)
+        except InvalidArgument as exc:
+            if "unknown operation" not in str(exc):
+                raise
+            self._version_1_server = True
+            log.warning(
+                "chunk server %s speaks protocol version 1: it records no log identity; "
+                "upgrade walstream-chunkd (chunks are still checked for their identity)",
+                self.name,
+            )
+            return None
+
+    async def claim(
+        self, log_id: str, epoch: int, identity: LogIdentity | None = None
+    ) -> LogListing:
+        if identity is not None:
+            body = pack_str(log_id) + pack_u64(epoch) + encode_identity(identity)
+            listing = await self._identified(Op.CLAIM_IDENTIFIED, body)
+            if listing is not None:
+                return listing
         return decode_listing(await self._request(Op.CLAIM, pack_str(log_id) + pack_u64(epoch)))
 
     async def list_chunks(self, log_id: str) -> LogListing:
+        listing = await self._identified(Op.LIST_IDENTIFIED, pack_str(log_id))
+        if listing is not None:
+            return listing
         return decode_listing(await self._request(Op.LIST, pack_str(log_id)))
 
     async def write_chunk(self, log_id: str, epoch: int, seq: int, data: bytes) -> None:

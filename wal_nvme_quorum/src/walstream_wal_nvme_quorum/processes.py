@@ -64,9 +64,7 @@ class ChunkServerProcess:
             command += ["--segment-bytes", str(self.segment_bytes)]
         deadline = time.monotonic() + timeout_s
         while True:
-            self.process = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=None, text=True
-            )
+            self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=None, text=True)
             assert self.process.stdout is not None
             line = self.process.stdout.readline()
             if line.startswith("listening on "):

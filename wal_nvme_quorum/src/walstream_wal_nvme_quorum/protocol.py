@@ -15,7 +15,8 @@ import struct
 from dataclasses import dataclass
 
 import crc32c
-from walstream.quorum import ChunkInfo, LogListing, Seal
+from walstream.quorum import ChunkInfo, LogIdentity, LogListing, Seal
+from walstream.records import DEPLOYMENT_ID_BYTES
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
@@ -27,8 +28,10 @@ __all__ = [
     "FrameError",
     "Op",
     "Status",
+    "decode_identity",
     "decode_listing",
     "encode_frame",
+    "encode_identity",
     "encode_listing",
     "pack_str",
     "parse_frame",
@@ -56,6 +59,9 @@ class Op(enum.IntEnum):
     SEAL = 6  # log_id, epoch u64, end_seq u64
     TRIM = 7  # log_id, epoch u64, through_seq u64, trim_offset i64
     PING = 8  # -> empty
+    # Protocol version 2: identity (a server of version 1 answers BAD_REQUEST to these).
+    CLAIM_IDENTIFIED = 9  # log_id, epoch u64, deployment_id 16, node_id u64 -> listing2
+    LIST_IDENTIFIED = 10  # log_id -> listing2
 
 
 class Status(enum.IntEnum):
@@ -67,6 +73,7 @@ class Status(enum.IntEnum):
     UNAUTHORIZED = 5
     CORRUPT = 6
     INTERNAL = 7
+    IDENTITY_MISMATCH = 8  # version 2: the log belongs to another deployment or node
 
 
 class FrameError(ValueError):
@@ -119,6 +126,12 @@ class BodyReader:
         self._position = end
         return data
 
+    def take(self, size: int) -> bytes:
+        return self._take(size)
+
+    def u8(self) -> int:
+        return self._take(1)[0]
+
     def u32(self) -> int:
         return int(_U32.unpack(self._take(4))[0])
 
@@ -152,7 +165,24 @@ _SEAL_ENTRY = struct.Struct(">QQ")
 _LISTING_HEAD = struct.Struct(">QQq")
 
 
-def encode_listing(listing: LogListing) -> bytes:
+_NO_DEPLOYMENT = bytes(DEPLOYMENT_ID_BYTES)
+
+
+def encode_identity(identity: LogIdentity | None) -> bytes:
+    """``deployment_id 16 | node_id u64``; all zero for "no identity"."""
+    if identity is None:
+        return _NO_DEPLOYMENT + _U64.pack(0)
+    return identity.deployment_id + _U64.pack(identity.node_id)
+
+
+def decode_identity(reader: BodyReader) -> LogIdentity | None:
+    deployment_id = reader.take(DEPLOYMENT_ID_BYTES)
+    node_id = reader.u64()
+    return None if deployment_id == _NO_DEPLOYMENT else LogIdentity(deployment_id, node_id)
+
+
+def encode_listing(listing: LogListing, *, identified: bool = False) -> bytes:
+    """Listing (version 1) or listing2 (``identified``: the identity appended)."""
     parts = [
         _LISTING_HEAD.pack(listing.claimed_epoch, listing.trim_seq, listing.trim_offset),
         _U32.pack(len(listing.seals)),
@@ -163,10 +193,13 @@ def encode_listing(listing: LogListing) -> bytes:
         _CHUNK_ENTRY.pack(chunk.seq, chunk.epoch, chunk.size, chunk.crc)
         for chunk in sorted(listing.chunks.values(), key=lambda chunk: chunk.seq)
     )
+    if identified:
+        parts.append(encode_identity(listing.identity))
+        parts.append(bytes([1 if listing.incomplete else 0]))
     return b"".join(parts)
 
 
-def decode_listing(body: bytes) -> LogListing:
+def decode_listing(body: bytes, *, identified: bool = False) -> LogListing:
     try:
         claimed_epoch, trim_seq, trim_offset = _LISTING_HEAD.unpack_from(body, 0)
         position = _LISTING_HEAD.size
@@ -186,9 +219,18 @@ def decode_listing(body: bytes) -> LogListing:
             position += _CHUNK_ENTRY.size
     except struct.error as exc:
         raise FrameError(f"malformed listing: {exc}") from None
-    if position != len(body):
+    identity = None
+    incomplete = False
+    if identified:
+        reader = BodyReader(body[position:])
+        identity = decode_identity(reader)
+        incomplete = bool(reader.u8() & 1)
+        reader.end()
+    elif position != len(body):
         raise FrameError("listing has trailing bytes")
-    return LogListing(claimed_epoch, trim_seq, trim_offset, tuple(seals), chunks)
+    return LogListing(
+        claimed_epoch, trim_seq, trim_offset, tuple(seals), chunks, identity, incomplete
+    )
 
 
 def pack_u64(*values: int) -> bytes:

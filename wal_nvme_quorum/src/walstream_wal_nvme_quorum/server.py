@@ -21,6 +21,7 @@ from pathlib import Path
 from walstream.errors import (
     CorruptionError,
     FencedError,
+    IdentityMismatch,
     NotFound,
     PreconditionFailed,
     WalstreamError,
@@ -34,6 +35,7 @@ from .protocol import (
     FrameError,
     Op,
     Status,
+    decode_identity,
     encode_frame,
     encode_listing,
     pack_u64,
@@ -168,6 +170,8 @@ class ChunkServer:
             status, reply = Status.NOT_FOUND, str(exc).encode()
         except PreconditionFailed as exc:
             status, reply = Status.CONFLICT, str(exc).encode()
+        except IdentityMismatch as exc:
+            status, reply = Status.IDENTITY_MISMATCH, str(exc).encode()
         except CorruptionError as exc:
             status, reply = Status.CORRUPT, str(exc).encode()
         except (FrameError, ValueError) as exc:
@@ -205,6 +209,16 @@ class ChunkServer:
             log_id = request.string()
             request.end()
             return Status.OK, encode_listing(await store.list_chunks(log_id))
+        if code == Op.CLAIM_IDENTIFIED:
+            log_id, epoch = request.string(), request.u64()
+            identity = decode_identity(request)
+            request.end()
+            listing = await store.claim(log_id, epoch, identity)
+            return Status.OK, encode_listing(listing, identified=True)
+        if code == Op.LIST_IDENTIFIED:
+            log_id = request.string()
+            request.end()
+            return Status.OK, encode_listing(await store.list_chunks(log_id), identified=True)
         if code == Op.WRITE:
             log_id, epoch, seq, crc = request.string(), request.u64(), request.u64(), request.u32()
             await store.write(log_id, epoch, seq, request.rest(), crc)

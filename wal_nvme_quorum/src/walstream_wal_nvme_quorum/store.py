@@ -5,15 +5,31 @@ A data folder holds numbered segment files ``0000000001.seg`` … Each is a sequ
     kind u8 | body_len u32 | body | crc32c u32      (CRC over kind, body_len and body)
 
 Kinds: CHUNK (log_id, epoch, seq, data_crc, data), CLAIM (log_id, epoch), SEAL (log_id, epoch,
-end_seq), TRIM (log_id, through_seq, trim_offset) and CHECKPOINT (the claims, seals and trim
-points of every log). Every segment starts with a CHECKPOINT, so a segment whose chunks are all
-trimmed or replaced can be deleted without losing any log's epochs or trim point.
+end_seq), TRIM (log_id, through_seq, trim_offset), IDENTITY (log_id, deployment_id 16 bytes,
+node_id: whose log it is, recorded by the first identified claim) and CHECKPOINT (the claims,
+seals and trim points of every log; CHECKPOINT2 adds each log's identity and is what this
+version writes, CHECKPOINT is still read). Every segment starts with a checkpoint, so a segment
+whose chunks are all trimmed or replaced can be deleted without losing any log's epochs, trim
+point or identity.
 
 Durability: a request is answered only after its record was written and ``fdatasync`` returned
-(concurrent requests share one sync). On start the store replays every segment in order; a torn
-record at the end of the last segment (a crash mid-write) is cut off, anything damaged earlier is
-reported as :class:`CorruptionError` and the server refuses to start. Writing always continues in
-a fresh segment.
+(concurrent requests share one sync). On start the store replays every segment in order.
+
+Damage on disk: a torn record at the very end of the last segment (a crash mid-write) is cut
+off. A record that fails its checksum anywhere else is *skipped* and replay resumes at the next
+position where a complete record with a valid checksum starts: the chunks lost with it are
+simply missing from this server's listings, and the quorum WAL repairs them from the peers (or,
+when no peer has a valid copy either, reports them as damage). The control state lost with a
+damaged record comes back from the checkpoint of the next segment (claims, seals and trim
+points only grow). The server keeps serving; ``damaged_records`` counts what was skipped.
+Truncation: ``segments.manifest`` records every segment's size at each rotation and clean close
+(written atomically). A segment found shorter than recorded lost bytes that were durable, so no
+crash explains it; neither does a damaged record with valid records after it. In both cases the
+store appends a TAIL_LOST record and every log it holds (and every log
+it learns later) lists itself as *incomplete* until its next seal, which tells recovery that
+this server cannot vouch for the end of the log. CHECKPOINT2 carries these flags.
+A log whose segments carry two different identities (a segment of another deployment swapped
+in) refuses identified claims with :class:`IdentityMismatch`.
 """
 
 from __future__ import annotations
@@ -27,7 +43,15 @@ from pathlib import Path
 
 import crc32c
 from walstream.errors import CorruptionError, FencedError, NotFound, PreconditionFailed
-from walstream.quorum import MAX_SEALS, ChunkInfo, LogListing, Seal
+from walstream.quorum import (
+    MAX_SEALS,
+    ChunkInfo,
+    LogIdentity,
+    LogListing,
+    Seal,
+    identity_mismatch,
+)
+from walstream.records import DEPLOYMENT_ID_BYTES
 
 from .protocol import BodyReader, FrameError, pack_str
 
@@ -47,6 +71,11 @@ KIND_CLAIM = 2
 KIND_SEAL = 3
 KIND_TRIM = 4
 KIND_CHECKPOINT = 5
+KIND_IDENTITY = 6
+KIND_CHECKPOINT2 = 7
+KIND_TAIL_LOST = 8
+_KINDS = frozenset(range(KIND_CHUNK, KIND_TAIL_LOST + 1))
+MANIFEST = "segments.manifest"
 
 
 @dataclass(slots=True)
@@ -65,6 +94,11 @@ class _Log:
     trim_offset: int = -1
     seals: list[Seal] = field(default_factory=list)
     chunks: dict[int, _StoredChunk] = field(default_factory=dict)
+    identity: LogIdentity | None = None
+    conflicting: LogIdentity | None = None
+    """A second identity met on replay: segments of two deployments are mixed here."""
+    incomplete: bool = False
+    """This server lost data (TAIL_LOST) after the log's last seal."""
 
 
 @dataclass
@@ -95,62 +129,160 @@ class ChunkStore:
         self._sync_task: asyncio.Task[None] | None = None
         self.truncated_bytes = 0
         """Bytes of a torn tail cut off at open (for logs and tests)."""
+        self.damaged_records = 0
+        """Damaged regions skipped at open (each one or more records; see the module doc)."""
+        self.lost_bytes = 0
+        """Bytes that segment files lost since the manifest recorded them (found at open)."""
+        self._tail_lost = False
+        """This server once lost data: logs it did not know then are incomplete too."""
 
     # -- opening ----------
 
     def open(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        indexes = sorted(
-            int(path.stem) for path in self.root.glob("*.seg") if path.stem.isdigit()
-        )
+        indexes = sorted(int(path.stem) for path in self.root.glob("*.seg") if path.stem.isdigit())
+        recorded = self._read_manifest()
+        sizes = {index: (self.root / _segment_name(index)).stat().st_size for index in indexes}
         for position, index in enumerate(indexes):
-            self._replay(index, last=position == len(indexes) - 1)
+            self._replay(index, last=position == len(indexes) - 1, durable=recorded.get(index, 0))
         for state in self._logs.values():
             for stored in state.chunks.values():
                 self._segments[stored.segment].live_chunks += 1
+        lost = {
+            index: recorded[index] - size
+            for index, size in sizes.items()
+            if recorded.get(index, 0) > size
+        }
         self._rotate(next_index=(indexes[-1] + 1) if indexes else 1)
+        if lost or self.damaged_records:
+            # Bytes this server once made durable are gone (cut off, or skipped as damaged
+            # while valid records follow: no crash explains either). Whatever chunks they held
+            # cannot be named any more, so every log is marked incomplete until its next seal.
+            self.lost_bytes = sum(lost.values())
+            log.error(
+                "segments %s are shorter than this server wrote them (%d bytes lost) and %d "
+                "damaged regions were skipped; the logs here report themselves incomplete until "
+                "a recovery seals them",
+                sorted(lost),
+                self.lost_bytes,
+                self.damaged_records,
+            )
+            self._append_record(KIND_TAIL_LOST, _U64.pack(self.lost_bytes))
+            self._mark_tail_lost()
+            os.fdatasync(self._active_fd)
+            self._synced = self._written
         self._delete_dead_segments()
 
-    def _replay(self, index: int, *, last: bool) -> None:
+    def _read_manifest(self) -> dict[int, int]:
+        """Segment sizes recorded at the last rotation or clean close (empty when unreadable)."""
+        try:
+            text = (self.root / MANIFEST).read_text()
+            return {
+                int(index): int(size)
+                for index, size in (line.split() for line in text.split("\n") if line)
+            }
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring an unreadable %s: %s", MANIFEST, exc)
+            return {}
+
+    def _write_manifest(self) -> None:
+        """Record every segment's size durably (a later open finds truncated segments)."""
+        lines = []
+        for index, segment in sorted(self._segments.items()):
+            size = (
+                self._active_size if segment is self._active else os.fstat(segment.read_fd).st_size
+            )
+            lines.append(f"{index} {size}\n")
+        temporary = self.root / (MANIFEST + ".tmp")
+        with open(temporary, "w") as file:
+            file.write("".join(lines))
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, self.root / MANIFEST)
+        directory = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+    def _mark_tail_lost(self) -> None:
+        self._tail_lost = True
+        for state in self._logs.values():
+            state.incomplete = True
+
+    def _replay(self, index: int, *, last: bool, durable: int = 0) -> None:
+        """Replay one segment; ``durable`` is how many of its bytes the manifest says were
+        written before a clean close or rotation (damage there is never a torn tail)."""
         path = self.root / _segment_name(index)
         with open(path, "rb") as file:
             data = file.read()
         self._segments[index] = _Segment(index, path, os.open(path, os.O_RDONLY))
         position = 0
         while position < len(data):
-            problem = None
-            if len(data) - position < _RECORD_HEAD.size + 4:
-                problem = "a truncated record header"
-            else:
-                kind, body_len = _RECORD_HEAD.unpack_from(data, position)
-                end = position + _RECORD_HEAD.size + body_len + 4
-                if body_len > _MAX_RECORD_BODY or end > len(data):
-                    problem = "a truncated record"
-                else:
-                    (crc,) = _U32.unpack_from(data, end - 4)
-                    if crc32c.crc32c(data[position : end - 4]) != crc:
-                        problem = "a record with a bad checksum"
-            if problem is not None:
-                if not last:
-                    raise CorruptionError(
-                        f"segment {path} has {problem} at byte {position} but is not the last "
-                        "segment; the disk is damaged: restore this chunk server's data from a "
-                        "peer (delete the folder and let the writers catch it up)"
-                    )
+            problem, end = self._check_record(data, position)
+            if (
+                problem is not None
+                and last
+                and position >= durable
+                and self._torn_tail(data, position, end)
+            ):
                 self.truncated_bytes = len(data) - position
                 log.warning("cutting a torn tail of %d bytes off %s", self.truncated_bytes, path)
                 with open(path, "r+b") as file:
                     file.truncate(position)
                     os.fsync(file.fileno())
                 return
-            body_start = position + _RECORD_HEAD.size
-            try:
-                self._apply_record(kind, data[body_start : end - 4], index, body_start)
-            except FrameError as exc:
-                raise CorruptionError(
-                    f"segment {path}: bad record at byte {position}: {exc}"
-                ) from exc
-            position = end
+            if problem is None:
+                kind = data[position]
+                body_start = position + _RECORD_HEAD.size
+                try:
+                    self._apply_record(kind, data[body_start : end - 4], index, body_start)
+                except FrameError as exc:
+                    problem = f"an unreadable record ({exc})"
+            if problem is None:
+                position = end
+                continue
+            resume = self._next_record(data, position + 1)
+            self.damaged_records += 1
+            log.error(
+                "segment %s has %s at byte %d; skipping %d bytes to the next valid record (the "
+                "chunks in them are missing here and are repaired from the peers)",
+                path,
+                problem,
+                position,
+                resume - position,
+            )
+            position = resume
+
+    @staticmethod
+    def _check_record(data: bytes, position: int) -> tuple[str | None, int]:
+        """``(problem or None, end)`` of the record starting at ``position``."""
+        if len(data) - position < _RECORD_HEAD.size + 4:
+            return "a truncated record header", len(data)
+        kind, body_len = _RECORD_HEAD.unpack_from(data, position)
+        end = position + _RECORD_HEAD.size + body_len + 4
+        if body_len > _MAX_RECORD_BODY or end > len(data):
+            return "a truncated record", len(data)
+        (crc,) = _U32.unpack_from(data, end - 4)
+        if crc32c.crc32c(data[position : end - 4]) != crc:
+            return "a record with a bad checksum", end
+        if kind not in _KINDS:
+            return f"a record of unknown kind {kind}", end
+        return None, end
+
+    def _next_record(self, data: bytes, start: int) -> int:
+        """The first position at or after ``start`` where a valid record begins (or the end)."""
+        for position in range(start, len(data) - _RECORD_HEAD.size - 3):
+            if data[position] in _KINDS and self._check_record(data, position)[0] is None:
+                return position
+        return len(data)
+
+    def _torn_tail(self, data: bytes, position: int, end: int) -> bool:
+        """Whether the damage at ``position`` is what a crash mid-append leaves: nothing valid
+        follows it in the last segment."""
+        return self._next_record(data, position + 1) >= len(data)
 
     def _apply_record(self, kind: int, body: bytes, segment: int, body_start: int) -> None:
         reader = BodyReader(body)
@@ -173,7 +305,10 @@ class ChunkStore:
         elif kind == KIND_TRIM:
             state = self._log(reader.string())
             self._apply_trim(state, reader.u64(), reader.i64(), count_live=False)
-        elif kind == KIND_CHECKPOINT:
+        elif kind == KIND_IDENTITY:
+            state = self._log(reader.string())
+            self._apply_identity(state, _read_identity(reader))
+        elif kind in (KIND_CHECKPOINT, KIND_CHECKPOINT2):
             for _ in range(reader.u32()):
                 state = self._log(reader.string())
                 state.claimed_epoch = max(state.claimed_epoch, reader.u64())
@@ -181,6 +316,15 @@ class ChunkStore:
                 for _ in range(reader.u32()):
                     self._apply_seal(state, Seal(reader.u64(), reader.u64()), count_live=False)
                 self._apply_trim(state, through_seq, trim_offset, count_live=False)
+                if kind == KIND_CHECKPOINT2:
+                    identity = _read_identity(reader)
+                    if identity.deployment_id != bytes(DEPLOYMENT_ID_BYTES):
+                        self._apply_identity(state, identity)
+                    state.incomplete = bool(reader.u8() & 1)
+            if kind == KIND_CHECKPOINT2 and reader.u8() & 1:
+                self._tail_lost = True
+        elif kind == KIND_TAIL_LOST:
+            self._mark_tail_lost()
         else:
             raise FrameError(f"unknown record kind {kind}")
 
@@ -189,8 +333,15 @@ class ChunkStore:
     def _log(self, log_id: str) -> _Log:
         state = self._logs.get(log_id)
         if state is None:
-            state = self._logs[log_id] = _Log()
+            state = self._logs[log_id] = _Log(incomplete=self._tail_lost)
         return state
+
+    @staticmethod
+    def _apply_identity(state: _Log, identity: LogIdentity) -> None:
+        if state.identity is None:
+            state.identity = identity
+        elif state.identity != identity:
+            state.conflicting = identity
 
     @staticmethod
     def _invalidated(state: _Log, seq: int, epoch: int) -> bool:
@@ -202,6 +353,7 @@ class ChunkStore:
 
     def _apply_seal(self, state: _Log, seal: Seal, *, count_live: bool) -> None:
         state.claimed_epoch = max(state.claimed_epoch, seal.epoch)
+        state.incomplete = False
         if seal not in state.seals:
             state.seals = sorted([*state.seals, seal])[-MAX_SEALS:]
         for seq, stored in list(state.chunks.items()):
@@ -257,14 +409,10 @@ class ChunkStore:
             next_index, path, os.open(path, os.O_RDONLY)
         )
         self._active_size = 0
-        self._append_record(KIND_CHECKPOINT, self._checkpoint_body())
+        self._append_record(KIND_CHECKPOINT2, self._checkpoint_body())
         os.fdatasync(self._active_fd)
         self._synced = self._written
-        directory = os.open(self.root, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        self._write_manifest()
 
     def _checkpoint_body(self) -> bytes:
         parts = [_U32.pack(len(self._logs))]
@@ -275,6 +423,11 @@ class ChunkStore:
             parts.append(_I64.pack(state.trim_offset))
             parts.append(_U32.pack(len(state.seals)))
             parts.extend(_U64.pack(seal.epoch) + _U64.pack(seal.end_seq) for seal in state.seals)
+            parts.append(
+                _pack_identity(state.identity or LogIdentity(bytes(DEPLOYMENT_ID_BYTES), 0))
+            )
+            parts.append(bytes([1 if state.incomplete else 0]))
+        parts.append(bytes([1 if self._tail_lost else 0]))
         return b"".join(parts)
 
     async def _sync(self) -> None:
@@ -323,11 +476,25 @@ class ChunkStore:
                 seq: ChunkInfo(seq, stored.epoch, stored.size, stored.crc)
                 for seq, stored in state.chunks.items()
             },
+            state.identity,
+            state.incomplete,
         )
 
-    async def claim(self, log_id: str, epoch: int) -> LogListing:
+    async def claim(
+        self, log_id: str, epoch: int, identity: LogIdentity | None = None, *, where: str = ""
+    ) -> LogListing:
+        """Claim ``log_id`` for ``epoch``; with an ``identity``, first refuse a log of another
+        deployment or node (:class:`IdentityMismatch`, nothing changed) and record it on a log
+        that has none. ``where`` names this server in errors."""
         state = self._log(log_id)
+        if identity is not None:
+            for stored in (state.identity, state.conflicting):
+                if stored is not None and stored != identity:
+                    raise identity_mismatch(where or str(self.root), log_id, stored, identity)
         self._check_epoch(log_id, state, epoch)
+        if identity is not None and state.identity is None:
+            state.identity = identity
+            self._append_record(KIND_IDENTITY, pack_str(log_id) + _pack_identity(identity))
         if epoch > state.claimed_epoch:
             state.claimed_epoch = epoch
             self._append_record(KIND_CLAIM, pack_str(log_id) + _U64.pack(epoch))
@@ -405,8 +572,18 @@ class ChunkStore:
     def close(self) -> None:
         if self._active_fd >= 0:
             os.fdatasync(self._active_fd)
+            self._write_manifest()
             os.close(self._active_fd)
             self._active_fd = -1
         for segment in self._segments.values():
             os.close(segment.read_fd)
         self._segments.clear()
+
+
+def _pack_identity(identity: LogIdentity) -> bytes:
+    return identity.deployment_id + _U64.pack(identity.node_id)
+
+
+def _read_identity(reader: BodyReader) -> LogIdentity:
+    deployment_id = reader.take(DEPLOYMENT_ID_BYTES)
+    return LogIdentity(deployment_id, reader.u64())

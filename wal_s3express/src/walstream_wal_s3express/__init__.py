@@ -59,6 +59,7 @@ class S3ExpressWal(QuorumWal):
 
     async def _catch_up(self, replica: Replica) -> None:
         listing = await self._bounded(replica.list_chunks(self.log_id))
+        self._check_listing_identity(replica.name, listing)
         resolution = self._resolution
         if resolution is not None and Seal(self.node_epoch, resolution.end_seq) not in (
             listing.seals
@@ -69,8 +70,9 @@ class S3ExpressWal(QuorumWal):
             await self._bounded(replica.trim(self.log_id, self.node_epoch, trim_seq, trim_offset))
         missing: list[int] = []
         for seq in range(max(trim_seq, listing.trim_seq) + 1, self._acked_through + 1):
-            stored = listing.chunks.get(seq)
-            if stored is not None and stored.crc == self._chunk_crcs.get(seq):
+            if seq in self._damaged:
+                continue  # no valid copy anywhere: reported by recovery, nothing to copy
+            if self._holds(replica.name, listing, seq):
                 self._chunk_written(seq, replica.name)
             else:
                 missing.append(seq)
@@ -84,7 +86,7 @@ class S3ExpressWal(QuorumWal):
                 if data is None:
                     data = await self._read_from_peers(seq, replica.name)
                 await self._bounded(replica.write_chunk(self.log_id, self.node_epoch, seq, data))
-                self._chunk_written(seq, replica.name)
+                self._copy_repaired(seq, replica.name)
 
         outcomes = await asyncio.gather(*(copy(seq) for seq in missing), return_exceptions=True)
         errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]

@@ -21,6 +21,13 @@ compare-and-swap on one object, but "create the next number" is one: two updates
 build on ``v``. Claims, seals and trims are therefore atomic with their epoch check, as on a
 chunk server. Old versions are deleted (the newest few are kept).
 
+**Identity.** The control state of a log records whose it is (``deployment_id`` as hex and
+``node_id``, written by the first claim that carries an identity; a state without them, as
+written by older versions, is still read and gets them at the next identified claim). A claim
+with another identity raises :class:`IdentityMismatch` before it writes anything (no successor
+marker, no state version): a node pointed at another deployment's prefix never fences that
+deployment's writer. Chunks carry the identity in their bytes (chunk format 2).
+
 **Successor markers** (``successor/<epoch>``): an update that raises the claimed epoch from
 ``E`` first writes ``successor/E``. So "was epoch E superseded here?" is one GET of a known key,
 not a listing. The first update of an epoch on a zone (its claim, or the claim a chunk write
@@ -59,7 +66,15 @@ from walstream.errors import (
     PreconditionFailed,
     WalstreamError,
 )
-from walstream.quorum import MAX_SEALS, ChunkInfo, LogListing, Seal, chunk_crc
+from walstream.quorum import (
+    MAX_SEALS,
+    ChunkInfo,
+    LogIdentity,
+    LogListing,
+    Seal,
+    chunk_crc,
+    identity_mismatch,
+)
 from walstream_wal_s3.client import S3Client, S3Settings
 
 __all__ = ["ZonalBucketReplica", "ZonalS3Client", "chunk_key", "parse_chunk_key"]
@@ -119,28 +134,34 @@ class _ControlState:
     trim_seq: int = 0
     trim_offset: int = -1
     seals: tuple[Seal, ...] = ()
+    identity: LogIdentity | None = None
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {
-                "claimed_epoch": self.claimed_epoch,
-                "trim_seq": self.trim_seq,
-                "trim_offset": self.trim_offset,
-                "seals": [[seal.epoch, seal.end_seq] for seal in self.seals],
-            },
-            separators=(",", ":"),
-        ).encode()
+        raw: dict[str, Any] = {
+            "claimed_epoch": self.claimed_epoch,
+            "trim_seq": self.trim_seq,
+            "trim_offset": self.trim_offset,
+            "seals": [[seal.epoch, seal.end_seq] for seal in self.seals],
+        }
+        if self.identity is not None:
+            raw["deployment_id"] = self.identity.deployment_id.hex()
+            raw["node_id"] = self.identity.node_id
+        return json.dumps(raw, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, version: int, data: bytes, where: str) -> _ControlState:
         try:
             raw = json.loads(data)
+            identity = None
+            if "deployment_id" in raw:
+                identity = LogIdentity(bytes.fromhex(raw["deployment_id"]), int(raw["node_id"]))
             return cls(
                 version=version,
                 claimed_epoch=int(raw["claimed_epoch"]),
                 trim_seq=int(raw["trim_seq"]),
                 trim_offset=int(raw["trim_offset"]),
                 seals=tuple(Seal(int(epoch), int(end)) for epoch, end in raw["seals"]),
+                identity=identity,
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptionError(f"{where}: unreadable control state ({exc})") from None
@@ -236,9 +257,9 @@ class ZonalBucketReplica:
             if token:
                 params["ContinuationToken"] = token
             response = await self._call("list_objects_v2", **params)
-            keys.extend((item["Key"], int(item.get("Size", 0))) for item in response.get(
-                "Contents", []
-            ))
+            keys.extend(
+                (item["Key"], int(item.get("Size", 0))) for item in response.get("Contents", [])
+            )
             if not response.get("IsTruncated"):
                 return keys
             token = response.get("NextContinuationToken")
@@ -265,8 +286,11 @@ class ZonalBucketReplica:
                 write=True,
                 Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
             )
-            failed = [error for error in response.get("Errors", []) if error.get("Code") not in
-                      {"NoSuchKey", "NotFound"}]
+            failed = [
+                error
+                for error in response.get("Errors", [])
+                if error.get("Code") not in {"NoSuchKey", "NotFound"}
+            ]
             if failed:
                 raise BackendUnavailable(
                     f"zone {self.name}: could not delete {len(failed)} objects "
@@ -357,6 +381,7 @@ class ZonalBucketReplica:
         *,
         register: bool = False,
         confirm: bool = True,
+        precheck: Callable[[_ControlState], None] | None = None,
     ) -> _ControlState:
         """Apply ``change`` to the control state as one atomic step guarded by ``epoch``.
 
@@ -364,6 +389,7 @@ class ZonalBucketReplica:
         and confirms with a listing that its version is the newest. Later updates build on
         the cached state and confirm by reading the epoch's successor marker (written by a
         newer claim before its own update, so it is visible once that update is).
+        ``precheck`` runs on every state read before the epoch check (the identity check).
         """
         cache = self._cache(log_id)
         registering = register or cache.registered_epoch != epoch
@@ -373,6 +399,8 @@ class ZonalBucketReplica:
         for _ in range(64):
             if state is None:
                 state = await self._current_state(log_id)
+            if precheck is not None:
+                precheck(state)
             self._check_epoch(state, log_id, epoch)
             updated = change(replace(state, claimed_epoch=max(state.claimed_epoch, epoch)))
             if updated == state and not registering:
@@ -440,8 +468,9 @@ class ZonalBucketReplica:
         for chunk in chunks:
             if chunk.seq <= state.trim_seq:
                 continue
-            if any(seal.invalidates(ChunkInfo(chunk.seq, chunk.epoch, 0, 0))
-                   for seal in state.seals):
+            if any(
+                seal.invalidates(ChunkInfo(chunk.seq, chunk.epoch, 0, 0)) for seal in state.seals
+            ):
                 continue
             current = newest.get(chunk.seq)
             if current is None or (chunk.epoch, chunk.crc) > (current.epoch, current.crc):
@@ -455,10 +484,21 @@ class ZonalBucketReplica:
                 seq: ChunkInfo(seq, chunk.epoch, chunk.size, chunk.crc)
                 for seq, chunk in sorted(newest.items())
             },
+            identity=state.identity,
         )
 
-    async def claim(self, log_id: str, epoch: int) -> LogListing:
-        state = await self._update(log_id, epoch, lambda state: state, register=True)
+    async def claim(
+        self, log_id: str, epoch: int, identity: LogIdentity | None = None
+    ) -> LogListing:
+        def check_identity(state: _ControlState) -> None:
+            if identity is not None and state.identity not in (None, identity):
+                assert state.identity is not None
+                raise identity_mismatch(f"zone {self.name}", log_id, state.identity, identity)
+
+        def identify(state: _ControlState) -> _ControlState:
+            return state if identity is None else replace(state, identity=identity)
+
+        state = await self._update(log_id, epoch, identify, register=True, precheck=check_identity)
         # Listed after the claim is in place: any chunk an older writer got acknowledged here
         # is in this listing (see the module doc).
         scan = await self._scan(log_id)
@@ -485,7 +525,9 @@ class ZonalBucketReplica:
         if seq <= cache.state.trim_seq:
             return
         crc = chunk_crc(data)
-        if any(chunk.epoch == epoch and chunk.crc != crc for chunk in cache.chunk_keys.get(seq, ())):
+        if any(
+            chunk.epoch == epoch and chunk.crc != crc for chunk in cache.chunk_keys.get(seq, ())
+        ):
             raise PreconditionFailed(
                 f"zone {self.name}: chunk {seq} of epoch {epoch} exists with other bytes"
             )
@@ -496,9 +538,7 @@ class ZonalBucketReplica:
                 raise PreconditionFailed(
                     f"zone {self.name}: chunk {seq} of epoch {epoch} exists with other bytes"
                 )
-        cache.chunk_keys.setdefault(seq, []).append(
-            _StoredChunk(seq, epoch, crc, len(data), key)
-        )
+        cache.chunk_keys.setdefault(seq, []).append(_StoredChunk(seq, epoch, crc, len(data), key))
         self._tick += 1
         if await self._superseded_after(log_id, epoch, self._tick):
             raise self._fenced(log_id, epoch)
@@ -536,8 +576,9 @@ class ZonalBucketReplica:
         await self._delete(
             chunk.key
             for chunk in scan.chunks
-            if any(seal.invalidates(ChunkInfo(chunk.seq, chunk.epoch, 0, 0))
-                   for seal in state.seals)
+            if any(
+                seal.invalidates(ChunkInfo(chunk.seq, chunk.epoch, 0, 0)) for seal in state.seals
+            )
         )
 
     async def trim(self, log_id: str, epoch: int, through_seq: int, trim_offset: int) -> None:
@@ -581,8 +622,8 @@ class ZonalBucketReplica:
         for task in list(self._background):
             task.cancel()
         for cache in self._logs.values():
-            task = cache.fence.task
-            if task is not None and not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            fence_task = cache.fence.task
+            if fence_task is not None and not fence_task.done():
+                fence_task.cancel()
+                await asyncio.gather(fence_task, return_exceptions=True)
         await self.client.close()
