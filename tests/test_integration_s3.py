@@ -107,3 +107,34 @@ def test_cli_commands_on_s3_close_their_connections(
             )
             assert done.returncode == 0, done.stdout + done.stderr
             assert "Unclosed" not in done.stderr, (args, done.stderr)
+
+
+def test_a_missing_object_bucket_fails_the_start_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The object store is checked at start like the WAL bucket: a clear error, exit 2, no
+    acknowledged append that could never be uploaded, and no hang."""
+    import subprocess
+    import sys
+
+    deploy = tmp_path / "s3.yaml"
+    text = EXAMPLE.read_text().replace(
+        "bucket: ${WALSTREAM_S3_BUCKET:-walstream-data}", "bucket: no-such-bucket"
+    )
+    text = text.replace("create_bucket: true\n  multipart", "create_bucket: false\n  multipart")
+    assert "no-such-bucket" in text and "create_bucket: false" in text
+    deploy.write_text(text)
+    walstream_cli = str(Path(sys.executable).parent / "walstream")
+    with testing.MotoServer() as server:
+        monkeypatch.setenv("WALSTREAM_S3_ENDPOINT", server.endpoint_url)
+        done = subprocess.run(
+            [walstream_cli, "-c", str(deploy), "append", "orders"],
+            input="one\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "no-such-bucket" in done.stderr and "does not exist" in done.stderr, done.stderr
+    assert "offsets" not in done.stdout

@@ -282,8 +282,11 @@ async def test_s3_errors_are_typed(make_store: Any, s3_bucket: Any) -> None:
     with pytest.raises(BackendUnavailable):
         await unreachable.put("k", b"v")
     no_bucket = make_store(settings={"bucket": "no-such-bucket"})
-    with pytest.raises(BackendUnavailable, match="create_bucket"):
+    # A missing bucket is a configuration error (retrying cannot help), named with its fix.
+    with pytest.raises(ConfigError, match="create_bucket"):
         await no_bucket.get("k")
+    with pytest.raises(ConfigError, match="no-such-bucket"):
+        await no_bucket.check()
     for store in (unreachable, no_bucket):
         with pytest.raises(WalstreamError):
             await store.head("k")

@@ -241,6 +241,7 @@ class Client:
             return self
         self._started = True
         self.deployment_id = await self.metadata.deployment_id()
+        await self.objects.check()
         node = await self.metadata.register_node(self.node_id, self.wal.describe())
         self.node_epoch = node.node_epoch
         self.wal.bind_deployment(self.deployment_id)

@@ -100,6 +100,12 @@ class ObjectStore(ABC):
         """A streaming writer; the default buffers parts and publishes with one ``put``."""
         return BufferedObjectWriter(self, key)
 
+    async def check(self) -> None:
+        """Verify now that the store is usable (the bucket exists, the credentials work), so a
+        node refuses to start instead of acknowledging appends it can never upload. Raises
+        :class:`~walstream.errors.ConfigError` naming what is wrong, or
+        :class:`~walstream.errors.BackendUnavailable`. The default checks nothing."""
+
     async def close(self) -> None:
         """Release connections; idempotent."""
 

@@ -208,7 +208,8 @@ def classify(exc: BaseException, what: str, bucket: str) -> tuple[WalstreamError
         status, code, message = _status_and_code(exc)
         detail = f"S3 {what}: {status} {code}" + (f" ({message})" if message else "")
         if code == "NoSuchBucket":
-            return BackendUnavailable(
+            # A configuration error, not an outage: retrying cannot make the bucket appear.
+            return ConfigError(
                 f"{detail}: bucket {bucket!r} does not exist; create it or set create_bucket: true"
             ), _Retry.NO
         if code in _NOT_FOUND_CODES or status == 404:

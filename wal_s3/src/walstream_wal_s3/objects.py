@@ -233,6 +233,11 @@ class S3ObjectStore(ObjectStore):
             "conditional_put": self._probe_result,
         }
 
+    async def check(self) -> None:
+        """The bucket exists and takes writes: the conditional-write probe writes (and deletes)
+        one key, so a missing bucket or bad credentials fail the node's start."""
+        await self.ensure_probed()
+
     # -- conditional-write probe -----
 
     async def ensure_probed(self) -> bool:
