@@ -13,7 +13,6 @@ anything else missing must be reported. The servers run in this process (the rea
 
 from __future__ import annotations
 
-import asyncio
 import os
 import random
 import shutil
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from walstream.errors import WalstreamError
 from walstream.wal import WalMode, WalRecord
-from walstream_conformance.corruption import FuzzReport, classify_recovery
+from walstream_conformance.corruption import FuzzReport, classify_recovery, write_rounds
 from walstream_wal_nvme_quorum.testing import InProcessServers as Servers
 
 DEPLOYMENT = bytes.fromhex("5eed0000000000000000000000000001")
@@ -32,7 +31,7 @@ CI_CASES = 36
 SOAK_CASES = 600
 
 
-async def write_rounds(
+async def write_abandoned(
     servers: Servers, rng: random.Random, deployment: bytes
 ) -> tuple[list[tuple[int, bytes]], int]:
     """Acknowledged ``(offset, data)`` in append order and the size of the last round; the
@@ -42,13 +41,7 @@ async def write_rounds(
     await wal.start(1, 1, WalMode.READ_WRITE)
     async for _ in wal.recover():
         pass
-    acked: list[tuple[int, bytes]] = []
-    last_round = 0
-    for _ in range(rng.randint(3, 7)):
-        payloads = [rng.randbytes(rng.randint(8, 400)) for _ in range(rng.randint(1, 6))]
-        offsets = await asyncio.gather(*(wal.append(payload) for payload in payloads))
-        acked.extend(zip(offsets, payloads, strict=True))
-        last_round = len(payloads)
+    acked, last_round = await write_rounds(wal, rng, rounds=(3, 7))
     await servers.stop()
     await wal.close()
     return acked, last_round
@@ -130,11 +123,11 @@ async def test_nvme_quorum_corruption_fuzz(tmp_path: Path, soak: bool) -> None:
     report = FuzzReport(f"nvme-quorum corruption fuzz (seed {seed}, {cases} cases)")
     foreign = Servers(tmp_path / "foreign", segment_bytes=2048)
     await foreign.start()
-    await write_rounds(foreign, random.Random(seed + 1), OTHER_DEPLOYMENT)
+    await write_abandoned(foreign, random.Random(seed + 1), OTHER_DEPLOYMENT)
     for case in range(cases):
         servers = Servers(tmp_path / f"case-{case}", segment_bytes=rng.choice([1024, 2048, 8192]))
         await servers.start()
-        acked, last_round = await write_rounds(servers, rng, DEPLOYMENT)
+        acked, last_round = await write_abandoned(servers, rng, DEPLOYMENT)
         target, kind = damage(servers, foreign, acked, rng)
         await servers.start()
         try:

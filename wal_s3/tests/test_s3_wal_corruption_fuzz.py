@@ -13,7 +13,6 @@ CI runs a bounded number of cases; ``--soak`` runs many more. Run with ``-s`` to
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -22,7 +21,7 @@ import pytest
 import pytest_asyncio
 from walstream.errors import WalstreamError
 from walstream.wal import WalMode, WalRecord
-from walstream_conformance.corruption import FuzzReport, Outcome, classify_recovery
+from walstream_conformance.corruption import FuzzReport, Outcome, classify_recovery, write_rounds
 from walstream_wal_s3 import S3ObjectStore, S3Settings
 from walstream_wal_s3.client import RetryPolicy
 from walstream_wal_s3.wal import S3Wal, WalKeys, encode_wal_object
@@ -51,7 +50,7 @@ def make_wal(store: S3ObjectStore, **options: Any) -> S3Wal:
     return wal
 
 
-async def write_rounds(
+async def write_abandoned(
     store: S3ObjectStore, node: int, rng: random.Random
 ) -> tuple[list[tuple[int, bytes]], int]:
     """Acknowledged ``(offset, data)`` in append order, and how many the last round wrote."""
@@ -62,13 +61,9 @@ async def write_rounds(
     )
     await wal.start(node, 1, WalMode.READ_WRITE)
     assert [record async for record in wal.recover()] == []
-    acked: list[tuple[int, bytes]] = []
-    last_round = 0
-    for _ in range(rng.randint(2, 5)):
-        payloads = [rng.randbytes(rng.randint(1, 90)) for _ in range(rng.randint(1, 12))]
-        offsets = await asyncio.gather(*(wal.append(payload) for payload in payloads))
-        acked.extend(zip(offsets, payloads, strict=True))
-        last_round = len(payloads)
+    acked, last_round = await write_rounds(
+        wal, rng, rounds=(2, 5), per_round=(1, 12), sizes=(1, 90)
+    )
     await wal.close()  # nothing in flight; no trim
     return acked, last_round
 
@@ -117,7 +112,7 @@ async def run_case(store: S3ObjectStore, case: int, rng: random.Random, report: 
     node = 1000 + case
     damage = DAMAGES[case % len(DAMAGES)]
     where = TARGETS[case // len(DAMAGES) % len(TARGETS)]
-    acked, last_round = await write_rounds(store, node, rng)
+    acked, last_round = await write_abandoned(store, node, rng)
     target = await damage_one_object(store, WalKeys.for_node(node), damage, where, rng)
 
     wal = make_wal(store)

@@ -12,7 +12,6 @@ anything else missing must be reported.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import random
@@ -25,7 +24,7 @@ from walstream.config import BuildContext
 from walstream.errors import WalstreamError
 from walstream.quorum import chunk_crc
 from walstream.wal import WalMode, WalRecord
-from walstream_conformance.corruption import FuzzReport, classify_recovery
+from walstream_conformance.corruption import FuzzReport, classify_recovery, write_rounds
 from walstream_wal_s3express import S3EXPRESS_WAL, S3ExpressWal, ZonalBucketReplica
 from walstream_wal_s3express.replica import chunk_key, parse_chunk_key
 from walstream_wal_s3express.zones import ZoneServer, zone_wal_options
@@ -64,7 +63,7 @@ def build(zones: list[ZoneServer], prefix: str, **options: Any) -> S3ExpressWal:
     return S3EXPRESS_WAL.build(section, BuildContext(node_id=1), "wal")
 
 
-async def write_rounds(
+async def write_abandoned(
     zones: list[ZoneServer], prefix: str, rng: random.Random, deployment: bytes
 ) -> tuple[list[tuple[int, bytes]], int]:
     """Acknowledged ``(offset, data)`` in append order and the size of the last round."""
@@ -73,13 +72,9 @@ async def write_rounds(
     await wal.start(1, 1, WalMode.READ_WRITE)
     async for _ in wal.recover():
         pass
-    acked: list[tuple[int, bytes]] = []
-    last_round = 0
-    for _ in range(rng.randint(3, 5)):
-        payloads = [rng.randbytes(rng.randint(8, 300)) for _ in range(rng.randint(1, 4))]
-        offsets = await asyncio.gather(*(wal.append(payload) for payload in payloads))
-        acked.extend(zip(offsets, payloads, strict=True))
-        last_round = len(payloads)
+    acked, last_round = await write_rounds(
+        wal, rng, rounds=(3, 5), per_round=(1, 4), sizes=(8, 300)
+    )
     # Abandoned: no trim, no reset; close only stops its background tasks.
     await wal.close()
     return acked, last_round
@@ -196,13 +191,13 @@ async def test_s3express_corruption_fuzz(shared_zones: list[ZoneServer], soak: b
     report = FuzzReport(f"s3express corruption fuzz (seed {seed}, {cases} cases)")
     run = f"fuzz{time.monotonic_ns()}"
     foreign_prefix = f"{run}-foreign"
-    await write_rounds(shared_zones, foreign_prefix, random.Random(seed + 1), OTHER_DEPLOYMENT)
+    await write_abandoned(shared_zones, foreign_prefix, random.Random(seed + 1), OTHER_DEPLOYMENT)
     tools = build(shared_zones, foreign_prefix)
     try:
         foreign = zones_of(tools, "node-1")
         for case in range(cases):
             prefix = f"{run}-case{case}-{next(_prefixes)}"
-            acked, last_round = await write_rounds(shared_zones, prefix, rng, DEPLOYMENT)
+            acked, last_round = await write_abandoned(shared_zones, prefix, rng, DEPLOYMENT)
             ours = build(shared_zones, prefix)
             try:
                 target, kind = await damage(zones_of(ours, "node-1"), foreign, acked, rng, case)

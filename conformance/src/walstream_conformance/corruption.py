@@ -9,15 +9,17 @@ damage kind and prints the table the closing notes quote. Safe outcomes are ``IN
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from walstream.errors import CorruptionError, DataLossError, WalstreamError
-from walstream.wal import WalRecord
+from walstream.wal import WalRecord, WriteAheadLog
 
-__all__ = ["FuzzReport", "Outcome", "classify_recovery"]
+__all__ = ["FuzzReport", "Outcome", "classify_recovery", "write_rounds"]
 
 
 class Outcome(enum.Enum):
@@ -90,6 +92,30 @@ def classify_recovery(
     if detected:
         return Outcome.DETECTED
     return Outcome.TORN_TAIL if missing_tail else Outcome.INTACT
+
+
+async def write_rounds(
+    wal: WriteAheadLog,
+    rng: random.Random,
+    *,
+    rounds: tuple[int, int] = (3, 6),
+    per_round: tuple[int, int] = (1, 6),
+    sizes: tuple[int, int] = (8, 400),
+) -> tuple[list[tuple[int, bytes]], int]:
+    """Append rounds of concurrent records to a started, recovered ``wal``, awaiting each round.
+
+    Returns the acknowledged ``(offset, data)`` in append order and how many records the last
+    round wrote: the records no later write attests, i.e. the torn-tail allowance of a fuzz case.
+    Each bound is an inclusive ``(low, high)`` drawn with ``rng``.
+    """
+    acked: list[tuple[int, bytes]] = []
+    last_round = 0
+    for _ in range(rng.randint(*rounds)):
+        payloads = [rng.randbytes(rng.randint(*sizes)) for _ in range(rng.randint(*per_round))]
+        offsets = await asyncio.gather(*(wal.append(payload) for payload in payloads))
+        acked.extend(zip(offsets, payloads, strict=True))
+        last_round = len(payloads)
+    return acked, last_round
 
 
 @dataclass
