@@ -150,3 +150,27 @@ async def test_dead_zone_fails_fast_and_typed(zones: list[ZoneServer]) -> None:
         assert not replica.healthy()
     finally:
         await replica.close()
+
+
+async def test_updates_after_a_claim_keep_checking_the_claimed_identity(
+    replicas: Any, log_id: str
+) -> None:
+    """A seal, trim or catch-up write after our claim never changes another deployment's state,
+    even when that state landed after our claim was checked (a late request of its own)."""
+    import dataclasses
+
+    from walstream.errors import IdentityMismatch
+    from walstream.quorum import LogIdentity
+
+    ours, theirs = LogIdentity(b"1" * 16, 7), LogIdentity(b"2" * 16, 7)
+    writer = replicas()
+    await writer.claim(log_id, 5, ours)
+    raw = replicas()
+    state = await raw._current_state(log_id)
+    foreign = dataclasses.replace(state, identity=theirs, version=state.version + 1)
+    assert await raw._create(raw._state_key(log_id, foreign.version), foreign.encode())
+    for attempt in (writer.seal(log_id, 5, 0), writer.trim(log_id, 5, 0, -1)):
+        with pytest.raises(IdentityMismatch):
+            await attempt
+    after = await raw._current_state(log_id)
+    assert (after.version, after.identity) == (foreign.version, theirs)

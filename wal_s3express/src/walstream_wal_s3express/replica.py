@@ -218,6 +218,8 @@ class ZonalBucketReplica:
         self.node_id = node_id
         self.clock: Clock = clock or SystemClock()
         self._logs: dict[str, _LogCache] = {}
+        self._identities: dict[str, LogIdentity] = {}
+        """The identity each log was claimed with: every later update checks it too."""
         self._tick = 0
         self._healthy = True
         self._background: set[asyncio.Task[None]] = set()
@@ -394,6 +396,10 @@ class ZonalBucketReplica:
         cache = self._cache(log_id)
         registering = register or cache.registered_epoch != epoch
         state = None if registering else cache.state
+        if precheck is None and log_id in self._identities:
+            # A seal, trim or catch-up write after the claim: never change another
+            # deployment's state, even when its claim landed after ours was checked.
+            precheck = self._identity_check(log_id, self._identities[log_id])
         if not registering and not confirm and await self._superseded(log_id, epoch):
             raise self._fenced(log_id, epoch)
         for _ in range(64):
@@ -490,10 +496,9 @@ class ZonalBucketReplica:
     async def claim(
         self, log_id: str, epoch: int, identity: LogIdentity | None = None
     ) -> LogListing:
-        def check_identity(state: _ControlState) -> None:
-            if identity is not None and state.identity not in (None, identity):
-                assert state.identity is not None
-                raise identity_mismatch(f"zone {self.name}", log_id, state.identity, identity)
+        if identity is not None:
+            self._identities[log_id] = identity
+        check_identity = self._identity_check(log_id, identity)
 
         def identify(state: _ControlState) -> _ControlState:
             return state if identity is None else replace(state, identity=identity)
@@ -505,6 +510,16 @@ class ZonalBucketReplica:
         state = await self._state_at(log_id, scan.versions) if scan.versions else state
         self._check_epoch(state, log_id, epoch)
         return self._listing(state, scan.chunks)
+
+    def _identity_check(
+        self, log_id: str, identity: LogIdentity | None
+    ) -> Callable[[_ControlState], None]:
+        def check_identity(state: _ControlState) -> None:
+            if identity is not None and state.identity not in (None, identity):
+                assert state.identity is not None
+                raise identity_mismatch(f"zone {self.name}", log_id, state.identity, identity)
+
+        return check_identity
 
     async def list_chunks(self, log_id: str) -> LogListing:
         scan = await self._scan(log_id)
