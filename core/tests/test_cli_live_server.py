@@ -168,8 +168,8 @@ def test_commands_go_through_the_running_server_and_never_fence_it(
     assert server.process.poll() is None
 
 
-def test_a_second_serve_of_the_same_node_exits_2_naming_the_first(
-    tmp_path: Path, deployment: Path, server: Server
+def test_a_second_serve_or_a_recover_of_the_same_node_exits_2_naming_the_first(
+    cli: Cli, tmp_path: Path, deployment: Path, server: Server
 ) -> None:
     status, _ = server.call("POST", "/v1/streams", {"name": "orders"})
     assert status == 201
@@ -182,7 +182,11 @@ def test_a_second_serve_of_the_same_node_exits_2_naming_the_first(
     assert second.returncode == 2, stderr
     assert "NodeBusy" in stderr and server.url in stderr, stderr
     assert f"pid {server.process.pid}" in stderr, stderr
+    # `recover` runs the node itself (no way through the server): it refuses too.
+    recover = cli("recover", expect=2)
+    assert "NodeBusy" in recover.stderr and server.url in recover.stderr, recover.stderr
     assert_serving(server, "orders", 0)
+    assert "NodeBusy" in cli("serve", "--help").stdout
 
 
 def test_after_the_server_is_killed_commands_recover_the_node(

@@ -75,6 +75,11 @@ examples:
 Without --config every command uses the embedded deployment in ./walstream-data
 (an ebs or memory WAL, a local object store and SQLite metadata).
 Exit status: 0 ok, 1 error (one line on stderr), 2 bad configuration or usage.
+While `walstream serve` runs the node (it holds <metadata file>.node-N.lock),
+append, trim and streams create/delete go through its HTTP API, and read and
+tail read through it; nothing takes the node over. When it cannot be reached,
+read/tail show committed records only (and say so), and writes, recover, demo,
+bench and a second serve refuse with NodeBusy naming it (exit 2).
 Short options mean the same in every command: -c config, -v verbose, -f follow,
 -n count, -i input file, -k key (conformance: -k EXPR selects tests, as in pytest),
 -b batch. --json and --format json write JSON lines (one object per line).
@@ -216,8 +221,31 @@ async def _open_client(config: str | None, *, writes: bool = True) -> AsyncItera
         yield client
 
 
+_running_command = "command"
+"""The command being run (``read``, ``streams list``...), recorded in the node lock it holds."""
+
+
 def _command_name() -> str:
-    return " ".join(arg for arg in sys.argv[1:3] if not arg.startswith("-")) or "command"
+    return _running_command
+
+
+@asynccontextmanager
+async def _holding_node(config: str | None) -> AsyncIterator[None]:
+    """Hold the node lock of ``config`` for a command that runs the node itself and has no
+    way through a server (``recover``, ``demo``, ``bench``): raises
+    :class:`~walstream.live.NodeBusy` (exit 2) naming the live process that runs the node."""
+    from . import live
+
+    deployment = _load_deployment(config)
+    path = live.lock_path(deployment)
+    if path is None:
+        yield
+        return
+    lock = live.NodeLock.acquire(path, deployment.node_id, f"{PROG} {_command_name()}")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _load_deployment(config: str | None) -> Any:
@@ -862,7 +890,13 @@ async def cmd_trim(args: argparse.Namespace) -> int:
 
 
 async def cmd_recover(args: argparse.Namespace) -> int:
-    """Recover the node's WAL and stop; with --accept-loss, record what the WAL lost."""
+    """Recover the node's WAL and stop; with --accept-loss, record what the WAL lost. Refuses
+    (NodeBusy, exit 2) while a live process runs the node: recovering would take it over."""
+    async with _holding_node(args.config):
+        return await _recover(args)
+
+
+async def _recover(args: argparse.Namespace) -> int:
     import walstream
 
     from .recovery import RecoveryRefused
@@ -1146,14 +1180,15 @@ def cmd_conformance(args: argparse.Namespace, extra: list[str]) -> int:
 async def cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
 
-    return await demo.run_demo(
-        config=args.config,
-        streams=args.streams,
-        records=args.records,
-        value_bytes=args.value_bytes,
-        batch_records=args.batch,
-        progress=not args.no_progress,
-    )
+    async with _holding_node(args.config):
+        return await demo.run_demo(
+            config=args.config,
+            streams=args.streams,
+            records=args.records,
+            value_bytes=args.value_bytes,
+            batch_records=args.batch,
+            progress=not args.no_progress,
+        )
 
 
 # -- commands: serve / bench ---------------------------------------------------------------------
@@ -1192,17 +1227,18 @@ async def cmd_serve(args: argparse.Namespace) -> int:
 async def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
-    report = await bench.run_bench(
-        args.config,
-        streams=args.streams,
-        records=args.records,
-        value_bytes=args.value_bytes,
-        batch_records=args.batch,
-        concurrency=args.concurrency,
-        json_path=args.json,
-        keep=args.keep,
-        progress=not args.no_progress,
-    )
+    async with _holding_node(args.config):
+        report = await bench.run_bench(
+            args.config,
+            streams=args.streams,
+            records=args.records,
+            value_bytes=args.value_bytes,
+            batch_records=args.batch,
+            concurrency=args.concurrency,
+            json_path=args.json,
+            keep=args.keep,
+            progress=not args.no_progress,
+        )
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
@@ -1253,7 +1289,11 @@ def _add_serve_and_bench(subparsers: Any, common: argparse.ArgumentParser) -> No
         "the node (uploading everything acknowledged) and exits 0. The routes are listed in\n"
         "the README and in the walstream.server module. Timeouts and bounds of slow or greedy\n"
         "clients come from the server section: header_timeout, body_timeout,\n"
-        "max_connections, max_long_polls.",
+        "max_connections, max_long_polls.\n\n"
+        "While it runs, the server holds the node lock <metadata file>.node-N.lock with its\n"
+        "URL in it: other walstream commands on this deployment go through its HTTP API\n"
+        "instead of taking the node over, and a second serve of the same node exits 2\n"
+        "(NodeBusy, naming this one).",
     )
     serve.add_argument(
         "--listen", metavar="HOST:PORT", help="overrides server.listen (port 0 picks a free port)"
@@ -1776,6 +1816,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and args.command != "conformance":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _configure_logging(args.verbose)
+    global _running_command
+    _running_command = " ".join(
+        str(part)
+        for part in (args.command, getattr(args, "streams_command", None))
+        if part is not None
+    )
     handler: Callable[..., Any] = args.handler
     try:
         if handler is cmd_conformance:
