@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -166,6 +167,36 @@ def test_commands_go_through_the_running_server_and_never_fence_it(
         "5\tafter",
     ]
     assert server.process.poll() is None
+
+
+def test_tail_follow_through_the_server_shows_new_records_and_exits_0_on_ctrl_c(
+    tmp_path: Path, deployment: Path, server: Server
+) -> None:
+    server.call("POST", "/v1/streams", {"name": "feed"})
+    server.append("feed", "a")
+    follower = subprocess.Popen(
+        [WALSTREAM, "--config", str(deployment), "tail", "feed", "-f", "--start", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == "0\ta\n"
+        server.append("feed", "b")
+        assert follower.stdout.readline() == "1\tb\n"
+        follower.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        _, stderr = follower.communicate(timeout=30)
+        # Not held up by the long poll in flight (it waits up to 10 s for records).
+        assert time.monotonic() - started < 5
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    assert_serving(server, "feed", 2)
 
 
 def test_a_second_serve_or_a_recover_of_the_same_node_exits_2_naming_the_first(

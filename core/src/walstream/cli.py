@@ -20,7 +20,7 @@ import sys
 import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
@@ -301,7 +301,7 @@ class _RemoteNode:
         query: dict[str, Any] | None = None,
         timeout: float = HTTP_TIMEOUT_S,
     ) -> Any:
-        return await asyncio.to_thread(self._call, method, path, body, query, timeout)
+        return await _in_daemon_thread(lambda: self._call(method, path, body, query, timeout))
 
     def _call(
         self, method: str, path: str, body: Any, query: dict[str, Any] | None, timeout: float
@@ -331,6 +331,37 @@ class _RemoteNode:
             raise NodeUnreachable(
                 f"the node's server at {self.url} did not answer: {reason}"
             ) from None
+
+
+async def _in_daemon_thread(work: Callable[[], Any]) -> Any:
+    """``work()`` in a daemon thread. Not the loop's default executor: asyncio.run waits for
+    that one's threads at exit, so Ctrl-C during a long poll would hang until it answered; an
+    abandoned daemon thread never keeps the process alive."""
+    import threading
+
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(outcome: Any, failure: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if failure is not None:
+            done.set_exception(failure)
+        else:
+            done.set_result(outcome)
+
+    def run() -> None:
+        try:
+            outcome = work()
+        except BaseException as failure:  # handed to the waiting task, which re-raises it
+            with suppress(RuntimeError):  # the loop closed: nobody waits any more
+                loop.call_soon_threadsafe(settle, None, failure)
+            return
+        with suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, outcome, None)
+
+    threading.Thread(target=run, name="walstream-http", daemon=True).start()
+    return await done
 
 
 def _remote_error(status: int, payload: bytes, url: str) -> WalstreamError:
