@@ -199,6 +199,36 @@ def test_tail_follow_through_the_server_shows_new_records_and_exits_0_on_ctrl_c(
     assert_serving(server, "feed", 2)
 
 
+def test_read_combines_committed_objects_with_the_servers_newest_records(
+    cli: Cli, tmp_path: Path, deployment: Path
+) -> None:
+    deployment.write_text(DEPLOYMENT.replace("max_interval: 1h", "max_interval: 50ms"))
+    process = start_serve(tmp_path, deployment)
+    try:
+        assert process.stdout is not None
+        match = LISTENING.search(process.stdout.readline())
+        assert match is not None
+        server = Server(process, match.group(1))
+        server.call("POST", "/v1/streams", {"name": "orders"})
+        server.append("orders", *(f"old {i}" for i in range(1500)))
+        deadline = time.monotonic() + 20
+        while "1500" not in cli("streams", "list").stdout:  # committed: uploaded
+            assert time.monotonic() < deadline, "the records were never uploaded"
+            time.sleep(0.1)
+        server.append("orders", "new")
+        lines = cli("read", "orders").stdout.splitlines()
+        assert lines == [f"{i}\told {i}" for i in range(1500)] + ["1500\tnew"]
+        assert cli("read", "orders", "--start", "1499").stdout.splitlines() == [
+            "1499\told 1499",
+            "1500\tnew",
+        ]
+        assert_serving(server, "orders", 1501)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.communicate(timeout=30)
+
+
 def test_a_second_serve_or_a_recover_of_the_same_node_exits_2_naming_the_first(
     cli: Cli, tmp_path: Path, deployment: Path, server: Server
 ) -> None:

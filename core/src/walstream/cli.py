@@ -419,8 +419,9 @@ def _decode_record(raw: dict[str, Any]) -> SequencedRecord:
 
 class _LiveNodeClient:
     """What a command sees of a node that another live process runs: streams and committed
-    records from the metadata and object store directly (nothing registered, nothing claimed),
-    and, when the process is a reachable server, every read and write through its HTTP API."""
+    records from the metadata and object store directly (nothing registered, nothing claimed);
+    when the process is a reachable server, the tail, the records not yet uploaded, reads by
+    timestamp or tail offset, and every write through its HTTP API."""
 
     def __init__(self, holder: Any, metadata: Any, reader: Any, remote: _RemoteNode | None):
         self.holder = holder
@@ -507,6 +508,16 @@ class _LiveStream:
         wait: float = 0,
     ) -> ReadResult:
         remote = self._client.remote
+        if remote is not None and start is not None and not wait:
+            # Committed records straight from the object store: a long `read` does not load
+            # the server, which is asked only for its tail and the records not yet uploaded.
+            info = await self._info()
+            if info.start_offset <= start < info.committed_end:
+                records = await self._client.reader.read(
+                    self.stream_id, start, info.committed_end, limit_records, 1 << 20
+                )
+                if records:
+                    return ReadResult(list(records), await self.check_tail())
         if remote is not None:
             query: dict[str, Any] = {"limit": limit_records}
             for name, value in (
