@@ -77,7 +77,8 @@ Without --config every command uses the embedded deployment in ./walstream-data
 Exit status: 0 ok, 1 error (one line on stderr), 2 bad configuration or usage.
 While `walstream serve` runs the node (it holds <metadata file>.node-N.lock),
 append, trim and streams create/delete go through its HTTP API, and read and
-tail read through it; nothing takes the node over. When it cannot be reached,
+tail get the records not yet uploaded from it; nothing takes the node over.
+When it cannot be reached,
 read/tail show committed records only (and say so), and writes, recover, demo,
 bench and a second serve refuse with NodeBusy naming it (exit 2).
 Short options mean the same in every command: -c config, -v verbose, -f follow,
@@ -190,7 +191,7 @@ async def _open_client(config: str | None, *, writes: bool = True) -> AsyncItera
     No live process runs the node: ``walstream.open(config)`` as always (recovering the node),
     holding the node lock (:mod:`walstream.live`) so that no server starts on it meanwhile.
     A live ``walstream serve`` runs it: a :class:`_LiveNodeClient` that sends writes to the
-    server's HTTP API and reads through it; when the server cannot be reached (or the live
+    server's HTTP API and asks it for what is not committed yet; when the server cannot be reached (or the live
     process is not a server), reads show the committed records only (with a warning on stderr)
     and writes raise :class:`~walstream.live.NodeBusy` naming the running process.
     """
