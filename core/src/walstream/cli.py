@@ -20,7 +20,7 @@ import sys
 import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
@@ -75,6 +75,12 @@ examples:
 Without --config every command uses the embedded deployment in ./walstream-data
 (an ebs or memory WAL, a local object store and SQLite metadata).
 Exit status: 0 ok, 1 error (one line on stderr), 2 bad configuration or usage.
+While `walstream serve` runs the node (it holds <metadata file>.node-N.lock),
+append, trim and streams create/delete go through its HTTP API, and read and
+tail get the records not yet uploaded from it; nothing takes the node over.
+When it cannot be reached,
+read/tail show committed records only (and say so), and writes, recover, demo,
+bench and a second serve refuse with NodeBusy naming it (exit 2).
 Short options mean the same in every command: -c config, -v verbose, -f follow,
 -n count, -i input file, -k key (conformance: -k EXPR selects tests, as in pytest),
 -b batch. --json and --format json write JSON lines (one object per line).
@@ -178,12 +184,69 @@ def progress_bar(
 # -- deployments and clients ----------------------------------------------------------------------
 
 
-def _open_client(config: str | None) -> AbstractAsyncContextManager[Any]:
-    """``walstream.open(config)`` as an async context manager (flushes and closes on exit)."""
+@asynccontextmanager
+async def _open_client(config: str | None, *, writes: bool = True) -> AsyncIterator[Any]:
+    """The node of ``config`` for one command, never taking it over from a live process.
+
+    No live process runs the node: ``walstream.open(config)`` as always (recovering the node),
+    holding the node lock (:mod:`walstream.live`) so that no server starts on it meanwhile.
+    A live ``walstream serve`` runs it: a :class:`_LiveNodeClient` that sends writes to the
+    server's HTTP API and asks it for what is not committed yet; when the server cannot be reached (or the live
+    process is not a server), reads show the committed records only (with a warning on stderr)
+    and writes raise :class:`~walstream.live.NodeBusy` naming the running process.
+    """
     import walstream
 
-    opened: AbstractAsyncContextManager[Any] = walstream.open(config)
-    return opened
+    from . import live
+
+    deployment = _load_deployment(config)
+    path = live.lock_path(deployment)
+    holder = live.probe(path)
+    if holder is None and path is not None:
+        try:
+            lock = live.NodeLock.acquire(path, deployment.node_id, f"{PROG} {_command_name()}")
+        except live.NodeBusy as busy:
+            holder = busy.holder  # a server started between the probe and the lock
+        else:
+            try:
+                async with walstream.open(config) as client:
+                    yield client
+            finally:
+                lock.release()
+            return
+    if holder is None:
+        async with walstream.open(config) as client:
+            yield client
+        return
+    async with _LiveNodeClient.open(config, deployment, holder, writes=writes) as client:
+        yield client
+
+
+_running_command = "command"
+"""The command being run (``read``, ``streams list``...), recorded in the node lock it holds."""
+
+
+def _command_name() -> str:
+    return _running_command
+
+
+@asynccontextmanager
+async def _holding_node(config: str | None) -> AsyncIterator[None]:
+    """Hold the node lock of ``config`` for a command that runs the node itself and has no
+    way through a server (``recover``, ``demo``, ``bench``): raises
+    :class:`~walstream.live.NodeBusy` (exit 2) naming the live process that runs the node."""
+    from . import live
+
+    deployment = _load_deployment(config)
+    path = live.lock_path(deployment)
+    if path is None:
+        yield
+        return
+    lock = live.NodeLock.acquire(path, deployment.node_id, f"{PROG} {_command_name()}")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _load_deployment(config: str | None) -> Any:
@@ -207,6 +270,362 @@ async def _backend(config: str | None, kind: str) -> AsyncIterator[Any]:
         yield backend
     finally:
         await backend.close()
+
+
+# -- a node run by another process ---------------------------------------------------------------
+
+LIVE_POLL_WAIT_S = 10
+"""``tail -f`` through a live server: seconds each long poll waits for new records."""
+HTTP_TIMEOUT_S = 60.0
+
+
+class NodeUnreachable(WalstreamError):
+    """The live server of the node did not answer (connection refused, reset or timed out)."""
+
+
+class _RemoteNode:
+    """The HTTP API of a live ``walstream serve`` (standard library only: urllib in a thread)."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        import urllib.request
+
+        self.url = url
+        self._token = token
+        # Never through an HTTP proxy of the environment: the node's address is what it recorded.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        timeout: float = HTTP_TIMEOUT_S,
+    ) -> Any:
+        return await _in_daemon_thread(lambda: self._call(method, path, body, query, timeout))
+
+    def _call(
+        self, method: str, path: str, body: Any, query: dict[str, Any] | None, timeout: float
+    ) -> Any:
+        import urllib.error
+        import urllib.parse
+        import urllib.request
+
+        url = self.url + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with self._opener.open(request, timeout=timeout) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as failed:
+            raise _remote_error(failed.code, failed.read(), self.url) from None
+        except (urllib.error.URLError, OSError, ValueError) as failed:
+            reason = getattr(failed, "reason", failed)
+            raise NodeUnreachable(
+                f"the node's server at {self.url} did not answer: {reason}"
+            ) from None
+
+
+async def _in_daemon_thread(work: Callable[[], Any]) -> Any:
+    """``work()`` in a daemon thread. Not the loop's default executor: asyncio.run waits for
+    that one's threads at exit, so Ctrl-C during a long poll would hang until it answered; an
+    abandoned daemon thread never keeps the process alive."""
+    import threading
+
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(outcome: Any, failure: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if failure is not None:
+            done.set_exception(failure)
+        else:
+            done.set_result(outcome)
+
+    def run() -> None:
+        try:
+            outcome = work()
+        except BaseException as failure:  # handed to the waiting task, which re-raises it
+            with suppress(RuntimeError):  # the loop closed: nobody waits any more
+                loop.call_soon_threadsafe(settle, None, failure)
+            return
+        with suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, outcome, None)
+
+    threading.Thread(target=run, name="walstream-http", daemon=True).start()
+    return await done
+
+
+def _remote_error(status: int, payload: bytes, url: str) -> WalstreamError:
+    """The typed error of a server's JSON error answer (fields as in walstream.server)."""
+    from . import errors
+
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        return WalstreamError(f"the node's server at {url} answered HTTP {status}")
+    name = str(body.get("error", ""))
+    message = str(body.get("message") or name)
+    kind = getattr(errors, name, None)
+    if isinstance(kind, type) and issubclass(kind, OutOfRangeError):
+        return kind(message, int(body.get("start_offset", 0)), int(body.get("tail", 0)))
+    if isinstance(kind, type) and issubclass(kind, errors.DataLossError):
+        return kind(
+            message,
+            int(body.get("stream_id", 0)),
+            int(body.get("start_offset", 0)),
+            int(body.get("end_offset", 0)),
+        )
+    if isinstance(kind, type) and issubclass(kind, errors.TailMismatchError):
+        return kind(message, int(body.get("actual_tail", 0)))
+    if isinstance(kind, type) and issubclass(kind, WalstreamError):
+        try:
+            return kind(message)
+        except TypeError:
+            pass
+    if status == 401:
+        return ConfigError(
+            f"the node's server at {url} wants a token: set WALSTREAM_TOKEN or server.token"
+        )
+    return WalstreamError(f"{name or 'HTTP ' + str(status)}: {message}")
+
+
+def _ref_path(ref: str | int) -> str:
+    import urllib.parse
+
+    return urllib.parse.quote(f"#{ref}" if isinstance(ref, int) else ref, safe="")
+
+
+def _decode_record(raw: dict[str, Any]) -> SequencedRecord:
+    key = raw.get("key")
+    return SequencedRecord(
+        offset=int(raw["offset"]),
+        value=base64.b64decode(raw["value"]),
+        key=None if key is None else base64.b64decode(key),
+        headers=tuple((str(name), base64.b64decode(value)) for name, value in raw["headers"]),
+        timestamp_ms=int(raw.get("timestamp_ms", 0)),
+    )
+
+
+class _LiveNodeClient:
+    """What a command sees of a node that another live process runs: streams and committed
+    records from the metadata and object store directly (nothing registered, nothing claimed);
+    when the process is a reachable server, the tail, the records not yet uploaded, reads by
+    timestamp or tail offset, and every write through its HTTP API."""
+
+    def __init__(self, holder: Any, metadata: Any, reader: Any, remote: _RemoteNode | None):
+        self.holder = holder
+        self.metadata = metadata
+        self.reader = reader
+        self.remote = remote
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls, config: str | None, deployment: Any, holder: Any, *, writes: bool
+    ) -> AsyncIterator[_LiveNodeClient]:
+        from . import live
+        from .reader import ObjectReader
+
+        remote = None
+        reason = holder.describe()
+        if holder.url:
+            candidate = _RemoteNode(holder.url, _token(deployment))
+            try:
+                await candidate.call("GET", "/health", timeout=10.0)
+                remote = candidate
+            except NodeUnreachable as unreachable:
+                reason = str(unreachable)
+            except WalstreamError as failed:
+                reason = f"{holder.describe()}, but its /health answered: {failed}"
+        if remote is None and writes:
+            raise live.NodeBusy(
+                f"{reason}; this command would take the node over: stop that process, or "
+                "retry once its server answers",
+                holder,
+            )
+        if remote is None:
+            print(
+                f"{PROG}: warning: {reason}; showing committed records only (records it "
+                "has acknowledged but not yet uploaded are not shown)",
+                file=sys.stderr,
+            )
+        async with (
+            _backend(config, "metadata") as metadata,
+            _backend(config, "object_store") as objects,
+        ):
+            yield cls(holder, metadata, ObjectReader(objects, metadata), remote)
+
+    async def list_streams(self, prefix: str = "") -> list[Any]:
+        result: list[Any] = await self.metadata.list_streams(prefix)
+        return result
+
+    async def open_stream(self, ref: str | int) -> _LiveStream:
+        info = await self.metadata.get_stream(ref)
+        return _LiveStream(self, info.stream_id, info.name)
+
+    async def create_stream(self, name: str) -> Any:
+        body = await self._remote().call("POST", "/v1/streams", {"name": name})
+        return argparse.Namespace(name=body["name"], stream_id=body["stream_id"])
+
+    async def delete_stream(self, ref: str | int) -> None:
+        await self._remote().call("DELETE", f"/v1/streams/{_ref_path(ref)}")
+
+    def _remote(self) -> _RemoteNode:
+        if self.remote is None:  # refused in open(); a read-only command never gets here
+            from . import live
+
+            raise live.NodeBusy(self.holder.describe(), self.holder)
+        return self.remote
+
+
+class _LiveStream:
+    """A stream of a node run by another process (see :class:`_LiveNodeClient`)."""
+
+    def __init__(self, client: _LiveNodeClient, stream_id: int, name: str | None) -> None:
+        self._client = client
+        self.stream_id = stream_id
+        self.name = name
+        self._path = f"/v1/streams/{_ref_path(stream_id)}"
+
+    async def read(
+        self,
+        start: int | None = None,
+        *,
+        from_timestamp: int | None = None,
+        tail_offset: int | None = None,
+        limit_records: int = READ_PAGE_RECORDS,
+        wait: float = 0,
+    ) -> ReadResult:
+        remote = self._client.remote
+        if remote is not None and start is not None and not wait:
+            # Committed records straight from the object store: a long `read` does not load
+            # the server, which is asked only for its tail and the records not yet uploaded.
+            info = await self._info()
+            if info.start_offset <= start < info.committed_end:
+                records = await self._client.reader.read(
+                    self.stream_id, start, info.committed_end, limit_records, 1 << 20
+                )
+                if records:
+                    return ReadResult(list(records), await self.check_tail())
+        if remote is not None:
+            query: dict[str, Any] = {"limit": limit_records}
+            for name, value in (
+                ("start", start),
+                ("from_timestamp", from_timestamp),
+                ("tail_offset", tail_offset),
+            ):
+                if value is not None:
+                    query[name] = value
+            if wait:
+                query["wait"] = wait
+            body = await remote.call(
+                "GET", self._path + "/records", query=query, timeout=HTTP_TIMEOUT_S + wait
+            )
+            return ReadResult([_decode_record(raw) for raw in body["records"]], int(body["tail"]))
+        return await self._read_committed(start, from_timestamp, tail_offset, limit_records)
+
+    async def _read_committed(
+        self,
+        start: int | None,
+        from_timestamp: int | None,
+        tail_offset: int | None,
+        limit_records: int,
+    ) -> ReadResult:
+        if from_timestamp is not None:
+            raise InvalidArgument(
+                "--from-timestamp needs the node's server, which cannot be reached; read "
+                "with --start instead"
+            )
+        info = await self._info()
+        tail = info.committed_end
+        if tail_offset is not None:
+            start = max(info.start_offset, tail - tail_offset)
+        assert start is not None
+        if start < info.start_offset or start > tail:
+            raise OutOfRangeError(
+                f"offset {start} is outside the committed records [{info.start_offset}, {tail}]",
+                info.start_offset,
+                tail,
+            )
+        if start == tail:
+            return ReadResult([], tail)
+        records = await self._client.reader.read(
+            self.stream_id, start, tail, limit_records, 1 << 20
+        )
+        return ReadResult(list(records), tail)
+
+    async def _info(self) -> Any:
+        infos = await self._client.metadata.get_streams([self.stream_id])
+        if self.stream_id not in infos:
+            raise StreamNotFound(f"stream {self.stream_id} was deleted")
+        return infos[self.stream_id]
+
+    async def check_tail(self) -> int:
+        remote = self._client.remote
+        if remote is None:
+            return int((await self._info()).committed_end)
+        return int((await remote.call("GET", self._path + "/tail"))["tail"])
+
+    async def start_offset(self) -> int:
+        remote = self._client.remote
+        if remote is None:
+            return int((await self._info()).start_offset)
+        return int((await remote.call("GET", self._path + "/tail"))["start_offset"])
+
+    async def append(self, records: Sequence[Record]) -> Any:
+        body = await self._client._remote().call(
+            "POST",
+            self._path + "/records",
+            {
+                "records": [
+                    {
+                        "value": base64.b64encode(record.value).decode(),
+                        **(
+                            {}
+                            if record.key is None
+                            else {"key": base64.b64encode(record.key).decode()}
+                        ),
+                        "headers": [
+                            [name, base64.b64encode(value).decode()]
+                            for name, value in record.headers
+                        ],
+                    }
+                    for record in records
+                ]
+            },
+        )
+        return argparse.Namespace(start=body["start"], end=body["end"], tail=body["tail"])
+
+    async def trim(self, offset: int) -> None:
+        await self._client._remote().call("POST", self._path + "/trim", {"start": offset})
+
+    async def tail(self, start: int) -> AsyncIterator[SequencedRecord]:
+        """Follow the stream from ``start`` with long polls (needs the server)."""
+        if self._client.remote is None:
+            raise InvalidArgument("following (-f) needs the node's server, which cannot be reached")
+        position = start
+        while True:
+            result = await self.read(position, wait=LIVE_POLL_WAIT_S)
+            for record in result.records:
+                yield record
+                position = record.offset + 1
+
+
+def _token(deployment: Any) -> str | None:
+    """The token a server of this deployment wants: ``$WALSTREAM_TOKEN``, else server.token."""
+    return os.environ.get("WALSTREAM_TOKEN") or deployment.sections.get("server", {}).get("token")
 
 
 # -- formatting -----------------------------------------------------------------------------------
@@ -282,7 +701,7 @@ async def cmd_streams_create(args: argparse.Namespace) -> int:
 
 
 async def cmd_streams_list(args: argparse.Namespace) -> int:
-    async with _open_client(args.config) as client:
+    async with _open_client(args.config, writes=False) as client:
         infos = await client.list_streams(prefix=args.prefix)
     if args.json:
         for info in infos:
@@ -426,7 +845,7 @@ async def _first_read(stream: Stream, args: argparse.Namespace, page: int) -> Re
 
 async def cmd_read(args: argparse.Namespace) -> int:
     remaining = args.limit
-    async with _open_client(args.config) as client:
+    async with _open_client(args.config, writes=False) as client:
         stream = await client.open_stream(_name_or_id(args.stream))
         page = READ_PAGE_RECORDS if remaining is None else min(READ_PAGE_RECORDS, remaining)
         if page == 0:
@@ -461,7 +880,7 @@ async def _print_pages(
 
 
 async def cmd_tail(args: argparse.Namespace) -> int:
-    async with _open_client(args.config) as client:
+    async with _open_client(args.config, writes=False) as client:
         stream = await client.open_stream(_name_or_id(args.stream))
         if args.start is not None:
             position = args.start
@@ -514,7 +933,13 @@ async def cmd_trim(args: argparse.Namespace) -> int:
 
 
 async def cmd_recover(args: argparse.Namespace) -> int:
-    """Recover the node's WAL and stop; with --accept-loss, record what the WAL lost."""
+    """Recover the node's WAL and stop; with --accept-loss, record what the WAL lost. Refuses
+    (NodeBusy, exit 2) while a live process runs the node: recovering would take it over."""
+    async with _holding_node(args.config):
+        return await _recover(args)
+
+
+async def _recover(args: argparse.Namespace) -> int:
     import walstream
 
     from .recovery import RecoveryRefused
@@ -798,14 +1223,15 @@ def cmd_conformance(args: argparse.Namespace, extra: list[str]) -> int:
 async def cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
 
-    return await demo.run_demo(
-        config=args.config,
-        streams=args.streams,
-        records=args.records,
-        value_bytes=args.value_bytes,
-        batch_records=args.batch,
-        progress=not args.no_progress,
-    )
+    async with _holding_node(args.config):
+        return await demo.run_demo(
+            config=args.config,
+            streams=args.streams,
+            records=args.records,
+            value_bytes=args.value_bytes,
+            batch_records=args.batch,
+            progress=not args.no_progress,
+        )
 
 
 # -- commands: serve / bench ---------------------------------------------------------------------
@@ -844,17 +1270,18 @@ async def cmd_serve(args: argparse.Namespace) -> int:
 async def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
-    report = await bench.run_bench(
-        args.config,
-        streams=args.streams,
-        records=args.records,
-        value_bytes=args.value_bytes,
-        batch_records=args.batch,
-        concurrency=args.concurrency,
-        json_path=args.json,
-        keep=args.keep,
-        progress=not args.no_progress,
-    )
+    async with _holding_node(args.config):
+        report = await bench.run_bench(
+            args.config,
+            streams=args.streams,
+            records=args.records,
+            value_bytes=args.value_bytes,
+            batch_records=args.batch,
+            concurrency=args.concurrency,
+            json_path=args.json,
+            keep=args.keep,
+            progress=not args.no_progress,
+        )
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
@@ -905,7 +1332,11 @@ def _add_serve_and_bench(subparsers: Any, common: argparse.ArgumentParser) -> No
         "the node (uploading everything acknowledged) and exits 0. The routes are listed in\n"
         "the README and in the walstream.server module. Timeouts and bounds of slow or greedy\n"
         "clients come from the server section: header_timeout, body_timeout,\n"
-        "max_connections, max_long_polls.",
+        "max_connections, max_long_polls.\n\n"
+        "While it runs, the server holds the node lock <metadata file>.node-N.lock with its\n"
+        "URL in it: other walstream commands on this deployment go through its HTTP API\n"
+        "instead of taking the node over, and a second serve of the same node exits 2\n"
+        "(NodeBusy, naming this one).",
     )
     serve.add_argument(
         "--listen", metavar="HOST:PORT", help="overrides server.listen (port 0 picks a free port)"
@@ -1428,6 +1859,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra and args.command != "conformance":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _configure_logging(args.verbose)
+    global _running_command
+    _running_command = " ".join(
+        str(part)
+        for part in (args.command, getattr(args, "streams_command", None))
+        if part is not None
+    )
     handler: Callable[..., Any] = args.handler
     try:
         if handler is cmd_conformance:

@@ -74,6 +74,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from . import live
 from .errors import (
     AmbiguousError,
     BackendUnavailable,
@@ -1094,6 +1095,11 @@ async def serve(
 
     ``listen``, ``token`` and ``limits`` override the deployment's ``server`` section (port 0:
     any free port, see :attr:`RunningServer.port`).
+
+    While serving, the process holds the node lock of the deployment (:mod:`walstream.live`)
+    with its URL in it, so `walstream` commands on the same deployment use this server instead
+    of taking the node over. Raises :class:`~walstream.live.NodeBusy` (a ConfigError) naming
+    the running process when another live process already runs the node.
     """
     import walstream_plugins
 
@@ -1118,7 +1124,18 @@ async def serve(
     )
     metrics = walstream_plugins.get_metrics(plugin_manager)
     hooks = walstream_plugins.PluggyHooks(plugin_manager)
-    client = await walstream.open(deployment, hooks=hooks)
+    # The node lock is taken before the node is opened: a second server of the same node must
+    # refuse before it registers a new epoch and fences the running one (NodeBusy, exit 2).
+    path = live.lock_path(deployment)
+    node_lock = (
+        None if path is None else live.NodeLock.acquire(path, deployment.node_id, "walstream serve")
+    )
+    try:
+        client = await walstream.open(deployment, hooks=hooks)
+    except BaseException:
+        if node_lock is not None:
+            node_lock.release()
+        raise
     runner: web.AppRunner | None = None
     listener: asyncio.Server | None = None
     try:
@@ -1136,7 +1153,11 @@ async def serve(
         guard = _ConnectionGuard(runner.server, chosen_limits)
         listener = await asyncio.get_running_loop().create_server(guard, host, port)
         bound_port = int(listener.sockets[0].getsockname()[1])
-        yield RunningServer(client, host, bound_port, chosen_token, app, chosen_limits, guard)
+        running = RunningServer(client, host, bound_port, chosen_token, app, chosen_limits, guard)
+        if node_lock is not None:
+            # Where `walstream` commands on this deployment send their writes and live reads.
+            node_lock.record(node_id=deployment.node_id, command="walstream serve", url=running.url)
+        yield running
     finally:
         try:
             if listener is not None:
@@ -1145,7 +1166,11 @@ async def serve(
                 _begin_shutdown(runner.app)
                 await runner.cleanup()
         finally:
-            await client.close()
+            try:
+                await client.close()
+            finally:
+                if node_lock is not None:
+                    node_lock.release()
 
 
 def limits_from_section(server_section: Mapping[str, Any]) -> ServerLimits:

@@ -1,0 +1,285 @@
+"""`walstream` commands next to a running `walstream serve` of the same deployment, as real
+processes: they must never take the node over (which would fence the server), and a second
+server of the same node must refuse to start."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from walstream import live
+
+WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
+HAS_AIOHTTP = importlib.util.find_spec("aiohttp") is not None
+HAS_EBS = importlib.util.find_spec("walstream_wal_ebs") is not None
+
+pytestmark = pytest.mark.skipif(
+    not (HAS_AIOHTTP and HAS_EBS),
+    reason="needs aiohttp (walstream serve) and the ebs WAL of the embedded deployment",
+)
+
+# The embedded deployment's shape (ebs WAL file, local objects, SQLite), with uploads so rare
+# that records appended during a test stay in the WAL only: reads must get them from the node.
+DEPLOYMENT = (
+    "node: {id: 1}\n"
+    "wal: {type: ebs, path: data/wal.img, capacity: 64MiB}\n"
+    "object_store: {type: local, root: data/objects}\n"
+    "metadata: {type: sqlite, path: data/meta.db}\n"
+    "upload: {max_bytes: 64MiB, max_interval: 1h}\n"
+)
+LISTENING = re.compile(r"listening on (http://\S+)")
+
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Path:
+    path = tmp_path / "deploy.yaml"
+    path.write_text(DEPLOYMENT)
+    return path
+
+
+@pytest.fixture
+def cli(tmp_path: Path, deployment: Path) -> Cli:
+    def run(*args: str, input: str | None = None, expect: int | None = 0) -> Any:
+        command = [WALSTREAM, "--config", str(deployment), *args]
+        result = subprocess.run(
+            command, input=input, capture_output=True, text=True, cwd=tmp_path, timeout=60
+        )
+        if expect is not None:
+            assert result.returncode == expect, (
+                f"{command} exited {result.returncode}\nstdout:\n{result.stdout}\n"
+                f"stderr:\n{result.stderr}"
+            )
+        return result
+
+    return run
+
+
+class Server:
+    def __init__(self, process: subprocess.Popen[str], url: str) -> None:
+        self.process = process
+        self.url = url
+
+    def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json"},
+        )
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with opener.open(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as failed:
+            return failed.code, json.loads(failed.read() or b"{}")
+
+    def append(self, stream: str, *values: str) -> dict[str, Any]:
+        status, body = self.call(
+            "POST",
+            f"/v1/streams/{stream}/records",
+            {"records": [{"value_text": value} for value in values]},
+        )
+        assert status == 200, body
+        return dict(body)
+
+
+def start_serve(tmp_path: Path, deployment: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [WALSTREAM, "--config", str(deployment), "serve", "--listen", "127.0.0.1:0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "WALSTREAM_TOKEN": ""},
+    )
+
+
+@pytest.fixture
+def server(tmp_path: Path, deployment: Path) -> Iterator[Server]:
+    process = start_serve(tmp_path, deployment)
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        match = LISTENING.search(line)
+        if match is None:
+            process.kill()
+            _, stderr = process.communicate(timeout=30)
+            pytest.fail(f"walstream serve did not start: {line!r}\n{stderr}")
+        yield Server(process, match.group(1))
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.communicate()
+
+
+def assert_serving(server: Server, stream: str, expected_offset: int) -> None:
+    """The server was not fenced: healthy, and it still appends at the expected offset."""
+    status, body = server.call("GET", "/health")
+    assert status == 200, body
+    assert server.append(stream, "after")["start"] == expected_offset
+
+
+def test_commands_go_through_the_running_server_and_never_fence_it(
+    cli: Cli, server: Server
+) -> None:
+    status, _ = server.call("POST", "/v1/streams", {"name": "orders"})
+    assert status == 201
+    server.append("orders", "a", "b", "c")
+
+    listing = cli("streams", "list").stdout
+    assert re.search(r"^\d+\s+orders\s", listing, re.MULTILINE), listing
+    # Not uploaded yet (uploads every hour): only the node has them.
+    assert cli("read", "orders").stdout.splitlines() == ["0\ta", "1\tb", "2\tc"]
+    appended = cli("append", "orders", input="d\ne\n")
+    assert appended.stdout.splitlines() == ["offsets 3..4"]
+    assert cli("tail", "orders", "-n", "2").stdout.splitlines() == ["3\td", "4\te"]
+    assert "trimmed" in cli("trim", "orders", "1").stdout
+    cli("streams", "create", "other")
+    cli("streams", "delete", "other")
+    assert "other" not in cli("streams", "list").stdout
+
+    assert_serving(server, "orders", 5)
+    assert cli("read", "orders").stdout.splitlines() == [
+        "1\tb",
+        "2\tc",
+        "3\td",
+        "4\te",
+        "5\tafter",
+    ]
+    assert server.process.poll() is None
+
+
+def test_tail_follow_through_the_server_shows_new_records_and_exits_0_on_ctrl_c(
+    tmp_path: Path, deployment: Path, server: Server
+) -> None:
+    server.call("POST", "/v1/streams", {"name": "feed"})
+    server.append("feed", "a")
+    follower = subprocess.Popen(
+        [WALSTREAM, "--config", str(deployment), "tail", "feed", "-f", "--start", "0"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == "0\ta\n"
+        server.append("feed", "b")
+        assert follower.stdout.readline() == "1\tb\n"
+        follower.send_signal(signal.SIGINT)
+        started = time.monotonic()
+        _, stderr = follower.communicate(timeout=30)
+        # Not held up by the long poll in flight (it waits up to 10 s for records).
+        assert time.monotonic() - started < 5
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+    assert follower.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    assert_serving(server, "feed", 2)
+
+
+def test_read_combines_committed_objects_with_the_servers_newest_records(
+    cli: Cli, tmp_path: Path, deployment: Path
+) -> None:
+    deployment.write_text(DEPLOYMENT.replace("max_interval: 1h", "max_interval: 50ms"))
+    process = start_serve(tmp_path, deployment)
+    try:
+        assert process.stdout is not None
+        match = LISTENING.search(process.stdout.readline())
+        assert match is not None
+        server = Server(process, match.group(1))
+        server.call("POST", "/v1/streams", {"name": "orders"})
+        server.append("orders", *(f"old {i}" for i in range(1500)))
+        deadline = time.monotonic() + 20
+        while "1500" not in cli("streams", "list").stdout:  # committed: uploaded
+            assert time.monotonic() < deadline, "the records were never uploaded"
+            time.sleep(0.1)
+        server.append("orders", "new")
+        lines = cli("read", "orders").stdout.splitlines()
+        assert lines == [f"{i}\told {i}" for i in range(1500)] + ["1500\tnew"]
+        assert cli("read", "orders", "--start", "1499").stdout.splitlines() == [
+            "1499\told 1499",
+            "1500\tnew",
+        ]
+        assert_serving(server, "orders", 1501)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            process.communicate(timeout=30)
+
+
+def test_a_second_serve_or_a_recover_of_the_same_node_exits_2_naming_the_first(
+    cli: Cli, tmp_path: Path, deployment: Path, server: Server
+) -> None:
+    status, _ = server.call("POST", "/v1/streams", {"name": "orders"})
+    assert status == 201
+    second = start_serve(tmp_path, deployment)
+    try:
+        _, stderr = second.communicate(timeout=60)
+    finally:
+        if second.poll() is None:
+            second.kill()
+    assert second.returncode == 2, stderr
+    assert "NodeBusy" in stderr and server.url in stderr, stderr
+    assert f"pid {server.process.pid}" in stderr, stderr
+    # `recover` runs the node itself (no way through the server): it refuses too.
+    recover = cli("recover", expect=2)
+    assert "NodeBusy" in recover.stderr and server.url in recover.stderr, recover.stderr
+    assert_serving(server, "orders", 0)
+    assert "NodeBusy" in cli("serve", "--help").stdout
+
+
+def test_after_the_server_is_killed_commands_recover_the_node(
+    cli: Cli, tmp_path: Path, deployment: Path, server: Server
+) -> None:
+    server.call("POST", "/v1/streams", {"name": "orders"})
+    server.append("orders", "a", "b")
+    server.process.send_signal(signal.SIGKILL)
+    server.process.wait(timeout=30)
+
+    # The lock died with the process; its file (with the dead URL) stays behind.
+    assert "127.0.0.1" in (tmp_path / "data" / "meta.db.node-1.lock").read_text()
+    # Acknowledged but never uploaded: recovered from the WAL, as without a server.
+    assert cli("read", "orders").stdout.splitlines() == ["0\ta", "1\tb"]
+    assert cli("append", "orders", input="c\n").stdout.splitlines() == ["offsets 2..2"]
+    assert cli("read", "orders").stdout.splitlines() == ["0\ta", "1\tb", "2\tc"]
+
+
+def test_a_node_held_by_a_process_without_a_server_reads_committed_and_refuses_writes(
+    cli: Cli, tmp_path: Path, deployment: Path
+) -> None:
+    cli("streams", "create", "orders")
+    cli("append", "orders", input="a\nb\n")  # closing the node uploads them
+    path = tmp_path / "data" / "meta.db.node-1.lock"
+    holder = live.NodeLock.acquire(path, 1, "walstream tail")
+    try:
+        read = cli("read", "orders")
+        assert read.stdout.splitlines() == ["0\ta", "1\tb"]
+        assert "committed records only" in read.stderr
+        assert f"pid {os.getpid()}" in read.stderr
+        refused = cli("append", "orders", input="c\n", expect=2)
+        assert "NodeBusy" in refused.stderr and f"pid {os.getpid()}" in refused.stderr
+    finally:
+        holder.release()
+    assert cli("append", "orders", input="c\n").stdout.splitlines() == ["offsets 2..2"]
