@@ -16,6 +16,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -50,6 +51,21 @@ EXIT_USAGE = 2
 EXIT_CORRUPT = 2
 """``inspect wal``: the medium is damaged or belongs to another deployment or node."""
 EXIT_INTERRUPTED = 130
+EXIT_DEADLINE = 124
+"""The command did not finish within ``--timeout`` (the code of coreutils ``timeout``)."""
+
+DEFAULT_TIMEOUT_S = 120.0
+"""Deadline of a one-shot command unless ``--timeout`` says otherwise."""
+UNBOUNDED_COMMANDS = frozenset({"serve", "bench"})
+"""Commands that run until stopped: no deadline unless ``--timeout`` is given (also
+``tail --follow``)."""
+STOP_GRACE_S = 2.0
+"""After Ctrl-C or the deadline, how long a command may take to close before it is abandoned
+(each of two steps: the command's own cleanup, then every task left)."""
+DURABILITY_NOTE = (
+    "records acknowledged before are durable in the write-ahead log; the next start on this "
+    "deployment uploads them"
+)
 
 READ_PAGE_RECORDS = 1000
 DEFAULT_APPEND_BATCH = 100
@@ -1016,7 +1032,27 @@ def _common_options(suppress_defaults: bool) -> argparse.ArgumentParser:
         help="debug logging of walstream on stderr, and full tracebacks on errors; -vv also "
         "debug logging of other libraries (botocore, aiohttp, ...)",
     )
+    parser.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_deadline_seconds,
+        default=argparse.SUPPRESS if suppress_defaults else None,
+        help=f"stop the command if it has not finished after this long (exit {EXIT_DEADLINE}); "
+        f"0: no deadline; default {DEFAULT_TIMEOUT_S:g} s, none for serve, bench and "
+        "tail --follow",
+    )
     return parser
+
+
+def _deadline_seconds(text: str) -> float:
+    """An argparse type for ``--timeout``: seconds, 0 for no deadline."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 (no deadline) or positive, got {text!r}")
+    return value
 
 
 def _add_command(
@@ -1434,13 +1470,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_conformance(args, extra)
         outcome = handler(args)
         if isinstance(outcome, Awaitable):
-            outcome = asyncio.run(_run(outcome))
+            outcome = _run_command(outcome, args.command, _deadline(args))
         return int(outcome)
+    except _Stopped as stop:
+        return _report_stop(stop, args)
     except KeyboardInterrupt:
-        if args.command == "tail":
-            return EXIT_OK
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _report_stop(_Stopped(interrupted=True), args)
     except BrokenPipeError:
         # The reader went away (`walstream read s | head`): not an error.
         _silence_stdout()
@@ -1456,8 +1491,123 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
-async def _run(outcome: Awaitable[Any]) -> Any:
-    return await outcome
+class _Stopped(Exception):
+    """The command was stopped before it finished: Ctrl-C, or its deadline."""
+
+    def __init__(self, *, interrupted: bool, deadline_s: float | None = None) -> None:
+        super().__init__("interrupted" if interrupted else f"deadline {deadline_s} s")
+        self.interrupted = interrupted
+        self.deadline_s = deadline_s
+
+
+def _deadline(args: argparse.Namespace) -> float | None:
+    """The command's deadline in seconds, None for none."""
+    value: float | None = getattr(args, "timeout", None)
+    if value is None:
+        follows = args.command == "tail" and bool(getattr(args, "follow", False))
+        return None if args.command in UNBOUNDED_COMMANDS or follows else DEFAULT_TIMEOUT_S
+    return value or None
+
+
+def _report_stop(stop: _Stopped, args: argparse.Namespace) -> int:
+    if stop.interrupted:
+        if args.command == "tail":
+            return EXIT_OK
+        print(f"{PROG}: interrupted; {DURABILITY_NOTE}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(
+        f"{PROG}: error: {args.command} did not finish within {stop.deadline_s:g} s "
+        f"(--timeout; 0 for no deadline); the log lines above say what it was waiting for; "
+        f"{DURABILITY_NOTE}",
+        file=sys.stderr,
+    )
+    return EXIT_DEADLINE
+
+
+def _run_command(outcome: Awaitable[Any], command: str, deadline_s: float | None) -> Any:
+    """Run a command's coroutine on a new event loop, bounded by ``deadline_s``; Ctrl-C stops it.
+
+    Unlike :func:`asyncio.run`, stopping is bounded: the command gets :data:`STOP_GRACE_S` to
+    close (a final upload that cannot reach the object store is abandoned — the records are
+    durable in the WAL), then the tasks left get as long again; a process whose tasks still do
+    not end is left with :func:`os._exit` rather than hanging (acknowledged data is durable, so
+    this loses nothing)."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    stopped = False
+    try:
+        return loop.run_until_complete(_run(outcome, command, deadline_s))
+    except (_Stopped, KeyboardInterrupt):
+        stopped = True
+        raise
+    finally:
+        clean = _close_loop(loop)
+        if stopped and not clean:
+            print(
+                f"{PROG}: {command} did not stop within {2 * STOP_GRACE_S:g} s; leaving it",
+                file=sys.stderr,
+            )
+            code = EXIT_INTERRUPTED if command != "tail" else EXIT_OK
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+
+
+async def _run(outcome: Awaitable[Any], command: str, deadline_s: float | None) -> Any:
+    """Await ``outcome``; on Ctrl-C (SIGINT) or at the deadline cancel it, give it
+    :data:`STOP_GRACE_S` to close and raise :class:`_Stopped`. A second Ctrl-C raises
+    KeyboardInterrupt at once."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(outcome)
+    interrupted = loop.create_future()
+
+    def on_sigint() -> None:
+        if interrupted.done():
+            raise KeyboardInterrupt
+        interrupted.set_result(None)
+
+    # serve handles SIGINT itself (a graceful stop): leave the signal to it.
+    watch_signal = command != "serve"
+    if watch_signal:
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        await asyncio.wait(
+            {task, interrupted}, timeout=deadline_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        if task.done():
+            return task.result()
+        task.cancel()
+        await asyncio.wait({task}, timeout=STOP_GRACE_S)
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.debug("%s failed while stopping: %s", command, task.exception())
+        raise _Stopped(interrupted=interrupted.done(), deadline_s=deadline_s)
+    finally:
+        if watch_signal:
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Cancel the tasks left, wait at most :data:`STOP_GRACE_S` for them, close the loop;
+    False if some did not end (the loop is then left open)."""
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.wait(pending, timeout=STOP_GRACE_S))
+        if any(not task.done() for task in pending):
+            return False
+        for task in pending:
+            if not task.cancelled() and task.exception() is not None:
+                log.debug("task failed while stopping: %s", task.exception())
+    try:
+        loop.run_until_complete(asyncio.wait_for(loop.shutdown_asyncgens(), STOP_GRACE_S))
+        loop.run_until_complete(asyncio.wait_for(loop.shutdown_default_executor(), STOP_GRACE_S))
+    except TimeoutError:
+        return False
+    finally:
+        asyncio.set_event_loop(None)
+    loop.close()
+    return True
 
 
 def _silence_stdout() -> None:

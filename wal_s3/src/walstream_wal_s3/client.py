@@ -82,6 +82,7 @@ __all__ = [
     "RetryPolicy",
     "S3Client",
     "S3Settings",
+    "UnansweredWrite",
     "classify",
 ]
 
@@ -113,6 +114,16 @@ _CREDENTIAL_CODES = frozenset(
 
 class RangeNotSatisfiable(InvalidArgument):
     """S3 answered 416: the requested range starts at or after the end of the object."""
+
+
+class UnansweredWrite(AmbiguousError):
+    """A write got no answer within ``request_timeout``: it may have been applied. ``detail``
+    names the endpoint, bucket and operation without the read-back advice (for a caller to
+    whom the write's outcome does not matter, such as a probe of a throw-away key)."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 class ConditionalOutcomeUnknown(PreconditionFailed):
@@ -502,8 +513,8 @@ class S3Client:
             f"{last}); check that the endpoint is up and reachable"
         )
         if write and maybe_applied:
-            return AmbiguousError(
-                f"{detail}; the write may have been applied — read back before retrying"
+            return UnansweredWrite(
+                f"{detail}; the write may have been applied — read back before retrying", detail
             )
         return BackendUnavailable(detail)
 
