@@ -8,7 +8,10 @@ import argparse
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from walstream import cli
@@ -91,3 +94,43 @@ def test_a_bad_timeout_is_a_usage_error(value: str, capsys: pytest.CaptureFixtur
         cli.main(["--timeout", value, "streams", "list"])
     assert exit_info.value.code == cli.EXIT_USAGE
     assert "--timeout" in capsys.readouterr().err
+
+
+def test_ctrl_c_stops_an_append_waiting_for_input(tmp_path: Path) -> None:
+    # An append waiting for its next input line (a terminal, an idle pipe) stops at Ctrl-C,
+    # says that what it acknowledged is durable, and the next command reads it.
+    command = [sys.executable, "-m", "walstream.cli"]
+    created = subprocess.run(
+        [*command, "streams", "create", "orders"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert created.returncode == 0, created.stderr
+    append = subprocess.Popen(
+        [*command, "append", "orders", "--batch", "1"],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert append.stdin is not None and append.stdout is not None
+    append.stdin.write("acknowledged\n")
+    append.stdin.flush()
+    assert append.stdout.readline() == "offsets 0..0\n"
+    time.sleep(0.5)  # now blocked reading the next line
+    append.send_signal(signal.SIGINT)
+    interrupted = time.monotonic()
+    try:
+        _, stderr = append.communicate(timeout=STUCK_S)
+    except subprocess.TimeoutExpired:
+        append.kill()
+        append.communicate()
+        pytest.fail(f"append waiting for input ignored Ctrl-C for {STUCK_S} s")
+    took = time.monotonic() - interrupted
+    assert append.returncode == cli.EXIT_INTERRUPTED, stderr
+    assert took < 2 * cli.STOP_GRACE_S + 1 + 3, took
+    assert "walstream: interrupted; records acknowledged before are durable" in stderr
+    read = subprocess.run(
+        [*command, "read", "orders"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert read.returncode == 0, read.stderr
+    assert read.stdout == "0\tacknowledged\n"

@@ -181,3 +181,42 @@ def test_ctrl_c_stops_a_stuck_append_promptly_and_acknowledged_records_survive(
     values = [line.split("\t", 1)[1] for line in stdout.splitlines()]
     assert values[: len(acknowledged)] == acknowledged
     assert values[len(acknowledged) :] in ([], ["never-acknowledged"])
+
+
+def test_append_whose_final_upload_cannot_reach_the_object_store_ends_at_its_deadline(
+    tmp_path: Path, server: MotoServer
+) -> None:
+    # The records are acknowledged (in the S3 WAL), then the endpoint freezes: the final upload
+    # retries without end, so only the command's deadline ends it; nothing is lost.
+    deployment = Deployment(tmp_path, server, slow_warning="1s")
+    status, _, stderr, _ = deployment.run("streams", "create", "orders")
+    assert status == 0, stderr
+    append = deployment.start("--timeout", "4", "append", "orders", "--batch", "1")
+    assert append.stdin is not None and append.stdout is not None and append.stderr is not None
+    started = time.monotonic()
+    for offset, value in enumerate(["a", "b", "c"]):
+        append.stdin.write(value + "\n")
+        append.stdin.flush()
+        assert append.stdout.readline() == f"offsets {offset}..{offset}\n"
+    server.freeze()
+    try:
+        append.stdin.close()
+        try:
+            status = append.wait(timeout=STUCK_LIMIT_S)
+        except subprocess.TimeoutExpired:
+            append.kill()
+            append.wait()
+            pytest.fail(f"append still running {STUCK_LIMIT_S} s after its input ended")
+        took = time.monotonic() - started
+        stderr = append.stderr.read()
+        append.stdout.close()
+        append.stderr.close()
+    finally:
+        server.thaw()
+    assert status == 124, stderr
+    assert took < 4 + 10, (took, stderr)
+    assert "walstream: error: append did not finish within 4 s (--timeout" in stderr, stderr
+    assert "records acknowledged before are durable in the write-ahead log" in stderr, stderr
+    status, stdout, stderr, _ = deployment.run("read", "orders")
+    assert status == 0, stderr
+    assert stdout.splitlines() == ["0\ta", "1\tb", "2\tc"]

@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import importlib
 import json
 import logging
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
@@ -1473,9 +1475,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             outcome = _run_command(outcome, args.command, _deadline(args))
         return int(outcome)
     except _Stopped as stop:
-        return _report_stop(stop, args)
+        return _report_stop(stop, args.command)
     except KeyboardInterrupt:
-        return _report_stop(_Stopped(interrupted=True), args)
+        return _report_stop(_Stopped(interrupted=True), args.command)
     except BrokenPipeError:
         # The reader went away (`walstream read s | head`): not an error.
         _silence_stdout()
@@ -1509,14 +1511,15 @@ def _deadline(args: argparse.Namespace) -> float | None:
     return value or None
 
 
-def _report_stop(stop: _Stopped, args: argparse.Namespace) -> int:
+def _report_stop(stop: _Stopped, command: str) -> int:
+    """Say why ``command`` stopped (and that nothing acknowledged is lost); the exit status."""
     if stop.interrupted:
-        if args.command == "tail":
+        if command == "tail":
             return EXIT_OK
         print(f"{PROG}: interrupted; {DURABILITY_NOTE}", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(
-        f"{PROG}: error: {args.command} did not finish within {stop.deadline_s:g} s "
+        f"{PROG}: error: {command} did not finish within {stop.deadline_s:g} s "
         f"(--timeout; 0 for no deadline); the log lines above say what it was waiting for; "
         f"{DURABILITY_NOTE}",
         file=sys.stderr,
@@ -1529,61 +1532,103 @@ def _run_command(outcome: Awaitable[Any], command: str, deadline_s: float | None
 
     Unlike :func:`asyncio.run`, stopping is bounded: the command gets :data:`STOP_GRACE_S` to
     close (a final upload that cannot reach the object store is abandoned — the records are
-    durable in the WAL), then the tasks left get as long again; a process whose tasks still do
-    not end is left with :func:`os._exit` rather than hanging (acknowledged data is durable, so
-    this loses nothing)."""
+    durable in the WAL), then the tasks left get as long again. A process that still does not
+    end — its tasks ignore cancellation, or the loop is blocked in a synchronous call such as
+    reading standard input — is ended by a watchdog thread with :func:`os._exit` (acknowledged
+    data is durable, so this loses nothing). A second Ctrl-C raises KeyboardInterrupt at once.
+    """
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
+    interrupted: asyncio.Future[None] = loop.create_future()
+    watchdog = _Watchdog()
+    limit_s = 2 * STOP_GRACE_S + 1.0
+    if deadline_s is not None:
+        watchdog.arm(
+            deadline_s + limit_s, _Stopped(interrupted=False, deadline_s=deadline_s), command
+        )
+
+    def on_sigint(signum: int, frame: object) -> None:
+        if interrupted.done() or watchdog.interrupt_armed:
+            raise KeyboardInterrupt
+        watchdog.arm(limit_s, _Stopped(interrupted=True), command)
+        loop.call_soon_threadsafe(_set_once, interrupted)
+
+    # serve handles SIGINT itself (a graceful stop); a handler can only be set in the main
+    # thread.
+    previous: Any = None
+    watch_signal = command != "serve" and threading.current_thread() is threading.main_thread()
+    if watch_signal:
+        previous = signal.signal(signal.SIGINT, on_sigint)
     stopped = False
     try:
-        return loop.run_until_complete(_run(outcome, command, deadline_s))
+        return loop.run_until_complete(_run(outcome, command, deadline_s, interrupted))
     except (_Stopped, KeyboardInterrupt):
         stopped = True
         raise
     finally:
         clean = _close_loop(loop)
         if stopped and not clean:
-            print(
-                f"{PROG}: {command} did not stop within {2 * STOP_GRACE_S:g} s; leaving it",
-                file=sys.stderr,
-            )
-            code = EXIT_INTERRUPTED if command != "tail" else EXIT_OK
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-
-
-async def _run(outcome: Awaitable[Any], command: str, deadline_s: float | None) -> Any:
-    """Await ``outcome``; on Ctrl-C (SIGINT) or at the deadline cancel it, give it
-    :data:`STOP_GRACE_S` to close and raise :class:`_Stopped`. A second Ctrl-C raises
-    KeyboardInterrupt at once."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(outcome)
-    interrupted = loop.create_future()
-
-    def on_sigint() -> None:
-        if interrupted.done():
-            raise KeyboardInterrupt
-        interrupted.set_result(None)
-
-    # serve handles SIGINT itself (a graceful stop): leave the signal to it.
-    watch_signal = command != "serve"
-    if watch_signal:
-        loop.add_signal_handler(signal.SIGINT, on_sigint)
-    try:
-        await asyncio.wait(
-            {task, interrupted}, timeout=deadline_s, return_when=asyncio.FIRST_COMPLETED
-        )
-        if task.done():
-            return task.result()
-        task.cancel()
-        await asyncio.wait({task}, timeout=STOP_GRACE_S)
-        if task.done() and not task.cancelled() and task.exception() is not None:
-            log.debug("%s failed while stopping: %s", command, task.exception())
-        raise _Stopped(interrupted=interrupted.done(), deadline_s=deadline_s)
-    finally:
+            _leave(_Stopped(interrupted=True), command, "its tasks did not end")
+        watchdog.disarm()
         if watch_signal:
-            loop.remove_signal_handler(signal.SIGINT)
+            signal.signal(signal.SIGINT, previous)
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class _Watchdog:
+    """Timers that end the process from another thread when the event loop cannot stop the
+    command in time (see :func:`_run_command`)."""
+
+    def __init__(self) -> None:
+        self._timers: list[threading.Timer] = []
+        self.interrupt_armed = False
+
+    def arm(self, after_s: float, stop: _Stopped, command: str) -> None:
+        self.interrupt_armed = self.interrupt_armed or stop.interrupted
+        timer = threading.Timer(
+            after_s, _leave, (stop, command, f"not stopped after {after_s:g} s")
+        )
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
+
+    def disarm(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+
+
+def _leave(stop: _Stopped, command: str, why: str) -> None:
+    """Report ``stop`` and end the process now (``why``: why it could not end normally)."""
+    code = _report_stop(stop, command)
+    print(f"{PROG}: {command}: {why}; leaving it", file=sys.stderr)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(code)
+
+
+async def _run(
+    outcome: Awaitable[Any],
+    command: str,
+    deadline_s: float | None,
+    interrupted: asyncio.Future[None],
+) -> Any:
+    """Await ``outcome``; when ``interrupted`` is set (Ctrl-C) or at the deadline cancel it,
+    give it :data:`STOP_GRACE_S` to close and raise :class:`_Stopped`."""
+    task = asyncio.ensure_future(outcome)
+    await asyncio.wait({task, interrupted}, timeout=deadline_s, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.wait({task}, timeout=STOP_GRACE_S)
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        log.debug("%s failed while stopping: %s", command, task.exception())
+    raise _Stopped(interrupted=interrupted.done(), deadline_s=deadline_s)
 
 
 def _close_loop(loop: asyncio.AbstractEventLoop) -> bool:
