@@ -75,6 +75,8 @@ def test_ctrl_c_stops_a_command_whose_cleanup_hangs(
         (["tail", "s"], cli.DEFAULT_TIMEOUT_S),
         (["tail", "s", "--follow"], None),
         (["serve"], None),
+        (["demo"], None),
+        (["bench"], None),
         (["--timeout", "7", "read", "s"], 7.0),
         (["read", "s", "--timeout", "7"], 7.0),
         (["read", "s", "--timeout", "0"], None),
