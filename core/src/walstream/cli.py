@@ -12,11 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import importlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
@@ -50,6 +53,21 @@ EXIT_USAGE = 2
 EXIT_CORRUPT = 2
 """``inspect wal``: the medium is damaged or belongs to another deployment or node."""
 EXIT_INTERRUPTED = 130
+EXIT_DEADLINE = 124
+"""The command did not finish within ``--timeout`` (the code of coreutils ``timeout``)."""
+
+DEFAULT_TIMEOUT_S = 120.0
+"""Deadline of a one-shot command unless ``--timeout`` says otherwise."""
+UNBOUNDED_COMMANDS = frozenset({"serve", "bench", "demo"})
+"""Commands that run until stopped: no deadline unless ``--timeout`` is given (also
+``tail --follow``)."""
+STOP_GRACE_S = 2.0
+"""After Ctrl-C or the deadline, how long a command may take to close before it is abandoned
+(each of two steps: the command's own cleanup, then every task left)."""
+DURABILITY_NOTE = (
+    "records acknowledged before are durable in the write-ahead log; the next start on this "
+    "deployment uploads them"
+)
 
 READ_PAGE_RECORDS = 1000
 DEFAULT_APPEND_BATCH = 100
@@ -1447,7 +1465,27 @@ def _common_options(suppress_defaults: bool) -> argparse.ArgumentParser:
         help="debug logging of walstream on stderr, and full tracebacks on errors; -vv also "
         "debug logging of other libraries (botocore, aiohttp, ...)",
     )
+    parser.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=_deadline_seconds,
+        default=argparse.SUPPRESS if suppress_defaults else None,
+        help=f"stop the command if it has not finished after this long (exit {EXIT_DEADLINE}); "
+        f"0: no deadline; default {DEFAULT_TIMEOUT_S:g} s, none for serve, bench, demo and "
+        "tail --follow",
+    )
     return parser
+
+
+def _deadline_seconds(text: str) -> float:
+    """An argparse type for ``--timeout``: seconds, 0 for no deadline."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 (no deadline) or positive, got {text!r}")
+    return value
 
 
 def _add_command(
@@ -1871,13 +1909,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_conformance(args, extra)
         outcome = handler(args)
         if isinstance(outcome, Awaitable):
-            outcome = asyncio.run(_run(outcome))
+            outcome = _run_command(outcome, args.command, _deadline(args))
         return int(outcome)
+    except _Stopped as stop:
+        return _report_stop(stop, args.command)
     except KeyboardInterrupt:
-        if args.command == "tail":
-            return EXIT_OK
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _report_stop(_Stopped(interrupted=True), args.command)
     except BrokenPipeError:
         # The reader went away (`walstream read s | head`): not an error.
         _silence_stdout()
@@ -1893,8 +1930,166 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
-async def _run(outcome: Awaitable[Any]) -> Any:
-    return await outcome
+class _Stopped(Exception):
+    """The command was stopped before it finished: Ctrl-C, or its deadline."""
+
+    def __init__(self, *, interrupted: bool, deadline_s: float | None = None) -> None:
+        super().__init__("interrupted" if interrupted else f"deadline {deadline_s} s")
+        self.interrupted = interrupted
+        self.deadline_s = deadline_s
+
+
+def _deadline(args: argparse.Namespace) -> float | None:
+    """The command's deadline in seconds, None for none."""
+    value: float | None = getattr(args, "timeout", None)
+    if value is None:
+        follows = args.command == "tail" and bool(getattr(args, "follow", False))
+        return None if args.command in UNBOUNDED_COMMANDS or follows else DEFAULT_TIMEOUT_S
+    return value or None
+
+
+def _report_stop(stop: _Stopped, command: str) -> int:
+    """Say why ``command`` stopped (and that nothing acknowledged is lost); the exit status."""
+    if stop.interrupted:
+        if command == "tail":
+            return EXIT_OK
+        print(f"{PROG}: interrupted; {DURABILITY_NOTE}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(
+        f"{PROG}: error: {command} did not finish within {stop.deadline_s:g} s "
+        f"(--timeout; 0 for no deadline); the log lines above say what it was waiting for; "
+        f"{DURABILITY_NOTE}",
+        file=sys.stderr,
+    )
+    return EXIT_DEADLINE
+
+
+def _run_command(outcome: Awaitable[Any], command: str, deadline_s: float | None) -> Any:
+    """Run a command's coroutine on a new event loop, bounded by ``deadline_s``; Ctrl-C stops it.
+
+    Unlike :func:`asyncio.run`, stopping is bounded: the command gets :data:`STOP_GRACE_S` to
+    close (a final upload that cannot reach the object store is abandoned — the records are
+    durable in the WAL), then the tasks left get as long again. A process that still does not
+    end — its tasks ignore cancellation, or the loop is blocked in a synchronous call such as
+    reading standard input — is ended by a watchdog thread with :func:`os._exit` (acknowledged
+    data is durable, so this loses nothing). A second Ctrl-C raises KeyboardInterrupt at once.
+    """
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    interrupted: asyncio.Future[None] = loop.create_future()
+    watchdog = _Watchdog()
+    limit_s = 2 * STOP_GRACE_S + 1.0
+    if deadline_s is not None:
+        watchdog.arm(
+            deadline_s + limit_s, _Stopped(interrupted=False, deadline_s=deadline_s), command
+        )
+
+    def on_sigint(signum: int, frame: object) -> None:
+        if interrupted.done() or watchdog.interrupt_armed:
+            raise KeyboardInterrupt
+        watchdog.arm(limit_s, _Stopped(interrupted=True), command)
+        loop.call_soon_threadsafe(_set_once, interrupted)
+
+    # serve handles SIGINT itself (a graceful stop); a handler can only be set in the main
+    # thread.
+    previous: Any = None
+    watch_signal = command != "serve" and threading.current_thread() is threading.main_thread()
+    if watch_signal:
+        previous = signal.signal(signal.SIGINT, on_sigint)
+    stopped = False
+    try:
+        return loop.run_until_complete(_run(outcome, command, deadline_s, interrupted))
+    except (_Stopped, KeyboardInterrupt):
+        stopped = True
+        raise
+    finally:
+        clean = _close_loop(loop)
+        if stopped and not clean:
+            _leave(_Stopped(interrupted=True), command, "its tasks did not end")
+        watchdog.disarm()
+        if watch_signal:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _set_once(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class _Watchdog:
+    """Timers that end the process from another thread when the event loop cannot stop the
+    command in time (see :func:`_run_command`)."""
+
+    def __init__(self) -> None:
+        self._timers: list[threading.Timer] = []
+        self.interrupt_armed = False
+
+    def arm(self, after_s: float, stop: _Stopped, command: str) -> None:
+        self.interrupt_armed = self.interrupt_armed or stop.interrupted
+        timer = threading.Timer(
+            after_s, _leave, (stop, command, f"not stopped after {after_s:g} s")
+        )
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
+
+    def disarm(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+
+
+def _leave(stop: _Stopped, command: str, why: str) -> None:
+    """Report ``stop`` and end the process now (``why``: why it could not end normally)."""
+    code = _report_stop(stop, command)
+    print(f"{PROG}: {command}: {why}; leaving it", file=sys.stderr)
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(code)
+
+
+async def _run(
+    outcome: Awaitable[Any],
+    command: str,
+    deadline_s: float | None,
+    interrupted: asyncio.Future[None],
+) -> Any:
+    """Await ``outcome``; when ``interrupted`` is set (Ctrl-C) or at the deadline cancel it,
+    give it :data:`STOP_GRACE_S` to close and raise :class:`_Stopped`."""
+    task = asyncio.ensure_future(outcome)
+    await asyncio.wait({task, interrupted}, timeout=deadline_s, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.wait({task}, timeout=STOP_GRACE_S)
+    if task.done() and not task.cancelled() and task.exception() is not None:
+        log.debug("%s failed while stopping: %s", command, task.exception())
+    raise _Stopped(interrupted=interrupted.done(), deadline_s=deadline_s)
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    """Cancel the tasks left, wait at most :data:`STOP_GRACE_S` for them, close the loop;
+    False if some did not end (the loop is then left open)."""
+    pending = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.wait(pending, timeout=STOP_GRACE_S))
+        if any(not task.done() for task in pending):
+            return False
+        for task in pending:
+            if not task.cancelled() and task.exception() is not None:
+                log.debug("task failed while stopping: %s", task.exception())
+    try:
+        loop.run_until_complete(asyncio.wait_for(loop.shutdown_asyncgens(), STOP_GRACE_S))
+        loop.run_until_complete(asyncio.wait_for(loop.shutdown_default_executor(), STOP_GRACE_S))
+    except TimeoutError:
+        return False
+    finally:
+        asyncio.set_event_loop(None)
+    loop.close()
+    return True
 
 
 def _silence_stdout() -> None:

@@ -22,6 +22,19 @@ read timeout / connection closed           :class:`AmbiguousError` (write)  yes
 
 A write whose last attempt failed after an earlier attempt *may have been applied* (a timeout
 after sending, a 5xx) ends in :class:`AmbiguousError` unless the final answer is definite.
+
+Time bounds (an endpoint that accepts connections but never answers — a frozen server, a
+black-holed network — must not stall a caller):
+
+- each attempt: ``connect_timeout`` (default 5 s) to connect, then ``read_timeout`` (default
+  10 s) for each read of the answer;
+- each operation, all attempts and backoff sleeps together: ``request_timeout`` (default 30 s).
+  After it, the operation fails with :class:`BackendUnavailable` (a read, or a write that
+  certainly was not applied) or :class:`AmbiguousError` (a write that may have been applied),
+  naming the endpoint, the bucket and the operation;
+- after ``slow_warning`` (default 5 s) without an answer, one WARNING log line names the
+  endpoint, the bucket and the operation being waited for; an operation cancelled after that
+  (a deadline, Ctrl-C) logs what it abandoned.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ import asyncio
 import enum
 import logging
 import random
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,6 +64,7 @@ from botocore.exceptions import (
     ResponseStreamingError,
 )
 from walstream.clock import Clock, SystemClock, make_rng
+from walstream.config import parse_duration
 from walstream.errors import (
     AmbiguousError,
     BackendUnavailable,
@@ -67,6 +82,7 @@ __all__ = [
     "RetryPolicy",
     "S3Client",
     "S3Settings",
+    "UnansweredWrite",
     "classify",
 ]
 
@@ -98,6 +114,16 @@ _CREDENTIAL_CODES = frozenset(
 
 class RangeNotSatisfiable(InvalidArgument):
     """S3 answered 416: the requested range starts at or after the end of the object."""
+
+
+class UnansweredWrite(AmbiguousError):
+    """A write got no answer within ``request_timeout``: it may have been applied. ``detail``
+    names the endpoint, bucket and operation without the read-back advice (for a caller to
+    whom the write's outcome does not matter, such as a probe of a throw-away key)."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 class ConditionalOutcomeUnknown(PreconditionFailed):
@@ -133,7 +159,14 @@ class S3Settings:
     session_token: str | None = None
     max_pool_connections: int = 32
     connect_timeout_s: float = 5.0
-    read_timeout_s: float = 30.0
+    """Bound of one TCP/TLS connect."""
+    read_timeout_s: float = 10.0
+    """Bound of each read of an answer (a frozen endpoint accepts the connection, then
+    never answers)."""
+    request_timeout_s: float = 30.0
+    """Bound of one operation: every attempt and backoff sleep together."""
+    slow_warning_s: float = 5.0
+    """An operation without an answer for this long logs a WARNING naming what it waits for."""
     create_bucket: bool = False
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
@@ -149,6 +182,10 @@ class S3Settings:
                 )
         if self.prefix and not self.prefix.endswith("/"):
             object.__setattr__(self, "prefix", self.prefix + "/")
+        for name in ("connect_timeout_s", "read_timeout_s", "request_timeout_s", "slow_warning_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ConfigError(f"{name.removesuffix('_s')}: must be positive, got {value!r}")
         if (self.access_key_id is None) != (self.secret_access_key is None):
             raise InvalidArgument(
                 "set both access_key_id and secret_access_key, or neither (to use the AWS "
@@ -161,6 +198,11 @@ class S3Settings:
             value = options.get(name)
             return None if value in (None, "") else value
 
+        timeouts: dict[str, Any] = {
+            f"{name}_s": parse_duration(options[name], name)
+            for name in ("connect_timeout", "read_timeout", "request_timeout", "slow_warning")
+            if options.get(name) not in (None, "")
+        }
         return cls(
             bucket=str(options["bucket"]),
             prefix=str(options.get("prefix") or ""),
@@ -170,6 +212,7 @@ class S3Settings:
             secret_access_key=optional("secret_access_key"),
             session_token=optional("session_token"),
             max_pool_connections=int(options.get("max_pool_connections") or 32),
+            **timeouts,
             create_bucket=bool(options.get("create_bucket") or False),
         )
 
@@ -182,7 +225,15 @@ class S3Settings:
             "region": self.region,
             "credentials": "yaml" if self.access_key_id else "aws-chain",
             "max_pool_connections": self.max_pool_connections,
+            "connect_timeout_s": self.connect_timeout_s,
+            "read_timeout_s": self.read_timeout_s,
+            "request_timeout_s": self.request_timeout_s,
         }
+
+    @property
+    def endpoint(self) -> str:
+        """Where requests go, for messages: the endpoint URL, or AWS S3 and its region."""
+        return self.endpoint_url or f"AWS S3 ({self.region or 'default region'})"
 
 
 class _Retry(enum.Enum):
@@ -378,30 +429,94 @@ class S3Client:
         params.setdefault("Bucket", self.settings.bucket)
         key = params.get("Key")
         what = f"{operation} s3://{params['Bucket']}/{key}" if key else operation
-        policy = self.settings.retry
+        settings = self.settings
+        policy = settings.retry
+        # Monotonic wall time, not self._clock: the bound is about a real endpoint answering.
+        started = time.monotonic()
+        deadline = started + settings.request_timeout_s
+        state = {"attempt": 0}
+        loop = asyncio.get_running_loop()
+        watchdog = loop.call_later(
+            settings.slow_warning_s, self._warn_slow, what, params["Bucket"], started, state
+        )
         maybe_applied = False
-        attempt = 0
-        while True:
-            self.request_counts[operation] = self.request_counts.get(operation, 0) + 1
-            try:
-                client = await self.raw()
-                response: dict[str, Any] = await getattr(client, operation)(**params)
-                if read_body:
-                    async with response["Body"] as body:
-                        response["Body"] = await body.read()
-                return response
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                error, verdict = classify(exc, what, self.settings.bucket)
-                if verdict is _Retry.YES_MAYBE_APPLIED and write:
-                    maybe_applied = True
-                attempt += 1
-                if verdict is _Retry.NO or attempt >= policy.max_attempts:
-                    raise self._final_error(error, write, maybe_applied, attempt) from exc
-                delay = policy.delay_s(attempt, isinstance(error, Throttled), self._rng)
-                log.debug("S3 %s failed (%s); retry %d in %.3fs", what, error, attempt, delay)
-                await self._clock.sleep(delay)
+        try:
+            while True:
+                self.request_counts[operation] = self.request_counts.get(operation, 0) + 1
+                state["attempt"] += 1
+                attempt_bound = asyncio.timeout(max(0.0, deadline - time.monotonic()))
+                try:
+                    async with attempt_bound:
+                        client = await self.raw()
+                        response: dict[str, Any] = await getattr(client, operation)(**params)
+                        if read_body:
+                            async with response["Body"] as body:
+                                response["Body"] = await body.read()
+                    return response
+                except asyncio.CancelledError:
+                    if time.monotonic() - started >= settings.slow_warning_s:
+                        log.warning(
+                            "abandoned S3 %s at %s (bucket %r) after %.1f s without an answer",
+                            what,
+                            settings.endpoint,
+                            params["Bucket"],
+                            time.monotonic() - started,
+                        )
+                    raise
+                except Exception as exc:
+                    if attempt_bound.expired():
+                        # The operation's bound ran out during this attempt: it was sent and
+                        # not answered, so a write may have been applied.
+                        raise self._timed_out(
+                            what,
+                            params["Bucket"],
+                            write,
+                            write or maybe_applied,
+                            state["attempt"],
+                            "no answer",
+                        ) from exc
+                    error, verdict = classify(exc, what, params["Bucket"])
+                    if verdict is _Retry.YES_MAYBE_APPLIED and write:
+                        maybe_applied = True
+                    attempt = state["attempt"]
+                    if verdict is _Retry.NO or attempt >= policy.max_attempts:
+                        raise self._final_error(error, write, maybe_applied, attempt) from exc
+                    delay = policy.delay_s(attempt, isinstance(error, Throttled), self._rng)
+                    if time.monotonic() + delay >= deadline:
+                        raise self._timed_out(
+                            what, params["Bucket"], write, maybe_applied, attempt, str(error)
+                        ) from exc
+                    log.debug("S3 %s failed (%s); retry %d in %.3fs", what, error, attempt, delay)
+                    await self._clock.sleep(delay)
+        finally:
+            watchdog.cancel()
+
+    def _warn_slow(self, what: str, bucket: str, started: float, state: dict[str, int]) -> None:
+        log.warning(
+            "waiting for S3 %s at %s (bucket %r): no answer for %.1f s (attempt %d); giving up "
+            "after %.0f s (request_timeout)",
+            what,
+            self.settings.endpoint,
+            bucket,
+            time.monotonic() - started,
+            state["attempt"],
+            self.settings.request_timeout_s,
+        )
+
+    def _timed_out(
+        self, what: str, bucket: str, write: bool, maybe_applied: bool, attempts: int, last: str
+    ) -> WalstreamError:
+        """The error of an operation whose ``request_timeout`` ran out."""
+        detail = (
+            f"S3 {what} at {self.settings.endpoint} (bucket {bucket!r}): no success within "
+            f"request_timeout {self.settings.request_timeout_s:g} s ({attempts} attempts; last: "
+            f"{last}); check that the endpoint is up and reachable"
+        )
+        if write and maybe_applied:
+            return UnansweredWrite(
+                f"{detail}; the write may have been applied — read back before retrying", detail
+            )
+        return BackendUnavailable(detail)
 
     @staticmethod
     def _final_error(

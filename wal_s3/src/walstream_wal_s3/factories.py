@@ -37,6 +37,14 @@ CONNECTION_OPTIONS: tuple[Option, ...] = (
     Option("max_pool_connections", "int", "HTTP connections per event loop", default=32,
            minimum=1),
     Option("create_bucket", "bool", "create the bucket if it does not exist", default=False),
+    Option("connect_timeout", "duration", "bound of one connect", default="5s"),
+    Option("read_timeout", "duration", "bound of each read of an answer", default="10s"),
+    Option("request_timeout", "duration",
+           "bound of one S3 operation, all attempts included; then BackendUnavailable (or "
+           "AmbiguousError for a write that may have been applied)", default="30s"),
+    Option("slow_warning", "duration",
+           "log a WARNING naming the endpoint and operation after this long without an answer",
+           default="5s"),
 )
 
 _STORE_OPTIONS: tuple[Option, ...] = (

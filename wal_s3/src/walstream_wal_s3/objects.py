@@ -30,7 +30,13 @@ from walstream.errors import (
 )
 from walstream.objects import ObjectMeta, ObjectStore, ObjectStoreCapabilities, ObjectWriter
 
-from .client import ConditionalOutcomeUnknown, RangeNotSatisfiable, S3Client, S3Settings
+from .client import (
+    ConditionalOutcomeUnknown,
+    RangeNotSatisfiable,
+    S3Client,
+    S3Settings,
+    UnansweredWrite,
+)
 
 __all__ = ["MAX_DELETE_KEYS", "MIN_PART_BYTES", "S3ObjectStore", "S3ObjectWriter"]
 
@@ -275,9 +281,13 @@ class S3ObjectStore(ObjectStore):
     async def probe_conditional_put(self) -> bool:
         token = f"{self._rng.getrandbits(64):016x}"
         probe_key = self._full(f"{_PROBE_PREFIX}{token}")
-        await self.client.call(
-            "put_object", write=True, Key=probe_key, Body=b"first", IfNoneMatch="*"
-        )
+        try:
+            await self.client.call(
+                "put_object", write=True, Key=probe_key, Body=b"first", IfNoneMatch="*"
+            )
+        except UnansweredWrite as exc:
+            # A throw-away key: whether it was written does not matter, the endpoint is down.
+            raise BackendUnavailable(f"{exc.detail} (start-up probe)") from exc
         try:
             await self.client.call(
                 "put_object", write=True, Key=probe_key, Body=b"second", IfNoneMatch="*"
