@@ -71,7 +71,8 @@ def test_ctrl_c_stops_a_command_whose_cleanup_hangs(
     ("argv", "deadline"),
     [
         (["read", "s"], cli.DEFAULT_TIMEOUT_S),
-        (["append", "s"], cli.DEFAULT_TIMEOUT_S),
+        (["append", "s"], None),
+        (["--timeout", "30", "append", "s"], 30.0),
         (["tail", "s"], cli.DEFAULT_TIMEOUT_S),
         (["tail", "s", "--follow"], None),
         (["serve"], None),

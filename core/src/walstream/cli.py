@@ -58,7 +58,9 @@ EXIT_DEADLINE = 124
 
 DEFAULT_TIMEOUT_S = 120.0
 """Deadline of a one-shot command unless ``--timeout`` says otherwise."""
-UNBOUNDED_COMMANDS = frozenset({"serve", "bench", "demo"})
+# Long-running by nature: an append streams its input (a large file, a producer's pipe) for as
+# long as the input lasts; Ctrl-C or an explicit --timeout stops it.
+UNBOUNDED_COMMANDS = frozenset({"serve", "bench", "demo", "append"})
 """Commands that run until stopped: no deadline unless ``--timeout`` is given (also
 ``tail --follow``)."""
 STOP_GRACE_S = 2.0
@@ -1471,7 +1473,7 @@ def _common_options(suppress_defaults: bool) -> argparse.ArgumentParser:
         type=_deadline_seconds,
         default=argparse.SUPPRESS if suppress_defaults else None,
         help=f"stop the command if it has not finished after this long (exit {EXIT_DEADLINE}); "
-        f"0: no deadline; default {DEFAULT_TIMEOUT_S:g} s, none for serve, bench, demo and "
+        f"0: no deadline; default {DEFAULT_TIMEOUT_S:g} s, none for serve, bench, demo, append and "
         "tail --follow",
     )
     return parser
