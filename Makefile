@@ -32,10 +32,10 @@ lint: install
 	$(VENV)/bin/ruff check core plugins $(filter-out core/ plugins/,$(DISTS))
 	$(VENV)/bin/mypy core/src/walstream
 
-test: install
+test: install lint
 	$(VENV)/bin/pytest -q -ra
 
-test-full: install
+test-full: install lint
 	$(VENV)/bin/pytest -q -ra --soak
 
 bench: install
