@@ -26,9 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from walstream.errors import CorruptionError
 from walstream.wal import WalMode, WalRecord
-from walstream_conformance.corruption import FuzzReport, Outcome, classify_recovery
+from walstream_conformance.corruption import (
+    FuzzReport,
+    Outcome,
+    classify_recovery,
+    flip_bit,
+    overwrite,
+    recover_fresh,
+)
 from walstream_wal_ebs import EbsWal
 from walstream_wal_ebs.layout import (
     BLOCK_BYTES,
@@ -135,20 +141,6 @@ async def chain_layout(path: Path) -> tuple[list[tuple[int, int]], int]:
     return paddings, end
 
 
-def flip(path: Path, position: int, bit: int) -> None:
-    with open(path, "r+b") as file:
-        file.seek(position)
-        byte = file.read(1)[0]
-        file.seek(position)
-        file.write(bytes([byte ^ (1 << bit)]))
-
-
-def overwrite(path: Path, position: int, data: bytes) -> None:
-    with open(path, "r+b") as file:
-        file.seek(position)
-        file.write(data)
-
-
 def damage_case(rng: random.Random, base: Base, foreign: Path, case: Path) -> tuple[str, str]:
     """Copy a base to ``case`` and damage it; returns (target, damage) for the report."""
     target = rng.choice(
@@ -168,32 +160,34 @@ def damage_case(rng: random.Random, base: Base, foreign: Path, case: Path) -> tu
     bit = rng.randrange(8)
     if target == "header slot":
         slot = rng.randrange(2)
-        flip(case, slot * BLOCK_BYTES + rng.randrange(HEADER_USED_BYTES), bit)
+        flip_bit(case, slot * BLOCK_BYTES + rng.randrange(HEADER_USED_BYTES), bit)
         return target, "bit flip"
     if target == "both header slots":
         for slot in range(2):
-            flip(case, slot * BLOCK_BYTES + rng.randrange(HEADER_USED_BYTES), rng.randrange(8))
+            flip_bit(case, slot * BLOCK_BYTES + rng.randrange(HEADER_USED_BYTES), rng.randrange(8))
         return target, "bit flips"
     if target in ("record header", "record body", "garbage bytes"):
         position, length = rng.choice(base.records)
         if target == "record header" or length == 0:
-            flip(case, position + rng.randrange(RECORD_HEADER_BYTES), bit)
+            flip_bit(case, position + rng.randrange(RECORD_HEADER_BYTES), bit)
             return "record header", "bit flip"
         if target == "record body":
-            flip(case, position + RECORD_HEADER_BYTES + rng.randrange(length), bit)
+            flip_bit(case, position + RECORD_HEADER_BYTES + rng.randrange(length), bit)
             return target, "bit flip"
         overwrite(case, position + rng.randrange(RECORD_HEADER_BYTES + length), rng.randbytes(16))
         return "record", "16 random bytes"
     if target == "padding":
         position, length = rng.choice(base.paddings)
         inside = rng.randrange(RECORD_HEADER_BYTES) if rng.random() < 0.7 else rng.randrange(length)
-        flip(case, position + inside, bit)
+        flip_bit(case, position + inside, bit)
         return target, "bit flip"
     if target == "stale region":
         start, end = base.stale
         span = (end - start) % base.capacity
         distance = rng.randrange(span)
-        flip(case, RECORD_AREA_START + (start - RECORD_AREA_START + distance) % base.capacity, bit)
+        flip_bit(
+            case, RECORD_AREA_START + (start - RECORD_AREA_START + distance) % base.capacity, bit
+        )
         return target, "bit flip"
     if target == "truncation":
         full = case.stat().st_size
@@ -218,13 +212,9 @@ async def recover_case(case: Path) -> tuple[list[WalRecord] | None, BaseExceptio
     wal = EbsWal(case, capacity_bytes=RING_FILE_BYTES, direct=False)
     wal.bind_deployment(DEPLOYMENT)
     try:
-        await wal.start(NODE_ID, 2, WalMode.READ_WRITE)
-        records = [record async for record in wal.recover()]
-    except CorruptionError as exc:
-        return None, exc
+        return await recover_fresh(wal, NODE_ID, 2)
     finally:
         await wal.close()
-    return records, None
 
 
 async def test_ebs_corruption_fuzz(tmp_path: Path, case_dir: Path, soak: bool) -> None:

@@ -14,7 +14,7 @@ import pytest
 from walstream.cli import main as cli_main
 from walstream.errors import CorruptionError, IdentityMismatch
 from walstream.wal import WalMode, WalRecord
-from walstream_conformance.corruption import Outcome, classify_recovery
+from walstream_conformance.corruption import Outcome, classify_recovery, flip_bit, overwrite
 from walstream_wal_ebs import EbsWal, inspect_wal
 from walstream_wal_ebs.layout import (
     BLOCK_BYTES,
@@ -58,20 +58,6 @@ async def abandon(wal: EbsWal) -> None:
 
     wal._record_clean_close = skip  # type: ignore[method-assign]
     await wal.close()
-
-
-def flip_bit(path: Path, position: int, bit: int = 3) -> None:
-    with open(path, "r+b") as file:
-        file.seek(position)
-        byte = file.read(1)[0]
-        file.seek(position)
-        file.write(bytes([byte ^ (1 << bit)]))
-
-
-def overwrite(path: Path, position: int, data: bytes) -> None:
-    with open(path, "r+b") as file:
-        file.seek(position)
-        file.write(data)
 
 
 def place(wal: EbsWal, offset: int) -> int:
@@ -161,8 +147,8 @@ async def test_both_header_slots_damaged_is_refused_not_reformatted(wal_path: Pa
     wal, _ = await start(wal_path)
     await wal.append(b"keep me")
     await wal.close()
-    flip_bit(wal_path, 40)
-    flip_bit(wal_path, BLOCK_BYTES + 40)
+    flip_bit(wal_path, 40, 3)
+    flip_bit(wal_path, BLOCK_BYTES + 40, 3)
     before = wal_path.read_bytes()
     with pytest.raises(CorruptionError, match="no readable header slot"):
         await start(wal_path, epoch=2)
@@ -177,7 +163,7 @@ async def test_a_damaged_header_slot_never_brings_trimmed_records_back(wal_path:
     for slot in range(2):  # whichever slot is damaged, the other holds the same tail
         damaged = wal_path.parent / f"slot-{slot}.img"
         damaged.write_bytes(wal_path.read_bytes())
-        flip_bit(damaged, slot * BLOCK_BYTES + 50)
+        flip_bit(damaged, slot * BLOCK_BYTES + 50, 3)
         reader, records = await start(damaged, epoch=2, mode=WalMode.READ_ONLY)
         assert pairs(records) == written[3:]
         await reader.close()
@@ -221,7 +207,7 @@ async def test_mid_log_bit_flip_is_reported_and_later_records_recovered(
         overwrite(wal_path, place(wal, damaged_offset) + 4, b"\x5a" * 24)
     else:
         inside = 9 if where == "record header" else RECORD_HEADER_BYTES + 1500
-        flip_bit(wal_path, place(wal, damaged_offset) + inside)
+        flip_bit(wal_path, place(wal, damaged_offset) + inside, 3)
     caplog.set_level(logging.INFO)
     wal, records = await start(wal_path, epoch=2)
     assert pairs(records) == written[:2] + written[3:]
@@ -254,7 +240,7 @@ async def test_attested_trailing_damage_is_a_damage_report(wal_path: Path) -> No
     written = await groups_one_by_one(wal, 4)
     await wal.close()  # a clean close records that everything written was acknowledged
     last = written[-1][0]
-    flip_bit(wal_path, place(wal, last) + RECORD_HEADER_BYTES + 10)
+    flip_bit(wal_path, place(wal, last) + RECORD_HEADER_BYTES + 10, 3)
     wal, records = await start(wal_path, epoch=2, mode=WalMode.READ_ONLY)
     assert pairs(records) == written[:-1]
     report = records[-1]
@@ -303,7 +289,7 @@ async def test_torn_group_with_a_later_in_flight_group_is_a_torn_tail(wal_path: 
     second, third = await asyncio.gather(second_future, third_future)
     assert third - second == BLOCK_BYTES  # two groups
     await abandon(wal)
-    flip_bit(wal_path, place(wal, second) + 12)
+    flip_bit(wal_path, place(wal, second) + 12, 3)
     wal, records = await start(wal_path, epoch=2)
     assert [(r.offset, r.data, r.damage_before) for r in records] == [(first, b"1" * 100, None)]
     fresh = await wal.append(b"new" * 30)  # lands where the torn group was
@@ -319,8 +305,8 @@ async def test_padding_bit_flip_is_not_damage(wal_path: Path) -> None:
     written = await groups_one_by_one(wal, 4, size=1000)  # each group ends with a padding
     await wal.close()
     padding = written[1][0] + RECORD_HEADER_BYTES + 1000
-    flip_bit(wal_path, place(wal, padding) + 5)
-    flip_bit(wal_path, place(wal, padding) + 600)  # padding bodies are never checked
+    flip_bit(wal_path, place(wal, padding) + 5, 3)
+    flip_bit(wal_path, place(wal, padding) + 600, 3)  # padding bodies are never checked
     wal, records = await start(wal_path, epoch=2)
     assert pairs(records) == written
     assert all(record.damage_before is None for record in records)
@@ -344,7 +330,7 @@ async def test_stale_lap_bytes_are_never_resurrected(wal_path: Path, clean_close
     # Flip bits in the stale records right past the end and further along the ring.
     for distance in (0, 9, 40, BLOCK_BYTES, 2 * BLOCK_BYTES + 17, 5 * BLOCK_BYTES):
         position = RECORD_AREA_START + (end - RECORD_AREA_START + distance) % capacity
-        flip_bit(wal_path, position)
+        flip_bit(wal_path, position, 3)
     wal, records = await start(wal_path, epoch=2, capacity_bytes=ring_file)
     assert [(r.offset, r.data, r.damage_before) for r in records] == [(*live[0], None)]
     await wal.close()
@@ -425,7 +411,7 @@ async def test_old_version_file_is_opened_and_adopted(
 async def test_damage_in_an_old_file_is_reported(wal_path: Path) -> None:
     old = [bytes([index]) * 3000 for index in range(5)]
     offsets = write_version_1_file(wal_path, old)
-    flip_bit(wal_path, RECORD_AREA_START + offsets[1] + 30)
+    flip_bit(wal_path, RECORD_AREA_START + offsets[1] + 30, 3)
     wal, records = await start(wal_path, epoch=2, mode=WalMode.READ_ONLY)
     written = list(zip(offsets, old, strict=True))
     assert pairs(records) == written[:1] + written[2:]
@@ -460,12 +446,12 @@ async def test_inspect_wal_exit_codes(
     # A torn tail is reported but is not damage.
     torn_copy = tmp_path / "torn.img"
     torn_copy.write_bytes(wal_path.read_bytes())
-    flip_bit(torn_copy, place(wal, written[-1][0]) + 40)
+    flip_bit(torn_copy, place(wal, written[-1][0]) + 40, 3)
     code, output = cli_main(["inspect", "wal", str(torn_copy)]), capsys.readouterr().out
     assert code == 0 and "torn tail at offset=" in output
 
     # Damage in the middle (a record header): its position, and exit 2.
-    flip_bit(wal_path, place(wal, written[1][0]) + 12)
+    flip_bit(wal_path, place(wal, written[1][0]) + 12, 3)
     code, output = run()
     assert code == 2, output
     assert f"DAMAGED offset={written[1][0]}..{written[1][0] + RECORD_HEADER_BYTES + 3000}" in output

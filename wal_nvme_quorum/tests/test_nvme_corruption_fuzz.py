@@ -19,9 +19,13 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from walstream.errors import WalstreamError
 from walstream.wal import WalMode, WalRecord
-from walstream_conformance.corruption import FuzzReport, classify_recovery, write_rounds
+from walstream_conformance.corruption import (
+    FuzzReport,
+    classify_recovery,
+    recover_fresh,
+    write_rounds,
+)
 from walstream_wal_nvme_quorum.testing import InProcessServers as Servers
 
 DEPLOYMENT = bytes.fromhex("5eed0000000000000000000000000001")
@@ -108,10 +112,7 @@ async def recover(servers: Servers) -> tuple[list[WalRecord] | None, BaseExcepti
     wal = servers.wal()
     wal.bind_deployment(DEPLOYMENT)
     try:
-        await wal.start(1, 2, WalMode.READ_WRITE)
-        return [record async for record in wal.recover()], None
-    except WalstreamError as exc:
-        return None, exc
+        return await recover_fresh(wal, 1, 2)
     finally:
         await wal.close()
 

@@ -19,9 +19,14 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from walstream.errors import WalstreamError
-from walstream.wal import WalMode, WalRecord
-from walstream_conformance.corruption import FuzzReport, Outcome, classify_recovery, write_rounds
+from walstream.wal import WalMode
+from walstream_conformance.corruption import (
+    FuzzReport,
+    Outcome,
+    classify_recovery,
+    recover_fresh,
+    write_rounds,
+)
 from walstream_wal_s3 import S3ObjectStore, S3Settings
 from walstream_wal_s3.client import RetryPolicy
 from walstream_wal_s3.wal import S3Wal, WalKeys, encode_wal_object
@@ -116,13 +121,7 @@ async def run_case(store: S3ObjectStore, case: int, rng: random.Random, report: 
     target = await damage_one_object(store, WalKeys.for_node(node), damage, where, rng)
 
     wal = make_wal(store)
-    recovered: list[WalRecord] | None = None
-    error: WalstreamError | None = None
-    try:
-        await wal.start(node, 2, WalMode.READ_WRITE)
-        recovered = [record async for record in wal.recover()]
-    except WalstreamError as exc:
-        error = exc
+    recovered, error = await recover_fresh(wal, node, 2)
     outcome = classify_recovery(acked, recovered, error, torn_tail_allowance=last_round)
     detail = f"(case {case}, node {node}, seed {SEED})"
     if error is None and outcome is not Outcome.TORN_TAIL:

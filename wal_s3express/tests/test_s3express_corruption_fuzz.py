@@ -21,10 +21,14 @@ from typing import Any
 
 import pytest
 from walstream.config import BuildContext
-from walstream.errors import WalstreamError
 from walstream.quorum import chunk_crc
 from walstream.wal import WalMode, WalRecord
-from walstream_conformance.corruption import FuzzReport, classify_recovery, write_rounds
+from walstream_conformance.corruption import (
+    FuzzReport,
+    classify_recovery,
+    recover_fresh,
+    write_rounds,
+)
 from walstream_wal_s3express import S3EXPRESS_WAL, S3ExpressWal, ZonalBucketReplica
 from walstream_wal_s3express.replica import chunk_key, parse_chunk_key
 from walstream_wal_s3express.zones import ZoneServer, zone_wal_options
@@ -175,10 +179,7 @@ async def recover(
     wal = build(zones, prefix)
     wal.bind_deployment(DEPLOYMENT)
     try:
-        await wal.start(1, 2, WalMode.READ_WRITE)
-        return [record async for record in wal.recover()], None
-    except WalstreamError as exc:
-        return None, exc
+        return await recover_fresh(wal, 1, 2)
     finally:
         await wal.close()
 

@@ -15,11 +15,20 @@ import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from walstream.errors import CorruptionError, DataLossError, WalstreamError
-from walstream.wal import WalRecord, WriteAheadLog
+from walstream.wal import WalMode, WalRecord, WriteAheadLog
 
-__all__ = ["FuzzReport", "Outcome", "classify_recovery", "write_rounds"]
+__all__ = [
+    "FuzzReport",
+    "Outcome",
+    "classify_recovery",
+    "flip_bit",
+    "overwrite",
+    "recover_fresh",
+    "write_rounds",
+]
 
 
 class Outcome(enum.Enum):
@@ -116,6 +125,38 @@ async def write_rounds(
         acked.extend(zip(offsets, payloads, strict=True))
         last_round = len(payloads)
     return acked, last_round
+
+
+async def recover_fresh(
+    wal: WriteAheadLog, node_id: int, node_epoch: int
+) -> tuple[list[WalRecord] | None, WalstreamError | None]:
+    """Start a new instance on a damaged medium (READ_WRITE) and recover it to the end.
+
+    Returns the records, or the walstream error that start or recovery raised, in the shape
+    :func:`classify_recovery` takes (an error naming no corruption fails the classification).
+    The caller closes ``wal``.
+    """
+    try:
+        await wal.start(node_id, node_epoch, WalMode.READ_WRITE)
+        return [record async for record in wal.recover()], None
+    except WalstreamError as exc:
+        return None, exc
+
+
+def flip_bit(path: Path, position: int, bit: int) -> None:
+    """Flip bit ``bit`` (0 = lowest) of the byte at ``position`` of the file ``path``."""
+    with open(path, "r+b") as file:
+        file.seek(position)
+        byte = file.read(1)[0]
+        file.seek(position)
+        file.write(bytes([byte ^ (1 << bit)]))
+
+
+def overwrite(path: Path, position: int, data: bytes) -> None:
+    """Write ``data`` over the file ``path`` at ``position``."""
+    with open(path, "r+b") as file:
+        file.seek(position)
+        file.write(data)
 
 
 @dataclass

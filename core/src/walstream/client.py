@@ -205,9 +205,9 @@ class Client:
         self.node_id = self.config.node_id
         self.node_epoch = -1
         self.deployment_id = b""
+        """Set by :meth:`start` from the metadata store (DESIGN §8: identity everywhere)."""
         self.owns_backends = False
         """Set by :func:`walstream.open`: :meth:`close` closes the object and metadata stores."""
-        """Set by :meth:`start` from the metadata store (DESIGN §8: identity everywhere)."""
         self._streams: dict[int, _StreamState] = {}
         self._cache = LogCache(self.config.cache.log_cache_bytes, self.clock)
         self.reader = ObjectReader(

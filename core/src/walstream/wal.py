@@ -362,6 +362,13 @@ class GroupCommitWal(WriteAheadLog):
 
     # -- machinery ------------------------------------------------------------------------------------
 
+    def acknowledged_below(self, default: WalOffset) -> WalOffset:
+        """Every record at an offset below the returned one is durable and acknowledged now: the
+        first offset of the oldest group still in flight, or ``default`` (the first offset of the
+        group being formed) when none is. A medium writes it into each group, so that recovery
+        can tell damage below it from a torn tail (invariant 11)."""
+        return self._inflight[0].prepared.offsets[0] if self._inflight else default
+
     @property
     def failed(self) -> WalstreamError | None:
         """The failure that stopped appends, if any."""

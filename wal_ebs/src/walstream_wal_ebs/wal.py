@@ -386,7 +386,7 @@ class EbsWal(GroupCommitWal):
         # The group's watermark: every record below it is acknowledged now (the oldest group
         # still in flight holds the first record that is not). Recovery reads it to tell damage
         # from a torn tail (see scan.py).
-        watermark = self._inflight[0].prepared.offsets[0] if self._inflight else self._head
+        watermark = self.acknowledged_below(self._head)
         buffers = []
         writes: list[tuple[memoryview, int]] = []
         if wrap_bytes:
