@@ -292,6 +292,26 @@ async def test_foreign_replica_refused_at_start_without_being_changed() -> None:
     await reader.close()
 
 
+async def test_a_replica_that_missed_the_owners_claim_is_not_taken_by_another_deployment() -> None:
+    # The owner's claim reached two of three replicas (the third was down and records no
+    # identity); a foreign open must refuse before it claims anything, the third one included.
+    replicas = make_replicas()
+    await write_rounds(replicas, rounds=2)
+    lagging = replicas[2]
+    lagging.logs[LOG].identity = None
+    before = [replica.logs[LOG].claimed_epoch for replica in replicas]
+    wal = make_wal(replicas)
+    wal.bind_deployment(OTHER_DEPLOYMENT)
+    with pytest.raises(IdentityMismatch):
+        await wal.start(1, 9, WalMode.READ_WRITE)
+    await wal.close()
+    assert [replica.logs[LOG].claimed_epoch for replica in replicas] == before
+    assert lagging.logs[LOG].identity is None
+    again, recovered = await open_bound(replicas, epoch=10)
+    assert recovered, "the owner still recovers its records"
+    await again.close()
+
+
 async def test_other_node_of_the_same_deployment_is_refused() -> None:
     replicas = make_replicas()
     await write_rounds(replicas, rounds=1)

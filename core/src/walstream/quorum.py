@@ -723,20 +723,21 @@ class QuorumWal(GroupCommitWal):
         self._node_id = node_id
         identity = LogIdentity(self.deployment_id, node_id) if self.deployment_id else None
         self._identity = identity
-        if mode is WalMode.READ_ONLY:
+        if mode is WalMode.READ_ONLY or identity is not None:
             listings = await self._on_replicas(
                 "list", lambda replica: replica.list_chunks(self.log_id), self.read_quorum
             )
-        else:
+            # Before claiming anything: a read quorum meets every write quorum of the owner, so
+            # a log of another deployment is refused here, and no replica that missed its claim
+            # (and so records no identity yet) adopts ours.
+            self._check_identities(listings, identity)
+        if mode is not WalMode.READ_ONLY:
             listings = await self._on_replicas(
                 "claim",
                 lambda replica: replica.claim(self.log_id, node_epoch, identity),
                 self.read_quorum,
             )
-        if identity is not None:
-            for name, listing in sorted(listings.items()):
-                if listing.identity is not None and listing.identity != identity:
-                    raise identity_mismatch(name, self.log_id, listing.identity, identity)
+        self._check_identities(listings, identity)
         resolution = await self._resolve(listings)
         self._resolution = resolution
         self._trim_seq, self._trim_offset = resolution.trim_seq, resolution.trim_offset
@@ -1090,6 +1091,15 @@ class QuorumWal(GroupCommitWal):
         state.generation += 1
         state.lagging = True
         state.wake.set()
+
+    def _check_identities(
+        self, listings: dict[str, LogListing], identity: LogIdentity | None
+    ) -> None:
+        if identity is None:
+            return
+        for name, listing in sorted(listings.items()):
+            if listing.identity is not None and listing.identity != identity:
+                raise identity_mismatch(name, self.log_id, listing.identity, identity)
 
     async def _on_replicas(
         self,
