@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from walstream.errors import PreconditionFailed
-from walstream.memory import MemoryObjectStore, MemoryWal
-from walstream.memory_metadata import MemoryMetadataStore
 from walstream.metadata import ObjectCommit
+from walstream.metadata.memory import MemoryMetadataStore
+from walstream.objects.memory import MemoryObjectStore
 from walstream.wal import PreparedGroup, WalMode, WalOffset, WalRecord, WriteAheadLog
+from walstream.wal.memory import MemoryWal
 from walstream_conformance.backends import load_target
 
 _EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "appendfile_wal.py"

@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from walstream.memory import MemoryObjectStore, MemoryWal
 from walstream.metadata import MetadataStore
 from walstream.objects import ObjectStore
+from walstream.objects.memory import MemoryObjectStore
 from walstream.wal import WriteAheadLog
+from walstream.wal.memory import MemoryWal
 from walstream_conformance import MetadataSuite, ObjectStoreSuite, WalSuite
 
 _volumes = itertools.count()
@@ -35,7 +36,7 @@ class TestMemoryObjectStore(ObjectStoreSuite):
 class TestLocalObjectStore(ObjectStoreSuite):
     @pytest.fixture
     async def walstream_object_store(self, tmp_path: Path) -> AsyncIterator[ObjectStore]:
-        local = pytest.importorskip("walstream.local")
+        local = pytest.importorskip("walstream.objects.local")
         store = local.LocalObjectStore(tmp_path / "objects")
         yield store
         await store.close()
@@ -44,7 +45,7 @@ class TestLocalObjectStore(ObjectStoreSuite):
 class TestMemoryMetadata(MetadataSuite):
     @pytest.fixture
     def walstream_metadata_factory(self) -> Callable[[], MetadataStore]:
-        memory_metadata = pytest.importorskip("walstream.memory_metadata")
+        memory_metadata = pytest.importorskip("walstream.metadata.memory")
         volume = f"conformance-memory-metadata-{next(_volumes)}"
         return lambda: memory_metadata.MemoryMetadataStore(volume)
 
@@ -52,5 +53,5 @@ class TestMemoryMetadata(MetadataSuite):
 class TestSqliteMetadata(MetadataSuite):
     @pytest.fixture
     def walstream_metadata_factory(self, tmp_path: Path) -> Callable[[], MetadataStore]:
-        sqlite = pytest.importorskip("walstream.sqlite")
+        sqlite = pytest.importorskip("walstream.metadata.sqlite")
         return lambda: sqlite.SqliteMetadataStore(tmp_path / "meta.db")

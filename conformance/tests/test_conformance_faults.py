@@ -11,9 +11,10 @@ from collections.abc import Callable
 import pytest
 from walstream.clock import ManualClock
 from walstream.errors import AmbiguousError, BackendUnavailable, PreconditionFailed, Throttled
-from walstream.memory import MemoryObjectStore, MemoryWal
 from walstream.objects import ObjectStore
+from walstream.objects.memory import MemoryObjectStore
 from walstream.wal import WalMode, WriteAheadLog
+from walstream.wal.memory import MemoryWal
 from walstream_conformance import ObjectStoreSuite, WalSuite
 from walstream_conformance.faults import (
     FaultyObjectStore,

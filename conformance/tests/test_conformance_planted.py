@@ -9,8 +9,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from walstream.memory import MemoryObjectStore, MemoryWal
-from walstream.memory_metadata import MemoryMetadataStore
+from walstream.metadata.memory import MemoryMetadataStore
+from walstream.objects.memory import MemoryObjectStore
+from walstream.wal.memory import MemoryWal
 from walstream_conformance import MetadataSuite, ObjectStoreSuite, WalKit, WalSuite
 from walstream_conformance.backends import BackendSpec
 from walstream_conformance.crash import CrashCheckFailed

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from walstream import live
+from walstream.server import live
 
 WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
 HAS_AIOHTTP = importlib.util.find_spec("aiohttp") is not None

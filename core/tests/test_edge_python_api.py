@@ -25,12 +25,12 @@ from hypothesis import strategies as st
 from walstream import Client, Record
 from walstream.config import EngineConfig, UploadConfig
 from walstream.errors import InvalidArgument, StreamExists, WalstreamError
-from walstream.memory import MemoryObjectStore, MemoryWal
-from walstream.memory_metadata import MemoryMetadataStore
 from walstream.metadata import MetadataStore
-from walstream.records import MAX_HEADER_COUNT
-from walstream.sqlite import SqliteMetadataStore
-from walstream.validation import MAX_STREAM_NAME_LENGTH, parse_stream_ref
+from walstream.metadata.memory import MemoryMetadataStore
+from walstream.metadata.sqlite import SqliteMetadataStore
+from walstream.objects.memory import MemoryObjectStore
+from walstream.records import MAX_HEADER_COUNT, MAX_STREAM_NAME_LENGTH, parse_stream_ref
+from walstream.wal.memory import MemoryWal
 
 WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
 CONFIG = EngineConfig(upload=UploadConfig(max_bytes=64 * 1024, max_interval_s=0.05))

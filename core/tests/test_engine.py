@@ -21,15 +21,16 @@ from walstream import (
     StreamNotFound,
     TailMismatchError,
 )
-from walstream.cache import BlockCache, LogCache
 from walstream.clock import ManualClock
 from walstream.config import CacheConfig, CompactionConfig, UploadConfig
+from walstream.engine.cache import BlockCache, LogCache
 from walstream.errors import CapacityError, InvalidArgument
-from walstream.local import LocalObjectStore
-from walstream.memory import MemoryObjectStore, MemoryWal
-from walstream.memory_metadata import MemoryMetadataStore
 from walstream.metadata import ObjectKind, ObjectState
-from walstream.sqlite import SqliteMetadataStore
+from walstream.metadata.memory import MemoryMetadataStore
+from walstream.metadata.sqlite import SqliteMetadataStore
+from walstream.objects.local import LocalObjectStore
+from walstream.objects.memory import MemoryObjectStore
+from walstream.wal.memory import MemoryWal
 
 SMALL_UPLOADS = EngineConfig(
     upload=UploadConfig(max_bytes=128 << 10, max_interval_s=0.05, split_bytes=64 << 10),

@@ -21,15 +21,16 @@ from walstream.errors import (
     NotFound,
     PreconditionFailed,
 )
-from walstream.local import LOCAL_OBJECT_STORE, LocalObjectStore
-from walstream.object_format import (
+from walstream.format.batch import encode_batch
+from walstream.format.object import (
     ObjectBuilder,
     ObjectIdentity,
     object_key,
     read_index,
     verify_object,
 )
-from walstream.records import Record, encode_batch
+from walstream.objects.local import LOCAL_OBJECT_STORE, LocalObjectStore
+from walstream.records import Record
 
 DEPLOYMENT = bytes.fromhex("00112233445566778899aabbccddeeff")
 
@@ -125,7 +126,7 @@ _RACER = textwrap.dedent(
     import asyncio, sys, time
     from pathlib import Path
     from walstream.errors import PreconditionFailed
-    from walstream.local import LocalObjectStore
+    from walstream.objects.local import LocalObjectStore
 
     root, name, go_file = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     key_count = int(sys.argv[4])

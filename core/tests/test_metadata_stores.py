@@ -29,7 +29,6 @@ from walstream.errors import (
     StreamNotFound,
     WalstreamError,
 )
-from walstream.memory_metadata import MEMORY_METADATA, MemoryMetadataStore
 from walstream.metadata import (
     MetadataStore,
     NodeInfo,
@@ -41,7 +40,8 @@ from walstream.metadata import (
     StreamRange,
     StreamState,
 )
-from walstream.sqlite import SCHEMA_VERSION, SQLITE_METADATA, SqliteMetadataStore
+from walstream.metadata.memory import MEMORY_METADATA, MemoryMetadataStore
+from walstream.metadata.sqlite import SCHEMA_VERSION, SQLITE_METADATA, SqliteMetadataStore
 
 Opener = Callable[[], MetadataStore]
 _volume_names = itertools.count()
@@ -619,7 +619,7 @@ _HAMMER = textwrap.dedent(
     import asyncio, json, sys
     from walstream.errors import StreamExists
     from walstream.metadata import ObjectCommit, ObjectKind, StreamRange
-    from walstream.sqlite import SqliteMetadataStore
+    from walstream.metadata.sqlite import SqliteMetadataStore
 
     async def main(path: str, node_id: int, rounds: int) -> None:
         store = SqliteMetadataStore(path, busy_timeout_s=20)
@@ -699,7 +699,7 @@ _COMMIT_FOREVER = textwrap.dedent(
     """
     import asyncio, sys
     from walstream.metadata import ObjectCommit, ObjectKind, StreamRange
-    from walstream.sqlite import SqliteMetadataStore
+    from walstream.metadata.sqlite import SqliteMetadataStore
 
     async def main(path: str) -> None:
         store = SqliteMetadataStore(path)

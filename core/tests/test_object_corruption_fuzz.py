@@ -27,11 +27,10 @@ from dataclasses import dataclass
 
 from walstream import Client, EngineConfig
 from walstream.config import CompactionConfig
+from walstream.engine.object_reader import ObjectReader
 from walstream.errors import CorruptionError, IdentityMismatch, WalstreamError
-from walstream.memory import MemoryObjectStore, MemoryWal
-from walstream.memory_metadata import MemoryMetadataStore
-from walstream.metadata import ObjectCommit, ObjectKind, StreamRange
-from walstream.object_format import (
+from walstream.format.batch import BATCH_HEADER, decode_batch_header, encode_batch
+from walstream.format.object import (
     FOOTER_SIZE,
     ObjectBuilder,
     ObjectIdentity,
@@ -39,14 +38,11 @@ from walstream.object_format import (
     object_key,
     parse_index,
 )
-from walstream.reader import ObjectReader
-from walstream.records import (
-    BATCH_HEADER,
-    Record,
-    SequencedRecord,
-    decode_batch_header,
-    encode_batch,
-)
+from walstream.metadata import ObjectCommit, ObjectKind, StreamRange
+from walstream.metadata.memory import MemoryMetadataStore
+from walstream.objects.memory import MemoryObjectStore
+from walstream.records import Record, SequencedRecord
+from walstream.wal.memory import MemoryWal
 from walstream_conformance.corruption import FuzzReport, Outcome
 
 STREAMS = {"alpha": 30, "beta": 24, "gamma": 18}

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from walstream.errors import CorruptionError, IdentityMismatch, InvalidArgument
-from walstream.memory import MemoryObjectStore
-from walstream.object_format import (
+from walstream.format.batch import encode_batch
+from walstream.format.object import (
     FOOTER_SIZE,
     FOOTER_SIZE_V1,
     INDEX_ENTRY_SIZE,
@@ -36,7 +36,8 @@ from walstream.object_format import (
     read_index,
     verify_object,
 )
-from walstream.records import Record, SequencedRecord, encode_batch
+from walstream.objects.memory import MemoryObjectStore
+from walstream.records import Record, SequencedRecord
 
 StreamBatches = list[tuple[int, list[list[Record]]]]
 """(stream_id, batches) in the order streams are added; each stream starts at offset 1000·id."""

@@ -11,29 +11,21 @@ from pathlib import Path
 
 import pytest
 from walstream import Client, CorruptionError, EngineConfig, Record
-from walstream.cli import main as cli_main
+from walstream.cli.commands import main as cli_main
 from walstream.clock import ManualClock
-from walstream.compaction import Compactor
 from walstream.config import CacheConfig, CompactionConfig, UploadConfig
+from walstream.engine.compaction import Compactor
+from walstream.engine.events import NullHooks
+from walstream.engine.object_reader import ObjectReader
+from walstream.engine.upload import publish_object
 from walstream.errors import (
     AmbiguousError,
     BackendUnavailable,
     IdentityMismatch,
     PreconditionFailed,
 )
-from walstream.hooks import NullHooks
-from walstream.local import LocalObjectStore
-from walstream.memory import MemoryObjectStore, MemoryWal
-from walstream.memory_metadata import MemoryMetadataStore
-from walstream.metadata import (
-    MetadataStore,
-    ObjectCommit,
-    ObjectInfo,
-    ObjectKind,
-    ObjectState,
-    StreamRange,
-)
-from walstream.object_format import (
+from walstream.format.batch import encode_batch
+from walstream.format.object import (
     ObjectBuilder,
     ObjectIdentity,
     is_identity_key,
@@ -42,9 +34,18 @@ from walstream.object_format import (
     parse_footer,
     parse_index,
 )
-from walstream.reader import ObjectReader
-from walstream.records import encode_batch
-from walstream.upload import publish_object
+from walstream.metadata import (
+    MetadataStore,
+    ObjectCommit,
+    ObjectInfo,
+    ObjectKind,
+    ObjectState,
+    StreamRange,
+)
+from walstream.metadata.memory import MemoryMetadataStore
+from walstream.objects.local import LocalObjectStore
+from walstream.objects.memory import MemoryObjectStore
+from walstream.wal.memory import MemoryWal
 
 ONE_OBJECT = EngineConfig(
     upload=UploadConfig(max_bytes=64 << 20, max_interval_s=60.0),

@@ -14,7 +14,8 @@ from walstream.errors import (
     IdentityMismatch,
     InvalidArgument,
 )
-from walstream.quorum import (
+from walstream.wal import WalMode, WalRecord
+from walstream.wal.quorum.wal import (
     Chunk,
     ChunkInfo,
     LogIdentity,
@@ -29,7 +30,6 @@ from walstream.quorum import (
     parse_chunk,
     resolve,
 )
-from walstream.wal import WalMode, WalRecord
 from walstream_conformance.corruption import Outcome, classify_recovery
 
 LOG = "node-1"

@@ -16,17 +16,18 @@ from pathlib import Path
 
 import pytest
 from walstream import Client, EngineConfig, FencedError, Record
-from walstream.cli import main
+from walstream.cli.commands import main
 from walstream.config import CompactionConfig, RecoveryConfig, UploadConfig
+from walstream.engine.object_reader import read_committed
+from walstream.engine.recovery import RecoveryRefused, max_records_in
 from walstream.errors import CorruptionError, DataLossError
-from walstream.local import LocalObjectStore
-from walstream.memory import _WAL_VOLUMES, MemoryObjectStore, MemoryWal
-from walstream.memory_metadata import MemoryMetadataStore
 from walstream.metadata import MetadataStore, NodeState
-from walstream.reader import read_committed
-from walstream.recovery import RecoveryRefused, max_records_in
-from walstream.sqlite import SqliteMetadataStore
+from walstream.metadata.memory import MemoryMetadataStore
+from walstream.metadata.sqlite import SqliteMetadataStore
+from walstream.objects.local import LocalObjectStore
+from walstream.objects.memory import MemoryObjectStore
 from walstream.wal import WalDamage, WalRecord
+from walstream.wal.memory import _WAL_VOLUMES, MemoryWal
 
 # Nothing is uploaded unless a test flushes: the WAL holds every acknowledged record.
 NO_UPLOADS = EngineConfig(

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from walstream.config import BackendFactory, Option
 from walstream.errors import ConfigError
-from walstream.memory import MemoryObjectStore, MemoryWal
+from walstream.objects.memory import MemoryObjectStore
+from walstream.wal.memory import MemoryWal
 from walstream_plugins import (
     Deployment,
     default_deployment,

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from walstream.hooks import EngineHooks
+from walstream.engine.events import EngineHooks
 from walstream_plugins import Metrics, PluggyHooks, get_metrics, hookimpl, make_plugin_manager
 from walstream_plugins import metrics as metrics_module
 

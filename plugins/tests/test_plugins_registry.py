@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from walstream.config import CONTRACT_VERSION, BackendFactory, Option
 from walstream.errors import ConfigError
-from walstream.memory import MEMORY_WAL, MemoryWal
+from walstream.wal.memory import MEMORY_WAL, MemoryWal
 from walstream_plugins import installed_backends, load_factory, register_factory, registry
 from walstream_plugins.registry import installed_names
 
@@ -16,7 +16,7 @@ MakeDist = Callable[..., str]  # the third_party_dist fixture (conftest.py)
 
 ACME_MODULE = """
 from walstream.config import CONTRACT_VERSION, BackendFactory, Option
-from walstream.memory import MemoryWal
+from walstream.wal.memory import MemoryWal
 
 
 class AcmeWal(MemoryWal):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 from walstream.errors import DataLossError
-from walstream.memory_metadata import MemoryMetadataStore
 from walstream.metadata import DataLossGap, ObjectCommit, ObjectKind, StreamRange
+from walstream.metadata.memory import MemoryMetadataStore
 from walstream_spark.planning import StreamRequest, plan_slices
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 from walstream.config import BuildContext
-from walstream.quorum import chunk_crc
 from walstream.wal import WalMode, WalRecord
+from walstream.wal.quorum.wal import chunk_crc
 from walstream_conformance.corruption import (
     FuzzReport,
     classify_recovery,

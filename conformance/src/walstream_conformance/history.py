@@ -361,7 +361,7 @@ async def run_stream_workload(
 
 
 class _EngineStream:
-    """:class:`StreamUnderTest` over a ``walstream.client.Stream``."""
+    """:class:`StreamUnderTest` over a ``walstream.engine.node.Stream``."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
@@ -393,14 +393,15 @@ async def run_engine_workload(
     wal_ack_delay_s: float = 0.001,
     match_tail_fraction: float = 0.2,
 ) -> tuple[History, CheckResult]:
-    """The real engine (``walstream.client.Client``) on a MemoryWal and a MemoryObjectStore wrapped
+    """The real engine (``walstream.engine.node.Client``) on a MemoryWal and a MemoryObjectStore wrapped
     in fault injectors, with the memory metadata store; a concurrent seeded workload on one
     stream, uploading often so reads cross the cache/object boundary; checked for
     linearizability. Raises ``ImportError`` when the engine is not installed."""
-    from walstream.client import Client
     from walstream.config import EngineConfig, UploadConfig
-    from walstream.memory import MemoryObjectStore, MemoryWal
-    from walstream.memory_metadata import MemoryMetadataStore
+    from walstream.engine.node import Client
+    from walstream.metadata.memory import MemoryMetadataStore
+    from walstream.objects.memory import MemoryObjectStore
+    from walstream.wal.memory import MemoryWal
 
     from .faults import FaultyObjectStore, FaultyWal, ObjectFaultPlan, WalFaultPlan, uniform
 

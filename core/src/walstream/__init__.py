@@ -6,9 +6,10 @@ near real time, into object storage.
 
 from __future__ import annotations
 
-from .client import Client, Stream
-from .config import EngineConfig
-from .errors import (
+from walstream.config.engine import EngineConfig
+from walstream.engine.node import Client, Stream
+from walstream.engine.opener import open
+from walstream.errors import (
     AmbiguousError,
     BackendUnavailable,
     CapacityError,
@@ -24,8 +25,7 @@ from .errors import (
     TailMismatchError,
     WalstreamError,
 )
-from .opener import open
-from .records import AppendAck, ReadResult, Record, SequencedRecord
+from walstream.records import AppendAck, ReadResult, Record, SequencedRecord
 
 __version__ = "0.1.0"
 

@@ -1,53 +1,245 @@
-"""Records, batches and the batch codec (DESIGN §6).
+"""Records as the API sees them, and the argument checks shared by every edge of walstream.
 
-A **batch** is the unit that is appended atomically and stored with identical bytes in the WAL and
-in objects::
+**Records.** :class:`Record` is what an append takes; :class:`SequencedRecord` what a read returns;
+:class:`AppendAck` and :class:`ReadResult` the answers. The batch codec that stores them is in
+:mod:`walstream.format.batch`.
 
-    magic u8 | stream_id i64 | epoch i64 | base_offset i64 | count i32 | payload_len i32 | payload
+**Argument checks** (the Python API, the HTTP service, the CLI).
 
-(33-byte header, big-endian). The payload is ``count`` records, each::
+Every check raises :class:`~walstream.errors.InvalidArgument` with a message naming the argument
+and the accepted range, so bad input never surfaces as ``struct.error``, ``OverflowError`` or
+``UnicodeEncodeError`` from deeper layers. The bounds are what the batch format (DESIGN §6) and
+the metadata stores can hold:
 
-    timestamp_ms i64 | key_len i32 (-1 = no key) | key | value_len i32 | value
-    | header_count u16 | (name_len u16 | name utf-8 | hvalue_len i32 | hvalue)*
-
-The batch itself carries no checksum: the enclosing WAL record or object data block does.
+* offsets, stream ids, limits and timestamps are signed 64-bit integers; offsets, ids, limits and
+  record timestamps (milliseconds since the Unix epoch) are never negative;
+* text (stream names, header names, fencing tokens) is valid UTF-8: no lone surrogates;
+* the **stream-name rule** (:func:`check_stream_name`): 1 to 255 ASCII letters, digits, ``.``,
+  ``_`` and ``-``, beginning with a letter, digit or ``_``, and not all digits. So a name is never
+  ``.``/``..``, never holds ``/``, NUL, control characters or spaces, never looks like a command
+  line option, and ``#N`` or a bare ``N`` always means the stream with id N
+  (:func:`parse_stream_ref`).
 """
 
 from __future__ import annotations
 
+import math
+import re
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
-from .errors import CorruptionError, InvalidArgument
-from .validation import check_int, check_text, describe
+from walstream.errors import InvalidArgument
 
 __all__ = [
-    "BATCH_HEADER",
-    "BATCH_MAGIC",
     "DEPLOYMENT_ID_BYTES",
+    "MAX_FENCING_TOKEN_BYTES",
     "MAX_FIELD_BYTES",
     "MAX_HEADER_COUNT",
     "MAX_HEADER_NAME_BYTES",
+    "MAX_I64",
+    "MAX_STREAM_NAME_LENGTH",
+    "MIN_I64",
     "AppendAck",
-    "BatchHeader",
     "ReadResult",
     "Record",
     "SequencedRecord",
-    "decode_batch",
-    "decode_batch_header",
-    "encode_batch",
-    "iter_batches",
-    "record_size",
+    "check_int",
+    "check_optional_int",
+    "check_optional_text",
+    "check_stream_name",
+    "check_stream_ref",
+    "check_text",
+    "check_wait",
+    "describe",
+    "parse_int_text",
+    "parse_stream_ref",
 ]
+
+MAX_I64 = 2**63 - 1
+MIN_I64 = -(2**63)
+#: Longest stream name, in characters (the rule allows ASCII only, so also in bytes).
+MAX_STREAM_NAME_LENGTH = 255
+#: Longest fencing token, in UTF-8 bytes.
+MAX_FENCING_TOKEN_BYTES = 4096
+
+_STREAM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+_DIGITS = re.compile(r"[0-9]+")
+_INTEGER_TEXT = re.compile(r"-?[0-9]+")
+#: Digits of the longest decimal a 64-bit integer needs (and a bit more), so ``int()`` never
+#: parses thousands of digits only to reject the result.
+_MAX_INTEGER_DIGITS = 20
+_DESCRIBE_CHARS = 60
+
+
+def describe(value: Any) -> str:
+    """A short, safe description of ``value`` for an error message.
+
+    Never recurses into containers and never converts a huge integer to decimal (both of which
+    can raise), and never repeats a megabyte of input back to the caller.
+    """
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, int):
+        if value.bit_length() > 64:
+            return f"an integer of {value.bit_length()} bits"
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        shown = (
+            value[:_DESCRIBE_CHARS].encode("utf-8", "backslashreplace").decode("ascii", "replace")
+        )
+        text = repr(shown)
+        if len(value) > _DESCRIBE_CHARS:
+            text += f" (… {len(value)} characters)"
+        return text
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"{type(value).__name__} of {len(value)} bytes"
+    return f"a {type(value).__name__}"
+
+
+def check_int(value: Any, what: str, minimum: int = 0, maximum: int = MAX_I64) -> int:
+    """``value`` as an int in ``[minimum, maximum]`` (bool is not an int here)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{what}: expected an integer, got {describe(value)}")
+    if not minimum <= value <= maximum:
+        raise InvalidArgument(
+            f"{what}: must be between {minimum} and {maximum}, got {describe(value)}"
+        )
+    return int(value)
+
+
+def check_optional_int(
+    value: Any, what: str, minimum: int = 0, maximum: int = MAX_I64
+) -> int | None:
+    return None if value is None else check_int(value, what, minimum, maximum)
+
+
+def check_text(value: Any, what: str, max_bytes: int | None = None) -> str:
+    """``value`` as a str that encodes to UTF-8 (no lone surrogates), at most ``max_bytes``."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what}: expected a string, got {describe(value)}")
+    if max_bytes is not None and len(value) > max_bytes:
+        # Every character takes at least one byte: too long without encoding it.
+        raise InvalidArgument(
+            f"{what}: at most {max_bytes} bytes of UTF-8, got {len(value)} characters"
+        )
+    try:
+        encoded = value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise InvalidArgument(
+            f"{what}: not valid UTF-8 text (a lone surrogate at character {error.start})"
+        ) from None
+    if max_bytes is not None and len(encoded) > max_bytes:
+        raise InvalidArgument(
+            f"{what}: at most {max_bytes} bytes of UTF-8, got {len(encoded)} bytes"
+        )
+    return value
+
+
+def check_optional_text(value: Any, what: str, max_bytes: int | None = None) -> str | None:
+    return None if value is None else check_text(value, what, max_bytes)
+
+
+def check_stream_name(name: Any) -> str | None:
+    """The stream-name rule, checked when a stream is created (``None``: a stream without name).
+
+    1 to 255 characters from ``A-Z a-z 0-9 . _ -``, the first a letter, digit or ``_``, not all
+    digits.
+    """
+    if name is None:
+        return None
+    if not isinstance(name, str):
+        raise InvalidArgument(
+            f"a stream name must be a string (or None for no name), got {describe(name)}"
+        )
+    if not name:
+        raise InvalidArgument(
+            "a stream name must not be empty (use None for a stream without name)"
+        )
+    if len(name) > MAX_STREAM_NAME_LENGTH:
+        raise InvalidArgument(
+            f"a stream name has at most {MAX_STREAM_NAME_LENGTH} characters, got {len(name)}"
+        )
+    if _STREAM_NAME.fullmatch(name) is None:
+        raise InvalidArgument(
+            f"stream name {describe(name)} is not allowed: use ASCII letters, digits, '.', '_' "
+            "and '-', beginning with a letter, digit or '_' (e.g. orders, order-lines, eu.orders_2)"
+        )
+    if _DIGITS.fullmatch(name) is not None:
+        raise InvalidArgument(
+            f"stream name {describe(name)} is all digits, which addresses the stream with that "
+            "id; add a letter (e.g. s" + name[:20] + ")"
+        )
+    return name
+
+
+def check_stream_ref(name_or_id: Any) -> str | int:
+    """A stream to look up: an id (0 to 2**63-1) or a non-empty UTF-8 name.
+
+    Lookups do not apply the full name rule, so streams created before it stay reachable; a
+    name that breaks the rule simply finds nothing.
+    """
+    if isinstance(name_or_id, int) and not isinstance(name_or_id, bool):
+        return check_int(name_or_id, "stream id")
+    if isinstance(name_or_id, str):
+        if not name_or_id:
+            raise InvalidArgument("a stream name must not be empty")
+        return check_text(name_or_id, "stream name")
+    raise InvalidArgument(
+        f"a stream is addressed by its name (str) or id (int), got {describe(name_or_id)}"
+    )
+
+
+def parse_int_text(text: str, what: str, minimum: int = 0, maximum: int = MAX_I64) -> int:
+    """A decimal integer written as text (a query parameter, an HTTP header, a CLI argument).
+
+    Only ``-?[0-9]+``: no spaces, ``+``, ``_`` or non-ASCII digits, which ``int()`` accepts.
+    """
+    if _INTEGER_TEXT.fullmatch(text) is None or len(text.lstrip("-")) > _MAX_INTEGER_DIGITS:
+        raise InvalidArgument(f"{what}: expected a decimal integer, got {describe(text)}")
+    return check_int(int(text), what, minimum, maximum)
+
+
+def parse_stream_ref(text: str) -> str | int:
+    """A stream reference typed by a person or in a URL: ``#N`` or ``N`` (digits) is the stream
+    with id N, anything else a name. The name rule makes this unambiguous: a name never starts
+    with ``#`` and is never all digits."""
+    if not isinstance(text, str):
+        raise InvalidArgument(f"a stream reference must be text, got {describe(text)}")
+    if text.startswith("#"):
+        if _DIGITS.fullmatch(text[1:]) is None:
+            raise InvalidArgument(
+                f"{describe(text)}: '#' introduces a stream id (#N with N digits, e.g. #5); "
+                "stream names never start with '#'"
+            )
+        return parse_int_text(text[1:], "stream id")
+    if _DIGITS.fullmatch(text) is not None:
+        return parse_int_text(text, "stream id")
+    return check_stream_ref(text)
+
+
+def check_wait(wait: Any, what: str = "wait") -> float:
+    """Seconds to wait: a real number, at least 0 (infinity waits until something happens)."""
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)):
+        raise InvalidArgument(f"{what}: expected seconds (a number), got {describe(wait)}")
+    if wait < 0:
+        raise InvalidArgument(f"{what}: must be at least 0 seconds, got {describe(wait)}")
+    try:
+        seconds = float(wait)
+    except OverflowError:  # an int beyond float range: as good as forever
+        seconds = math.inf
+    if not seconds >= 0:  # also rejects NaN
+        raise InvalidArgument(f"{what}: must be at least 0 seconds, got {describe(wait)}")
+    return seconds
+
+
 
 #: Length of a deployment id: 16 random bytes made once by the metadata store and carried by
 #: every WAL medium and object file of the deployment.
 DEPLOYMENT_ID_BYTES = 16
-
-BATCH_MAGIC = 0xB1  # batch format version 1
-BATCH_HEADER = struct.Struct(">BqqqiI")
-assert BATCH_HEADER.size == 33
 
 _REC_TS_KEYLEN = struct.Struct(">qi")
 _I32 = struct.Struct(">i")
@@ -179,155 +371,3 @@ class ReadResult:
     tail: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
-    stream_id: int
-    epoch: int
-    base_offset: int
-    count: int
-    payload_len: int
-
-    @property
-    def end_offset(self) -> int:
-        return self.base_offset + self.count
-
-    @property
-    def size(self) -> int:
-        return BATCH_HEADER.size + self.payload_len
-
-
-def record_size(record: Record | SequencedRecord) -> int:
-    """Bytes a record takes in a batch payload (used for ``limit_bytes`` and accounting)."""
-    size = 8 + 4 + 4 + 2 + len(record.value) + (len(record.key) if record.key is not None else 0)
-    for name, value in record.headers:
-        size += 2 + len(name.encode()) + 4 + len(value)
-    return size
-
-
-def encode_batch(
-    stream_id: int,
-    epoch: int,
-    base_offset: int,
-    records: Sequence[Record],
-    timestamps_ms: Sequence[int],
-) -> bytes:
-    """Encode ``records`` with their resolved timestamps into one batch."""
-    if not records:
-        raise InvalidArgument("a batch needs at least one record")
-    if len(records) > _MAX_I32:
-        raise InvalidArgument(f"a batch holds at most {_MAX_I32} records, got {len(records)}")
-    try:
-        payload = _encode_payload(records, timestamps_ms)
-    except (struct.error, OverflowError, UnicodeEncodeError) as exc:
-        # Record checks its fields when made; this catches a bytearray grown after that, or a
-        # timestamp out of range. Nothing was written.
-        raise InvalidArgument(f"a record does not fit the batch format: {exc}") from None
-    if len(payload) > _MAX_I32:
-        raise InvalidArgument(f"batch payload of {len(payload)} bytes exceeds 2 GiB")
-    header = BATCH_HEADER.pack(
-        BATCH_MAGIC, stream_id, epoch, base_offset, len(records), len(payload)
-    )
-    return header + payload
-
-
-def _encode_payload(records: Sequence[Record], timestamps_ms: Sequence[int]) -> bytes:
-    parts: list[bytes] = []
-    append = parts.append
-    for record, timestamp_ms in zip(records, timestamps_ms, strict=True):
-        key = record.key
-        if key is None:
-            append(_REC_TS_KEYLEN.pack(timestamp_ms, -1))
-        else:
-            append(_REC_TS_KEYLEN.pack(timestamp_ms, len(key)))
-            append(bytes(key))
-        append(_I32.pack(len(record.value)))
-        append(bytes(record.value))
-        append(_U16.pack(len(record.headers)))
-        for name, value in record.headers:
-            name_bytes = name.encode()
-            append(_U16.pack(len(name_bytes)))
-            append(name_bytes)
-            append(_I32.pack(len(value)))
-            append(bytes(value))
-    return b"".join(parts)
-
-
-def decode_batch_header(data: bytes | memoryview, position: int = 0) -> BatchHeader:
-    if len(data) - position < BATCH_HEADER.size:
-        raise CorruptionError(f"truncated batch header at byte {position}")
-    magic, stream_id, epoch, base_offset, count, payload_len = BATCH_HEADER.unpack_from(
-        data, position
-    )
-    if magic != BATCH_MAGIC:
-        raise CorruptionError(f"bad batch magic 0x{magic:02x} at byte {position}")
-    if count <= 0 or base_offset < 0:
-        raise CorruptionError(f"bad batch header (count={count}, base={base_offset}) at {position}")
-    if len(data) - position - BATCH_HEADER.size < payload_len:
-        raise CorruptionError(f"truncated batch payload at byte {position}")
-    return BatchHeader(stream_id, epoch, base_offset, count, payload_len)
-
-
-def decode_batch(
-    data: bytes | memoryview, position: int = 0
-) -> tuple[BatchHeader, list[SequencedRecord]]:
-    """Decode one batch starting at ``position``; raise :class:`CorruptionError` on bad bytes."""
-    header = decode_batch_header(data, position)
-    view = memoryview(data)
-    pos = position + BATCH_HEADER.size
-    end = pos + header.payload_len
-    records: list[SequencedRecord] = []
-    try:
-        for index in range(header.count):
-            timestamp_ms, key_len = _REC_TS_KEYLEN.unpack_from(view, pos)
-            pos += 12
-            key: bytes | None
-            if key_len < 0:
-                key = None
-            else:
-                key = bytes(view[pos : pos + key_len])
-                pos += key_len
-            (value_len,) = _I32.unpack_from(view, pos)
-            pos += 4
-            if value_len < 0 or pos + value_len > end:
-                raise CorruptionError("record value overruns its batch")
-            value = bytes(view[pos : pos + value_len])
-            pos += value_len
-            (header_count,) = _U16.unpack_from(view, pos)
-            pos += 2
-            headers: list[tuple[str, bytes]] = []
-            for _ in range(header_count):
-                (name_len,) = _U16.unpack_from(view, pos)
-                pos += 2
-                name = bytes(view[pos : pos + name_len]).decode()
-                pos += name_len
-                (hvalue_len,) = _I32.unpack_from(view, pos)
-                pos += 4
-                headers.append((name, bytes(view[pos : pos + hvalue_len])))
-                pos += hvalue_len
-            if pos > end:
-                raise CorruptionError("record overruns its batch")
-            records.append(
-                SequencedRecord(
-                    header.base_offset + index, value, key, tuple(headers), timestamp_ms
-                )
-            )
-    except (struct.error, UnicodeDecodeError) as exc:
-        raise CorruptionError(f"malformed record in batch at byte {position}: {exc}") from exc
-    if pos != end:
-        raise CorruptionError(f"batch payload length mismatch at byte {position}")
-    return header, records
-
-
-def iter_batches(data: bytes | memoryview) -> Iterator[tuple[int, BatchHeader]]:
-    """Yield ``(position, header)`` of consecutive batches filling ``data`` exactly."""
-    position = 0
-    total = len(data)
-    while position < total:
-        header = decode_batch_header(data, position)
-        yield position, header
-        position += header.size
-
-
-def batch_records(data: bytes | memoryview) -> Iterable[SequencedRecord]:
-    for position, _ in iter_batches(data):
-        yield from decode_batch(data, position)[1]

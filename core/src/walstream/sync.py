@@ -13,8 +13,8 @@
 
 A :class:`SyncClient` owns a private event loop running in a background daemon thread; every
 method submits the matching coroutine to that loop and blocks until it finishes. The methods and
-their arguments are those of :class:`walstream.client.Client` and
-:class:`walstream.client.Stream`, and errors propagate unchanged (the same
+their arguments are those of :class:`walstream.engine.node.Client` and
+:class:`walstream.engine.node.Stream`, and errors propagate unchanged (the same
 :mod:`walstream.errors` instances). A client may be shared by several threads: calls run
 concurrently on its loop, exactly as concurrent tasks would on the async client.
 """
@@ -30,11 +30,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .metadata import StreamInfo
-from .records import AppendAck, ReadResult, Record, SequencedRecord
+from walstream.metadata.contract import StreamInfo
+from walstream.records import AppendAck, ReadResult, Record, SequencedRecord
 
 if TYPE_CHECKING:
-    from .client import Client, Stream
+    from walstream.engine.node import Client, Stream
 
 __all__ = ["EventLoopThread", "SyncClient", "SyncStream", "TailIterator", "open"]
 
@@ -102,7 +102,7 @@ async def _await(awaitable: Awaitable[T]) -> T:
 
 
 class SyncStream:
-    """Blocking twin of :class:`walstream.client.Stream`."""
+    """Blocking twin of :class:`walstream.engine.node.Stream`."""
 
     def __init__(self, stream: Stream, runner: EventLoopThread) -> None:
         self._stream = stream
@@ -234,7 +234,7 @@ class TailIterator(Iterator[SequencedRecord]):
 
 
 class SyncClient:
-    """Blocking twin of :class:`walstream.client.Client`. Use :func:`open` to make one."""
+    """Blocking twin of :class:`walstream.engine.node.Client`. Use :func:`open` to make one."""
 
     def __init__(self, client: Client, runner: EventLoopThread) -> None:
         self._client = client

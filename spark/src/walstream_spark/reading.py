@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pyarrow as pa
+from walstream.engine.object_reader import ObjectReader
 from walstream.errors import BackendUnavailable, StreamNotFound
-from walstream.reader import ObjectReader
 from walstream.records import SequencedRecord
 
 from .planning import ReadSlice

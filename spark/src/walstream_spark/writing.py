@@ -57,12 +57,12 @@ from pyspark import TaskContext
 from pyspark.sql import Row
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
-from walstream.client import Client, Stream
+from walstream.engine.node import Client, Stream
+from walstream.engine.object_reader import read_committed
 from walstream.errors import ConfigError, FencedError, InvalidArgument, StreamExists
-from walstream.memory import MemoryWal
 from walstream.metadata import NodeState
-from walstream.reader import read_committed
 from walstream.records import Record, SequencedRecord
+from walstream.wal.memory import MemoryWal
 
 from .options import optional_int, required
 from .runtime import DeploymentBackends, backends_for, run

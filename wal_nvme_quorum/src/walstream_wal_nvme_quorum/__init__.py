@@ -8,7 +8,7 @@
       write_quorum: 2
 
 The quorum protocol itself (fencing, tail resolution, catch-up) lives in
-:mod:`walstream.quorum`; this package adds the chunk server and its client.
+:mod:`walstream.wal.quorum`; this package adds the chunk server and its client.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from walstream.config import BackendFactory, BuildContext, Option
 from walstream.errors import ConfigError
-from walstream.quorum import QuorumWal, quorum_wal_options
+from walstream.wal.quorum.wal import QuorumWal, quorum_wal_options
 
 from .client import ChunkServerReplica, parse_address
 from .processes import ChunkServerProcess, chunk_servers

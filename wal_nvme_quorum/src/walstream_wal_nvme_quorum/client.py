@@ -1,4 +1,4 @@
-"""The client side of one chunk server: a :class:`walstream.quorum.Replica` over TCP.
+"""The client side of one chunk server: a :class:`walstream.wal.quorum.Replica` over TCP.
 
 One connection per server carries many requests at once (each frame has a request id). When
 the server cannot be reached, requests fail at once with :class:`BackendUnavailable` and the
@@ -26,7 +26,7 @@ from walstream.errors import (
     PreconditionFailed,
     WalstreamError,
 )
-from walstream.quorum import LogIdentity, LogListing
+from walstream.wal.quorum.wal import LogIdentity, LogListing
 
 from .protocol import (
     FRAME_PREFIX,

@@ -15,8 +15,8 @@ import struct
 from dataclasses import dataclass
 
 import crc32c
-from walstream.quorum import ChunkInfo, LogIdentity, LogListing, Seal
 from walstream.records import DEPLOYMENT_ID_BYTES
+from walstream.wal.quorum.wal import ChunkInfo, LogIdentity, LogListing, Seal
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",

@@ -43,7 +43,8 @@ from pathlib import Path
 
 import crc32c
 from walstream.errors import CorruptionError, FencedError, NotFound, PreconditionFailed
-from walstream.quorum import (
+from walstream.records import DEPLOYMENT_ID_BYTES
+from walstream.wal.quorum.wal import (
     MAX_SEALS,
     ChunkInfo,
     LogIdentity,
@@ -51,7 +52,6 @@ from walstream.quorum import (
     Seal,
     identity_mismatch,
 )
-from walstream.records import DEPLOYMENT_ID_BYTES
 
 from .protocol import BodyReader, FrameError, pack_str
 

@@ -10,7 +10,7 @@ availability zone and acknowledged at a write quorum (2 of 3 by default).
       max_chunk_bytes: 512KiB
 
 The quorum protocol (fencing, tail resolution, catch-up of a zone that was down) lives in
-:mod:`walstream.quorum`; this package stores a replica in a bucket
+:mod:`walstream.wal.quorum`; this package stores a replica in a bucket
 (:class:`~walstream_wal_s3express.replica.ZonalBucketReplica`) and adds configuration.
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from walstream.config import BackendFactory, BuildContext, Option, validate_options
 from walstream.errors import ConfigError, FencedError
-from walstream.quorum import QuorumWal, Replica, Seal, quorum_wal_options
+from walstream.wal.quorum.wal import QuorumWal, Replica, Seal, quorum_wal_options
 from walstream_wal_s3.client import RetryPolicy, S3Settings
 
 from .replica import ZonalBucketReplica, ZonalS3Client

@@ -1,4 +1,4 @@
-"""One zonal directory bucket as a quorum replica (:class:`walstream.quorum.Replica`).
+"""One zonal directory bucket as a quorum replica (:class:`walstream.wal.quorum.Replica`).
 
 Layout of one log under ``<prefix><log_id>/`` in the bucket::
 
@@ -66,7 +66,7 @@ from walstream.errors import (
     PreconditionFailed,
     WalstreamError,
 )
-from walstream.quorum import (
+from walstream.wal.quorum.wal import (
     MAX_SEALS,
     ChunkInfo,
     LogIdentity,
@@ -198,7 +198,7 @@ class _LogCache:
 
 
 class ZonalBucketReplica:
-    """A :class:`walstream.quorum.Replica` stored in one (zonal directory) bucket.
+    """A :class:`walstream.wal.quorum.Replica` stored in one (zonal directory) bucket.
 
     ``node_id`` goes into the chunk keys this replica writes (for humans reading a bucket).
     Every S3 request is retried by :class:`S3Client` a few times; the quorum WAL bounds each

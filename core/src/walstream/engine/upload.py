@@ -21,10 +21,11 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .cache import CachedBatch, LogBlock, LogCache
-from .clock import Clock
-from .config import UploadConfig
-from .errors import (
+from walstream.clock import Clock
+from walstream.config.engine import UploadConfig
+from walstream.engine.cache import CachedBatch, LogBlock, LogCache
+from walstream.engine.events import EngineHooks
+from walstream.errors import (
     AmbiguousError,
     BackendUnavailable,
     CorruptionError,
@@ -33,11 +34,16 @@ from .errors import (
     PreconditionFailed,
     WalstreamError,
 )
-from .hooks import EngineHooks
-from .metadata import MetadataStore, ObjectCommit, ObjectKind, StreamRange
-from .object_format import BuiltObject, ObjectBuilder, ObjectIdentity, object_key, parse_footer
-from .objects import ObjectStore
-from .wal import WriteAheadLog
+from walstream.format.object import (
+    BuiltObject,
+    ObjectBuilder,
+    ObjectIdentity,
+    object_key,
+    parse_footer,
+)
+from walstream.metadata.contract import MetadataStore, ObjectCommit, ObjectKind, StreamRange
+from walstream.objects.contract import ObjectStore
+from walstream.wal.contract import WriteAheadLog
 
 __all__ = ["Uploader", "publish_object", "retry_transient"]
 

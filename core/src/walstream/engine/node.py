@@ -17,11 +17,21 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cache import CachedBatch, LogCache
-from .clock import Clock, SystemClock
-from .compaction import Compactor
-from .config import EngineConfig
-from .errors import (
+from walstream.clock import Clock, SystemClock
+from walstream.config.engine import EngineConfig
+from walstream.engine.cache import CachedBatch, LogCache
+from walstream.engine.compaction import Compactor
+from walstream.engine.events import EngineHooks, NullHooks
+from walstream.engine.object_reader import ObjectReader
+from walstream.engine.recovery import (
+    ACCEPT_LOSS_COMMAND,
+    RecoveryStats,
+    failover_node,
+    refusal,
+    replay_wal,
+)
+from walstream.engine.upload import Uploader
+from walstream.errors import (
     BackendUnavailable,
     CapacityError,
     DataLossError,
@@ -32,24 +42,16 @@ from .errors import (
     TailMismatchError,
     WalstreamError,
 )
-from .hooks import EngineHooks, NullHooks
-from .metadata import MetadataStore, NodeState, StreamInfo, StreamState
-from .objects import ObjectStore
-from .reader import ObjectReader
-from .records import (
+from walstream.format.batch import decode_batch, encode_batch, record_size
+from walstream.metadata.contract import MetadataStore, NodeState, StreamInfo, StreamState
+from walstream.objects.contract import ObjectStore
+from walstream.records import (
+    MAX_FENCING_TOKEN_BYTES,
+    MIN_I64,
     AppendAck,
     ReadResult,
     Record,
     SequencedRecord,
-    decode_batch,
-    encode_batch,
-    record_size,
-)
-from .recovery import ACCEPT_LOSS_COMMAND, RecoveryStats, failover_node, refusal, replay_wal
-from .upload import Uploader
-from .validation import (
-    MAX_FENCING_TOKEN_BYTES,
-    MIN_I64,
     check_int,
     check_optional_int,
     check_optional_text,
@@ -59,7 +61,7 @@ from .validation import (
     check_wait,
     describe,
 )
-from .wal import WalMode, WriteAheadLog
+from walstream.wal.contract import WalMode, WriteAheadLog
 
 __all__ = ["Client", "Stream"]
 
@@ -390,7 +392,7 @@ class Client:
         """Take over a dead node's WAL: fence it, upload what it acknowledged, release its
         streams (they can then be claimed by this or any node).
 
-        Raises :class:`~walstream.recovery.RecoveryRefused` when the WAL shows that acknowledged
+        Raises :class:`~walstream.engine.recovery.RecoveryRefused` when the WAL shows that acknowledged
         records may be lost, unless ``accept_loss`` (default: this client's
         ``config.recovery.accept_loss``) records them as data-loss gaps."""
         self._check_open()
@@ -409,7 +411,7 @@ class Client:
     # -- streams ------------------------------------------------------------------------------------
 
     async def create_stream(self, name: str | None = None) -> Stream:
-        """Create a stream; ``name`` follows the stream-name rule of :mod:`walstream.validation`
+        """Create a stream; ``name`` follows the stream-name rule of :mod:`walstream.records`
         (or is None for a stream addressed only by id)."""
         self._check_open()
         check_stream_name(name)

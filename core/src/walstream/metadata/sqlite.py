@@ -7,7 +7,7 @@
   on SQLite.
 * The schema carries a ``schema_version`` row; a file written by a newer walstream is refused.
 * The meaning of every change (continuity, epochs, compaction cover …) comes from the shared
-  rules in :mod:`walstream.memory_metadata`; this module loads the rows a call touches, asks the
+  rules in :mod:`walstream.metadata.memory`; this module loads the rows a call touches, asks the
   rule, and writes the result in the same transaction.
 """
 
@@ -22,9 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .clock import Clock, SystemClock
-from .config import BackendFactory, BuildContext, Option
-from .errors import (
+from walstream.clock import Clock, SystemClock
+from walstream.config.factory import BackendFactory, BuildContext
+from walstream.config.options import Option
+from walstream.errors import (
     BackendUnavailable,
     CapacityError,
     ConfigError,
@@ -33,7 +34,20 @@ from .errors import (
     StreamExists,
     WalstreamError,
 )
-from .memory_metadata import (
+from walstream.metadata.contract import (
+    DataLossGap,
+    MetadataStore,
+    NodeInfo,
+    NodeState,
+    ObjectCommit,
+    ObjectInfo,
+    ObjectKind,
+    ObjectState,
+    StreamInfo,
+    StreamRange,
+    StreamState,
+)
+from walstream.metadata.memory import (
     ObjectRecord,
     all_ranges_dead,
     check_claim,
@@ -49,20 +63,7 @@ from .memory_metadata import (
     require_stream_epoch,
     stream_not_found,
 )
-from .metadata import (
-    DataLossGap,
-    MetadataStore,
-    NodeInfo,
-    NodeState,
-    ObjectCommit,
-    ObjectInfo,
-    ObjectKind,
-    ObjectState,
-    StreamInfo,
-    StreamRange,
-    StreamState,
-)
-from .records import DEPLOYMENT_ID_BYTES
+from walstream.records import DEPLOYMENT_ID_BYTES
 
 __all__ = ["SCHEMA_VERSION", "SQLITE_METADATA", "SqliteMetadataStore"]
 

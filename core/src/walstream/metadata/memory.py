@@ -5,7 +5,7 @@ transaction read: a backend loads the streams, objects and node a call touches, 
 changes, and writes those changes in the same transaction. So the memory and SQLite stores cannot
 drift apart on what a commit means.
 
-State lives in named, process-wide volumes (like :mod:`walstream.memory`): a store reopened on
+State lives in named, process-wide volumes (like :mod:`walstream.wal.memory`): a store reopened on
 the same name sees the same catalogue. Nothing survives the process.
 """
 
@@ -19,10 +19,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import validation
-from .clock import Clock, SystemClock
-from .config import BackendFactory, BuildContext, Option
-from .errors import (
+from walstream import records as validation
+from walstream.clock import Clock, SystemClock
+from walstream.config.factory import BackendFactory, BuildContext
+from walstream.config.options import Option
+from walstream.errors import (
     BackendUnavailable,
     FencedError,
     InvalidArgument,
@@ -30,7 +31,7 @@ from .errors import (
     StreamExists,
     StreamNotFound,
 )
-from .metadata import (
+from walstream.metadata.contract import (
     DataLossGap,
     MetadataStore,
     NodeInfo,
@@ -43,7 +44,7 @@ from .metadata import (
     StreamRange,
     StreamState,
 )
-from .records import DEPLOYMENT_ID_BYTES
+from walstream.records import DEPLOYMENT_ID_BYTES
 
 __all__ = [
     "MEMORY_METADATA",
@@ -426,7 +427,7 @@ def check_stream_name(name: str | None) -> None:
     """The stream-name rule every metadata store applies on create (``None``: no name).
 
     1 to 255 characters of ``A-Z a-z 0-9 . _ -``, beginning with a letter, digit or ``_``, not
-    all digits (:func:`walstream.validation.check_stream_name` states why).
+    all digits (:func:`walstream.records.check_stream_name` states why).
     """
     validation.check_stream_name(name)
 

@@ -8,16 +8,25 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import BackendFactory, BuildContext, Option
-from .errors import FencedError, IdentityMismatch, InvalidArgument, NotFound, PreconditionFailed
-from .objects import ObjectMeta, ObjectStore, ObjectStoreCapabilities, clamp_range
-from .wal import GroupCommitWal, PreparedGroup, WalCapabilities, WalMode, WalOffset, WalRecord
+from walstream.config.factory import BackendFactory, BuildContext
+from walstream.config.options import Option
+from walstream.errors import (
+    FencedError,
+    IdentityMismatch,
+    InvalidArgument,
+)
+from walstream.wal.contract import WalCapabilities, WalMode, WalOffset, WalRecord
+from walstream.wal.group_commit import GroupCommitWal, PreparedGroup
 
-__all__ = ["MEMORY_OBJECT_STORE", "MEMORY_WAL", "MemoryObjectStore", "MemoryWal"]
+__all__ = [
+    "MEMORY_WAL",
+    "MemoryWal",
+]
+
 
 
 @dataclass
@@ -84,7 +93,7 @@ class MemoryWal(GroupCommitWal):
             )
 
     def _prepare_group(self, payloads: Sequence[bytes]) -> PreparedGroup:
-        from .errors import CapacityError
+        from walstream.errors import CapacityError
 
         size = sum(len(payload) for payload in payloads)
         if self._volume.used_bytes + self._reserved_bytes + size > self._capacity_bytes:
@@ -141,50 +150,6 @@ class MemoryWal(GroupCommitWal):
         return {"type": "memory", "untrimmed_bytes": self._volume.used_bytes}
 
 
-_OBJECT_VOLUMES: dict[str, dict[str, bytes]] = {}
-
-
-class MemoryObjectStore(ObjectStore):
-    capabilities = ObjectStoreCapabilities(conditional_put=True, list_page_size=1000)
-
-    def __init__(self, name: str | None = None) -> None:
-        self._objects: dict[str, bytes] = _OBJECT_VOLUMES.setdefault(name, {}) if name else {}
-
-    async def put(self, key: str, data: bytes) -> None:
-        self._objects[key] = bytes(data)
-
-    async def put_if_absent(self, key: str, data: bytes) -> None:
-        if key in self._objects:
-            raise PreconditionFailed(f"object {key!r} already exists")
-        self._objects[key] = bytes(data)
-
-    async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
-        try:
-            data = self._objects[key]
-        except KeyError:
-            raise NotFound(f"no object {key!r}") from None
-        first, last = clamp_range(len(data), start, end)
-        return data[first:last]
-
-    async def head(self, key: str) -> ObjectMeta:
-        try:
-            return ObjectMeta(key, len(self._objects[key]))
-        except KeyError:
-            raise NotFound(f"no object {key!r}") from None
-
-    async def delete(self, keys: Iterable[str]) -> None:
-        for key in keys:
-            self._objects.pop(key, None)
-
-    async def list(self, prefix: str = "") -> AsyncIterator[ObjectMeta]:  # type: ignore[override]
-        for key in sorted(self._objects):
-            if key.startswith(prefix) and key in self._objects:
-                yield ObjectMeta(key, len(self._objects[key]))
-
-    def describe(self) -> dict[str, Any]:
-        return {"type": "memory", "objects": len(self._objects)}
-
-
 def _make_memory_wal(options: dict[str, Any], context: BuildContext) -> MemoryWal:
     return MemoryWal(
         name=options["name"],
@@ -203,12 +168,4 @@ MEMORY_WAL: BackendFactory[MemoryWal] = BackendFactory(
         Option("max_record_bytes", "size", "largest append", default="16MiB"),
     ),
     create=_make_memory_wal,
-)
-
-MEMORY_OBJECT_STORE: BackendFactory[MemoryObjectStore] = BackendFactory(
-    kind="object_store",
-    name="memory",
-    description="objects in process memory (tests, demos)",
-    options=(Option("name", "str", "volume name shared by clients of one process"),),
-    create=lambda options, context: MemoryObjectStore(options["name"]),
 )

@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from .clock import Clock
+from walstream.clock import Clock
 
 __all__ = ["BlockCache", "CachedBatch", "LogBlock", "LogCache"]
 

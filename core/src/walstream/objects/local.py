@@ -19,15 +19,22 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .config import BackendFactory, BuildContext, Option
-from .errors import (
+from walstream.config.factory import BackendFactory, BuildContext
+from walstream.config.options import Option
+from walstream.errors import (
     BackendUnavailable,
     InvalidArgument,
     NotFound,
     PreconditionFailed,
     WalstreamError,
 )
-from .objects import ObjectMeta, ObjectStore, ObjectStoreCapabilities, ObjectWriter, clamp_range
+from walstream.objects.contract import (
+    ObjectMeta,
+    ObjectStore,
+    ObjectStoreCapabilities,
+    ObjectWriter,
+    clamp_range,
+)
 
 __all__ = ["LOCAL_OBJECT_STORE", "LocalObjectStore", "LocalObjectWriter"]
 

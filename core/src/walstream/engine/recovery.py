@@ -44,16 +44,22 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cache import LogCache
-from .clock import Clock
-from .config import EngineConfig
-from .errors import CorruptionError
-from .hooks import EngineHooks
-from .metadata import DataLossGap, MetadataStore, NodeState, StreamInfo, StreamState
-from .objects import ObjectStore
-from .records import BATCH_HEADER, decode_batch
-from .upload import Uploader
-from .wal import WalMode, WalOffset, WriteAheadLog
+from walstream.clock import Clock
+from walstream.config.engine import EngineConfig
+from walstream.engine.cache import LogCache
+from walstream.engine.events import EngineHooks
+from walstream.engine.upload import Uploader
+from walstream.errors import CorruptionError
+from walstream.format.batch import BATCH_HEADER, decode_batch
+from walstream.metadata.contract import (
+    DataLossGap,
+    MetadataStore,
+    NodeState,
+    StreamInfo,
+    StreamState,
+)
+from walstream.objects.contract import ObjectStore
+from walstream.wal.contract import WalMode, WalOffset, WriteAheadLog
 
 __all__ = [
     "ACCEPT_LOSS_COMMAND",

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from walstream.errors import ConfigError
 
 __all__ = ["LiveNode", "NodeBusy", "NodeLock", "lock_path", "probe"]
 

@@ -17,7 +17,7 @@ is due once the oldest candidate has been committed for ``interval_s`` (its ``co
 at once when garbage waits; within one process passes are at least ``interval_s`` apart. A node
 restarted more often than ``interval_s`` therefore still compacts: right after it starts.
 
-Outputs are written with :func:`walstream.upload.publish_object` (conditional create, never an
+Outputs are written with :func:`walstream.engine.upload.publish_object` (conditional create, never an
 overwrite), carry the deployment and object id, and source objects are read with their identity
 checked.
 """
@@ -30,11 +30,19 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .clock import Clock
-from .config import CompactionConfig
-from .errors import IdentityMismatch, PreconditionFailed, WalstreamError
-from .hooks import EngineHooks
-from .metadata import (
+from walstream.clock import Clock
+from walstream.config.engine import CompactionConfig
+from walstream.engine.events import EngineHooks
+from walstream.engine.upload import publish_object
+from walstream.errors import IdentityMismatch, PreconditionFailed, WalstreamError
+from walstream.format.object import (
+    ObjectBuilder,
+    ObjectIdentity,
+    decode_block,
+    object_key,
+    read_index,
+)
+from walstream.metadata.contract import (
     MetadataStore,
     ObjectCommit,
     ObjectInfo,
@@ -43,15 +51,7 @@ from .metadata import (
     StreamRange,
     StreamState,
 )
-from .object_format import (
-    ObjectBuilder,
-    ObjectIdentity,
-    decode_block,
-    object_key,
-    read_index,
-)
-from .objects import ObjectStore
-from .upload import publish_object
+from walstream.objects.contract import ObjectStore
 
 __all__ = ["Compactor"]
 

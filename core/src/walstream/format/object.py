@@ -52,16 +52,10 @@ from dataclasses import dataclass
 
 import crc32c
 
-from .errors import CorruptionError, IdentityMismatch, InvalidArgument
-from .objects import ObjectStore
-from .records import (
-    BATCH_HEADER,
-    DEPLOYMENT_ID_BYTES,
-    BatchHeader,
-    SequencedRecord,
-    decode_batch,
-    decode_batch_header,
-)
+from walstream.errors import CorruptionError, IdentityMismatch, InvalidArgument
+from walstream.format.batch import BATCH_HEADER, BatchHeader, decode_batch, decode_batch_header
+from walstream.objects.contract import ObjectStore
+from walstream.records import DEPLOYMENT_ID_BYTES, SequencedRecord
 
 __all__ = [
     "DEFAULT_BLOCK_TARGET_BYTES",

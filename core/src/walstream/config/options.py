@@ -8,37 +8,20 @@ names the offending key in every error.
 
 from __future__ import annotations
 
-import difflib
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 
-from .errors import ConfigError
+from walstream.errors import ConfigError
 
 __all__ = [
-    "CONTRACT_VERSION",
-    "BackendFactory",
-    "BackendKind",
-    "BuildContext",
-    "CacheConfig",
-    "CompactionConfig",
-    "EngineConfig",
     "Option",
-    "RecoveryConfig",
-    "UploadConfig",
     "parse_duration",
     "parse_size",
-    "validate_options",
 ]
 
-#: Version of the interfaces in walstream.wal/objects/metadata. A plugin built for another
-#: major contract version is refused at load time.
-CONTRACT_VERSION = 1
-
-BackendKind = Literal["wal", "object_store", "metadata"]
-T = TypeVar("T")
 
 _SIZE_UNITS = {
     "": 1,
@@ -188,127 +171,3 @@ class Option:
         extra = " (required)" if self.required else f" (default: {self.default!r})"
         return f"{self.name}: {self.kind}{extra} — {self.doc}"
 
-
-@dataclass(frozen=True)
-class BuildContext:
-    """What a factory may need besides its options."""
-
-    base_dir: Path = field(default_factory=Path.cwd)
-    """Folder relative paths resolve against (the YAML file's folder)."""
-    node_id: int = 1
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BackendFactory(Generic[T]):
-    """What an entry point in ``walstream.wal`` / ``walstream.object_store`` /
-    ``walstream.metadata`` points at."""
-
-    kind: BackendKind
-    name: str
-    description: str
-    options: tuple[Option, ...]
-    create: Callable[[dict[str, Any], BuildContext], T]
-    contract_version: int = CONTRACT_VERSION
-    provision: Callable[[Path], Any] | None = None
-    """Optional: make a throwaway instance for the conformance suite; given a temp folder, it
-    returns a context manager yielding the options dict for ``create``."""
-    inspect: Callable[[Path], Any] | None = None
-    """Optional (WALs): decode and verify the medium at a path for ``walstream inspect wal``;
-    returns an iterable of printable lines and raises CorruptionError on damage it cannot pass."""
-
-    def build(self, section: Mapping[str, Any], context: BuildContext, key_prefix: str) -> T:
-        return self.create(validate_options(self, section, context.base_dir, key_prefix), context)
-
-
-def validate_options(
-    factory: BackendFactory[Any],
-    section: Mapping[str, Any],
-    base_dir: Path,
-    key_prefix: str,
-) -> dict[str, Any]:
-    """Check ``section`` against ``factory.options``: unknown keys, missing keys, bad values —
-    each error names the key (``wal.capacity``) and what is accepted."""
-    known = {option.name: option for option in factory.options}
-    result: dict[str, Any] = {}
-    for key, value in section.items():
-        if key == "type":
-            continue
-        if key not in known:
-            close = difflib.get_close_matches(str(key), list(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else "."
-            accepted = ", ".join(sorted(known)) or "(none)"
-            raise ConfigError(
-                f"{key_prefix}.{key}: unknown option for {factory.kind} type "
-                f"{factory.name!r}{hint} Accepted keys: {accepted}"
-            )
-        result[key] = known[key].parse(value, f"{key_prefix}.{key}", base_dir)
-    for option in factory.options:
-        if option.name not in result or result[option.name] is None:
-            if option.required:
-                raise ConfigError(
-                    f"{key_prefix}.{option.name}: required for {factory.kind} type "
-                    f"{factory.name!r} ({option.doc})"
-                )
-            default = option.default
-            if default is not None and option.kind in {"size", "duration", "path"}:
-                default = option.parse(default, f"{key_prefix}.{option.name}", base_dir)
-            result[option.name] = default
-    return result
-
-
-@dataclass(frozen=True)
-class CacheConfig:
-    log_cache_bytes: int = 256 << 20
-    """Bound of the LogCache (hot tail); appends wait (back-pressure) when un-uploaded data
-    reaches it."""
-    block_cache_bytes: int = 128 << 20
-    """Bound of the BlockCache (LRU of object data blocks) for cold reads."""
-    readahead_min_bytes: int = 512 << 10
-    readahead_max_bytes: int = 32 << 20
-
-
-@dataclass(frozen=True)
-class UploadConfig:
-    max_bytes: int = 32 << 20
-    """Seal the active LogCache block and upload it at this size …"""
-    max_interval_s: float = 0.25
-    """… or at this age."""
-    split_bytes: int = 8 << 20
-    """A stream with at least this much data in a block gets its own stream object."""
-    max_concurrency: int = 4
-    """Objects uploaded at once (commits stay in FIFO order)."""
-    prepare_ttl_s: float = 600.0
-
-
-@dataclass(frozen=True)
-class CompactionConfig:
-    enabled: bool = True
-    interval_s: float = 30.0
-    min_objects: int = 4
-    """Compact when at least this many small objects wait."""
-    small_object_bytes: int = 8 << 20
-    """Stream-set objects and stream objects below this size are compaction candidates."""
-    max_object_bytes: int = 256 << 20
-
-
-@dataclass(frozen=True)
-class RecoveryConfig:
-    accept_loss: bool = False
-    """Start even though the WAL lost acknowledged records (DESIGN §8): record each lost range
-    as a data-loss gap in metadata (reads of it raise ``DataLossError``; its offsets are never
-    reused), commit everything valid and reset the WAL. Off by default: without it a node whose
-    WAL shows damage refuses to start with :class:`~walstream.errors.CorruptionError`. An
-    operator's one-off action (``walstream recover --accept-loss``), deliberately not a key of
-    the deployment YAML, where it would silently accept every future loss."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    node_id: int = 1
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    upload: UploadConfig = field(default_factory=UploadConfig)
-    compaction: CompactionConfig = field(default_factory=CompactionConfig)
-    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
-    append_timeout_s: float = 30.0
-    """How long an append waits under back-pressure before failing with CapacityError."""

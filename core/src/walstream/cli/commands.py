@@ -27,7 +27,7 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
-from .errors import (
+from walstream.errors import (
     ConfigError,
     CorruptionError,
     InvalidArgument,
@@ -36,11 +36,10 @@ from .errors import (
     StreamNotFound,
     WalstreamError,
 )
-from .records import ReadResult, Record, SequencedRecord
-from .validation import parse_stream_ref
+from walstream.records import ReadResult, Record, SequencedRecord, parse_stream_ref
 
 if TYPE_CHECKING:
-    from .client import Stream
+    from walstream.engine.node import Stream
 
 __all__ = ["ProgressBar", "build_parser", "main", "progress_bar"]
 
@@ -209,15 +208,14 @@ async def _open_client(config: str | None, *, writes: bool = True) -> AsyncItera
     """The node of ``config`` for one command, never taking it over from a live process.
 
     No live process runs the node: ``walstream.open(config)`` as always (recovering the node),
-    holding the node lock (:mod:`walstream.live`) so that no server starts on it meanwhile.
+    holding the node lock (:mod:`walstream.server.live`) so that no server starts on it meanwhile.
     A live ``walstream serve`` runs it: a :class:`_LiveNodeClient` that sends writes to the
     server's HTTP API and asks it for what is not committed yet; when the server cannot be reached (or the live
     process is not a server), reads show the committed records only (with a warning on stderr)
-    and writes raise :class:`~walstream.live.NodeBusy` naming the running process.
+    and writes raise :class:`~walstream.server.live.NodeBusy` naming the running process.
     """
     import walstream
-
-    from . import live
+    from walstream.server import live
 
     deployment = _load_deployment(config)
     path = live.lock_path(deployment)
@@ -254,8 +252,8 @@ def _command_name() -> str:
 async def _holding_node(config: str | None) -> AsyncIterator[None]:
     """Hold the node lock of ``config`` for a command that runs the node itself and has no
     way through a server (``recover``, ``demo``, ``bench``): raises
-    :class:`~walstream.live.NodeBusy` (exit 2) naming the live process that runs the node."""
-    from . import live
+    :class:`~walstream.server.live.NodeBusy` (exit 2) naming the live process that runs the node."""
+    from walstream.server import live
 
     deployment = _load_deployment(config)
     path = live.lock_path(deployment)
@@ -387,7 +385,7 @@ async def _in_daemon_thread(work: Callable[[], Any]) -> Any:
 
 def _remote_error(status: int, payload: bytes, url: str) -> WalstreamError:
     """The typed error of a server's JSON error answer (fields as in walstream.server)."""
-    from . import errors
+    from walstream import errors
 
     try:
         body = json.loads(payload)
@@ -455,8 +453,8 @@ class _LiveNodeClient:
     async def open(
         cls, config: str | None, deployment: Any, holder: Any, *, writes: bool
     ) -> AsyncIterator[_LiveNodeClient]:
-        from . import live
-        from .reader import ObjectReader
+        from walstream.engine.object_reader import ObjectReader
+        from walstream.server import live
 
         remote = None
         reason = holder.describe()
@@ -504,7 +502,7 @@ class _LiveNodeClient:
 
     def _remote(self) -> _RemoteNode:
         if self.remote is None:  # refused in open(); a read-only command never gets here
-            from . import live
+            from walstream.server import live
 
             raise live.NodeBusy(self.holder.describe(), self.holder)
         return self.remote
@@ -961,8 +959,7 @@ async def cmd_recover(args: argparse.Namespace) -> int:
 
 async def _recover(args: argparse.Namespace) -> int:
     import walstream
-
-    from .recovery import RecoveryRefused
+    from walstream.engine.recovery import RecoveryRefused
 
     try:
         client = await walstream.open(args.config, accept_loss=args.accept_loss)
@@ -1068,7 +1065,7 @@ def _jsonable(value: Any) -> Any:
 
 
 async def cmd_inspect_object(args: argparse.Namespace) -> int:
-    from . import object_format
+    from walstream.format import object as object_format
 
     path = Path(args.object)
     if path.is_file():
@@ -1241,7 +1238,7 @@ def cmd_conformance(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 async def cmd_demo(args: argparse.Namespace) -> int:
-    from . import demo
+    from walstream.cli import demo
 
     async with _holding_node(args.config):
         return await demo.run_demo(
@@ -1260,7 +1257,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 async def cmd_serve(args: argparse.Namespace) -> int:
     # aiohttp stays out of the import path of every other command.
     try:
-        from . import server
+        from walstream.server import app as server
     except ModuleNotFoundError as missing:
         if (missing.name or "").partition(".")[0] != "aiohttp":
             raise
@@ -1288,7 +1285,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
 
 
 async def cmd_bench(args: argparse.Namespace) -> int:
-    from . import bench
+    from walstream.cli import bench
 
     async with _holding_node(args.config):
         report = await bench.run_bench(
@@ -1307,7 +1304,7 @@ async def cmd_bench(args: argparse.Namespace) -> int:
 
 def _size(text: str) -> int:
     """An argparse type for sizes such as 16MiB."""
-    from .config import parse_size
+    from walstream.config.options import parse_size
 
     try:
         value = parse_size(text.strip())
@@ -1531,7 +1528,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[_common_options(suppress_defaults=False)],
     )
-    from . import __version__
+    from walstream import __version__
 
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

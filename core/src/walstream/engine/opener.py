@@ -13,11 +13,11 @@ from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .client import Client
-from .clock import Clock
-from .config import EngineConfig, RecoveryConfig
-from .errors import ConfigError
-from .hooks import EngineHooks
+from walstream.clock import Clock
+from walstream.config.engine import EngineConfig, RecoveryConfig
+from walstream.engine.events import EngineHooks
+from walstream.engine.node import Client
+from walstream.errors import ConfigError
 
 __all__ = ["OpenClient", "open"]
 

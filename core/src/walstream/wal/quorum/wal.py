@@ -125,8 +125,8 @@ from typing import Any, Protocol, TypeVar
 
 import crc32c
 
-from .clock import Clock
-from .errors import (
+from walstream.clock import Clock
+from walstream.errors import (
     AmbiguousError,
     BackendUnavailable,
     ConfigError,
@@ -138,16 +138,9 @@ from .errors import (
     PreconditionFailed,
     WalstreamError,
 )
-from .records import DEPLOYMENT_ID_BYTES
-from .wal import (
-    GroupCommitWal,
-    PreparedGroup,
-    WalCapabilities,
-    WalDamage,
-    WalMode,
-    WalOffset,
-    WalRecord,
-)
+from walstream.records import DEPLOYMENT_ID_BYTES
+from walstream.wal.contract import WalCapabilities, WalDamage, WalMode, WalOffset, WalRecord
+from walstream.wal.group_commit import GroupCommitWal, PreparedGroup
 
 __all__ = [
     "MAX_SEALS",

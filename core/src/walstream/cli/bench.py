@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidArgument
-from .records import Record
+from walstream.errors import InvalidArgument
+from walstream.records import Record
 
 __all__ = ["BenchReport", "PhaseResult", "run_bench"]
 
@@ -133,7 +133,7 @@ class BenchReport:
         }
 
     def table(self) -> str:
-        from .cli import _table
+        from walstream.cli.commands import _table
 
         def number(value: float, digits: int = 1) -> str:
             return "-" if math.isnan(value) else f"{value:,.{digits}f}"
@@ -283,8 +283,7 @@ async def run_bench(
 ) -> BenchReport:
     """Run the benchmark on the deployment ``config``; print the table; return the report."""
     import walstream
-
-    from .cli import progress_bar
+    from walstream.cli.commands import progress_bar
 
     if value_bytes < _SEQUENCE.size:
         raise InvalidArgument(f"value_bytes must be at least {_SEQUENCE.size}")

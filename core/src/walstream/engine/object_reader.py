@@ -20,19 +20,20 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from .cache import BlockCache
-from .errors import CorruptionError, DataLossError, IdentityMismatch, NotFound
-from .hooks import EngineHooks, NullHooks
-from .metadata import MetadataStore, ObjectInfo
-from .object_format import (
+from walstream.engine.cache import BlockCache
+from walstream.engine.events import EngineHooks, NullHooks
+from walstream.errors import CorruptionError, DataLossError, IdentityMismatch, NotFound
+from walstream.format.batch import record_size
+from walstream.format.object import (
     IndexEntry,
     ObjectIdentity,
     ObjectIndex,
     decode_block_records,
     read_index,
 )
-from .objects import ObjectStore
-from .records import SequencedRecord, record_size
+from walstream.metadata.contract import MetadataStore, ObjectInfo
+from walstream.objects.contract import ObjectStore
+from walstream.records import SequencedRecord
 
 __all__ = ["ObjectReader", "read_committed"]
 

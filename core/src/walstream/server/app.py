@@ -29,7 +29,7 @@ Routes (bytes travel as standard base64 in JSON)::
     POST   /v1/streams/{name}/fencing-token {"token": "t" | null}: later appends must carry it
 
 ``{name}`` is a stream name; ``%23N`` (``#N``) or ``N`` (digits) selects a stream by id (the
-stream-name rule of :mod:`walstream.validation` keeps the two apart). A JSON append body is::
+stream-name rule of :mod:`walstream.records` keeps the two apart). A JSON append body is::
 
     {"records": [{"value": "<b64>" | "value_text": "utf-8 text", "key": "<b64>",
                   "headers": {"name": "<b64>"} | [["name", "<b64>"], ...],
@@ -74,8 +74,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from . import live
-from .errors import (
+from walstream.errors import (
     AmbiguousError,
     BackendUnavailable,
     CapacityError,
@@ -93,10 +92,13 @@ from .errors import (
     Throttled,
     WalstreamError,
 )
-from .records import MAX_HEADER_COUNT, MAX_HEADER_NAME_BYTES, Record, SequencedRecord
-from .validation import (
+from walstream.records import (
+    MAX_HEADER_COUNT,
+    MAX_HEADER_NAME_BYTES,
     MAX_I64,
     MIN_I64,
+    Record,
+    SequencedRecord,
     check_int,
     check_optional_text,
     check_stream_name,
@@ -105,9 +107,10 @@ from .validation import (
     parse_int_text,
     parse_stream_ref,
 )
+from walstream.server import live
 
 if TYPE_CHECKING:
-    from .client import Client, Stream
+    from walstream.engine.node import Client, Stream
 
 __all__ = [
     "DEFAULT_BODY_TIMEOUT_S",
@@ -411,7 +414,7 @@ async def _json_body(request: web.Request, timeout_s: float) -> Any:
 
 def _stream_ref(request: web.Request) -> str | int:
     """The stream of ``{name}``: ``#N`` or ``N`` (digits) is the stream with id N, anything
-    else a name (:func:`walstream.validation.parse_stream_ref`)."""
+    else a name (:func:`walstream.records.parse_stream_ref`)."""
     return parse_stream_ref(request.match_info["name"])
 
 
@@ -1096,9 +1099,9 @@ async def serve(
     ``listen``, ``token`` and ``limits`` override the deployment's ``server`` section (port 0:
     any free port, see :attr:`RunningServer.port`).
 
-    While serving, the process holds the node lock of the deployment (:mod:`walstream.live`)
+    While serving, the process holds the node lock of the deployment (:mod:`walstream.server.live`)
     with its URL in it, so `walstream` commands on the same deployment use this server instead
-    of taking the node over. Raises :class:`~walstream.live.NodeBusy` (a ConfigError) naming
+    of taking the node over. Raises :class:`~walstream.server.live.NodeBusy` (a ConfigError) naming
     the running process when another live process already runs the node.
     """
     import walstream_plugins

@@ -1,0 +1,1 @@
+"""On-disk formats, pure: bytes in, values out, no I/O (``batch``, ``object``)."""

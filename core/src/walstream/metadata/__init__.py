@@ -1,0 +1,31 @@
+"""Metadata: the contract (``contract``), the pure rules every store runs, and the reference
+stores (``memory``, ``sqlite``).
+"""
+
+from walstream.metadata.contract import (
+    DataLossGap,
+    MetadataStore,
+    NodeInfo,
+    NodeState,
+    ObjectCommit,
+    ObjectInfo,
+    ObjectKind,
+    ObjectState,
+    StreamInfo,
+    StreamRange,
+    StreamState,
+)
+
+__all__ = [
+    "DataLossGap",
+    "MetadataStore",
+    "NodeInfo",
+    "NodeState",
+    "ObjectCommit",
+    "ObjectInfo",
+    "ObjectKind",
+    "ObjectState",
+    "StreamInfo",
+    "StreamRange",
+    "StreamState",
+]

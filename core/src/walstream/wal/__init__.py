@@ -1,0 +1,31 @@
+"""The write-ahead log: the contract (``contract``), the shared group-commit machinery
+(``group_commit``), the reference in-memory WAL (``memory``) and the quorum protocol (``quorum``).
+
+A third-party WAL imports what it needs from here: ``from walstream.wal import GroupCommitWal``.
+"""
+
+from walstream.records import DEPLOYMENT_ID_BYTES
+from walstream.wal.contract import (
+    WalCapabilities,
+    WalDamage,
+    WalMode,
+    WalOffset,
+    WalRecord,
+    WriteAheadLog,
+)
+from walstream.wal.group_commit import (
+    GroupCommitWal,
+    PreparedGroup,
+)
+
+__all__ = [
+    "DEPLOYMENT_ID_BYTES",
+    "GroupCommitWal",
+    "PreparedGroup",
+    "WalCapabilities",
+    "WalDamage",
+    "WalMode",
+    "WalOffset",
+    "WalRecord",
+    "WriteAheadLog",
+]

@@ -1,0 +1,1 @@
+"""The quorum WAL protocol, written once in core and used by every quorum plugin."""
