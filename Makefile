@@ -28,9 +28,14 @@ $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 run: install
 	$(VENV)/bin/walstream demo
 
+# ruff on every dist; mypy --strict on core and on every dist's src/; import-linter checks the
+# dependency rules of the root pyproject.toml ([tool.importlinter]).
 lint: install
 	$(VENV)/bin/ruff check core plugins $(filter-out core/ plugins/,$(DISTS))
 	$(VENV)/bin/mypy core/src/walstream
+	@set -e; for d in $(filter-out core,$(patsubst %/,%,$(DISTS))); do \
+	  echo "mypy --strict $$d/src"; $(VENV)/bin/mypy --strict $$d/src; done
+	$(VENV)/bin/lint-imports
 
 test: install lint
 	$(VENV)/bin/pytest -q -ra
