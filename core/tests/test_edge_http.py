@@ -24,7 +24,8 @@ import pytest
 import yarl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from walstream.server.app import RunningServer, ServerLimits, serve
+from walstream.server.limits import ServerLimits
+from walstream.server.serve import RunningServer, serve
 
 TOKEN = "edge-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -575,7 +576,7 @@ MEMORY = {
 def test_server_options_come_from_the_yaml_server_section(tmp_path: Path) -> None:
     import walstream_plugins
     from walstream.errors import ConfigError
-    from walstream.server.app import limits_from_section
+    from walstream.server.limits import limits_from_section
 
     deployment = walstream_plugins.load_deployment(
         {

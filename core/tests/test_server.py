@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 import walstream
 from prometheus_client.parser import text_string_to_metric_families
-from walstream.server.app import RunningServer, serve
+from walstream.server.serve import RunningServer, serve
 
 WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
 TOKEN = "s3cret-token"
@@ -722,10 +722,10 @@ async def test_bench_prints_its_table_and_writes_json(deployment: Path, tmp_path
 
 def test_data_loss_is_410_with_the_lost_range() -> None:
     from walstream.errors import DataLossError
-    from walstream.server.app import _error_json, error_status
+    from walstream.server.codec import error_json, error_status
 
     error = DataLossError("offsets [10, 20) of stream 3 were lost", 3, 10, 20)
     assert error_status(error) == 410
-    body = _error_json(error)
+    body = error_json(error)
     assert body["error"] == "DataLossError"
     assert (body["stream_id"], body["start_offset"], body["end_offset"]) == (3, 10, 20)

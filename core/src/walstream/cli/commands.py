@@ -1257,7 +1257,7 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 async def cmd_serve(args: argparse.Namespace) -> int:
     # aiohttp stays out of the import path of every other command.
     try:
-        from walstream.server import app as server
+        from walstream.server import serve as server
     except ModuleNotFoundError as missing:
         if (missing.name or "").partition(".")[0] != "aiohttp":
             raise

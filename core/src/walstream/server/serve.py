@@ -1,0 +1,221 @@
+"""Running one node as an HTTP server: :func:`serve` opens the node of a deployment under its
+node lock (:mod:`walstream.server.live`) and listens behind the connection guard of
+:mod:`walstream.server.limits`; :func:`run_until_signalled` is ``walstream serve``.
+
+Shutdown (SIGTERM or SIGINT): stop accepting connections, answer waiting long polls with what
+they have, then close the client, which uploads and commits everything acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from walstream.errors import ConfigError
+from walstream.server import live
+from walstream.server.app import begin_shutdown, make_app
+from walstream.server.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_WAIT_S,
+    ConnectionGuard,
+    ServerLimits,
+    limits_from_section,
+)
+
+if TYPE_CHECKING:
+    from walstream.engine.node import Client
+
+__all__ = [
+    "DEFAULT_LISTEN",
+    "RunningServer",
+    "parse_listen",
+    "run_until_signalled",
+    "serve",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LISTEN = "127.0.0.1:7400"
+#: How long shutdown waits for requests still running after long polls were answered.
+SHUTDOWN_GRACE_S = 10.0
+TOKEN_ENVIRONMENT_VARIABLE = "WALSTREAM_TOKEN"
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``host:port`` (``[::1]:7400`` for IPv6) → (host, port); port 0 picks a free one."""
+    host, separator, port = listen.rpartition(":")
+    host = host.strip("[]")
+    if not separator or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(
+            f"listen: expected host:port such as 127.0.0.1:7400 or [::1]:7400, got {listen!r}"
+        )
+    return host, int(port)
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    """A node serving HTTP (yielded by :func:`serve`)."""
+
+    client: Client
+    host: str
+    port: int
+    token: str | None
+    app: web.Application
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    guard: ConnectionGuard | None = None
+    """Counts of the listener: ``open``, ``refused`` and ``timed_out`` connections."""
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+def _choose_token(
+    explicit: str | None, configured: str | None, environ: Mapping[str, str]
+) -> str | None:
+    """``--token`` wins, then ``WALSTREAM_TOKEN``, then ``server.token``; empty means none."""
+    for candidate in (explicit, environ.get(TOKEN_ENVIRONMENT_VARIABLE), configured):
+        if candidate:
+            return candidate
+    return None
+
+
+@asynccontextmanager
+async def serve(
+    config: Any = None,
+    *,
+    listen: str | None = None,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_wait_s: float = DEFAULT_MAX_WAIT_S,
+    limits: ServerLimits | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> AsyncIterator[RunningServer]:
+    """Open the node of ``config`` (a deployment YAML path, mapping, Deployment, or None for
+    the embedded default) and serve it over HTTP until the context exits; then stop accepting,
+    answer long polls, and close the client (which uploads everything acknowledged).
+
+    ``listen``, ``token`` and ``limits`` override the deployment's ``server`` section (port 0:
+    any free port, see :attr:`RunningServer.port`).
+
+    While serving, the process holds the node lock of the deployment (:mod:`walstream.server.live`)
+    with its URL in it, so `walstream` commands on the same deployment use this server instead
+    of taking the node over. Raises :class:`~walstream.server.live.NodeBusy` (a ConfigError) naming
+    the running process when another live process already runs the node.
+    """
+    import walstream_plugins
+
+    import walstream
+
+    deployment = walstream_plugins.load_deployment(config)
+    server_section = deployment.sections["server"]
+    host, port = parse_listen(listen or server_section["listen"] or DEFAULT_LISTEN)
+    chosen_limits = limits or limits_from_section(server_section)
+    chosen_token = _choose_token(
+        token, server_section.get("token"), os.environ if environ is None else environ
+    )
+    if chosen_token is None and host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning(
+            "serving %s:%d without a token: anyone who reaches it can write and "
+            "delete streams (set server.token or WALSTREAM_TOKEN)",
+            host,
+            port,
+        )
+    plugin_manager = walstream_plugins.make_plugin_manager(
+        load_entrypoints=True, disabled=deployment.disabled_hooks
+    )
+    metrics = walstream_plugins.get_metrics(plugin_manager)
+    hooks = walstream_plugins.PluggyHooks(plugin_manager)
+    # The node lock is taken before the node is opened: a second server of the same node must
+    # refuse before it registers a new epoch and fences the running one (NodeBusy, exit 2).
+    path = live.lock_path(deployment)
+    node_lock = (
+        None if path is None else live.NodeLock.acquire(path, deployment.node_id, "walstream serve")
+    )
+    try:
+        client = await walstream.open(deployment, hooks=hooks)
+    except BaseException:
+        if node_lock is not None:
+            node_lock.release()
+        raise
+    runner: web.AppRunner | None = None
+    listener: asyncio.Server | None = None
+    try:
+        app = make_app(
+            client,
+            token=chosen_token,
+            render_metrics=None if metrics is None else metrics.render_prometheus,
+            max_body_bytes=max_body_bytes,
+            max_wait_s=max_wait_s,
+            limits=chosen_limits,
+        )
+        runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_GRACE_S)
+        await runner.setup()
+        assert runner.server is not None
+        guard = ConnectionGuard(runner.server, chosen_limits)
+        listener = await asyncio.get_running_loop().create_server(guard, host, port)
+        bound_port = int(listener.sockets[0].getsockname()[1])
+        running = RunningServer(client, host, bound_port, chosen_token, app, chosen_limits, guard)
+        if node_lock is not None:
+            # Where `walstream` commands on this deployment send their writes and live reads.
+            node_lock.record(node_id=deployment.node_id, command="walstream serve", url=running.url)
+        yield running
+    finally:
+        try:
+            if listener is not None:
+                listener.close()  # stop accepting; open connections are shut down below
+            if runner is not None:
+                begin_shutdown(runner.app)
+                await runner.cleanup()
+        finally:
+            try:
+                await client.close()
+            finally:
+                if node_lock is not None:
+                    node_lock.release()
+
+
+async def run_until_signalled(
+    config: Any = None,
+    *,
+    listen: str | None = None,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_wait_s: float = DEFAULT_MAX_WAIT_S,
+    announce: Callable[[RunningServer], None] | None = None,
+) -> None:
+    """``walstream serve``: serve until SIGTERM or SIGINT, then shut down gracefully."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for signal_number in signals:
+        loop.add_signal_handler(signal_number, stop.set)
+    try:
+        async with serve(
+            config,
+            listen=listen,
+            token=token,
+            max_body_bytes=max_body_bytes,
+            max_wait_s=max_wait_s,
+        ) as server:
+            if announce is not None:
+                announce(server)
+            await stop.wait()
+            print(
+                "walstream serve: stopping (closing the node uploads everything acknowledged)",
+                file=sys.stderr,
+                flush=True,
+            )
+    finally:
+        for signal_number in signals:
+            loop.remove_signal_handler(signal_number)
