@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from walstream.clock import Clock
 from walstream.config.engine import CompactionConfig
-from walstream.engine.events import EngineHooks
+from walstream.engine.events import Compacted, EngineHooks
 from walstream.engine.upload import publish_object
 from walstream.errors import IdentityMismatch, PreconditionFailed, WalstreamError
 from walstream.format.object import (
@@ -217,7 +217,7 @@ class Compactor:
             await self._objects.delete(written_keys)
             raise
         size = sum(commit.size for commit in new_commits)
-        self._hooks.compacted(sorted(sources), [c.object_id for c in new_commits], size)
+        self._hooks.emit(Compacted(sorted(sources), [c.object_id for c in new_commits], size))
         log.info(
             "compacted %d objects into %d stream objects (%d bytes)",
             len(sources),

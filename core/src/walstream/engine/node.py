@@ -21,7 +21,13 @@ from walstream.clock import Clock, SystemClock
 from walstream.config.engine import EngineConfig
 from walstream.engine.cache import CachedBatch, LogCache
 from walstream.engine.compaction import Compactor
-from walstream.engine.events import EngineHooks, NullHooks
+from walstream.engine.events import (
+    EngineHooks,
+    NullHooks,
+    ReadServed,
+    Recovered,
+    WalAppended,
+)
 from walstream.engine.object_reader import ObjectReader
 from walstream.engine.recovery import (
     ACCEPT_LOSS_COMMAND,
@@ -290,8 +296,8 @@ class Client:
             raise refused
         await self.wal.reset()
         self._uploader.trim_wal = True
-        self.hooks.recovered(
-            self.node_id, stats.records, stats.batches, stats.dropped_batches, False
+        self.hooks.emit(
+            Recovered(self.node_id, stats.records, stats.batches, stats.dropped_batches, False)
         )
         if stats.batches:
             log.info(
@@ -595,12 +601,14 @@ class Client:
         batch.block.settle_one()
         state.acked_tail = max(state.acked_tail, batch.end_offset)
         state.notify()
-        self.hooks.wal_appended(
-            self.node_id,
-            state.info.stream_id,
-            count,
-            len(batch.data),
-            self.clock.monotonic() - started,
+        self.hooks.emit(
+            WalAppended(
+                self.node_id,
+                state.info.stream_id,
+                count,
+                len(batch.data),
+                self.clock.monotonic() - started,
+            )
         )
 
     async def _wait_for_space(self, size: int) -> None:
@@ -755,7 +763,7 @@ class Client:
                     if len(records) >= limit_records or size >= limit_bytes:
                         break
                 if served:
-                    self.hooks.read_served(stream_id, served, size, "log_cache")
+                    self.hooks.emit(ReadServed(stream_id, served, size, "log_cache"))
                     continue
             first_cached = self._cache.first_offset(stream_id)
             end = (

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from walstream.engine.cache import BlockCache
-from walstream.engine.events import EngineHooks, NullHooks
+from walstream.engine.events import EngineHooks, NullHooks, ReadServed
 from walstream.errors import CorruptionError, DataLossError, IdentityMismatch, NotFound
 from walstream.format.batch import record_size
 from walstream.format.object import (
@@ -157,7 +157,7 @@ class ObjectReader:
                 break
         if records:
             self._sequential[stream_id] = _Sequential(records[-1].offset + 1, window[0])
-            self._hooks.read_served(stream_id, len(records), size, "object")
+            self._hooks.emit(ReadServed(stream_id, len(records), size, "object"))
         return records
 
     async def _raise_if_lost(self, stream_id: int, position: int) -> None:

@@ -47,7 +47,7 @@ from typing import Any
 from walstream.clock import Clock
 from walstream.config.engine import EngineConfig
 from walstream.engine.cache import LogCache
-from walstream.engine.events import EngineHooks
+from walstream.engine.events import EngineHooks, Recovered
 from walstream.engine.upload import Uploader
 from walstream.errors import CorruptionError
 from walstream.format.batch import BATCH_HEADER, decode_batch
@@ -444,5 +444,5 @@ async def failover_node(
     await wal.close()
     await metadata.set_node_state(dead_node_id, node.node_epoch, NodeState.FAILED_OVER)
     await metadata.release_streams(dead_node_id, node.node_epoch)
-    hooks.recovered(dead_node_id, stats.records, stats.batches, stats.dropped_batches, True)
+    hooks.emit(Recovered(dead_node_id, stats.records, stats.batches, stats.dropped_batches, True))
     return stats

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from walstream.clock import Clock
 from walstream.config.engine import UploadConfig
 from walstream.engine.cache import CachedBatch, LogBlock, LogCache
-from walstream.engine.events import EngineHooks
+from walstream.engine.events import EngineHooks, ObjectCommitted, ObjectUploaded
 from walstream.errors import (
     AmbiguousError,
     BackendUnavailable,
@@ -298,11 +298,13 @@ class Uploader:
             if wal_offset >= 0 and self.trim_wal:
                 await self._wal.trim(wal_offset)
             self._cache.mark_committed(block)
-            self._hooks.object_committed(
-                self.node_id,
-                [commit.object_id for commit in commits],
-                sum(commit.size for commit in commits),
-                wal_offset,
+            self._hooks.emit(
+                ObjectCommitted(
+                    self.node_id,
+                    [commit.object_id for commit in commits],
+                    sum(commit.size for commit in commits),
+                    wal_offset,
+                )
             )
             done.set_result(None)
         except BaseException as exc:
@@ -379,7 +381,9 @@ class Uploader:
         )
         self.objects_written += 1
         self.bytes_written += len(built.data)
-        self._hooks.object_uploaded(self.node_id, object_id, key, len(built.data), plan.kind.value)
+        self._hooks.emit(
+            ObjectUploaded(self.node_id, object_id, key, len(built.data), plan.kind.value)
+        )
         ranges = tuple(
             StreamRange(
                 stream_id=stream[0].stream_id,
