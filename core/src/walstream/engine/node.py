@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from walstream.clock import Clock, SystemClock
+from walstream.clock import Clock, Rng, SystemClock, make_rng
 from walstream.config.engine import EngineConfig
 from walstream.engine.cache import CachedBatch, LogCache
 from walstream.engine.compaction import Compactor
@@ -201,7 +200,7 @@ class Client:
         config: EngineConfig | None = None,
         hooks: EngineHooks | None = None,
         clock: Clock | None = None,
-        rng: random.Random | None = None,
+        rng: Rng | None = None,
     ) -> None:
         self.wal = wal
         self.objects = objects
@@ -209,7 +208,7 @@ class Client:
         self.config = config or EngineConfig()
         self.hooks: EngineHooks = hooks or NullHooks()
         self.clock: Clock = clock or SystemClock()
-        self._rng = rng or random.Random()
+        self._rng = rng or make_rng(None)
         self.node_id = self.config.node_id
         self.node_epoch = -1
         self.deployment_id = b""
@@ -574,10 +573,7 @@ class Client:
         while state.acked_tail < state.next_offset:
             self._raise_if_failed()
             changed = state.changed
-            try:
-                await asyncio.wait_for(changed.wait(), 1.0)
-            except TimeoutError:
-                pass
+            await self.clock.wait(changed, 1.0)
 
     def _on_wal_done(
         self,
@@ -628,10 +624,7 @@ class Client:
                     "may be slow or down — retry later or raise cache.log_cache_bytes"
                 )
             cache.space_freed.clear()
-            try:
-                await asyncio.wait_for(cache.space_freed.wait(), min(remaining, 1.0))
-            except TimeoutError:
-                pass
+            await self.clock.wait(cache.space_freed, min(remaining, 1.0))
 
     async def _trim(self, state: _StreamState, new_start: int) -> None:
         self._check_writable(state)
@@ -721,10 +714,7 @@ class Client:
                 return ReadResult([], state.acked_tail)
             changed = state.changed
             timeout = remaining if state.claimed else min(remaining, _REMOTE_POLL_S)
-            try:
-                await asyncio.wait_for(changed.wait(), timeout)
-            except TimeoutError:
-                pass
+            await self.clock.wait(changed, timeout)
             await self._refresh_remote(state)
         records = await self._collect(state, start, limit_records, limit_bytes)
         if records and records[0].offset < state.start_offset:
@@ -791,7 +781,7 @@ class Client:
                         f"stream {stream_id}: offset {position} is neither cached nor committed; "
                         "metadata and object store disagree"
                     )
-                await asyncio.sleep(0.01)
+                await self.clock.sleep(0.01)
                 continue
             for record in found:
                 records.append(record)

@@ -40,11 +40,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from walstream.clock import Clock
+from walstream.clock import Clock, Rng
 from walstream.config.engine import EngineConfig
 from walstream.engine.cache import LogCache
 from walstream.engine.events import EngineHooks, Recovered
@@ -382,7 +381,7 @@ async def failover_node(
     config: EngineConfig,
     hooks: EngineHooks,
     clock: Clock,
-    rng: random.Random,
+    rng: Rng,
     accept_loss: bool | None = None,
 ) -> RecoveryStats:
     """Take over ``dead_node_id``'s WAL: fence it, upload what it acknowledged, release it.
