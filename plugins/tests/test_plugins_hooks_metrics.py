@@ -399,6 +399,18 @@ def test_prometheus_text_parses_and_carries_the_counts() -> None:
     assert samples[("walstream_wal_append_latency_seconds_sum", ())] == pytest.approx(0.7344)
 
 
+def test_each_metrics_instance_has_its_own_prometheus_registry() -> None:
+    hooks, metrics = fresh_hooks()
+    drive(hooks)
+    other = Metrics()
+    registry = metrics.registry
+    assert registry.get_sample_value("walstream_wal_appends_total") == 5
+    assert registry.get_sample_value("walstream_reads_total", {"source": "object"}) == 1
+    assert registry.get_sample_value("walstream_wal_append_latency_seconds_count") == 5
+    assert other.registry.get_sample_value("walstream_wal_appends_total") == 0
+    assert "_created" not in metrics.render_prometheus()
+
+
 def test_prometheus_label_values_are_escaped() -> None:
     hooks, metrics = fresh_hooks()
     hooks.emit(ReadServed(1, 1, 1, 'odd "source"\\\nname'))
