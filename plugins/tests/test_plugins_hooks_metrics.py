@@ -10,12 +10,13 @@ import logging
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from walstream.engine.events import (
     EVENT_TYPES,
     Compacted,
+    EngineEvent,
     EngineHooks,
     ObjectCommitted,
     ObjectUploaded,
@@ -153,6 +154,19 @@ def test_every_event_reaches_its_hook_with_every_argument() -> None:
         HOOK_PREFIX + event.name: dataclasses.asdict(event) for event in samples
     }
     assert hooks.errors == 0
+
+
+def test_an_event_without_a_hook_specification_is_ignored() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class FromANewerEngine(EngineEvent):
+        name: ClassVar[str] = "something_new"
+        node_id: int
+
+    hooks, metrics = fresh_hooks()
+    hooks.emit(FromANewerEngine(1))
+    hooks.emit(WalAppended(1, 1, 1, 10, 0.001))
+    assert hooks.errors == 0
+    assert metrics.appends == 1
 
 
 def test_pluggy_hooks_satisfies_the_engine_protocol() -> None:

@@ -161,7 +161,11 @@ class PluggyHooks:
         self._notify(HOOK_PREFIX + event.name, arguments)
 
     def _notify(self, hook_name: str, arguments: dict[str, Any]) -> None:
-        caller = getattr(self.plugin_manager.hook, hook_name)
+        caller = getattr(self.plugin_manager.hook, hook_name, None)
+        if caller is None:
+            # An event of a newer core that this host has no specification for: nobody can
+            # implement its hook yet, and the engine must not see an error for it.
+            return
         implementations = caller.get_hookimpls()
         if any(impl.wrapper or impl.hookwrapper for impl in implementations):
             # Wrappers need pluggy's own call loop; isolation is then per call, not per impl.
