@@ -18,7 +18,7 @@ import pytest
 from walstream import Client, EngineConfig, FencedError, Record
 from walstream.cli.commands import main
 from walstream.config import CompactionConfig, RecoveryConfig, UploadConfig
-from walstream.engine.object_reader import read_committed
+from walstream.engine.read import read_committed
 from walstream.engine.recovery import RecoveryRefused, max_records_in
 from walstream.errors import CorruptionError, DataLossError
 from walstream.metadata import MetadataStore, NodeState

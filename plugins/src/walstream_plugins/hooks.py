@@ -1,6 +1,11 @@
 """Lifecycle hooks with pluggy: the hook specifications, the plugin manager that discovers
-extensions in the ``walstream.hooks`` entry-point group, and :class:`PluggyHooks`, the adapter
-the engine calls (it implements :class:`walstream.hooks.EngineHooks`).
+extensions in the ``walstream.hooks`` entry-point group, and :class:`PluggyHooks`, the one
+forwarder the engine emits its events to (it implements
+:class:`walstream.engine.events.EngineHooks`).
+
+An engine event is a dataclass of :mod:`walstream.engine.events`; its hook is
+``walstream_<event.name>`` and the hook's arguments are the event's fields (a test checks that
+the specifications below and the event dataclasses agree).
 
 Rules kept here:
 
@@ -15,13 +20,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import fields
 from typing import Any
 
 import pluggy
 from stevedore.named import NamedExtensionManager
+from walstream.engine.events import EngineEvent
 
 __all__ = [
     "HOOKS_GROUP",
+    "HOOK_PREFIX",
     "PROJECT_NAME",
     "PluggyHooks",
     "WalstreamHookSpecs",
@@ -35,6 +43,8 @@ log = logging.getLogger(__name__)
 
 PROJECT_NAME = "walstream"
 HOOKS_GROUP = "walstream.hooks"
+#: The hook of an engine event is ``HOOK_PREFIX + event.name``.
+HOOK_PREFIX = "walstream_"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -107,7 +117,10 @@ def make_plugin_manager(
     def skip_broken(_manager: Any, entry_point: Any, error: BaseException) -> None:
         log.warning(
             "hook extension %r (%s) could not be loaded and is skipped: %s: %s",
-            entry_point.name, entry_point.value, type(error).__name__, error,
+            entry_point.name,
+            entry_point.value,
+            type(error).__name__,
+            error,
         )
 
     wanted = sorted(set(installed_hook_names()) - disabled_names)
@@ -125,13 +138,15 @@ def make_plugin_manager(
         except Exception as error:
             log.warning(
                 "hook extension %r could not be registered and is skipped: %s: %s",
-                extension.name, type(error).__name__, error,
+                extension.name,
+                type(error).__name__,
+                error,
             )
     return manager
 
 
 class PluggyHooks:
-    """The engine's :class:`walstream.hooks.EngineHooks`, forwarding each event to the
+    """The engine's :class:`walstream.engine.events.EngineHooks`, forwarding each event to the
     ``walstream_*`` hook implementations registered in ``plugin_manager``."""
 
     def __init__(self, plugin_manager: pluggy.PluginManager) -> None:
@@ -140,8 +155,17 @@ class PluggyHooks:
         """How many hook calls raised (each was logged and ignored)."""
         self._reported: set[tuple[str, str]] = set()
 
+    def emit(self, event: EngineEvent) -> None:
+        """Call ``walstream_<event.name>`` with the event's fields as its arguments."""
+        arguments = {field.name: getattr(event, field.name) for field in fields(event)}
+        self._notify(HOOK_PREFIX + event.name, arguments)
+
     def _notify(self, hook_name: str, arguments: dict[str, Any]) -> None:
-        caller = getattr(self.plugin_manager.hook, hook_name)
+        caller = getattr(self.plugin_manager.hook, hook_name, None)
+        if caller is None:
+            # An event of a newer core that this host has no specification for: nobody can
+            # implement its hook yet, and the engine must not see an error for it.
+            return
         implementations = caller.get_hookimpls()
         if any(impl.wrapper or impl.hookwrapper for impl in implementations):
             # Wrappers need pluggy's own call loop; isolation is then per call, not per impl.
@@ -165,83 +189,7 @@ class PluggyHooks:
         self._reported.add((hook_name, plugin_name))
         log.warning(
             "hook %s of %r raised; ignored (further errors of it are logged at debug level)",
-            hook_name, plugin_name, exc_info=True,
-        )
-
-    def wal_appended(
-        self, node_id: int, stream_id: int, records: int, size_bytes: int, latency_s: float
-    ) -> None:
-        self._notify(
-            "walstream_wal_appended",
-            {
-                "node_id": node_id,
-                "stream_id": stream_id,
-                "records": records,
-                "size_bytes": size_bytes,
-                "latency_s": latency_s,
-            },
-        )
-
-    def object_uploaded(
-        self, node_id: int, object_id: int, key: str, size_bytes: int, kind: str
-    ) -> None:
-        self._notify(
-            "walstream_object_uploaded",
-            {
-                "node_id": node_id,
-                "object_id": object_id,
-                "key": key,
-                "size_bytes": size_bytes,
-                "kind": kind,
-            },
-        )
-
-    def object_committed(
-        self, node_id: int, object_ids: Sequence[int], size_bytes: int, wal_offset: int
-    ) -> None:
-        self._notify(
-            "walstream_object_committed",
-            {
-                "node_id": node_id,
-                "object_ids": object_ids,
-                "size_bytes": size_bytes,
-                "wal_offset": wal_offset,
-            },
-        )
-
-    def recovered(
-        self, node_id: int, records: int, batches: int, dropped_batches: int, failover: bool
-    ) -> None:
-        self._notify(
-            "walstream_recovered",
-            {
-                "node_id": node_id,
-                "records": records,
-                "batches": batches,
-                "dropped_batches": dropped_batches,
-                "failover": failover,
-            },
-        )
-
-    def compacted(
-        self, source_object_ids: Sequence[int], new_object_ids: Sequence[int], size_bytes: int
-    ) -> None:
-        self._notify(
-            "walstream_compacted",
-            {
-                "source_object_ids": source_object_ids,
-                "new_object_ids": new_object_ids,
-                "size_bytes": size_bytes,
-            },
-        )
-
-    def read_served(self, stream_id: int, records: int, size_bytes: int, source: str) -> None:
-        self._notify(
-            "walstream_read_served",
-            {
-                "stream_id": stream_id,
-                "records": records,
-                "size_bytes": size_bytes,
-                "source": source,
-            },
+            hook_name,
+            plugin_name,
+            exc_info=True,
         )

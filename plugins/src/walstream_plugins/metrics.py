@@ -1,4 +1,8 @@
-"""Engine metrics, collected through the lifecycle hooks and rendered for Prometheus.
+"""Engine metrics, collected through the lifecycle hooks and exposed with prometheus-client.
+
+:class:`Metrics` counts what the hooks report and is a prometheus-client collector: each instance
+has its own :attr:`Metrics.registry`, and :meth:`Metrics.render_prometheus` is that registry's
+text exposition (what ``GET /metrics`` serves).
 
 The ``walstream.hooks`` entry point ``metrics`` loads the module-level :data:`plugin`, so every
 engine in the process that uses the default plugin manager reports into it; tests and embedders
@@ -11,10 +15,17 @@ import bisect
 import math
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pluggy
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from .hooks import hookimpl
 
@@ -22,56 +33,32 @@ __all__ = ["LATENCY_BUCKETS_S", "Metrics", "get_metrics", "plugin"]
 
 #: Upper bounds (seconds) of the append-latency histogram buckets; +Inf is implied.
 LATENCY_BUCKETS_S: tuple[float, ...] = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 
 _PREFIX = "walstream_"
 
 
-def _format_value(value: float) -> str:
+def _format_bound(value: float) -> str:
+    """A bucket bound as Prometheus users see it in ``le`` (``1``, ``0.0005``, ``+Inf``)."""
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
-    if math.isnan(value):
-        return "NaN"
     if float(value).is_integer() and abs(value) < 2**53:
         return str(int(value))
     return repr(float(value))
-
-
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-class _Exposition:
-    """Builds text exposition format 0.0.4, one metric family at a time."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def family(
-        self,
-        name: str,
-        metric_type: str,
-        help_text: str,
-        samples: Iterable[tuple[str, dict[str, str], float]],
-    ) -> None:
-        full_name = _PREFIX + name
-        self.lines.append(f"# HELP {full_name} {_escape_help(help_text)}")
-        self.lines.append(f"# TYPE {full_name} {metric_type}")
-        for suffix, labels, value in samples:
-            label_text = ""
-            if labels:
-                label_text = "{" + ",".join(
-                    f'{key}="{_escape_label(label)}"' for key, label in labels.items()
-                ) + "}"
-            self.lines.append(f"{full_name}{suffix}{label_text} {_format_value(value)}")
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
 
 
 def _quantile(sorted_values: Sequence[float], fraction: float) -> float:
@@ -101,6 +88,8 @@ class Metrics:
         if latency_window < 1:
             raise ValueError("latency_window must be at least 1")
         self._lock = threading.Lock()
+        self.registry = CollectorRegistry(auto_describe=False)
+        """This instance's prometheus-client registry (it holds this collector only)."""
         self._bucket_bounds = tuple(float(bound) for bound in latency_buckets_s)
         self._bucket_counts = [0] * (len(self._bucket_bounds) + 1)  # the last is +Inf
         self._recent_latencies: deque[float] = deque(maxlen=latency_window)
@@ -125,6 +114,7 @@ class Metrics:
         self.reads: dict[str, int] = {}
         self.read_records: dict[str, int] = {}
         self.read_bytes: dict[str, int] = {}
+        self.registry.register(self)
 
     # -- hook implementations -------------------------------------------------------------
 
@@ -199,7 +189,7 @@ class Metrics:
                 (*self._bucket_bounds, math.inf), self._bucket_counts, strict=True
             ):
                 cumulative += count
-                buckets[_format_value(bound)] = cumulative
+                buckets[_format_bound(bound)] = cumulative
             return {
                 "wal": {
                     "appends": self.appends,
@@ -242,77 +232,151 @@ class Metrics:
             }
 
     def render_prometheus(self) -> str:
-        """All metrics in the Prometheus text exposition format 0.0.4."""
+        """All metrics in the Prometheus text exposition format 0.0.4 (from :attr:`registry`)."""
+        return generate_latest(self.registry).decode("utf-8")
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families, read consistently under the lock (a prometheus-client
+        collector: :attr:`registry` calls it on every scrape)."""
         quantiles = self.latency_quantiles()
-        out = _Exposition()
         with self._lock:
-            out.family("wal_appends_total", "counter", "Batches acknowledged by the WAL.",
-                       [("", {}, self.appends)])
-            out.family("wal_appended_records_total", "counter",
-                       "Records acknowledged by the WAL.", [("", {}, self.appended_records)])
-            out.family("wal_appended_bytes_total", "counter",
-                       "Batch bytes acknowledged by the WAL.", [("", {}, self.appended_bytes)])
-            histogram: list[tuple[str, dict[str, str], float]] = []
+            yield _counter("wal_appends_total", "Batches acknowledged by the WAL.", self.appends)
+            yield _counter(
+                "wal_appended_records_total",
+                "Records acknowledged by the WAL.",
+                self.appended_records,
+            )
+            yield _counter(
+                "wal_appended_bytes_total",
+                "Batch bytes acknowledged by the WAL.",
+                self.appended_bytes,
+            )
             cumulative = 0
+            buckets: list[tuple[str, float]] = []
             for bound, count in zip(
                 (*self._bucket_bounds, math.inf), self._bucket_counts, strict=True
             ):
                 cumulative += count
-                histogram.append(("_bucket", {"le": _format_value(bound)}, cumulative))
-            histogram.append(("_sum", {}, self.append_latency_sum_s))
-            histogram.append(("_count", {}, self.appends))
-            out.family("wal_append_latency_seconds", "histogram",
-                       "Time from append to WAL acknowledgement.", histogram)
-            out.family(
-                "wal_append_latency_recent_seconds", "gauge",
-                "Exact quantiles of the most recent appends' latency.",
-                [("", {"quantile": _format_value(q)}, value)
-                 for q, value in quantiles.items() if not math.isnan(value)],
+                buckets.append((_format_bound(bound), cumulative))
+            yield HistogramMetricFamily(
+                _PREFIX + "wal_append_latency_seconds",
+                "Time from append to WAL acknowledgement.",
+                buckets=buckets,
+                sum_value=self.append_latency_sum_s,
             )
-            out.family("objects_uploaded_total", "counter",
-                       "Objects written to the object store.",
-                       [("", {"kind": kind}, n)
-                        for kind, n in sorted(self.uploaded_objects.items())])
-            out.family("objects_uploaded_bytes_total", "counter",
-                       "Bytes of objects written to the object store.",
-                       [("", {"kind": kind}, n) for kind, n in sorted(self.uploaded_bytes.items())])
-            out.family("object_commits_total", "counter", "Metadata commits of objects.",
-                       [("", {}, self.commits)])
-            out.family("objects_committed_total", "counter", "Objects committed to metadata.",
-                       [("", {}, self.committed_objects)])
-            out.family("objects_committed_bytes_total", "counter",
-                       "Bytes of objects committed to metadata.",
-                       [("", {}, self.committed_bytes)])
-            out.family("wal_committed_offset", "gauge",
-                       "WAL offset trimmed after the last commit, per node.",
-                       [("", {"node": str(node)}, offset)
-                        for node, offset in sorted(self.committed_wal_offset.items())])
-            out.family("recoveries_total", "counter", "Recoveries finished (restart or failover).",
-                       [("", {"failover": "true" if failover else "false"}, n)
-                        for failover, n in sorted(self.recoveries.items())])
-            out.family("recovered_records_total", "counter", "Records recovered from WALs.",
-                       [("", {}, self.recovered_records)])
-            out.family("recovered_batches_total", "counter", "Batches recovered from WALs.",
-                       [("", {}, self.recovered_batches)])
-            out.family("recovery_dropped_batches_total", "counter",
-                       "WAL batches recovery dropped (already committed or of deleted streams).",
-                       [("", {}, self.recovery_dropped_batches)])
-            out.family("compactions_total", "counter", "Compaction runs that replaced objects.",
-                       [("", {}, self.compactions)])
-            out.family("compaction_source_objects_total", "counter",
-                       "Objects replaced by compaction.",
-                       [("", {}, self.compaction_source_objects)])
-            out.family("compaction_new_objects_total", "counter",
-                       "Objects written by compaction.", [("", {}, self.compaction_new_objects)])
-            out.family("compacted_bytes_total", "counter", "Bytes written by compaction.",
-                       [("", {}, self.compacted_bytes)])
-            out.family("reads_total", "counter", "Reads that returned records, by source.",
-                       [("", {"source": s}, n) for s, n in sorted(self.reads.items())])
-            out.family("read_records_total", "counter", "Records returned by reads, by source.",
-                       [("", {"source": s}, n) for s, n in sorted(self.read_records.items())])
-            out.family("read_bytes_total", "counter", "Bytes returned by reads, by source.",
-                       [("", {"source": s}, n) for s, n in sorted(self.read_bytes.items())])
-        return out.text()
+            yield _labelled(
+                GaugeMetricFamily,
+                "wal_append_latency_recent_seconds",
+                "Exact quantiles of the most recent appends' latency.",
+                "quantile",
+                [(_format_bound(q), v) for q, v in quantiles.items() if not math.isnan(v)],
+            )
+            yield _labelled(
+                CounterMetricFamily,
+                "objects_uploaded_total",
+                "Objects written to the object store.",
+                "kind",
+                sorted(self.uploaded_objects.items()),
+            )
+            yield _labelled(
+                CounterMetricFamily,
+                "objects_uploaded_bytes_total",
+                "Bytes of objects written to the object store.",
+                "kind",
+                sorted(self.uploaded_bytes.items()),
+            )
+            yield _counter("object_commits_total", "Metadata commits of objects.", self.commits)
+            yield _counter(
+                "objects_committed_total", "Objects committed to metadata.", self.committed_objects
+            )
+            yield _counter(
+                "objects_committed_bytes_total",
+                "Bytes of objects committed to metadata.",
+                self.committed_bytes,
+            )
+            yield _labelled(
+                GaugeMetricFamily,
+                "wal_committed_offset",
+                "WAL offset trimmed after the last commit, per node.",
+                "node",
+                [(str(node), offset) for node, offset in sorted(self.committed_wal_offset.items())],
+            )
+            yield _labelled(
+                CounterMetricFamily,
+                "recoveries_total",
+                "Recoveries finished (restart or failover).",
+                "failover",
+                [
+                    ("true" if failover else "false", n)
+                    for failover, n in sorted(self.recoveries.items())
+                ],
+            )
+            yield _counter(
+                "recovered_records_total", "Records recovered from WALs.", self.recovered_records
+            )
+            yield _counter(
+                "recovered_batches_total", "Batches recovered from WALs.", self.recovered_batches
+            )
+            yield _counter(
+                "recovery_dropped_batches_total",
+                "WAL batches recovery dropped (already committed or of deleted streams).",
+                self.recovery_dropped_batches,
+            )
+            yield _counter(
+                "compactions_total", "Compaction runs that replaced objects.", self.compactions
+            )
+            yield _counter(
+                "compaction_source_objects_total",
+                "Objects replaced by compaction.",
+                self.compaction_source_objects,
+            )
+            yield _counter(
+                "compaction_new_objects_total",
+                "Objects written by compaction.",
+                self.compaction_new_objects,
+            )
+            yield _counter(
+                "compacted_bytes_total", "Bytes written by compaction.", self.compacted_bytes
+            )
+            yield _labelled(
+                CounterMetricFamily,
+                "reads_total",
+                "Reads that returned records, by source.",
+                "source",
+                sorted(self.reads.items()),
+            )
+            yield _labelled(
+                CounterMetricFamily,
+                "read_records_total",
+                "Records returned by reads, by source.",
+                "source",
+                sorted(self.read_records.items()),
+            )
+            yield _labelled(
+                CounterMetricFamily,
+                "read_bytes_total",
+                "Bytes returned by reads, by source.",
+                "source",
+                sorted(self.read_bytes.items()),
+            )
+
+
+def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(_PREFIX + name, help_text, value=value)
+
+
+def _labelled(
+    family: type[CounterMetricFamily] | type[GaugeMetricFamily],
+    name: str,
+    help_text: str,
+    label: str,
+    samples: Iterable[tuple[str, float]],
+) -> Metric:
+    """A family with one sample per ``(label value, value)``, in the order given."""
+    metric = family(_PREFIX + name, help_text, labels=[label])
+    for label_value, value in samples:
+        metric.add_metric([label_value], value)
+    return metric
 
 
 #: The instance the ``walstream.hooks`` entry point ``metrics`` registers.

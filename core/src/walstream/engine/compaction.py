@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from walstream.clock import Clock
+from walstream.clock import Clock, Rng, make_rng
 from walstream.config.engine import CompactionConfig
-from walstream.engine.events import EngineHooks
+from walstream.engine.events import Compacted, EngineHooks
 from walstream.engine.upload import publish_object
 from walstream.errors import IdentityMismatch, PreconditionFailed, WalstreamError
 from walstream.format.object import (
@@ -75,11 +74,11 @@ class Compactor:
         clock: Clock,
         on_destroyed: Callable[[set[int]], None] | None = None,
         deployment_id: bytes | None = None,
-        rng: random.Random | None = None,
+        rng: Rng | None = None,
     ) -> None:
         self._deployment_id = deployment_id
         """The deployment whose objects this compacts (loaded from metadata when not given)."""
-        self._rng = rng or random.Random()
+        self._rng = rng or make_rng(None)
         self._objects = objects
         self._metadata = metadata
         self._config = config
@@ -106,11 +105,8 @@ class Compactor:
                 log.warning("cannot tell when compaction is due, will retry: %s", exc)
                 delay = self._config.interval_s
             if delay > 0:
-                try:
-                    await asyncio.wait_for(self._stop.wait(), delay)
+                if await self._clock.wait(self._stop, delay):
                     return
-                except TimeoutError:
-                    pass
             try:
                 await self.compact_once()
                 await self.collect_garbage()
@@ -217,7 +213,7 @@ class Compactor:
             await self._objects.delete(written_keys)
             raise
         size = sum(commit.size for commit in new_commits)
-        self._hooks.compacted(sorted(sources), [c.object_id for c in new_commits], size)
+        self._hooks.emit(Compacted(sorted(sources), [c.object_id for c in new_commits], size))
         log.info(
             "compacted %d objects into %d stream objects (%d bytes)",
             len(sources),

@@ -1,74 +1,130 @@
 """Lifecycle events the engine reports (metrics, tests, audit).
 
-The engine calls an :class:`EngineHooks`; the plugin host adapts it to pluggy hook
-implementations (``walstream_wal_appended`` …) discovered from the ``walstream.hooks`` group.
-Hooks are called synchronously on the event loop and must be cheap; an exception in a hook is
-logged and ignored.
+Each event is one frozen dataclass below; the engine hands it to :meth:`EngineHooks.emit`. The
+plugin host forwards an event to the pluggy hook ``walstream_<event.name>`` with the event's
+fields as keyword arguments (``walstream_wal_appended(node_id=…, stream_id=…, …)``), so the
+fields of a dataclass are exactly the arguments of its hook.
+
+``emit`` is called synchronously on the event loop and must be cheap; an exception raised while
+handling an event is logged and ignored by the host (the engine never sees it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
-__all__ = ["EngineHooks", "NullHooks"]
+__all__ = [
+    "EVENT_TYPES",
+    "Compacted",
+    "EngineEvent",
+    "EngineHooks",
+    "NullHooks",
+    "ObjectCommitted",
+    "ObjectUploaded",
+    "ReadServed",
+    "Recovered",
+    "WalAppended",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineEvent:
+    """Base of every engine event; ``name`` is the event's hook name without ``walstream_``."""
+
+    name: ClassVar[str]
+
+
+@dataclass(frozen=True, slots=True)
+class WalAppended(EngineEvent):
+    """A batch became durable in the WAL and was acknowledged after ``latency_s``."""
+
+    name: ClassVar[str] = "wal_appended"
+    node_id: int
+    stream_id: int
+    records: int
+    size_bytes: int
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectUploaded(EngineEvent):
+    """An object was written to the object store (not yet committed); ``kind`` is ``stream`` or
+    ``stream_set``."""
+
+    name: ClassVar[str] = "object_uploaded"
+    node_id: int
+    object_id: int
+    key: str
+    size_bytes: int
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectCommitted(EngineEvent):
+    """Objects were committed to metadata and the WAL trimmed up to ``wal_offset``."""
+
+    name: ClassVar[str] = "object_committed"
+    node_id: int
+    object_ids: Sequence[int]
+    size_bytes: int
+    wal_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered(EngineEvent):
+    """Restart (``failover`` false) or failover recovery of ``node_id``'s WAL finished."""
+
+    name: ClassVar[str] = "recovered"
+    node_id: int
+    records: int
+    batches: int
+    dropped_batches: int
+    failover: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Compacted(EngineEvent):
+    """Compaction replaced ``source_object_ids`` with ``new_object_ids``."""
+
+    name: ClassVar[str] = "compacted"
+    source_object_ids: Sequence[int]
+    new_object_ids: Sequence[int]
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadServed(EngineEvent):
+    """A read returned records; ``source`` is ``log_cache``, ``block_cache`` or ``object``."""
+
+    name: ClassVar[str] = "read_served"
+    stream_id: int
+    records: int
+    size_bytes: int
+    source: str
+
+
+#: Every event the engine emits (the plugin host checks its hook specifications against it).
+EVENT_TYPES: tuple[type[EngineEvent], ...] = (
+    WalAppended,
+    ObjectUploaded,
+    ObjectCommitted,
+    Recovered,
+    Compacted,
+    ReadServed,
+)
 
 
 class EngineHooks(Protocol):
-    def wal_appended(
-        self, node_id: int, stream_id: int, records: int, size_bytes: int, latency_s: float
-    ) -> None:
-        """A batch became durable in the WAL (acknowledged)."""
+    """What the engine reports its events to."""
 
-    def object_uploaded(
-        self, node_id: int, object_id: int, key: str, size_bytes: int, kind: str
-    ) -> None:
-        """An object was written to the object store (not yet committed)."""
-
-    def object_committed(
-        self, node_id: int, object_ids: Sequence[int], size_bytes: int, wal_offset: int
-    ) -> None:
-        """Objects were committed to metadata and the WAL trimmed up to ``wal_offset``."""
-
-    def recovered(
-        self, node_id: int, records: int, batches: int, dropped_batches: int, failover: bool
-    ) -> None:
-        """Restart or failover recovery finished."""
-
-    def compacted(
-        self, source_object_ids: Sequence[int], new_object_ids: Sequence[int], size_bytes: int
-    ) -> None:
-        """Compaction replaced objects."""
-
-    def read_served(self, stream_id: int, records: int, size_bytes: int, source: str) -> None:
-        """A read returned records; ``source`` is ``log_cache``, ``block_cache`` or ``object``."""
+    def emit(self, event: EngineEvent) -> None:
+        """Handle one event; must be cheap and must not raise into the engine."""
 
 
 class NullHooks:
-    def wal_appended(
-        self, node_id: int, stream_id: int, records: int, size_bytes: int, latency_s: float
-    ) -> None:
-        return None
+    """Hooks that ignore every event (the default when nobody listens)."""
 
-    def object_uploaded(
-        self, node_id: int, object_id: int, key: str, size_bytes: int, kind: str
-    ) -> None:
-        return None
-
-    def object_committed(
-        self, node_id: int, object_ids: Sequence[int], size_bytes: int, wal_offset: int
-    ) -> None:
-        return None
-
-    def recovered(
-        self, node_id: int, records: int, batches: int, dropped_batches: int, failover: bool
-    ) -> None:
-        return None
-
-    def compacted(
-        self, source_object_ids: Sequence[int], new_object_ids: Sequence[int], size_bytes: int
-    ) -> None:
-        return None
-
-    def read_served(self, stream_id: int, records: int, size_bytes: int, source: str) -> None:
+    def emit(self, event: EngineEvent) -> None:
         return None

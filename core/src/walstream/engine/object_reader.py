@@ -17,11 +17,10 @@ of a read that ends before it, and the next read that reaches the bad block fetc
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from walstream.engine.cache import BlockCache
-from walstream.engine.events import EngineHooks, NullHooks
+from walstream.engine.events import EngineHooks, NullHooks, ReadServed
 from walstream.errors import CorruptionError, DataLossError, IdentityMismatch, NotFound
 from walstream.format.batch import record_size
 from walstream.format.object import (
@@ -35,7 +34,7 @@ from walstream.metadata.contract import MetadataStore, ObjectInfo
 from walstream.objects.contract import ObjectStore
 from walstream.records import SequencedRecord
 
-__all__ = ["ObjectReader", "read_committed"]
+__all__ = ["ObjectReader"]
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +156,7 @@ class ObjectReader:
                 break
         if records:
             self._sequential[stream_id] = _Sequential(records[-1].offset + 1, window[0])
-            self._hooks.read_served(stream_id, len(records), size, "object")
+            self._hooks.emit(ReadServed(stream_id, len(records), size, "object"))
         return records
 
     async def _raise_if_lost(self, stream_id: int, position: int) -> None:
@@ -302,31 +301,3 @@ class ObjectReader:
     def forget_objects(self, object_ids: set[int]) -> None:
         self.blocks.discard_if(lambda key: key[0] in object_ids)
         self._indexes.discard_if(lambda key: key in object_ids)
-
-
-async def read_committed(
-    objects: ObjectStore,
-    metadata: MetadataStore,
-    stream_id: int,
-    start: int,
-    end: int | None = None,
-    *,
-    batch_records: int = 10_000,
-    reader: ObjectReader | None = None,
-) -> AsyncIterator[SequencedRecord]:
-    """Every committed record of ``stream_id`` in ``[max(start, start_offset), end)``, in order,
-    read straight from the object store (no node involved). Reaching a recorded data-loss gap
-    raises :class:`DataLossError` after the records before it were yielded."""
-    reader = reader or ObjectReader(objects, metadata)
-    info = (await metadata.get_streams([stream_id])).get(stream_id)
-    if info is None:
-        return
-    position = max(start, info.start_offset)
-    stop = info.committed_end if end is None else min(end, info.committed_end)
-    while position < stop:
-        records = await reader.read(stream_id, position, stop, batch_records, 64 << 20)
-        if not records:
-            break
-        for record in records:
-            yield record
-        position = records[-1].offset + 1

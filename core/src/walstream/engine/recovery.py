@@ -40,14 +40,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from walstream.clock import Clock
+from walstream.clock import Clock, Rng
 from walstream.config.engine import EngineConfig
 from walstream.engine.cache import LogCache
-from walstream.engine.events import EngineHooks
+from walstream.engine.events import EngineHooks, Recovered
 from walstream.engine.upload import Uploader
 from walstream.errors import CorruptionError
 from walstream.format.batch import BATCH_HEADER, decode_batch
@@ -382,7 +381,7 @@ async def failover_node(
     config: EngineConfig,
     hooks: EngineHooks,
     clock: Clock,
-    rng: random.Random,
+    rng: Rng,
     accept_loss: bool | None = None,
 ) -> RecoveryStats:
     """Take over ``dead_node_id``'s WAL: fence it, upload what it acknowledged, release it.
@@ -444,5 +443,5 @@ async def failover_node(
     await wal.close()
     await metadata.set_node_state(dead_node_id, node.node_epoch, NodeState.FAILED_OVER)
     await metadata.release_streams(dead_node_id, node.node_epoch)
-    hooks.recovered(dead_node_id, stats.records, stats.batches, stats.dropped_batches, True)
+    hooks.emit(Recovered(dead_node_id, stats.records, stats.batches, stats.dropped_batches, True))
     return stats

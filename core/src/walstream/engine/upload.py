@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from walstream.clock import Clock
+from walstream.clock import Clock, Rng
 from walstream.config.engine import UploadConfig
 from walstream.engine.cache import CachedBatch, LogBlock, LogCache
-from walstream.engine.events import EngineHooks
+from walstream.engine.events import EngineHooks, ObjectCommitted, ObjectUploaded
 from walstream.errors import (
     AmbiguousError,
     BackendUnavailable,
@@ -57,7 +56,7 @@ async def retry_transient(
     *,
     what: str,
     clock: Clock,
-    rng: random.Random,
+    rng: Rng,
     give_up: Callable[[], bool],
     max_delay_s: float = 5.0,
 ) -> object:
@@ -90,7 +89,7 @@ async def publish_object(
     identity: ObjectIdentity,
     *,
     clock: Clock,
-    rng: random.Random,
+    rng: Rng,
     give_up: Callable[[], bool],
 ) -> None:
     """Create object ``key`` holding ``data`` (an object built for ``identity``), never
@@ -170,7 +169,7 @@ class Uploader:
         config: UploadConfig,
         hooks: EngineHooks,
         clock: Clock,
-        rng: random.Random,
+        rng: Rng,
         is_live: Callable[[int], bool],
         on_fatal: Callable[[BaseException], None],
         trim_wal: bool = True,
@@ -252,10 +251,7 @@ class Uploader:
                 if remaining <= 0:
                     self._seal_now()
                     continue
-                try:
-                    await asyncio.wait_for(self._kick.wait(), remaining)
-                except TimeoutError:
-                    pass
+                await self._clock.wait(self._kick, remaining)
             else:
                 await self._kick.wait()
 
@@ -298,11 +294,13 @@ class Uploader:
             if wal_offset >= 0 and self.trim_wal:
                 await self._wal.trim(wal_offset)
             self._cache.mark_committed(block)
-            self._hooks.object_committed(
-                self.node_id,
-                [commit.object_id for commit in commits],
-                sum(commit.size for commit in commits),
-                wal_offset,
+            self._hooks.emit(
+                ObjectCommitted(
+                    self.node_id,
+                    [commit.object_id for commit in commits],
+                    sum(commit.size for commit in commits),
+                    wal_offset,
+                )
             )
             done.set_result(None)
         except BaseException as exc:
@@ -379,7 +377,9 @@ class Uploader:
         )
         self.objects_written += 1
         self.bytes_written += len(built.data)
-        self._hooks.object_uploaded(self.node_id, object_id, key, len(built.data), plan.kind.value)
+        self._hooks.emit(
+            ObjectUploaded(self.node_id, object_id, key, len(built.data), plan.kind.value)
+        )
         ranges = tuple(
             StreamRange(
                 stream_id=stream[0].stream_id,

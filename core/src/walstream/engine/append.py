@@ -1,0 +1,263 @@
+"""The write path of a node (DESIGN §3–4).
+
+``append`` reserves offsets under the stream's lock, puts the encoded batch in the LogCache and
+hands it to the WAL in the same step (so WAL order = cache order); the WAL acknowledges in order;
+the acknowledgement makes the records readable and wakes tailing readers. The uploader moves
+sealed cache blocks to object storage; when too much is not yet uploaded, appends wait for it
+(backpressure) and give up with :class:`CapacityError` after ``append_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from walstream.clock import Clock
+from walstream.engine.cache import CachedBatch, LogCache
+from walstream.engine.events import EngineHooks, WalAppended
+from walstream.engine.streams import LocalStream, NodeGate
+from walstream.engine.upload import Uploader
+from walstream.errors import (
+    BackendUnavailable,
+    CapacityError,
+    FencedError,
+    InvalidArgument,
+    OutOfRangeError,
+    TailMismatchError,
+)
+from walstream.format.batch import encode_batch
+from walstream.metadata.contract import MetadataStore
+from walstream.records import (
+    MAX_FENCING_TOKEN_BYTES,
+    AppendAck,
+    Record,
+    check_optional_int,
+    check_optional_text,
+)
+from walstream.wal.contract import WriteAheadLog
+
+__all__ = ["StreamWriter"]
+
+
+class StreamWriter:
+    """Appends, trims and fencing tokens of the streams this node writes.
+
+    Built with the client; :meth:`attach` gives it the node epoch and the uploader once the node
+    is registered (no stream handle exists before that)."""
+
+    def __init__(
+        self,
+        *,
+        wal: WriteAheadLog,
+        metadata: MetadataStore,
+        cache: LogCache,
+        gate: NodeGate,
+        hooks: EngineHooks,
+        clock: Clock,
+        append_timeout_s: float,
+    ) -> None:
+        self._wal = wal
+        self._metadata = metadata
+        self._cache = cache
+        self._gate = gate
+        self._hooks = hooks
+        self._clock = clock
+        self._append_timeout_s = append_timeout_s
+        self._node_epoch = -1
+        self._uploader: Uploader | None = None
+        self._inflight: set[asyncio.Future[Any]] = set()
+        self._unuploaded_limit = cache.max_bytes
+        capacity = wal.capabilities.capacity_bytes
+        if capacity:
+            # WAL records take more room than their batches (headers, alignment): keep well below.
+            self._unuploaded_limit = max(1, min(self._unuploaded_limit, capacity // 4))
+
+    def attach(self, uploader: Uploader, node_epoch: int) -> None:
+        """Start writing as ``node_epoch`` through ``uploader``."""
+        self._uploader = uploader
+        self._node_epoch = node_epoch
+
+    async def drain(self) -> None:
+        """Wait until every WAL append in flight has settled (acknowledged or failed)."""
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    async def _claim(self, state: LocalStream) -> None:
+        if state.claimed:
+            return
+        async with state.lock:
+            if state.claimed:
+                return
+            info = await self._metadata.claim_stream(
+                state.info.stream_id, self._gate.node_id, self._node_epoch
+            )
+            state.info = info
+            state.epoch = info.epoch
+            state.next_offset = max(state.next_offset, info.committed_end)
+            state.acked_tail = max(state.acked_tail, info.committed_end)
+            state.start_offset = max(state.start_offset, info.start_offset)
+            state.fencing_token = info.fencing_token
+            cached = self._cache.stream_batches(info.stream_id)
+            if cached:
+                state.last_timestamp_ms = cached[-1].max_timestamp_ms
+            state.claimed = True
+
+    async def append(
+        self,
+        state: LocalStream,
+        records: list[Record],
+        match_tail: int | None,
+        fencing_token: str | None,
+    ) -> AppendAck:
+        self._gate.check_writable(state)
+        if not records:
+            raise InvalidArgument("append needs at least one record")
+        for record in records:
+            if not isinstance(record, Record):
+                raise InvalidArgument(
+                    f"append takes walstream.Record objects, got {type(record).__name__}"
+                )
+        check_optional_int(match_tail, "match_tail")
+        check_optional_text(fencing_token, "fencing_token", MAX_FENCING_TOKEN_BYTES)
+        await self._claim(state)
+        started = self._clock.monotonic()
+        async with state.lock:
+            self._gate.check_writable(state)
+            if fencing_token is not None and fencing_token != state.fencing_token:
+                raise FencedError(
+                    f"fencing token {fencing_token!r} does not match the stream's current token; "
+                    "another writer fenced this stream"
+                )
+            if match_tail is not None and match_tail != state.next_offset:
+                # Report a tail that reads agree with: let this stream's appends in flight settle.
+                await self._wait_acked(state)
+                raise TailMismatchError(
+                    f"match_tail={match_tail} but the tail is {state.next_offset}",
+                    state.next_offset,
+                )
+            now_ms = self._clock.now_ms()
+            timestamps: list[int] = []
+            last = state.last_timestamp_ms
+            for record in records:
+                timestamp = now_ms if record.timestamp_ms is None else record.timestamp_ms
+                last = max(last, timestamp)  # timestamps never go backwards within a stream
+                timestamps.append(last)
+            base = state.next_offset
+            data = encode_batch(state.info.stream_id, state.epoch, base, records, timestamps)
+            if len(data) > self._wal.capabilities.max_record_bytes:
+                limit = self._wal.capabilities.max_record_bytes
+                if len(records) == 1:
+                    raise CapacityError(
+                        f"a single record of {len(data)} bytes (encoded) exceeds the WAL's "
+                        f"maximum record of {limit} bytes; store large values elsewhere and "
+                        "append a reference, or use a WAL with a larger max_record_bytes"
+                    )
+                raise CapacityError(
+                    f"batch of {len(records)} records, {len(data)} bytes, exceeds the WAL's "
+                    f"maximum record of {limit} bytes; append fewer records at once"
+                )
+            await self._wait_for_space(len(data))
+            self._gate.check_writable(state)
+            # No await between the cache insert and the WAL submission: WAL order = cache order.
+            batch = self._cache.add(
+                state.info.stream_id,
+                state.epoch,
+                base,
+                base + len(records),
+                data,
+                timestamps[0],
+                timestamps[-1],
+            )
+            future = self._wal.append(data)
+            future.add_done_callback(
+                lambda done: self._on_wal_done(state, batch, done, len(records), started)
+            )
+            state.next_offset = base + len(records)
+            state.last_timestamp_ms = last
+            assert self._uploader is not None
+            self._uploader.notify_added()
+        self._inflight.add(future)
+        try:
+            await future
+        finally:
+            self._inflight.discard(future)
+        return AppendAck(base, base + len(records), max(state.acked_tail, base + len(records)))
+
+    async def _wait_acked(self, state: LocalStream) -> None:
+        while state.acked_tail < state.next_offset:
+            self._gate.raise_if_failed()
+            await self._clock.wait(state.changed, 1.0)
+
+    def _on_wal_done(
+        self,
+        state: LocalStream,
+        batch: CachedBatch,
+        future: asyncio.Future[int],
+        count: int,
+        started: float,
+    ) -> None:
+        # Runs in WAL order (the WAL completes futures in order; callbacks are FIFO).
+        if future.cancelled() or future.exception() is not None:
+            batch.failed = True
+            batch.block.settle_one()
+            error = (
+                future.exception() if not future.cancelled() else BackendUnavailable("cancelled")
+            )
+            self._gate.latch(error or BackendUnavailable("WAL append failed"))
+            return
+        batch.wal_offset = future.result()
+        batch.acked = True
+        batch.block.settle_one()
+        state.acked_tail = max(state.acked_tail, batch.end_offset)
+        state.notify()
+        self._hooks.emit(
+            WalAppended(
+                self._gate.node_id,
+                state.info.stream_id,
+                count,
+                len(batch.data),
+                self._clock.monotonic() - started,
+            )
+        )
+
+    async def _wait_for_space(self, size: int) -> None:
+        cache = self._cache
+        if cache.unuploaded_bytes + size <= self._unuploaded_limit or cache.unuploaded_bytes == 0:
+            return
+        assert self._uploader is not None
+        deadline = self._clock.monotonic() + self._append_timeout_s
+        while cache.unuploaded_bytes + size > self._unuploaded_limit and cache.unuploaded_bytes > 0:
+            self._gate.raise_if_failed()
+            self._uploader.request_upload()
+            remaining = deadline - self._clock.monotonic()
+            if remaining <= 0:
+                raise CapacityError(
+                    f"append waited {self._append_timeout_s:.1f}s for uploads to free "
+                    f"space ({cache.unuploaded_bytes} bytes not yet uploaded); the object store "
+                    "may be slow or down — retry later or raise cache.log_cache_bytes"
+                )
+            cache.space_freed.clear()
+            await self._clock.wait(cache.space_freed, min(remaining, 1.0))
+
+    async def trim(self, state: LocalStream, new_start: int) -> None:
+        self._gate.check_writable(state)
+        await self._claim(state)
+        async with state.lock:
+            if new_start > state.next_offset or new_start < 0:
+                raise OutOfRangeError(
+                    f"trim({new_start}) is beyond the tail {state.next_offset}",
+                    state.start_offset,
+                    state.next_offset,
+                )
+            if new_start <= state.start_offset:
+                return
+            info = await self._metadata.trim_stream(state.info.stream_id, state.epoch, new_start)
+            state.info = info
+            state.start_offset = info.start_offset
+
+    async def set_fencing_token(self, state: LocalStream, token: str | None) -> None:
+        self._gate.check_writable(state)
+        await self._claim(state)
+        async with state.lock:
+            await self._metadata.set_fencing_token(state.info.stream_id, state.epoch, token)
+            state.fencing_token = token

@@ -1,0 +1,163 @@
+"""A node's streams: the state every handle of a stream shares, the registry that creates, opens
+and deletes them, and the gate every stream operation passes first.
+
+The gate holds the node's lifecycle flags and its failure latch: the first fatal error (a fenced
+node, a failed WAL append or upload) is kept, and from then on every write raises a typed error
+that names it; reads of committed data go on working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from walstream.engine.cache import LogCache
+from walstream.errors import BackendUnavailable, FencedError, InvalidArgument, StreamNotFound
+from walstream.metadata.contract import MetadataStore, StreamInfo, StreamState
+from walstream.records import check_stream_name, check_stream_ref, check_text
+
+__all__ = ["LocalStream", "NodeGate", "StreamRegistry"]
+
+log = logging.getLogger("walstream.engine.node")
+
+
+@dataclass(eq=False)
+class LocalStream:
+    """This node's view of one stream, shared by all its :class:`walstream.Stream` handles."""
+
+    info: StreamInfo
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    claimed: bool = False
+    epoch: int = 0
+    next_offset: int = 0
+    """Next offset to reserve (includes appends in flight)."""
+    acked_tail: int = 0
+    """Records below it are acknowledged and readable."""
+    start_offset: int = 0
+    last_timestamp_ms: int = 0
+    fencing_token: str | None = None
+    deleted: bool = False
+
+    def notify(self) -> None:
+        """Wake everyone waiting on :attr:`changed` (a new event for the next waiters)."""
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+class NodeGate:
+    """Started, not closed, not failed: what an operation of the node checks before it acts."""
+
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+        self.started = False
+        self.closed = False
+        self.failure: BaseException | None = None
+        """The first fatal error; once set, the node accepts no more writes."""
+
+    def latch(self, error: BaseException) -> None:
+        """Record a fatal error (the first one wins) and stop accepting writes."""
+        if self.failure is None:
+            self.failure = error
+            log.error("node %d stopped accepting writes: %s", self.node_id, error)
+
+    def raise_if_failed(self) -> None:
+        if self.failure is not None:
+            if isinstance(self.failure, FencedError):
+                raise FencedError(f"node {self.node_id} was fenced: {self.failure}")
+            raise BackendUnavailable(
+                f"node {self.node_id} stopped accepting writes after a failure "
+                f"({type(self.failure).__name__}: {self.failure}); restart the client so "
+                "recovery can resolve what was written"
+            )
+
+    def check_open(self) -> None:
+        if not self.started:
+            raise InvalidArgument("start() the client first (or use walstream.open)")
+        if self.closed:
+            raise InvalidArgument("the client is closed")
+
+    def check_writable(self, state: LocalStream) -> None:
+        self.check_open()
+        if state.deleted:
+            raise StreamNotFound(f"stream {state.info.stream_id} was deleted")
+        self.raise_if_failed()
+
+
+class StreamRegistry:
+    """The streams this node has handed out handles for, by stream id."""
+
+    def __init__(self, metadata: MetadataStore, cache: LogCache, gate: NodeGate) -> None:
+        self._metadata = metadata
+        self._cache = cache
+        self._gate = gate
+        self._streams: dict[int, LocalStream] = {}
+
+    async def create(self, name: str | None) -> LocalStream:
+        self._gate.check_open()
+        check_stream_name(name)
+        info = await self._metadata.create_stream(name)
+        return self.track(info)
+
+    async def open(self, name_or_id: str | int) -> LocalStream:
+        self._gate.check_open()
+        check_stream_ref(name_or_id)
+        if isinstance(name_or_id, int):
+            state = self._streams.get(name_or_id)
+            if state is not None and not state.deleted:
+                return state
+        info = await self._metadata.get_stream(name_or_id)
+        return self.track(info)
+
+    async def list(self, prefix: str) -> list[StreamInfo]:
+        self._gate.check_open()
+        check_text(prefix, "prefix")
+        return await self._metadata.list_streams(prefix)
+
+    async def delete(self, name_or_id: str | int) -> None:
+        self._gate.check_open()
+        check_stream_ref(name_or_id)
+        info = await self._metadata.get_stream(name_or_id)
+        await self._metadata.delete_stream(info.stream_id)
+        state = self._streams.pop(info.stream_id, None)
+        if state is not None:
+            state.deleted = True
+            state.notify()
+        self._cache.drop_stream(info.stream_id)
+
+    def track(self, info: StreamInfo) -> LocalStream:
+        """The shared state of ``info``'s stream, created from metadata on first use."""
+        state = self._streams.get(info.stream_id)
+        if state is None or state.deleted:
+            state = LocalStream(
+                info=info,
+                next_offset=info.committed_end,
+                acked_tail=info.committed_end,
+                start_offset=info.start_offset,
+                fencing_token=info.fencing_token,
+            )
+            self._streams[info.stream_id] = state
+        return state
+
+    def is_live(self, stream_id: int) -> bool:
+        """False once this node deleted the stream (the uploader drops its batches)."""
+        state = self._streams.get(stream_id)
+        return state is None or not state.deleted
+
+    def notify_all(self) -> None:
+        for state in self._streams.values():
+            state.notify()
+
+    async def refresh_remote(self, state: LocalStream) -> None:
+        """A stream this node does not write: its tail is what is committed in metadata."""
+        if state.claimed:
+            return
+        info = (await self._metadata.get_streams([state.info.stream_id])).get(state.info.stream_id)
+        if info is None or info.state is StreamState.DELETED:
+            state.deleted = True
+            return
+        state.info = info
+        state.acked_tail = max(state.acked_tail, info.committed_end)
+        state.next_offset = max(state.next_offset, info.committed_end)
+        state.start_offset = max(state.start_offset, info.start_offset)
