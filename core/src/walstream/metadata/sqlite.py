@@ -7,7 +7,7 @@
   on SQLite.
 * The schema carries a ``schema_version`` row; a file written by a newer walstream is refused.
 * The meaning of every change (continuity, epochs, compaction cover …) comes from the shared
-  rules in :mod:`walstream.metadata.memory`; this module loads the rows a call touches, asks the
+  rules in :mod:`walstream.metadata.rules`; this module loads the rows a call touches, asks the
   rule, and writes the result in the same transaction.
 """
 
@@ -47,7 +47,7 @@ from walstream.metadata.contract import (
     StreamRange,
     StreamState,
 )
-from walstream.metadata.memory import (
+from walstream.metadata.rules import (
     ObjectRecord,
     all_ranges_dead,
     check_claim,
