@@ -17,18 +17,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import crc32c
+from walstream.engine.object_reader import read_index
 from walstream.format.batch import decode_batch, encode_batch, iter_batches
 from walstream.format.object import (
     FOOTER_SIZE,
     FOOTER_SIZE_V1,
     IndexEntry,
-    ObjectBuilder,
     ObjectIdentity,
     decode_block_records,
     parse_footer,
-    read_index,
     verify_object,
 )
+from walstream.format.object_builder import ObjectBuilder
 from walstream.objects.memory import MemoryObjectStore
 from walstream.records import Record, SequencedRecord
 from walstream.wal import WalMode
