@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from walstream.config import BuildContext
+from walstream.engine.object_reader import read_index
 from walstream.errors import (
     BackendUnavailable,
     ConfigError,
@@ -22,13 +23,9 @@ from walstream.errors import (
     PreconditionFailed,
 )
 from walstream.format.batch import encode_batch
-from walstream.format.object import (
-    ObjectBuilder,
-    ObjectIdentity,
-    object_key,
-    read_index,
-    verify_object,
-)
+from walstream.format.object import ObjectIdentity, verify_object
+from walstream.format.object_builder import ObjectBuilder
+from walstream.format.object_keys import object_key
 from walstream.objects.local import LOCAL_OBJECT_STORE, LocalObjectStore
 from walstream.records import Record
 

@@ -32,12 +32,12 @@ from walstream.errors import CorruptionError, IdentityMismatch, WalstreamError
 from walstream.format.batch import BATCH_HEADER, decode_batch_header, encode_batch
 from walstream.format.object import (
     FOOTER_SIZE,
-    ObjectBuilder,
     ObjectIdentity,
     ObjectIndex,
-    object_key,
     parse_index,
 )
+from walstream.format.object_builder import ObjectBuilder
+from walstream.format.object_keys import object_key
 from walstream.metadata import ObjectCommit, ObjectKind, StreamRange
 from walstream.metadata.memory import MemoryMetadataStore
 from walstream.objects.memory import MemoryObjectStore

@@ -12,6 +12,7 @@ import crc32c
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from walstream.engine.object_reader import read_index
 from walstream.errors import CorruptionError, IdentityMismatch, InvalidArgument
 from walstream.format.batch import encode_batch
 from walstream.format.object import (
@@ -20,22 +21,18 @@ from walstream.format.object import (
     INDEX_ENTRY_SIZE,
     OBJECT_MAGIC,
     OBJECT_MAGIC_V1,
-    BuiltObject,
     IndexEntry,
-    ObjectBuilder,
     ObjectIdentity,
     ObjectIndex,
     decode_block,
     decode_block_records,
     describe_object,
-    is_identity_key,
-    legacy_object_key,
-    object_key,
     parse_footer,
     parse_index,
-    read_index,
     verify_object,
 )
+from walstream.format.object_builder import BuiltObject, ObjectBuilder
+from walstream.format.object_keys import is_identity_key, legacy_object_key, object_key
 from walstream.objects.memory import MemoryObjectStore
 from walstream.records import Record, SequencedRecord
 

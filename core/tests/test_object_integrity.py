@@ -25,15 +25,9 @@ from walstream.errors import (
     PreconditionFailed,
 )
 from walstream.format.batch import encode_batch
-from walstream.format.object import (
-    ObjectBuilder,
-    ObjectIdentity,
-    is_identity_key,
-    legacy_object_key,
-    object_key,
-    parse_footer,
-    parse_index,
-)
+from walstream.format.object import ObjectIdentity, parse_footer, parse_index
+from walstream.format.object_builder import ObjectBuilder
+from walstream.format.object_keys import is_identity_key, legacy_object_key, object_key
 from walstream.metadata import (
     MetadataStore,
     ObjectCommit,

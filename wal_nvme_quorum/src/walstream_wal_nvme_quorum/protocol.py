@@ -5,7 +5,8 @@ Every frame, in both directions, is::
     length u32 | code u8 | request_id u32 | body | crc32c u32
 
 ``length`` counts the bytes after itself; ``code`` is the operation in a request and the status
-in a reply; the CRC32C covers ``code``, ``request_id`` and ``body``. All integers big-endian.
+in a reply; the CRC32C covers ``code``, ``request_id`` and ``body`` (a CRC trailer of
+:mod:`walstream.format.frames`). All integers big-endian.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import enum
 import struct
 from dataclasses import dataclass
 
-import crc32c
+from walstream.format.frames import CRC_BYTES, crc_trailer_ok, with_crc
 from walstream.records import DEPLOYMENT_ID_BYTES
 from walstream.wal.quorum.wal import ChunkInfo, LogIdentity, LogListing, Seal
 
@@ -44,7 +45,7 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _I64 = struct.Struct(">q")
 #: code + request_id + crc: the smallest legal value of ``length``.
-MIN_FRAME_LENGTH = _FRAME_HEAD.size + 4
+MIN_FRAME_LENGTH = _FRAME_HEAD.size + CRC_BYTES
 FRAME_OVERHEAD = FRAME_PREFIX.size + MIN_FRAME_LENGTH
 DEFAULT_MAX_FRAME_BYTES = (16 << 20) + 4096
 MAX_LOG_ID_BYTES = 255
@@ -89,19 +90,17 @@ class Frame:
 
 def encode_frame(code: int, request_id: int, body: bytes = b"") -> bytes:
     head = _FRAME_HEAD.pack(code, request_id)
-    crc = crc32c.crc32c(body, crc32c.crc32c(head))
-    return FRAME_PREFIX.pack(len(head) + len(body) + 4) + head + body + _U32.pack(crc)
+    return FRAME_PREFIX.pack(len(head) + len(body) + CRC_BYTES) + with_crc(head, body)
 
 
 def parse_frame(payload: bytes) -> Frame:
     """Parse the bytes after the length prefix; :class:`FrameError` when they are damaged."""
     if len(payload) < MIN_FRAME_LENGTH:
         raise FrameError(f"frame of {len(payload)} bytes is shorter than {MIN_FRAME_LENGTH}")
-    (crc,) = _U32.unpack_from(payload, len(payload) - 4)
-    if crc32c.crc32c(payload[:-4]) != crc:
+    if not crc_trailer_ok(payload):
         raise FrameError("frame checksum mismatch")
     code, request_id = _FRAME_HEAD.unpack_from(payload, 0)
-    return Frame(code, request_id, payload[_FRAME_HEAD.size : -4])
+    return Frame(code, request_id, payload[_FRAME_HEAD.size : -CRC_BYTES])
 
 
 def pack_str(text: str) -> bytes:

@@ -4,6 +4,8 @@ A data folder holds numbered segment files ``0000000001.seg`` … Each is a sequ
 
     kind u8 | body_len u32 | body | crc32c u32      (CRC over kind, body_len and body)
 
+(the CRC is a trailer of :mod:`walstream.format.frames`, as in the protocol's frames).
+
 Kinds: CHUNK (log_id, epoch, seq, data_crc, data), CLAIM (log_id, epoch), SEAL (log_id, epoch,
 end_seq), TRIM (log_id, through_seq, trim_offset), IDENTITY (log_id, deployment_id 16 bytes,
 node_id: whose log it is, recorded by the first identified claim) and CHECKPOINT (the claims,
@@ -43,6 +45,7 @@ from pathlib import Path
 
 import crc32c
 from walstream.errors import CorruptionError, FencedError, NotFound, PreconditionFailed
+from walstream.format.frames import CRC_BYTES, crc_trailer_ok, with_crc
 from walstream.records import DEPLOYMENT_ID_BYTES
 from walstream.wal.quorum.wal import (
     MAX_SEALS,
@@ -238,7 +241,7 @@ class ChunkStore:
                 kind = data[position]
                 body_start = position + _RECORD_HEAD.size
                 try:
-                    self._apply_record(kind, data[body_start : end - 4], index, body_start)
+                    self._apply_record(kind, data[body_start : end - CRC_BYTES], index, body_start)
                 except FrameError as exc:
                     problem = f"an unreadable record ({exc})"
             if problem is None:
@@ -259,14 +262,13 @@ class ChunkStore:
     @staticmethod
     def _check_record(data: bytes, position: int) -> tuple[str | None, int]:
         """``(problem or None, end)`` of the record starting at ``position``."""
-        if len(data) - position < _RECORD_HEAD.size + 4:
+        if len(data) - position < _RECORD_HEAD.size + CRC_BYTES:
             return "a truncated record header", len(data)
         kind, body_len = _RECORD_HEAD.unpack_from(data, position)
-        end = position + _RECORD_HEAD.size + body_len + 4
+        end = position + _RECORD_HEAD.size + body_len + CRC_BYTES
         if body_len > _MAX_RECORD_BODY or end > len(data):
             return "a truncated record", len(data)
-        (crc,) = _U32.unpack_from(data, end - 4)
-        if crc32c.crc32c(data[position : end - 4]) != crc:
+        if not crc_trailer_ok(data, position, end):
             return "a record with a bad checksum", end
         if kind not in _KINDS:
             return f"a record of unknown kind {kind}", end
@@ -383,8 +385,7 @@ class ChunkStore:
         if self._active_size >= self.segment_bytes:
             self._rotate(next_index=self._active_index + 1)
         head = _RECORD_HEAD.pack(kind, len(body))
-        crc = crc32c.crc32c(body, crc32c.crc32c(head))
-        record = head + body + _U32.pack(crc)
+        record = with_crc(head, body)
         body_position = self._active_size + len(head)
         written = os.write(self._active_fd, record)
         if written != len(record):

@@ -115,6 +115,14 @@ from walstream.errors import (
     PreconditionFailed,
     WalstreamError,
 )
+from walstream.format.frames import (
+    CRC_BYTES,
+    TableErrors,
+    crc_trailer_ok,
+    decode_record_table,
+    encode_record_table,
+    with_crc,
+)
 from walstream.records import DEPLOYMENT_ID_BYTES
 from walstream.wal import (
     GroupCommitWal,
@@ -147,13 +155,12 @@ WAL_OBJECT_MAGIC = b"WSW1"
 _HEADER_V1 = struct.Struct(">4sHHqqqIII")  # magic, version, flags, node, epoch, first, count,
 #                                            body_len, body_crc
 _HEADER_V2 = struct.Struct(">4sHHqqqIII16sq")  # ... + deployment id, durable_before
+# After the header: its CRC32C (a frames CRC trailer); then the body, a frames record table.
 _HEADERS = {1: _HEADER_V1, 2: _HEADER_V2}
-_HEADER_CRC = struct.Struct(">I")  # after the header: CRC32C of the header
 _VERSION = struct.Struct(">H")
-_LENGTH = struct.Struct(">I")
 FORMAT_VERSION = 2
 """The WAL object format this code writes; :func:`decode_wal_header` reads 1 and 2."""
-MAX_HEADER_BYTES = max(header.size for header in _HEADERS.values()) + _HEADER_CRC.size
+MAX_HEADER_BYTES = max(header.size for header in _HEADERS.values()) + CRC_BYTES
 _NO_DEPLOYMENT = bytes(DEPLOYMENT_ID_BYTES)
 _RECOVERY_PREFETCH = 8
 _RESCANS = 3
@@ -178,7 +185,7 @@ class WalObjectHeader:
 
     @property
     def size(self) -> int:
-        return _HEADERS[self.version].size + _HEADER_CRC.size
+        return _HEADERS[self.version].size + CRC_BYTES
 
 
 def encode_wal_object(
@@ -198,11 +205,7 @@ def encode_wal_object(
         raise InvalidArgument(
             f"a deployment id has {DEPLOYMENT_ID_BYTES} bytes, got {len(deployment_id)}"
         )
-    parts: list[bytes] = []
-    for payload in payloads:
-        parts.append(_LENGTH.pack(len(payload)))
-        parts.append(payload)
-    body = b"".join(parts)
+    body = encode_record_table(payloads)
     common = (
         WAL_OBJECT_MAGIC,
         version,
@@ -220,7 +223,7 @@ def encode_wal_object(
         header = _HEADER_V2.pack(*common, deployment_id or _NO_DEPLOYMENT, durable_before)
     else:
         raise InvalidArgument(f"WAL object format version {version} is not 1 or 2")
-    return header + _HEADER_CRC.pack(crc32c.crc32c(header)) + body
+    return with_crc(header) + body
 
 
 def decode_wal_header(data: bytes, where: str = "WAL object") -> WalObjectHeader:
@@ -233,13 +236,11 @@ def decode_wal_header(data: bytes, where: str = "WAL object") -> WalObjectHeader
     layout = _HEADERS.get(version)
     if magic != WAL_OBJECT_MAGIC or layout is None:
         raise CorruptionError(f"{where}: not a WAL object (magic {magic!r}, version {version})")
-    if len(data) < layout.size + _HEADER_CRC.size:
+    if len(data) < layout.size + CRC_BYTES:
         raise CorruptionError(f"{where}: {len(data)} bytes is shorter than a WAL object header")
-    header = bytes(data[: layout.size])
-    (header_crc,) = _HEADER_CRC.unpack_from(data, layout.size)
-    if crc32c.crc32c(header) != header_crc:
+    if not crc_trailer_ok(data, 0, layout.size + CRC_BYTES):
         raise CorruptionError(f"{where}: header checksum mismatch")
-    fields = layout.unpack(header)
+    fields = layout.unpack_from(data)
     _, _, _, node_id, epoch, first, count, body_len, body_crc = fields[:9]
     deployment_id = b""
     durable_before: int | None = None
@@ -258,20 +259,12 @@ def read_wal_object(data: bytes, where: str = "WAL object") -> tuple[WalObjectHe
     body_len = header.body_len
     if len(body) != body_len or crc32c.crc32c(body) != header.body_crc:
         raise CorruptionError(f"{where}: body checksum or length mismatch")
-    payloads: list[bytes] = []
-    position = 0
-    for _ in range(header.count):
-        if position + 4 > body_len:
-            raise CorruptionError(f"{where}: record table overruns the body")
-        (length,) = _LENGTH.unpack_from(body, position)
-        position += 4
-        if position + length > body_len:
-            raise CorruptionError(f"{where}: record overruns the body")
-        payloads.append(bytes(body[position : position + length]))
-        position += length
-    if position != body_len:
-        raise CorruptionError(f"{where}: {body_len - position} trailing bytes after the records")
-    return header, payloads
+    errors = TableErrors(
+        length_overrun=f"{where}: record table overruns the body",
+        payload_overrun=f"{where}: record overruns the body",
+        trailing=f"{where}: {{count}} trailing bytes after the records",
+    )
+    return header, decode_record_table(body, header.count, errors)
 
 
 def decode_wal_object(data: bytes, where: str = "WAL object") -> tuple[int, int, int, list[bytes]]:

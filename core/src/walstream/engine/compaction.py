@@ -32,15 +32,12 @@ from dataclasses import dataclass
 from walstream.clock import Clock, Rng, make_rng
 from walstream.config.engine import CompactionConfig
 from walstream.engine.events import Compacted, EngineHooks
+from walstream.engine.object_reader import read_index
 from walstream.engine.upload import publish_object
 from walstream.errors import IdentityMismatch, PreconditionFailed, WalstreamError
-from walstream.format.object import (
-    ObjectBuilder,
-    ObjectIdentity,
-    decode_block,
-    object_key,
-    read_index,
-)
+from walstream.format.object import ObjectIdentity, decode_block
+from walstream.format.object_builder import ObjectBuilder
+from walstream.format.object_keys import object_key
 from walstream.metadata.contract import (
     MetadataStore,
     ObjectCommit,

@@ -21,20 +21,31 @@ from dataclasses import dataclass
 
 from walstream.engine.cache import BlockCache
 from walstream.engine.events import EngineHooks, NullHooks, ReadServed
-from walstream.errors import CorruptionError, DataLossError, IdentityMismatch, NotFound
+from walstream.errors import (
+    CorruptionError,
+    DataLossError,
+    IdentityMismatch,
+    InvalidArgument,
+    NotFound,
+)
 from walstream.format.batch import record_size
 from walstream.format.object import (
+    FOOTER_SIZE_V1,
+    MAX_FOOTER_SIZE,
     IndexEntry,
     ObjectIdentity,
     ObjectIndex,
+    check_foreign_footer,
     decode_block_records,
-    read_index,
+    parse_footer_checked,
+    parse_index,
 )
+from walstream.format.object_keys import is_identity_key
 from walstream.metadata.contract import MetadataStore, ObjectInfo
 from walstream.objects.contract import ObjectStore
 from walstream.records import SequencedRecord
 
-__all__ = ["ObjectReader"]
+__all__ = ["ObjectReader", "read_index"]
 
 log = logging.getLogger(__name__)
 
@@ -301,3 +312,68 @@ class ObjectReader:
     def forget_objects(self, object_ids: set[int]) -> None:
         self.blocks.discard_if(lambda key: key[0] in object_ids)
         self._indexes.discard_if(lambda key: key in object_ids)
+
+
+async def read_index(
+    store: ObjectStore,
+    key: str,
+    object_size: int | None = None,
+    index_size: int | None = None,
+    *,
+    expected: ObjectIdentity | None = None,
+) -> ObjectIndex:
+    """Load the index of object ``key``.
+
+    With ``index_size`` (from metadata) this is ONE suffix GET; without it, a GET of the footer
+    then a GET of the index. ``object_size`` comes from ``head`` when not given. With
+    ``expected`` the footer must name that identity (:class:`IdentityMismatch` otherwise); a key
+    of the identity scheme (:func:`is_identity_key`) must hold a version-2 object.
+    """
+    require = expected is not None and is_identity_key(key)
+    if object_size is None:
+        object_size = (await store.head(key)).size
+    if index_size is not None:
+        if index_size < FOOTER_SIZE_V1:
+            raise InvalidArgument(f"index_size {index_size} is smaller than a footer")
+        tail = await store.get(key, -index_size)
+        if index_size > object_size or len(tail) < index_size:
+            # Foreign or truncated: name the identity if the footer is a readable foreign one.
+            check_foreign_footer(tail, key, expected, require)
+            raise CorruptionError(
+                f"object {key!r} is {min(object_size, len(tail))} bytes, smaller than its index "
+                f"of {index_size} bytes (truncated object?)"
+            )
+        return _parse_index_of(key, tail, object_size, expected, require)
+    if object_size < FOOTER_SIZE_V1:
+        raise CorruptionError(
+            f"object {key!r} is {object_size} bytes, too small for a footer (truncated object?)"
+        )
+    footer_bytes = await store.get(key, -min(object_size, MAX_FOOTER_SIZE))
+    try:
+        footer = parse_footer_checked(footer_bytes, object_size, key, expected, require)
+    except IdentityMismatch:
+        raise
+    except CorruptionError as exc:
+        raise CorruptionError(f"object {key!r}: {exc}") from None
+    footer_bytes = footer_bytes[len(footer_bytes) - footer.size :]
+    index_bytes = await store.get(
+        key, footer.index_position, footer.index_position + footer.index_length
+    )
+    return _parse_index_of(key, index_bytes + footer_bytes, object_size, expected, require)
+
+
+def _parse_index_of(
+    key: str,
+    tail: bytes,
+    object_size: int,
+    expected: ObjectIdentity | None,
+    require_identity: bool,
+) -> ObjectIndex:
+    try:
+        return parse_index(
+            tail, object_size, key=key, expected=expected, require_identity=require_identity
+        )
+    except IdentityMismatch:
+        raise
+    except CorruptionError as exc:
+        raise CorruptionError(f"object {key!r}: {exc}") from None

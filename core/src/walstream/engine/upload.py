@@ -33,13 +33,9 @@ from walstream.errors import (
     PreconditionFailed,
     WalstreamError,
 )
-from walstream.format.object import (
-    BuiltObject,
-    ObjectBuilder,
-    ObjectIdentity,
-    object_key,
-    parse_footer,
-)
+from walstream.format.object import ObjectIdentity, parse_footer
+from walstream.format.object_builder import BuiltObject, ObjectBuilder
+from walstream.format.object_keys import object_key
 from walstream.metadata.contract import MetadataStore, ObjectCommit, ObjectKind, StreamRange
 from walstream.objects.contract import ObjectStore
 from walstream.wal.contract import WriteAheadLog

@@ -13,7 +13,6 @@ in objects::
 The batch itself carries no checksum: the enclosing WAL record or object data block does.
 """
 
-
 from __future__ import annotations
 
 import struct
@@ -44,6 +43,8 @@ _I32 = struct.Struct(">i")
 _U16 = struct.Struct(">H")
 _MAX_I32 = 2**31 - 1
 _MAX_I64 = 2**63 - 1
+
+
 @dataclass(frozen=True, slots=True)
 class BatchHeader:
     stream_id: int

@@ -1,4 +1,4 @@
-"""The format of uploaded objects (DESIGN §6): writer, reader and verifier.
+"""The format of uploaded objects (DESIGN §6): layout, parsing and verification (pure, no I/O).
 
 An object is::
 
@@ -38,14 +38,14 @@ all integers big-endian, every part checksummed with CRC32C.
 A reader that knows the object's ``index_size`` (index block + footer, kept in metadata) reaches
 any offset with two ranged reads: one suffix read for the index, one read for the block. Bad or
 truncated bytes raise :class:`CorruptionError`; an object of another deployment or object id
-raises :class:`IdentityMismatch`; neither is ever returned as records.
+raises :class:`IdentityMismatch`; neither is ever returned as records. The builder is in
+:mod:`walstream.format.object_builder`, the keys in :mod:`walstream.format.object_keys`, the
+ranged reads in :mod:`walstream.engine.object_reader`.
 """
 
 from __future__ import annotations
 
 import bisect
-import hashlib
-import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,12 +53,11 @@ from dataclasses import dataclass
 import crc32c
 
 from walstream.errors import CorruptionError, IdentityMismatch, InvalidArgument
-from walstream.format.batch import BATCH_HEADER, BatchHeader, decode_batch, decode_batch_header
-from walstream.objects.contract import ObjectStore
+from walstream.format.batch import BATCH_HEADER, BatchHeader, decode_batch
 from walstream.records import DEPLOYMENT_ID_BYTES, SequencedRecord
 
 __all__ = [
-    "DEFAULT_BLOCK_TARGET_BYTES",
+    "BLOCK_CRC_SIZE",
     "FOOTER_SIZE",
     "FOOTER_SIZE_V1",
     "FORMAT_VERSION",
@@ -67,23 +66,21 @@ __all__ = [
     "MAX_FOOTER_SIZE",
     "OBJECT_MAGIC",
     "OBJECT_MAGIC_V1",
-    "BuiltObject",
     "Footer",
     "IndexEntry",
-    "ObjectBuilder",
     "ObjectIdentity",
     "ObjectIndex",
-    "StreamSlice",
+    "check_foreign_footer",
     "check_identity",
+    "checksum",
     "decode_block",
     "decode_block_records",
     "describe_object",
-    "is_identity_key",
-    "legacy_object_key",
-    "object_key",
+    "encode_footer",
+    "encode_index",
     "parse_footer",
+    "parse_footer_checked",
     "parse_index",
-    "read_index",
     "verify_object",
 ]
 
@@ -92,7 +89,6 @@ OBJECT_MAGIC = b"WSOBJ\x00\x00\x02"
 OBJECT_MAGIC_V1 = b"WSOBJ\x00\x00\x01"
 FORMAT_VERSION = 2
 LEGACY_FORMAT_VERSION = 1
-DEFAULT_BLOCK_TARGET_BYTES = 1 << 20
 
 _INDEX_ENTRY = struct.Struct(">qqiiQI")
 _FOOTER_FIELDS_V1 = struct.Struct(">QIIIHH12s")
@@ -112,15 +108,8 @@ assert FOOTER_SIZE_V1 == 48
 assert _FOOTER_FIELDS_V1.size == 36
 assert _FOOTER_FIELDS.size == 60
 
-_BLOCK_CRC_SIZE = 4
-_MIN_BLOCK_SIZE = BATCH_HEADER.size + _BLOCK_CRC_SIZE
-_MAX_I32 = 2**31 - 1
-_MAX_U32 = 2**32 - 1
-_MAX_BLOCK_TARGET_BYTES = 1 << 31
-
-
-def _crc(data: bytes | memoryview, value: int = 0) -> int:
-    return int(crc32c.crc32c(data, value))
+BLOCK_CRC_SIZE = 4
+_MIN_BLOCK_SIZE = BATCH_HEADER.size + BLOCK_CRC_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +131,7 @@ class ObjectIdentity:
     @property
     def block_crc_seed(self) -> int:
         """The initial CRC value of every data block of a version-2 object with this identity."""
-        return _crc(self.deployment_id + self.object_id.to_bytes(8, "big"))
+        return checksum(self.deployment_id + self.object_id.to_bytes(8, "big"))
 
     def describe(self) -> str:
         return f"deployment {self.deployment_id.hex()} object {self.object_id}"
@@ -159,27 +148,6 @@ class IndexEntry:
     record_count: int
     position: int
     size: int
-
-
-@dataclass(frozen=True, slots=True)
-class StreamSlice:
-    """What one object holds of one stream: offsets ``[start_offset, end_offset)`` in ``size``
-    bytes of data blocks."""
-
-    stream_id: int
-    start_offset: int
-    end_offset: int
-    record_count: int
-    size: int
-
-
-@dataclass(frozen=True)
-class BuiltObject:
-    data: bytes
-    index_size: int
-    """Bytes of the index block and footer: the length of the suffix read that loads the index."""
-    slices: list[StreamSlice]
-    """One per stream, in the order the streams were added."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,189 +169,6 @@ class Footer:
     @property
     def block_crc_seed(self) -> int:
         return 0 if self.identity is None else self.identity.block_crc_seed
-
-
-class ObjectBuilder:
-    """Builds one object from batches, stream after stream.
-
-    A stream's batches must be added together and with contiguous offsets (all of stream A, then
-    all of stream B, ...); streams may come in any order. Only batch headers are checked here:
-    the batches are expected to come from :func:`walstream.records.encode_batch`.
-
-    With ``identity`` the object is written in the current format (version 2: the footer names
-    the deployment and object id, block CRCs are seeded with them); every object walstream
-    uploads has one. Without it the builder writes the version-1 format, which carries no
-    identity (kept for tools and tests that need old-format files).
-    """
-
-    def __init__(
-        self,
-        block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
-        *,
-        identity: ObjectIdentity | None = None,
-    ) -> None:
-        if not 1 <= block_target_bytes <= _MAX_BLOCK_TARGET_BYTES:
-            raise InvalidArgument(
-                f"block_target_bytes must be between 1 and {_MAX_BLOCK_TARGET_BYTES}, "
-                f"got {block_target_bytes}"
-            )
-        self._block_target_bytes = block_target_bytes
-        self.identity = identity
-        self._crc_seed = 0 if identity is None else identity.block_crc_seed
-        self._parts: list[bytes] = []
-        self._entries: list[IndexEntry] = []
-        self._slices: list[StreamSlice] = []
-        self._seen_streams: set[int] = set()
-        self._data_bytes = 0
-        # The open block: its first offset, batch bytes so far, running CRC and record count.
-        self._block_position = 0
-        self._block_start = 0
-        self._block_end = 0
-        self._block_bytes = 0
-        self._block_crc = 0
-        self._block_records = 0
-        self._stream_id: int | None = None
-        self._stream_start = 0
-        self._stream_bytes = 0
-        self._finished = False
-
-    @property
-    def size_bytes(self) -> int:
-        """Bytes of data blocks so far, the open block counted with its CRC."""
-        open_block = self._block_bytes + _BLOCK_CRC_SIZE if self._block_bytes else 0
-        return self._data_bytes + open_block
-
-    def add_batch(self, batch: bytes) -> None:
-        """Append one encoded batch. Raises :class:`InvalidArgument` if it is not exactly one
-        batch, or breaks the grouping or offset contiguity of its stream."""
-        if self._finished:
-            raise InvalidArgument("add_batch() after finish(): start a new ObjectBuilder")
-        try:
-            header = decode_batch_header(batch)
-        except CorruptionError as exc:
-            raise InvalidArgument(f"not an encoded batch: {exc}") from None
-        if header.size != len(batch):
-            raise InvalidArgument(
-                f"add_batch() takes exactly one batch: header says {header.size} bytes, "
-                f"got {len(batch)}"
-            )
-        if header.stream_id != self._stream_id:
-            if header.stream_id in self._seen_streams:
-                raise InvalidArgument(
-                    f"stream {header.stream_id} was already added to this object: add all "
-                    "batches of a stream together"
-                )
-            self._close_stream()
-            self._seen_streams.add(header.stream_id)
-            self._stream_id = header.stream_id
-            self._stream_start = header.base_offset
-            self._stream_bytes = 0
-            self._block_end = header.base_offset
-        elif header.base_offset != self._block_end:
-            raise InvalidArgument(
-                f"stream {header.stream_id}: batch starts at offset {header.base_offset}, "
-                f"expected {self._block_end} (batches of a stream must be contiguous)"
-            )
-        if self._block_bytes and (
-            self._block_bytes + len(batch) > self._block_target_bytes
-            or self._block_records + header.count > _MAX_I32
-        ):
-            self._cut_block()
-        if not self._block_bytes:
-            self._block_start = header.base_offset
-            self._block_crc = self._crc_seed
-        self._parts.append(bytes(batch))
-        self._block_bytes += len(batch)
-        self._block_crc = _crc(batch, self._block_crc)
-        self._block_records += header.count
-        self._block_end = header.end_offset
-        if self._block_bytes >= self._block_target_bytes:
-            self._cut_block()
-
-    def finish(self) -> BuiltObject:
-        """Close the last block and append the index and footer."""
-        if self._finished:
-            raise InvalidArgument("finish() called twice")
-        if self._stream_id is None:
-            raise InvalidArgument("an object needs at least one batch")
-        self._close_stream()
-        self._finished = True
-        entries = sorted(self._entries, key=lambda entry: (entry.stream_id, entry.start_offset))
-        index = b"".join(
-            _INDEX_ENTRY.pack(
-                entry.stream_id,
-                entry.start_offset,
-                entry.end_offset - entry.start_offset,
-                entry.record_count,
-                entry.position,
-                entry.size,
-            )
-            for entry in entries
-        )
-        if self.identity is None:
-            fields = _FOOTER_FIELDS_V1.pack(
-                self._data_bytes,
-                len(index),
-                _crc(index),
-                len(entries),
-                LEGACY_FORMAT_VERSION,
-                0,
-                bytes(12),
-            )
-            footer = fields + _U32.pack(_crc(fields)) + OBJECT_MAGIC_V1
-        else:
-            fields = _FOOTER_FIELDS.pack(
-                self._data_bytes,
-                len(index),
-                _crc(index),
-                len(entries),
-                FORMAT_VERSION,
-                0,
-                self.identity.deployment_id,
-                self.identity.object_id,
-                bytes(12),
-            )
-            footer = fields + _U32.pack(_crc(fields)) + OBJECT_MAGIC
-        self._parts.append(index)
-        self._parts.append(footer)
-        data = b"".join(self._parts)
-        self._parts = []
-        return BuiltObject(data, len(index) + len(footer), list(self._slices))
-
-    def _cut_block(self) -> None:
-        assert self._stream_id is not None
-        self._parts.append(_U32.pack(self._block_crc))
-        size = self._block_bytes + _BLOCK_CRC_SIZE
-        self._entries.append(
-            IndexEntry(
-                self._stream_id,
-                self._block_start,
-                self._block_end,
-                self._block_records,
-                self._data_bytes,
-                size,
-            )
-        )
-        self._data_bytes += size
-        self._stream_bytes += size
-        self._block_bytes = 0
-        self._block_crc = 0
-        self._block_records = 0
-
-    def _close_stream(self) -> None:
-        if self._stream_id is None:
-            return
-        if self._block_bytes:
-            self._cut_block()
-        self._slices.append(
-            StreamSlice(
-                self._stream_id,
-                self._stream_start,
-                self._block_end,
-                self._block_end - self._stream_start,
-                self._stream_bytes,
-            )
-        )
 
 
 class ObjectIndex:
@@ -443,6 +228,44 @@ class ObjectIndex:
         )
 
 
+def checksum(data: bytes | memoryview, value: int = 0) -> int:
+    """CRC32C of ``data`` continued from ``value``: every checksum of the format (a data block's
+    starts from its object's :attr:`ObjectIdentity.block_crc_seed`)."""
+    return int(crc32c.crc32c(data, value))
+
+
+def encode_index(entries: Sequence[IndexEntry]) -> bytes:
+    """The index block: one entry per data block, in the order given (by stream, then offset)."""
+    return b"".join(
+        _INDEX_ENTRY.pack(
+            entry.stream_id,
+            entry.start_offset,
+            entry.end_offset - entry.start_offset,
+            entry.record_count,
+            entry.position,
+            entry.size,
+        )
+        for entry in entries
+    )
+
+
+def encode_footer(
+    index_position: int, index: bytes, entry_count: int, identity: ObjectIdentity | None
+) -> bytes:
+    """The footer after ``index``: version 2 naming ``identity``, or version 1 without one."""
+    if identity is None:
+        fields = _FOOTER_FIELDS_V1.pack(
+            index_position, len(index), checksum(index), entry_count, LEGACY_FORMAT_VERSION, 0,
+            bytes(12),
+        )  # fmt: skip
+        return fields + _U32.pack(checksum(fields)) + OBJECT_MAGIC_V1
+    fields = _FOOTER_FIELDS.pack(
+        index_position, len(index), checksum(index), entry_count, FORMAT_VERSION, 0,
+        identity.deployment_id, identity.object_id, bytes(12),
+    )  # fmt: skip
+    return fields + _U32.pack(checksum(fields)) + OBJECT_MAGIC
+
+
 def footer_size_of(tail: bytes | memoryview) -> int:
     """The size of the footer that ends ``tail`` (the last bytes of an object), told by its magic.
     Raises :class:`CorruptionError` when the last 8 bytes are no known magic."""
@@ -494,7 +317,7 @@ def parse_footer(footer: bytes | memoryview, object_size: int) -> Footer:
         ) = _FOOTER.unpack(raw)
         fields_size = _FOOTER_FIELDS.size
         expected_version = FORMAT_VERSION
-    if _crc(raw[:fields_size]) != footer_crc:
+    if checksum(raw[:fields_size]) != footer_crc:
         raise CorruptionError("object footer checksum mismatch")
     if version != expected_version:
         raise CorruptionError(
@@ -563,7 +386,7 @@ def parse_index(
         raise CorruptionError(
             f"object tail of {len(tail)} bytes is longer than the object of {object_size} bytes"
         )
-    footer = _parse_footer_checked(tail, object_size, key, expected, require_identity)
+    footer = parse_footer_checked(tail, object_size, key, expected, require_identity)
     needed = footer.index_length + footer.size
     if len(tail) < needed:
         raise CorruptionError(
@@ -571,7 +394,7 @@ def parse_index(
             "(the recorded index_size does not match the object)"
         )
     index = memoryview(tail)[len(tail) - needed : len(tail) - footer.size]
-    if _crc(index) != footer.index_crc:
+    if checksum(index) != footer.index_crc:
         raise CorruptionError("object index checksum mismatch")
     entries = [
         IndexEntry(
@@ -590,7 +413,7 @@ def parse_index(
     return ObjectIndex(entries, object_size, footer.index_position, footer.version, footer.identity)
 
 
-def _parse_footer_checked(
+def parse_footer_checked(
     tail: bytes | memoryview,
     object_size: int,
     key: str,
@@ -603,13 +426,13 @@ def _parse_footer_checked(
         footer = parse_footer(tail, object_size)
     except CorruptionError:
         # The size check may be what failed: a foreign object of another size is named as such.
-        _check_foreign(tail, key, expected, require_identity)
+        check_foreign_footer(tail, key, expected, require_identity)
         raise
     check_identity(footer, key, expected, require=require_identity)
     return footer
 
 
-def _check_foreign(
+def check_foreign_footer(
     tail: bytes | memoryview, key: str, expected: ObjectIdentity | None, require_identity: bool
 ) -> None:
     """Raise :class:`IdentityMismatch` when ``tail`` ends in a footer whose checksum and version
@@ -671,71 +494,6 @@ def _check_entries(entries: Sequence[IndexEntry], data_size: int) -> None:
         )
 
 
-async def read_index(
-    store: ObjectStore,
-    key: str,
-    object_size: int | None = None,
-    index_size: int | None = None,
-    *,
-    expected: ObjectIdentity | None = None,
-) -> ObjectIndex:
-    """Load the index of object ``key``.
-
-    With ``index_size`` (from metadata) this is ONE suffix GET; without it, a GET of the footer
-    then a GET of the index. ``object_size`` comes from ``head`` when not given. With
-    ``expected`` the footer must name that identity (:class:`IdentityMismatch` otherwise); a key
-    of the identity scheme (:func:`is_identity_key`) must hold a version-2 object.
-    """
-    require = expected is not None and is_identity_key(key)
-    if object_size is None:
-        object_size = (await store.head(key)).size
-    if index_size is not None:
-        if index_size < FOOTER_SIZE_V1:
-            raise InvalidArgument(f"index_size {index_size} is smaller than a footer")
-        tail = await store.get(key, -index_size)
-        if index_size > object_size or len(tail) < index_size:
-            # Foreign or truncated: name the identity if the footer is a readable foreign one.
-            _check_foreign(tail, key, expected, require)
-            raise CorruptionError(
-                f"object {key!r} is {min(object_size, len(tail))} bytes, smaller than its index "
-                f"of {index_size} bytes (truncated object?)"
-            )
-        return _parse_index_of(key, tail, object_size, expected, require)
-    if object_size < FOOTER_SIZE_V1:
-        raise CorruptionError(
-            f"object {key!r} is {object_size} bytes, too small for a footer (truncated object?)"
-        )
-    footer_bytes = await store.get(key, -min(object_size, MAX_FOOTER_SIZE))
-    try:
-        footer = _parse_footer_checked(footer_bytes, object_size, key, expected, require)
-    except IdentityMismatch:
-        raise
-    except CorruptionError as exc:
-        raise CorruptionError(f"object {key!r}: {exc}") from None
-    footer_bytes = footer_bytes[len(footer_bytes) - footer.size :]
-    index_bytes = await store.get(
-        key, footer.index_position, footer.index_position + footer.index_length
-    )
-    return _parse_index_of(key, index_bytes + footer_bytes, object_size, expected, require)
-
-
-def _parse_index_of(
-    key: str,
-    tail: bytes,
-    object_size: int,
-    expected: ObjectIdentity | None,
-    require_identity: bool,
-) -> ObjectIndex:
-    try:
-        return parse_index(
-            tail, object_size, key=key, expected=expected, require_identity=require_identity
-        )
-    except IdentityMismatch:
-        raise
-    except CorruptionError as exc:
-        raise CorruptionError(f"object {key!r}: {exc}") from None
-
-
 def _decode_block(
     block: bytes | memoryview, entry: IndexEntry, crc_seed: int = 0
 ) -> list[tuple[BatchHeader, bytes, list[SequencedRecord]]]:
@@ -745,9 +503,9 @@ def _decode_block(
             f"index says {entry.size} (truncated read?)"
         )
     view = memoryview(block)
-    body = view[: len(view) - _BLOCK_CRC_SIZE]
+    body = view[: len(view) - BLOCK_CRC_SIZE]
     (stored_crc,) = _U32.unpack_from(view, len(body))
-    if _crc(body, crc_seed) != stored_crc:
+    if checksum(body, crc_seed) != stored_crc:
         raise CorruptionError(
             f"data block checksum mismatch (stream {entry.stream_id}, offsets "
             f"[{entry.start_offset}, {entry.end_offset}), object position {entry.position})"
@@ -840,47 +598,3 @@ def describe_object(data: bytes) -> list[str]:
             f"size {entry.size} {check}"
         )
     return lines
-
-
-DEPLOYMENT_TAG_CHARS = 16
-"""Hex characters of the deployment id in an object key (64 bits: two deployments sharing a
-bucket or folder never meet on a key; the footer identity catches even that)."""
-_IDENTITY_KEY = re.compile(r"(?:^|/)[0-9a-f]{16}-[0-9a-f]{16}\.wso$")
-
-
-def object_key(object_id: int, deployment_id: bytes, prefix: str = "") -> str:
-    """The key of object ``object_id`` of deployment ``deployment_id``:
-    ``{prefix}{h0}/{h1}/{deployment tag}-{object id}.wso``.
-
-    The two folders come from a hash of the deployment and object id, so that keys of
-    consecutive ids land in different folders (object stores partition by key prefix); the name
-    carries the deployment so that deployments sharing a bucket or folder never share a key.
-    Metadata stores each object's key, so objects written under :func:`legacy_object_key` stay
-    readable.
-    """
-    if not 0 <= object_id < 2**64:
-        raise InvalidArgument(f"object ids are in [0, 2**64), got {object_id}")
-    if len(deployment_id) != DEPLOYMENT_ID_BYTES:
-        raise InvalidArgument(
-            f"a deployment id is {DEPLOYMENT_ID_BYTES} bytes, got {len(deployment_id)}"
-        )
-    tag = deployment_id.hex()[:DEPLOYMENT_TAG_CHARS]
-    digest = hashlib.blake2b(
-        deployment_id + object_id.to_bytes(8, "big"), digest_size=8
-    ).hexdigest()
-    return f"{prefix}{digest[:2]}/{digest[2:4]}/{tag}-{object_id:016x}.wso"
-
-
-def legacy_object_key(object_id: int, prefix: str = "") -> str:
-    """The key objects had before keys carried the deployment (format version 1 objects):
-    still found through metadata, and by garbage collection of ids prepared before an
-    upgrade."""
-    if not 0 <= object_id < 2**64:
-        raise InvalidArgument(f"object ids are in [0, 2**64), got {object_id}")
-    digest = hashlib.blake2b(object_id.to_bytes(8, "big"), digest_size=8).hexdigest()
-    return f"{prefix}{digest[:2]}/{digest[2:4]}/{object_id:016x}.wso"
-
-
-def is_identity_key(key: str) -> bool:
-    """True for keys made by :func:`object_key`: the object under them must carry an identity."""
-    return _IDENTITY_KEY.search(key) is not None

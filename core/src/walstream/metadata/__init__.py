@@ -1,5 +1,5 @@
-"""Metadata: the contract (``contract``), the pure rules every store runs, and the reference
-stores (``memory``, ``sqlite``).
+"""Metadata: the contract (``contract``), the pure rules every store runs (``rules``), and the
+reference stores (``memory``, ``sqlite``).
 """
 
 from walstream.metadata.contract import (

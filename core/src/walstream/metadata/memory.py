@@ -1,35 +1,26 @@
-"""Reference in-memory :class:`MetadataStore`, and the rules every metadata backend shares.
+"""Reference in-memory :class:`MetadataStore`.
 
-The rules (``plan_commit``, ``plan_replace``, ``check_claim`` …) are pure functions over the rows a
-transaction read: a backend loads the streams, objects and node a call touches, asks the rule what
-changes, and writes those changes in the same transaction. So the memory and SQLite stores cannot
-drift apart on what a commit means.
-
-State lives in named, process-wide volumes (like :mod:`walstream.wal.memory`): a store reopened on
-the same name sees the same catalogue. Nothing survives the process.
+It runs the rules of :mod:`walstream.metadata.rules` that every backend shares. State lives in
+named, process-wide volumes (like :mod:`walstream.wal.memory`): a store reopened on the same name
+sees the same catalogue. Nothing survives the process.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from walstream import records as validation
 from walstream.clock import Clock, SystemClock
 from walstream.config.factory import BackendFactory, BuildContext
 from walstream.config.options import Option
 from walstream.errors import (
     BackendUnavailable,
-    FencedError,
     InvalidArgument,
-    PreconditionFailed,
     StreamExists,
-    StreamNotFound,
 )
 from walstream.metadata.contract import (
     DataLossGap,
@@ -41,400 +32,27 @@ from walstream.metadata.contract import (
     ObjectKind,
     ObjectState,
     StreamInfo,
-    StreamRange,
     StreamState,
+)
+from walstream.metadata.rules import (
+    ObjectRecord,
+    all_ranges_dead,
+    check_claim,
+    check_data_loss_range,
+    check_object_limit,
+    check_prepare_args,
+    check_stream_name,
+    encode_wal_config,
+    plan_commit,
+    plan_data_loss,
+    plan_replace,
+    require_node_epoch,
+    require_stream_epoch,
+    stream_not_found,
 )
 from walstream.records import DEPLOYMENT_ID_BYTES
 
-__all__ = [
-    "MEMORY_METADATA",
-    "CommitPlan",
-    "MemoryMetadataStore",
-    "ObjectRecord",
-    "all_ranges_dead",
-    "check_claim",
-    "check_data_loss_range",
-    "check_object_limit",
-    "check_prepare_args",
-    "check_stream_name",
-    "encode_wal_config",
-    "plan_commit",
-    "plan_data_loss",
-    "plan_replace",
-    "require_node_epoch",
-    "require_stream_epoch",
-    "stream_not_found",
-]
-
-
-# -- shared rules ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectRecord:
-    """One object row as a backend stores it: the public info plus its prepare deadline."""
-
-    info: ObjectInfo
-    expires_ms: int = 0
-    expired: bool = False
-    """Set by :meth:`MetadataStore.expired_prepared`; a later commit of the id fails."""
-
-    @staticmethod
-    def prepared(object_id: int, expires_ms: int) -> ObjectRecord:
-        info = ObjectInfo(object_id, "", ObjectKind.STREAM, ObjectState.PREPARED, 0, 0)
-        return ObjectRecord(info, expires_ms)
-
-
-@dataclass(frozen=True, slots=True)
-class CommitPlan:
-    """What a valid commit changes: new ``committed_end`` per stream and the final objects."""
-
-    stream_ends: dict[int, int]
-    objects: list[ObjectInfo]
-
-
-def stream_not_found(name_or_id: str | int, deleted: bool = False) -> StreamNotFound:
-    what = f"stream {name_or_id!r}"
-    if deleted:
-        return StreamNotFound(f"{what} was deleted; create a new stream to write again")
-    return StreamNotFound(f"no active {what}: check the name with list_streams() or create it")
-
-
-def require_node_epoch(node: NodeInfo | None, node_id: int, node_epoch: int) -> NodeInfo:
-    """The node must be registered and ``node_epoch`` must be its current epoch."""
-    if node is None:
-        raise FencedError(f"node {node_id} is not registered; call register_node() first")
-    if node.node_epoch != node_epoch:
-        raise FencedError(
-            f"node {node_id} epoch {node_epoch} is stale (current epoch {node.node_epoch}): "
-            "a newer process or a failover replaced it; stop writing and restart this node"
-        )
-    return node
-
-
-def require_stream_epoch(stream: StreamInfo, epoch: int, action: str) -> None:
-    if stream.epoch != epoch:
-        raise FencedError(
-            f"cannot {action} stream {stream.stream_id}: epoch {epoch} is stale (current epoch "
-            f"{stream.epoch}, owner node {stream.owner_node_id}); reopen the stream to write"
-        )
-
-
-def check_claim(
-    stream: StreamInfo, node: NodeInfo | None, owner: NodeInfo | None, node_id: int, node_epoch: int
-) -> StreamInfo:
-    """The stream after ``node_id`` claims it (or :class:`FencedError`)."""
-    require_node_epoch(node, node_id, node_epoch)
-    owner_id = stream.owner_node_id
-    released = (NodeState.STOPPED, NodeState.FAILED_OVER)
-    if owner_id is not None and owner_id != node_id and owner is not None:
-        if owner.state not in released:
-            raise FencedError(
-                f"stream {stream.stream_id} is owned by node {owner_id} (state "
-                f"{owner.state.value}); close that node or fail it over before node {node_id} "
-                "can claim it"
-            )
-    return dataclasses.replace(stream, epoch=stream.epoch + 1, owner_node_id=node_id)
-
-
-def _stream_active(stream_id: int, streams: Mapping[int, StreamInfo]) -> bool:
-    stream = streams.get(stream_id)
-    return stream is not None and stream.state is StreamState.ACTIVE
-
-
-def range_is_dead(stream_range: StreamRange, streams: Mapping[int, StreamInfo]) -> bool:
-    """A range nobody can read: its stream is gone, or it lies wholly below ``start_offset``."""
-    stream = streams.get(stream_range.stream_id)
-    if stream is None or stream.state is StreamState.DELETED:
-        return True
-    return stream_range.end_offset <= stream.start_offset
-
-
-def all_ranges_dead(ranges: Iterable[StreamRange], streams: Mapping[int, StreamInfo]) -> bool:
-    return all(range_is_dead(stream_range, streams) for stream_range in ranges)
-
-
-def _range_order(stream_range: StreamRange) -> tuple[int, int]:
-    return (stream_range.stream_id, stream_range.start_offset)
-
-
-def _validate_objects(objects: Sequence[ObjectCommit], what: str) -> None:
-    seen: set[int] = set()
-    for commit in objects:
-        if commit.object_id in seen:
-            raise InvalidArgument(f"{what}: object id {commit.object_id} appears twice")
-        seen.add(commit.object_id)
-        for stream_range in commit.ranges:
-            start, end = stream_range.start_offset, stream_range.end_offset
-            if start < 0 or end <= start:
-                raise InvalidArgument(
-                    f"{what}: object {commit.object_id} has an empty or reversed range "
-                    f"[{stream_range.start_offset}, {stream_range.end_offset}) of stream "
-                    f"{stream_range.stream_id}"
-                )
-
-
-def _require_prepared(record: ObjectRecord | None, object_id: int, now_ms: int) -> None:
-    if (
-        record is None
-        or record.info.state is not ObjectState.PREPARED
-        or record.expired
-        or now_ms >= record.expires_ms
-    ):
-        raise PreconditionFailed(
-            f"unknown/expired object id {object_id}: prepare new object ids and upload again "
-            "(ids expire after their TTL and are never reused)"
-        )
-
-
-def _already_committed(
-    record: ObjectRecord | None, commit: ObjectCommit, streams: Mapping[int, StreamInfo]
-) -> bool:
-    """True when ``commit`` was applied before (ranges of streams deleted since were dropped)."""
-    if record is None or record.info.state is ObjectState.PREPARED:
-        return False
-    info = record.info
-    if (info.key, info.kind, info.size, info.index_size) != (
-        commit.key,
-        commit.kind,
-        commit.size,
-        commit.index_size,
-    ):
-        return False
-    stored = set(info.ranges)
-    expected = {r for r in commit.ranges if r in stored or _stream_active(r.stream_id, streams)}
-    return expected == stored
-
-
-def _final_object(
-    commit: ObjectCommit, streams: Mapping[int, StreamInfo], now_ms: int
-) -> ObjectInfo:
-    kept = tuple(
-        sorted((r for r in commit.ranges if _stream_active(r.stream_id, streams)), key=_range_order)
-    )
-    state = ObjectState.MARK_DESTROYED if all_ranges_dead(kept, streams) else ObjectState.COMMITTED
-    return ObjectInfo(
-        commit.object_id,
-        commit.key,
-        commit.kind,
-        state,
-        commit.size,
-        commit.index_size,
-        kept,
-        now_ms,
-    )
-
-
-def plan_commit(
-    node: NodeInfo | None,
-    node_id: int,
-    node_epoch: int,
-    objects: Sequence[ObjectCommit],
-    streams: Mapping[int, StreamInfo],
-    records: Mapping[int, ObjectRecord],
-    now_ms: int,
-) -> CommitPlan | None:
-    """Check a commit against the rows it touches; ``None`` when it was already applied.
-
-    ``streams`` must hold every stream named by a range, ``records`` every object id.
-    """
-    require_node_epoch(node, node_id, node_epoch)
-    _validate_objects(objects, "commit_objects")
-    if all(_already_committed(records.get(c.object_id), c, streams) for c in objects):
-        return None
-    for commit in objects:
-        _require_prepared(records.get(commit.object_id), commit.object_id, now_ms)
-
-    ranges_by_stream: dict[int, list[StreamRange]] = {}
-    for commit in objects:
-        for stream_range in commit.ranges:
-            ranges_by_stream.setdefault(stream_range.stream_id, []).append(stream_range)
-    stream_ends: dict[int, int] = {}
-    for stream_id in sorted(ranges_by_stream):
-        stream = streams.get(stream_id)
-        if stream is None or stream.state is StreamState.DELETED:
-            continue  # dropped: the stream is gone, nobody will read these bytes
-        end = stream.committed_end
-        for stream_range in sorted(ranges_by_stream[stream_id], key=_range_order):
-            if stream.owner_node_id != node_id:
-                raise FencedError(
-                    f"stream {stream_id} is owned by node {stream.owner_node_id}, not node "
-                    f"{node_id}; claim the stream before committing its data"
-                )
-            require_stream_epoch(stream, stream_range.epoch, "commit data to")
-            if stream_range.start_offset != end:
-                raise PreconditionFailed(
-                    f"stream {stream_id}: a committed range must start at the stream's committed "
-                    f"end; expected {end}, got {stream_range.start_offset} (commit objects in "
-                    "upload order, without gaps)"
-                )
-            end = stream_range.end_offset
-        stream_ends[stream_id] = end
-    return CommitPlan(stream_ends, [_final_object(c, streams, now_ms) for c in objects])
-
-
-def plan_data_loss(
-    node: NodeInfo | None,
-    node_id: int,
-    node_epoch: int,
-    stream: StreamInfo | None,
-    gap: DataLossGap,
-    recorded: DataLossGap | None,
-) -> StreamInfo | None:
-    """Check recording ``gap`` (invariant 12); the stream afterwards, or ``None`` when this gap
-    was recorded before. ``recorded`` is the stream's gap starting at ``gap.start_offset``.
-
-    The same rules as a commit of ``[start, end)``: current node epoch, the stream owned by the
-    node, and continuity at ``committed_end``; so a lost range is accounted for exactly once
-    and its offsets are never assigned again.
-    """
-    require_node_epoch(node, node_id, node_epoch)
-    if not isinstance(gap.reason, str) or not gap.reason:
-        raise InvalidArgument("record_data_loss: a gap needs a reason saying what was lost and why")
-    if gap.start_offset < 0 or gap.end_offset <= gap.start_offset:
-        raise InvalidArgument(
-            f"record_data_loss: empty or reversed range [{gap.start_offset}, {gap.end_offset}) "
-            f"of stream {gap.stream_id}"
-        )
-    if stream is None or stream.state is StreamState.DELETED:
-        raise stream_not_found(gap.stream_id, deleted=stream is not None)
-    if recorded is not None and recorded.end_offset == gap.end_offset:
-        return None
-    if stream.owner_node_id != node_id:
-        raise FencedError(
-            f"stream {stream.stream_id} is owned by node {stream.owner_node_id}, not node "
-            f"{node_id}; only the node whose WAL lost the records can record the loss"
-        )
-    if gap.start_offset != stream.committed_end:
-        raise PreconditionFailed(
-            f"stream {stream.stream_id}: a lost range must start at the stream's committed end; "
-            f"expected {stream.committed_end}, got {gap.start_offset} (commit what precedes the "
-            "loss first)"
-        )
-    return dataclasses.replace(stream, committed_end=gap.end_offset)
-
-
-def check_data_loss_range(stream_id: int, start_offset: int, end_offset: int | None) -> None:
-    if start_offset < 0 or (end_offset is not None and end_offset < start_offset):
-        raise InvalidArgument(
-            f"get_data_loss: bad range [{start_offset}, {end_offset}) of stream {stream_id}"
-        )
-
-
-def _union(ranges: Iterable[StreamRange]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted((r.start_offset, r.end_offset) for r in ranges):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _covers(union: list[tuple[int, int]], start: int, end: int) -> bool:
-    return any(first <= start and end <= last for first, last in union)
-
-
-def plan_replace(
-    source_ids: Sequence[int],
-    new_objects: Sequence[ObjectCommit],
-    streams: Mapping[int, StreamInfo],
-    records: Mapping[int, ObjectRecord],
-    now_ms: int,
-) -> list[ObjectInfo]:
-    """Check a compaction swap; returns the final new objects (the sources become
-    MARK_DESTROYED). ``streams`` must hold every stream named by a source or new range."""
-    if not source_ids:
-        raise InvalidArgument("replace_objects: no source objects given")
-    if len(set(source_ids)) != len(source_ids):
-        raise InvalidArgument(f"replace_objects: a source id appears twice in {list(source_ids)}")
-    _validate_objects(new_objects, "replace_objects")
-    sources: list[ObjectInfo] = []
-    for source_id in source_ids:
-        record = records.get(source_id)
-        if record is None or record.info.state is not ObjectState.COMMITTED:
-            state = "unknown" if record is None else record.info.state.value
-            raise PreconditionFailed(
-                f"compaction source object {source_id} is {state}, not committed: it changed "
-                "since compaction read it; re-read the objects and compact again"
-            )
-        sources.append(record.info)
-    for commit in new_objects:
-        _require_prepared(records.get(commit.object_id), commit.object_id, now_ms)
-
-    source_ranges: dict[int, list[StreamRange]] = {}
-    for info in sources:
-        for stream_range in info.ranges:
-            source_ranges.setdefault(stream_range.stream_id, []).append(stream_range)
-    new_ranges: dict[int, list[StreamRange]] = {}
-    for commit in new_objects:
-        for stream_range in commit.ranges:
-            new_ranges.setdefault(stream_range.stream_id, []).append(stream_range)
-
-    for stream_id, ranges in new_ranges.items():
-        ordered = sorted(ranges, key=_range_order)
-        for before, after in itertools.pairwise(ordered):
-            if after.start_offset < before.end_offset:
-                raise InvalidArgument(
-                    f"replace_objects: new ranges of stream {stream_id} overlap at "
-                    f"{after.start_offset}"
-                )
-        source_union = _union(source_ranges.get(stream_id, ()))
-        for stream_range in ordered:
-            if not _covers(source_union, stream_range.start_offset, stream_range.end_offset):
-                raise PreconditionFailed(
-                    f"compaction output range [{stream_range.start_offset}, "
-                    f"{stream_range.end_offset}) of stream {stream_id} is not inside its source "
-                    "objects; a compaction may only rewrite data it read"
-                )
-    for stream_id, ranges in source_ranges.items():
-        stream = streams.get(stream_id)
-        if stream is None or stream.state is StreamState.DELETED:
-            continue
-        new_union = _union(new_ranges.get(stream_id, ()))
-        for stream_range in ranges:
-            live_start = max(stream_range.start_offset, stream.start_offset)
-            if stream_range.end_offset <= live_start:
-                continue
-            if not _covers(new_union, live_start, stream_range.end_offset):
-                raise PreconditionFailed(
-                    f"compaction output loses live data [{live_start}, "
-                    f"{stream_range.end_offset}) of stream {stream_id}; the new objects must "
-                    "cover every live source range"
-                )
-    return [_final_object(commit, streams, now_ms) for commit in new_objects]
-
-
-def encode_wal_config(wal_config: dict[str, Any]) -> str:
-    """The WAL config as stored: JSON, so only JSON values are accepted."""
-    try:
-        return json.dumps(wal_config, sort_keys=True)
-    except (TypeError, ValueError) as error:
-        raise InvalidArgument(
-            f"register_node: wal_config must hold only JSON values (str, number, bool, list, "
-            f"dict): {error}"
-        ) from None
-
-
-def check_prepare_args(count: int, ttl_ms: int) -> None:
-    if count < 1:
-        raise InvalidArgument(f"prepare_objects: count must be at least 1, got {count}")
-    if ttl_ms < 0:
-        raise InvalidArgument(f"prepare_objects: ttl_ms cannot be negative, got {ttl_ms}")
-
-
-def check_stream_name(name: str | None) -> None:
-    """The stream-name rule every metadata store applies on create (``None``: no name).
-
-    1 to 255 characters of ``A-Z a-z 0-9 . _ -``, beginning with a letter, digit or ``_``, not
-    all digits (:func:`walstream.records.check_stream_name` states why).
-    """
-    validation.check_stream_name(name)
-
-
-def check_object_limit(limit: int) -> None:
-    if limit < 1:
-        raise InvalidArgument(f"get_objects: limit must be at least 1, got {limit}")
+__all__ = ["MEMORY_METADATA", "MemoryMetadataStore"]
 
 
 def _matches_prefix(stream: StreamInfo, prefix: str) -> bool:

@@ -7,8 +7,10 @@
   on SQLite.
 * The schema carries a ``schema_version`` row; a file written by a newer walstream is refused.
 * The meaning of every change (continuity, epochs, compaction cover …) comes from the shared
-  rules in :mod:`walstream.metadata.memory`; this module loads the rows a call touches, asks the
+  rules in :mod:`walstream.metadata.rules`; this module loads the rows a call touches, asks the
   rule, and writes the result in the same transaction.
+* The schema, the row codecs and the per-transaction table access are in
+  :mod:`walstream.metadata.sqlite_tables`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import asyncio
 import json
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,12 +29,8 @@ from walstream.config.factory import BackendFactory, BuildContext
 from walstream.config.options import Option
 from walstream.errors import (
     BackendUnavailable,
-    CapacityError,
-    ConfigError,
-    CorruptionError,
     InvalidArgument,
     StreamExists,
-    WalstreamError,
 )
 from walstream.metadata.contract import (
     DataLossGap,
@@ -44,12 +42,9 @@ from walstream.metadata.contract import (
     ObjectKind,
     ObjectState,
     StreamInfo,
-    StreamRange,
     StreamState,
 )
-from walstream.metadata.memory import (
-    ObjectRecord,
-    all_ranges_dead,
+from walstream.metadata.rules import (
     check_claim,
     check_data_loss_range,
     check_object_limit,
@@ -63,325 +58,28 @@ from walstream.metadata.memory import (
     require_stream_epoch,
     stream_not_found,
 )
+from walstream.metadata.sqlite_tables import (
+    GAP_COLUMNS,
+    MAX_OFFSET,
+    NODE_COLUMNS,
+    SCHEMA_VERSION,
+    STREAM_COLUMNS,
+    Tables,
+    gap_of,
+    id_chunks,
+    node_of,
+    open_connection,
+    placeholders,
+    range_of,
+    stream_of,
+    transaction,
+    translate_error,
+)
 from walstream.records import DEPLOYMENT_ID_BYTES
 
 __all__ = ["SCHEMA_VERSION", "SQLITE_METADATA", "SqliteMetadataStore"]
 
 T = TypeVar("T")
-
-#: Version of the tables below; bump it (and add a migration) whenever they change.
-SCHEMA_VERSION = 2
-
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS meta (
-        key TEXT PRIMARY KEY,
-        value INTEGER NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS streams (
-        stream_id INTEGER PRIMARY KEY,
-        name TEXT,
-        epoch INTEGER NOT NULL,
-        start_offset INTEGER NOT NULL,
-        committed_end INTEGER NOT NULL,
-        state TEXT NOT NULL,
-        owner_node_id INTEGER,
-        fencing_token TEXT,
-        created_ms INTEGER NOT NULL
-    )""",
-    # At most one ACTIVE stream per name; deleted streams keep their name for history.
-    """CREATE UNIQUE INDEX IF NOT EXISTS streams_active_name
-        ON streams (name) WHERE state = 'active' AND name IS NOT NULL""",
-    "CREATE INDEX IF NOT EXISTS streams_owner ON streams (owner_node_id)",
-    """CREATE TABLE IF NOT EXISTS objects (
-        object_id INTEGER PRIMARY KEY,
-        state TEXT NOT NULL,
-        expires_ms INTEGER NOT NULL DEFAULT 0,
-        expired INTEGER NOT NULL DEFAULT 0,
-        key TEXT NOT NULL DEFAULT '',
-        kind TEXT NOT NULL DEFAULT 'stream',
-        size INTEGER NOT NULL DEFAULT 0,
-        index_size INTEGER NOT NULL DEFAULT 0,
-        committed_ms INTEGER NOT NULL DEFAULT 0
-    )""",
-    "CREATE INDEX IF NOT EXISTS objects_state ON objects (state, expires_ms)",
-    """CREATE TABLE IF NOT EXISTS ranges (
-        object_id INTEGER NOT NULL,
-        stream_id INTEGER NOT NULL,
-        start_offset INTEGER NOT NULL,
-        end_offset INTEGER NOT NULL,
-        epoch INTEGER NOT NULL,
-        min_timestamp_ms INTEGER NOT NULL,
-        max_timestamp_ms INTEGER NOT NULL
-    )""",
-    # The read path: objects of one stream past an offset, in offset order.
-    "CREATE INDEX IF NOT EXISTS ranges_stream_end ON ranges (stream_id, end_offset)",
-    "CREATE INDEX IF NOT EXISTS ranges_object ON ranges (object_id)",
-    """CREATE TABLE IF NOT EXISTS nodes (
-        node_id INTEGER PRIMARY KEY,
-        node_epoch INTEGER NOT NULL,
-        state TEXT NOT NULL,
-        wal_config TEXT NOT NULL,
-        updated_ms INTEGER NOT NULL
-    )""",
-    # -- version 2 --
-    # The deployment's identity, written once (the CHECK keeps it to one row).
-    """CREATE TABLE IF NOT EXISTS deployment (
-        singleton INTEGER PRIMARY KEY CHECK (singleton = 0),
-        deployment_id BLOB NOT NULL
-    )""",
-    # Offsets an operator recorded as lost (`walstream recover --accept-loss`).
-    """CREATE TABLE IF NOT EXISTS data_loss (
-        stream_id INTEGER NOT NULL,
-        start_offset INTEGER NOT NULL,
-        end_offset INTEGER NOT NULL,
-        reason TEXT NOT NULL,
-        recorded_ms INTEGER NOT NULL,
-        PRIMARY KEY (stream_id, start_offset)
-    )""",
-)
-
-_STREAM_COLUMNS = (
-    "stream_id, name, epoch, start_offset, committed_end, state, owner_node_id, fencing_token, "
-    "created_ms"
-)
-_OBJECT_COLUMNS = "object_id, state, expires_ms, expired, key, kind, size, index_size, committed_ms"
-_RANGE_COLUMNS = "stream_id, start_offset, end_offset, epoch, min_timestamp_ms, max_timestamp_ms"
-_NODE_COLUMNS = "node_id, node_epoch, state, wal_config, updated_ms"
-_GAP_COLUMNS = "stream_id, start_offset, end_offset, reason, recorded_ms"
-_MAX_OFFSET = (1 << 63) - 1
-_IN_CHUNK = 500  # stays far below SQLite's bound on parameters per statement
-
-# Primary result codes (https://sqlite.org/rescode.html).
-_SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 3, 5, 6, 8
-_SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 10, 11, 13, 14, 26
-
-
-def _stream(row: Sequence[Any]) -> StreamInfo:
-    return StreamInfo(
-        stream_id=row[0],
-        name=row[1],
-        epoch=row[2],
-        start_offset=row[3],
-        committed_end=row[4],
-        state=StreamState(row[5]),
-        owner_node_id=row[6],
-        fencing_token=row[7],
-        created_ms=row[8],
-    )
-
-
-def _range(row: Sequence[Any]) -> StreamRange:
-    return StreamRange(row[0], row[1], row[2], row[3], row[4], row[5])
-
-
-def _node(row: Sequence[Any]) -> NodeInfo:
-    return NodeInfo(row[0], row[1], NodeState(row[2]), json.loads(row[3]), row[4])
-
-
-def _gap(row: Sequence[Any]) -> DataLossGap:
-    return DataLossGap(row[0], row[1], row[2], row[3], row[4])
-
-
-def _chunks(ids: Iterable[int]) -> Iterator[list[int]]:
-    unique = sorted(set(ids))
-    for first in range(0, len(unique), _IN_CHUNK):
-        yield unique[first : first + _IN_CHUNK]
-
-
-def _placeholders(count: int) -> str:
-    return ", ".join("?" * count)
-
-
-class _Tables:
-    """Row access inside one open transaction (runs on the store's executor thread)."""
-
-    def __init__(self, connection: sqlite3.Connection) -> None:
-        self.db = connection
-
-    def meta(self, key: str) -> int | None:
-        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else int(row[0])
-
-    def set_meta(self, key: str, value: int) -> None:
-        self.db.execute(
-            "INSERT INTO meta (key, value) VALUES (?, ?) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (key, value),
-        )
-
-    def stream(self, stream_id: int) -> StreamInfo | None:
-        row = self.db.execute(
-            f"SELECT {_STREAM_COLUMNS} FROM streams WHERE stream_id = ?", (stream_id,)
-        ).fetchone()
-        return None if row is None else _stream(row)
-
-    def active_stream(self, stream_id: int) -> StreamInfo:
-        stream = self.stream(stream_id)
-        if stream is None or stream.state is not StreamState.ACTIVE:
-            raise stream_not_found(stream_id, deleted=stream is not None)
-        return stream
-
-    def active_stream_named(self, name: str) -> StreamInfo | None:
-        row = self.db.execute(
-            f"SELECT {_STREAM_COLUMNS} FROM streams WHERE name = ? AND state = 'active'", (name,)
-        ).fetchone()
-        return None if row is None else _stream(row)
-
-    def streams(self, stream_ids: Iterable[int]) -> dict[int, StreamInfo]:
-        found: dict[int, StreamInfo] = {}
-        for chunk in _chunks(stream_ids):
-            rows = self.db.execute(
-                f"SELECT {_STREAM_COLUMNS} FROM streams "
-                f"WHERE stream_id IN ({_placeholders(len(chunk))})",
-                chunk,
-            )
-            for row in rows:
-                found[row[0]] = _stream(row)
-        return found
-
-    def put_stream(self, stream: StreamInfo) -> None:
-        self.db.execute(
-            "UPDATE streams SET epoch = ?, start_offset = ?, committed_end = ?, state = ?, "
-            "owner_node_id = ?, fencing_token = ? WHERE stream_id = ?",
-            (
-                stream.epoch,
-                stream.start_offset,
-                stream.committed_end,
-                stream.state.value,
-                stream.owner_node_id,
-                stream.fencing_token,
-                stream.stream_id,
-            ),
-        )
-
-    def records(self, object_ids: Iterable[int]) -> dict[int, ObjectRecord]:
-        rows: list[Sequence[Any]] = []
-        ranges: dict[int, list[StreamRange]] = {}
-        for chunk in _chunks(object_ids):
-            marks = _placeholders(len(chunk))
-            rows.extend(
-                self.db.execute(
-                    f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE object_id IN ({marks})", chunk
-                )
-            )
-            for row in self.db.execute(
-                f"SELECT object_id, {_RANGE_COLUMNS} FROM ranges WHERE object_id IN ({marks}) "
-                "ORDER BY object_id, stream_id, start_offset",
-                chunk,
-            ):
-                ranges.setdefault(row[0], []).append(_range(row[1:]))
-        found: dict[int, ObjectRecord] = {}
-        for row in rows:
-            object_id = row[0]
-            info = ObjectInfo(
-                object_id=object_id,
-                key=row[4],
-                kind=ObjectKind(row[5]),
-                state=ObjectState(row[1]),
-                size=row[6],
-                index_size=row[7],
-                ranges=tuple(ranges.get(object_id, ())),
-                committed_ms=row[8],
-            )
-            found[object_id] = ObjectRecord(info, expires_ms=row[2], expired=bool(row[3]))
-        return found
-
-    def put_object(self, info: ObjectInfo) -> None:
-        """Write a PREPARED object's final state and ranges."""
-        self.db.execute(
-            "UPDATE objects SET state = ?, key = ?, kind = ?, size = ?, index_size = ?, "
-            "committed_ms = ? WHERE object_id = ?",
-            (
-                info.state.value,
-                info.key,
-                info.kind.value,
-                info.size,
-                info.index_size,
-                info.committed_ms,
-                info.object_id,
-            ),
-        )
-        self.db.executemany(
-            f"INSERT INTO ranges (object_id, {_RANGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [
-                (
-                    info.object_id,
-                    r.stream_id,
-                    r.start_offset,
-                    r.end_offset,
-                    r.epoch,
-                    r.min_timestamp_ms,
-                    r.max_timestamp_ms,
-                )
-                for r in info.ranges
-            ],
-        )
-
-    def set_object_state(self, object_ids: Iterable[int], state: ObjectState) -> None:
-        self.db.executemany(
-            "UPDATE objects SET state = ? WHERE object_id = ?",
-            [(state.value, object_id) for object_id in object_ids],
-        )
-
-    def destroy_dead(self, object_ids: Iterable[int]) -> None:
-        """Mark MARK_DESTROYED the COMMITTED objects among ``object_ids`` with only dead ranges."""
-        records = self.records(object_ids)
-        streams = self.streams(
-            r.stream_id for record in records.values() for r in record.info.ranges
-        )
-        self.set_object_state(
-            (
-                object_id
-                for object_id, record in records.items()
-                if record.info.state is ObjectState.COMMITTED
-                and all_ranges_dead(record.info.ranges, streams)
-            ),
-            ObjectState.MARK_DESTROYED,
-        )
-
-    def node(self, node_id: int) -> NodeInfo | None:
-        row = self.db.execute(
-            f"SELECT {_NODE_COLUMNS} FROM nodes WHERE node_id = ?", (node_id,)
-        ).fetchone()
-        return None if row is None else _node(row)
-
-    def put_node(self, node: NodeInfo) -> None:
-        self.db.execute(
-            f"INSERT OR REPLACE INTO nodes ({_NODE_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
-            (
-                node.node_id,
-                node.node_epoch,
-                node.state.value,
-                encode_wal_config(node.wal_config),
-                node.updated_ms,
-            ),
-        )
-
-
-def _translate(error: sqlite3.Error, path: Path, busy_timeout_s: float) -> WalstreamError:
-    code = getattr(error, "sqlite_errorcode", None)
-    primary = code & 0xFF if isinstance(code, int) else None
-    where = f"sqlite metadata {str(path)!r}"
-    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
-        return BackendUnavailable(
-            f"{where} stayed locked by another process for {busy_timeout_s:g}s ({error}); "
-            "retry, raise metadata.busy_timeout, or find the process holding a long transaction"
-        )
-    if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
-        return CorruptionError(
-            f"{where} is damaged or not a walstream metadata file ({error}); restore it from a "
-            "backup or point metadata.path at the right file"
-        )
-    if primary == _SQLITE_FULL:
-        return CapacityError(f"{where}: the disk is full ({error}); free space and retry")
-    if primary in (_SQLITE_CANTOPEN, _SQLITE_PERM, _SQLITE_READONLY):
-        return BackendUnavailable(
-            f"{where} cannot be opened for writing ({error}); check that the folder exists "
-            "and this user may write to it"
-        )
-    if primary == _SQLITE_IOERR:
-        return BackendUnavailable(f"{where}: disk I/O error ({error}); check the disk and retry")
-    return BackendUnavailable(f"{where} failed ({error}); retry, and check the file if it repeats")
 
 
 class SqliteMetadataStore(MetadataStore):
@@ -405,71 +103,18 @@ class SqliteMetadataStore(MetadataStore):
     # -- plumbing ---------------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        if self._connection is not None:
-            return self._connection
-        try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise BackendUnavailable(
-                f"cannot create the folder of sqlite metadata {str(self._path)!r} ({error}); "
-                "check metadata.path and permissions"
-            ) from error
-        connection = sqlite3.connect(self._path, timeout=self._busy_timeout_s, isolation_level=None)
-        try:
-            connection.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
-            mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise ConfigError(
-                    f"metadata.path: {str(self._path)!r} cannot use SQLite WAL journaling "
-                    f"(got {mode!r}); put it on a local file system"
-                )
-            connection.execute("PRAGMA synchronous = FULL")
-            self._transaction(connection, True, self._ensure_schema)
-        except BaseException:
-            connection.close()
-            raise
-        self._connection = connection
-        return connection
+        # Runs on the executor thread only; the first call opens the file and checks the schema.
+        if self._connection is None:
+            self._connection = open_connection(self._path, self._busy_timeout_s)
+        return self._connection
 
-    def _ensure_schema(self, tables: _Tables) -> None:
-        tables.db.execute(_SCHEMA[0])
-        version = tables.meta("schema_version")
-        if version is not None and version > SCHEMA_VERSION:
-            raise ConfigError(
-                f"metadata.path: {str(self._path)!r} has schema version {version}, newer than "
-                f"this walstream understands ({SCHEMA_VERSION}); upgrade walstream"
-            )
-        if version == SCHEMA_VERSION:
-            return
-        for statement in _SCHEMA[1:]:
-            tables.db.execute(statement)
-        tables.set_meta("schema_version", SCHEMA_VERSION)
-        if tables.meta("last_stream_id") is None:
-            tables.set_meta("last_stream_id", 0)
-            tables.set_meta("last_object_id", 0)
-
-    @staticmethod
-    def _transaction(
-        connection: sqlite3.Connection, write: bool, work: Callable[[_Tables], T]
-    ) -> T:
-        # Writes take the write lock up front: two processes never both read-then-write.
-        connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+    def _run(self, write: bool, work: Callable[[Tables], T]) -> T:
         try:
-            result = work(_Tables(connection))
-            connection.execute("COMMIT")
-        except BaseException:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
-            raise
-        return result
-
-    def _run(self, write: bool, work: Callable[[_Tables], T]) -> T:
-        try:
-            return self._transaction(self._connect(), write, work)
+            return transaction(self._connect(), write, work)
         except sqlite3.Error as error:
-            raise _translate(error, self._path, self._busy_timeout_s) from error
+            raise translate_error(error, self._path, self._busy_timeout_s) from error
 
-    async def _call(self, write: bool, work: Callable[[_Tables], T]) -> T:
+    async def _call(self, write: bool, work: Callable[[Tables], T]) -> T:
         if self._closed:
             raise BackendUnavailable(
                 f"sqlite metadata {str(self._path)!r} is closed; open a new store"
@@ -477,16 +122,16 @@ class SqliteMetadataStore(MetadataStore):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, self._run, write, work)
 
-    async def _write(self, work: Callable[[_Tables], T]) -> T:
+    async def _write(self, work: Callable[[Tables], T]) -> T:
         return await self._call(True, work)
 
-    async def _read(self, work: Callable[[_Tables], T]) -> T:
+    async def _read(self, work: Callable[[Tables], T]) -> T:
         return await self._call(False, work)
 
     # -- identity ---------------------------------------------------------------------------------
 
     async def deployment_id(self) -> bytes:
-        def work(tables: _Tables) -> bytes:
+        def work(tables: Tables) -> bytes:
             row = tables.db.execute(
                 "SELECT deployment_id FROM deployment WHERE singleton = 0"
             ).fetchone()
@@ -508,7 +153,7 @@ class SqliteMetadataStore(MetadataStore):
         check_stream_name(name)
         created_ms = self._clock.now_ms()
 
-        def work(tables: _Tables) -> StreamInfo:
+        def work(tables: Tables) -> StreamInfo:
             if name is not None:
                 existing = tables.active_stream_named(name)
                 if existing is not None:
@@ -522,7 +167,7 @@ class SqliteMetadataStore(MetadataStore):
                 stream_id, name, 0, 0, 0, StreamState.ACTIVE, None, None, created_ms
             )
             tables.db.execute(
-                f"INSERT INTO streams ({_STREAM_COLUMNS}) VALUES (?, ?, 0, 0, 0, 'active', "
+                f"INSERT INTO streams ({STREAM_COLUMNS}) VALUES (?, ?, 0, 0, 0, 'active', "
                 "NULL, NULL, ?)",
                 (stream_id, name, created_ms),
             )
@@ -531,7 +176,7 @@ class SqliteMetadataStore(MetadataStore):
         return await self._write(work)
 
     async def get_stream(self, name_or_id: str | int) -> StreamInfo:
-        def work(tables: _Tables) -> StreamInfo:
+        def work(tables: Tables) -> StreamInfo:
             if isinstance(name_or_id, int):
                 return tables.active_stream(name_or_id)
             stream = tables.active_stream_named(name_or_id)
@@ -547,24 +192,24 @@ class SqliteMetadataStore(MetadataStore):
         return {stream_id: found[stream_id] for stream_id in ids if stream_id in found}
 
     async def list_streams(self, prefix: str = "") -> list[StreamInfo]:
-        def work(tables: _Tables) -> list[StreamInfo]:
+        def work(tables: Tables) -> list[StreamInfo]:
             if prefix:
                 rows = tables.db.execute(
-                    f"SELECT {_STREAM_COLUMNS} FROM streams WHERE state = 'active' "
+                    f"SELECT {STREAM_COLUMNS} FROM streams WHERE state = 'active' "
                     "AND substr(name, 1, ?) = ? ORDER BY stream_id",
                     (len(prefix), prefix),
                 )
             else:
                 rows = tables.db.execute(
-                    f"SELECT {_STREAM_COLUMNS} FROM streams WHERE state = 'active' "
+                    f"SELECT {STREAM_COLUMNS} FROM streams WHERE state = 'active' "
                     "ORDER BY stream_id"
                 )
-            return [_stream(row) for row in rows]
+            return [stream_of(row) for row in rows]
 
         return await self._read(work)
 
     async def delete_stream(self, stream_id: int) -> None:
-        def work(tables: _Tables) -> None:
+        def work(tables: Tables) -> None:
             stream = tables.stream(stream_id)
             if stream is None:
                 raise stream_not_found(stream_id)
@@ -584,7 +229,7 @@ class SqliteMetadataStore(MetadataStore):
         await self._write(work)
 
     async def claim_stream(self, stream_id: int, node_id: int, node_epoch: int) -> StreamInfo:
-        def work(tables: _Tables) -> StreamInfo:
+        def work(tables: Tables) -> StreamInfo:
             stream = tables.active_stream(stream_id)
             owner_id = stream.owner_node_id
             owner = tables.node(owner_id) if owner_id is not None else None
@@ -595,7 +240,7 @@ class SqliteMetadataStore(MetadataStore):
         return await self._write(work)
 
     async def release_streams(self, node_id: int, node_epoch: int) -> None:
-        def work(tables: _Tables) -> None:
+        def work(tables: Tables) -> None:
             require_node_epoch(tables.node(node_id), node_id, node_epoch)
             tables.db.execute(
                 "UPDATE streams SET owner_node_id = NULL WHERE owner_node_id = ?", (node_id,)
@@ -604,7 +249,7 @@ class SqliteMetadataStore(MetadataStore):
         await self._write(work)
 
     async def trim_stream(self, stream_id: int, epoch: int, new_start: int) -> StreamInfo:
-        def work(tables: _Tables) -> StreamInfo:
+        def work(tables: Tables) -> StreamInfo:
             stream = tables.active_stream(stream_id)
             require_stream_epoch(stream, epoch, "trim")
             if new_start < 0:
@@ -638,7 +283,7 @@ class SqliteMetadataStore(MetadataStore):
         return await self._write(work)
 
     async def set_fencing_token(self, stream_id: int, epoch: int, token: str | None) -> None:
-        def work(tables: _Tables) -> None:
+        def work(tables: Tables) -> None:
             stream = tables.active_stream(stream_id)
             require_stream_epoch(stream, epoch, "set the fencing token of")
             tables.db.execute(
@@ -653,7 +298,7 @@ class SqliteMetadataStore(MetadataStore):
         check_prepare_args(count, ttl_ms)
         expires_ms = self._clock.now_ms() + ttl_ms
 
-        def work(tables: _Tables) -> list[int]:
+        def work(tables: Tables) -> list[int]:
             last = tables.meta("last_object_id") or 0
             object_ids = list(range(last + 1, last + count + 1))
             tables.set_meta("last_object_id", last + count)
@@ -671,7 +316,7 @@ class SqliteMetadataStore(MetadataStore):
         commits = list(objects)
         now_ms = self._clock.now_ms()
 
-        def work(tables: _Tables) -> None:
+        def work(tables: Tables) -> None:
             streams = tables.streams(r.stream_id for c in commits for r in c.ranges)
             records = tables.records(c.object_id for c in commits)
             plan = plan_commit(
@@ -695,7 +340,7 @@ class SqliteMetadataStore(MetadataStore):
         commits = list(new_objects)
         now_ms = self._clock.now_ms()
 
-        def work(tables: _Tables) -> None:
+        def work(tables: Tables) -> None:
             records = tables.records([*sources, *(c.object_id for c in commits)])
             stream_ids = [r.stream_id for c in commits for r in c.ranges]
             for source_id in sources:
@@ -712,9 +357,9 @@ class SqliteMetadataStore(MetadataStore):
         self, stream_id: int, start_offset: int, end_offset: int | None = None, limit: int = 100
     ) -> list[ObjectInfo]:
         check_object_limit(limit)
-        end = _MAX_OFFSET if end_offset is None else end_offset
+        end = MAX_OFFSET if end_offset is None else end_offset
 
-        def work(tables: _Tables) -> list[ObjectInfo]:
+        def work(tables: Tables) -> list[ObjectInfo]:
             # COMMITTED ranges of one stream never overlap (continuity; compaction swaps whole
             # ranges), so end order is start order and the (stream_id, end_offset) index serves
             # both the filter and the order: the scan stops after ``limit`` rows.
@@ -735,7 +380,7 @@ class SqliteMetadataStore(MetadataStore):
                     state=ObjectState.COMMITTED,
                     size=row[3],
                     index_size=row[4],
-                    ranges=(_range(row[6:]),),
+                    ranges=(range_of(row[6:]),),
                     committed_ms=row[5],
                 )
                 for row in rows
@@ -756,7 +401,7 @@ class SqliteMetadataStore(MetadataStore):
             values.append(kind.value)
         where = f"WHERE {' AND '.join(filters)}" if filters else ""
 
-        def work(tables: _Tables) -> list[ObjectInfo]:
+        def work(tables: Tables) -> list[ObjectInfo]:
             rows = tables.db.execute(f"SELECT object_id FROM objects {where}", values)
             ids = [row[0] for row in rows]
             records = tables.records(ids)
@@ -765,7 +410,7 @@ class SqliteMetadataStore(MetadataStore):
         return await self._read(work)
 
     async def expired_prepared(self, now_ms: int) -> list[int]:
-        def work(tables: _Tables) -> list[int]:
+        def work(tables: Tables) -> list[int]:
             ids = [
                 row[0]
                 for row in tables.db.execute(
@@ -785,9 +430,9 @@ class SqliteMetadataStore(MetadataStore):
         """Ids in other states (or unknown) are left alone."""
         ids = list(object_ids)
 
-        def work(tables: _Tables) -> None:
-            for chunk in _chunks(ids):
-                marks = _placeholders(len(chunk))
+        def work(tables: Tables) -> None:
+            for chunk in id_chunks(ids):
+                marks = placeholders(len(chunk))
                 doomed = [
                     row[0]
                     for row in tables.db.execute(
@@ -797,7 +442,7 @@ class SqliteMetadataStore(MetadataStore):
                     )
                 ]
                 if doomed:
-                    doomed_marks = _placeholders(len(doomed))
+                    doomed_marks = placeholders(len(doomed))
                     tables.db.execute(
                         f"DELETE FROM ranges WHERE object_id IN ({doomed_marks})", doomed
                     )
@@ -813,7 +458,7 @@ class SqliteMetadataStore(MetadataStore):
         config = json.loads(encode_wal_config(wal_config))
         now_ms = self._clock.now_ms()
 
-        def work(tables: _Tables) -> NodeInfo:
+        def work(tables: Tables) -> NodeInfo:
             previous = tables.node(node_id)
             epoch = (previous.node_epoch if previous else 0) + 1
             node = NodeInfo(node_id, epoch, NodeState.RUNNING, config, now_ms)
@@ -826,16 +471,16 @@ class SqliteMetadataStore(MetadataStore):
         return await self._read(lambda tables: tables.node(node_id))
 
     async def list_nodes(self) -> list[NodeInfo]:
-        def work(tables: _Tables) -> list[NodeInfo]:
-            rows = tables.db.execute(f"SELECT {_NODE_COLUMNS} FROM nodes ORDER BY node_id")
-            return [_node(row) for row in rows]
+        def work(tables: Tables) -> list[NodeInfo]:
+            rows = tables.db.execute(f"SELECT {NODE_COLUMNS} FROM nodes ORDER BY node_id")
+            return [node_of(row) for row in rows]
 
         return await self._read(work)
 
     async def set_node_state(self, node_id: int, node_epoch: int, state: NodeState) -> None:
         now_ms = self._clock.now_ms()
 
-        def work(tables: _Tables) -> None:
+        def work(tables: Tables) -> None:
             node = require_node_epoch(tables.node(node_id), node_id, node_epoch)
             tables.put_node(NodeInfo(node_id, node.node_epoch, state, node.wal_config, now_ms))
 
@@ -844,7 +489,7 @@ class SqliteMetadataStore(MetadataStore):
     async def begin_failover(self, node_id: int) -> NodeInfo:
         now_ms = self._clock.now_ms()
 
-        def work(tables: _Tables) -> NodeInfo:
+        def work(tables: Tables) -> NodeInfo:
             node = tables.node(node_id)
             if node is None:
                 raise InvalidArgument(f"begin_failover: node {node_id} was never registered")
@@ -861,10 +506,10 @@ class SqliteMetadataStore(MetadataStore):
     async def record_data_loss(self, node_id: int, node_epoch: int, gap: DataLossGap) -> StreamInfo:
         now_ms = self._clock.now_ms()
 
-        def work(tables: _Tables) -> StreamInfo:
+        def work(tables: Tables) -> StreamInfo:
             stream = tables.stream(gap.stream_id)
             row = tables.db.execute(
-                f"SELECT {_GAP_COLUMNS} FROM data_loss WHERE stream_id = ? AND start_offset = ?",
+                f"SELECT {GAP_COLUMNS} FROM data_loss WHERE stream_id = ? AND start_offset = ?",
                 (gap.stream_id, gap.start_offset),
             ).fetchone()
             changed = plan_data_loss(
@@ -873,7 +518,7 @@ class SqliteMetadataStore(MetadataStore):
                 node_epoch,
                 stream,
                 gap,
-                None if row is None else _gap(row),
+                None if row is None else gap_of(row),
             )
             if changed is None:
                 assert stream is not None
@@ -883,7 +528,7 @@ class SqliteMetadataStore(MetadataStore):
                 (changed.committed_end, changed.stream_id),
             )
             tables.db.execute(
-                f"INSERT INTO data_loss ({_GAP_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+                f"INSERT INTO data_loss ({GAP_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
                 (gap.stream_id, gap.start_offset, gap.end_offset, gap.reason, now_ms),
             )
             return changed
@@ -894,15 +539,15 @@ class SqliteMetadataStore(MetadataStore):
         self, stream_id: int, start_offset: int = 0, end_offset: int | None = None
     ) -> list[DataLossGap]:
         check_data_loss_range(stream_id, start_offset, end_offset)
-        end = _MAX_OFFSET if end_offset is None else end_offset
+        end = MAX_OFFSET if end_offset is None else end_offset
 
-        def work(tables: _Tables) -> list[DataLossGap]:
+        def work(tables: Tables) -> list[DataLossGap]:
             rows = tables.db.execute(
-                f"SELECT {_GAP_COLUMNS} FROM data_loss WHERE stream_id = ? AND end_offset > ? "
+                f"SELECT {GAP_COLUMNS} FROM data_loss WHERE stream_id = ? AND end_offset > ? "
                 "AND start_offset < ? ORDER BY start_offset",
                 (stream_id, start_offset, end),
             )
-            return [_gap(row) for row in rows]
+            return [gap_of(row) for row in rows]
 
         return await self._read(work)
 

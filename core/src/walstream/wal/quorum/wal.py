@@ -138,6 +138,14 @@ from walstream.errors import (
     PreconditionFailed,
     WalstreamError,
 )
+from walstream.format.frames import (
+    CRC_BYTES,
+    TableErrors,
+    crc_trailer_ok,
+    decode_record_table,
+    encode_record_table,
+    with_crc,
+)
 from walstream.records import DEPLOYMENT_ID_BYTES
 from walstream.wal.contract import WalCapabilities, WalDamage, WalMode, WalOffset, WalRecord
 from walstream.wal.group_commit import GroupCommitWal, PreparedGroup
@@ -183,7 +191,6 @@ DAMAGE_MARKER_MAGIC = 0xC3
 acknowledged records may be lost (its reason is reported by every later recovery)."""
 _CHUNK_HEAD = struct.Struct(">BI")
 _CHUNK_HEAD_V2 = struct.Struct(f">B{DEPLOYMENT_ID_BYTES}sQQI")
-_U32 = struct.Struct(">I")
 #: The deployment id of a chunk written by a WAL that was bound to no deployment.
 NO_DEPLOYMENT = bytes(DEPLOYMENT_ID_BYTES)
 
@@ -245,11 +252,10 @@ def encode_damage_marker(
         (identity.deployment_id, identity.node_id) if identity else (NO_DEPLOYMENT, 0)
     )
     raw = reason.encode()
-    body = (
-        _CHUNK_HEAD_V2.pack(DAMAGE_MARKER_MAGIC, deployment_id, node_id, acked_through, len(raw))
-        + raw
+    return with_crc(
+        _CHUNK_HEAD_V2.pack(DAMAGE_MARKER_MAGIC, deployment_id, node_id, acked_through, len(raw)),
+        raw,
     )
-    return body + _U32.pack(crc32c.crc32c(body))
 
 
 def encode_chunk(
@@ -262,36 +268,38 @@ def encode_chunk(
     """Format 2: ``magic 0xC2 u8 | deployment_id 16 | node_id u64 | acked_through u64 |
     count u32 | (len u32 | bytes)* | crc32c u32`` (big-endian, CRC over everything before it).
     Format 1 (``version=1``, what older writers wrote): ``magic 0xC1 u8 | count u32 | records |
-    crc32c u32``. Without an identity, format 2 stores the all-zero deployment id."""
+    crc32c u32``. Without an identity, format 2 stores the all-zero deployment id. The record
+    table and the CRC trailer are :mod:`walstream.format.frames`'."""
     if version == 1:
-        parts = [_CHUNK_HEAD.pack(CHUNK_MAGIC, len(payloads))]
+        head = _CHUNK_HEAD.pack(CHUNK_MAGIC, len(payloads))
     elif version == 2:
         deployment_id, node_id = (
             (identity.deployment_id, identity.node_id) if identity else (NO_DEPLOYMENT, 0)
         )
         if len(deployment_id) != DEPLOYMENT_ID_BYTES:
             raise InvalidArgument(f"a deployment id has {DEPLOYMENT_ID_BYTES} bytes")
-        parts = [
-            _CHUNK_HEAD_V2.pack(
-                CHUNK_MAGIC_V2, deployment_id, node_id, acked_through, len(payloads)
-            )
-        ]
+        head = _CHUNK_HEAD_V2.pack(
+            CHUNK_MAGIC_V2, deployment_id, node_id, acked_through, len(payloads)
+        )
     else:
         raise InvalidArgument(f"unknown chunk format version {version}")
-    for payload in payloads:
-        parts.append(_U32.pack(len(payload)))
-        parts.append(payload)
-    body = b"".join(parts)
-    return body + _U32.pack(crc32c.crc32c(body))
+    return with_crc(head, encode_record_table(payloads))
+
+
+_CHUNK_TABLE_ERRORS = TableErrors(
+    length_overrun="chunk record header overruns the chunk",
+    payload_overrun="chunk record overruns the chunk",
+    trailing="chunk has trailing bytes",
+)
 
 
 def parse_chunk(data: bytes) -> Chunk:
     """Decode a chunk of format 1 or 2; :class:`CorruptionError` when any byte is off."""
-    if len(data) < _CHUNK_HEAD.size + 4:
+    if len(data) < _CHUNK_HEAD.size + CRC_BYTES:
         raise CorruptionError(f"chunk of {len(data)} bytes is too short")
-    body, (crc,) = data[:-4], _U32.unpack_from(data, len(data) - 4)
-    if crc32c.crc32c(body) != crc:
+    if not crc_trailer_ok(data):
         raise CorruptionError("chunk checksum mismatch")
+    body = data[:-CRC_BYTES]
     magic = body[0]
     identity: LogIdentity | None = None
     acked_through = 0
@@ -312,18 +320,7 @@ def parse_chunk(data: bytes) -> Chunk:
             return Chunk([], identity, acked_through, damage=reason)
     else:
         raise CorruptionError(f"bad chunk magic 0x{magic:02x}")
-    records: list[bytes] = []
-    for _ in range(count):
-        if position + 4 > len(body):
-            raise CorruptionError("chunk record header overruns the chunk")
-        (length,) = _U32.unpack_from(body, position)
-        position += 4
-        if position + length > len(body):
-            raise CorruptionError("chunk record overruns the chunk")
-        records.append(body[position : position + length])
-        position += length
-    if position != len(body):
-        raise CorruptionError("chunk has trailing bytes")
+    records = decode_record_table(body, count, _CHUNK_TABLE_ERRORS, start=position)
     return Chunk(records, identity, acked_through)
 
 

@@ -1,0 +1,202 @@
+"""Writing uploaded objects: :class:`ObjectBuilder` lays batches out in the format of
+:mod:`walstream.format.object` (data blocks of one stream each, then the index and the footer).
+
+Pure: bytes in, bytes out; the engine's uploader and compactor write the result to the object
+store.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from walstream.errors import CorruptionError, InvalidArgument
+from walstream.format.batch import decode_batch_header
+from walstream.format.object import (
+    BLOCK_CRC_SIZE,
+    IndexEntry,
+    ObjectIdentity,
+    checksum,
+    encode_footer,
+    encode_index,
+)
+
+__all__ = ["DEFAULT_BLOCK_TARGET_BYTES", "BuiltObject", "ObjectBuilder", "StreamSlice"]
+
+DEFAULT_BLOCK_TARGET_BYTES = 1 << 20
+_MAX_I32 = 2**31 - 1
+_MAX_BLOCK_TARGET_BYTES = 1 << 31
+_U32 = struct.Struct(">I")
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSlice:
+    """What one object holds of one stream: offsets ``[start_offset, end_offset)`` in ``size``
+    bytes of data blocks."""
+
+    stream_id: int
+    start_offset: int
+    end_offset: int
+    record_count: int
+    size: int
+
+
+@dataclass(frozen=True)
+class BuiltObject:
+    """A finished object: its bytes, the size of its index suffix and what it holds per stream."""
+
+    data: bytes
+    index_size: int
+    """Bytes of the index block and footer: the length of the suffix read that loads the index."""
+    slices: list[StreamSlice]
+    """One per stream, in the order the streams were added."""
+
+
+class ObjectBuilder:
+    """Builds one object from batches, stream after stream.
+
+    A stream's batches must be added together and with contiguous offsets (all of stream A, then
+    all of stream B, ...); streams may come in any order. Only batch headers are checked here:
+    the batches are expected to come from :func:`walstream.records.encode_batch`.
+
+    With ``identity`` the object is written in the current format (version 2: the footer names
+    the deployment and object id, block CRCs are seeded with them); every object walstream
+    uploads has one. Without it the builder writes the version-1 format, which carries no
+    identity (kept for tools and tests that need old-format files).
+    """
+
+    def __init__(
+        self,
+        block_target_bytes: int = DEFAULT_BLOCK_TARGET_BYTES,
+        *,
+        identity: ObjectIdentity | None = None,
+    ) -> None:
+        if not 1 <= block_target_bytes <= _MAX_BLOCK_TARGET_BYTES:
+            raise InvalidArgument(
+                f"block_target_bytes must be between 1 and {_MAX_BLOCK_TARGET_BYTES}, "
+                f"got {block_target_bytes}"
+            )
+        self._block_target_bytes = block_target_bytes
+        self.identity = identity
+        self._crc_seed = 0 if identity is None else identity.block_crc_seed
+        self._parts: list[bytes] = []
+        self._entries: list[IndexEntry] = []
+        self._slices: list[StreamSlice] = []
+        self._seen_streams: set[int] = set()
+        self._data_bytes = 0
+        # The open block: its first offset, batch bytes so far, running CRC and record count.
+        self._block_position = 0
+        self._block_start = 0
+        self._block_end = 0
+        self._block_bytes = 0
+        self._block_crc = 0
+        self._block_records = 0
+        self._stream_id: int | None = None
+        self._stream_start = 0
+        self._stream_bytes = 0
+        self._finished = False
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of data blocks so far, the open block counted with its CRC."""
+        open_block = self._block_bytes + BLOCK_CRC_SIZE if self._block_bytes else 0
+        return self._data_bytes + open_block
+
+    def add_batch(self, batch: bytes) -> None:
+        """Append one encoded batch. Raises :class:`InvalidArgument` if it is not exactly one
+        batch, or breaks the grouping or offset contiguity of its stream."""
+        if self._finished:
+            raise InvalidArgument("add_batch() after finish(): start a new ObjectBuilder")
+        try:
+            header = decode_batch_header(batch)
+        except CorruptionError as exc:
+            raise InvalidArgument(f"not an encoded batch: {exc}") from None
+        if header.size != len(batch):
+            raise InvalidArgument(
+                f"add_batch() takes exactly one batch: header says {header.size} bytes, "
+                f"got {len(batch)}"
+            )
+        if header.stream_id != self._stream_id:
+            if header.stream_id in self._seen_streams:
+                raise InvalidArgument(
+                    f"stream {header.stream_id} was already added to this object: add all "
+                    "batches of a stream together"
+                )
+            self._close_stream()
+            self._seen_streams.add(header.stream_id)
+            self._stream_id = header.stream_id
+            self._stream_start = header.base_offset
+            self._stream_bytes = 0
+            self._block_end = header.base_offset
+        elif header.base_offset != self._block_end:
+            raise InvalidArgument(
+                f"stream {header.stream_id}: batch starts at offset {header.base_offset}, "
+                f"expected {self._block_end} (batches of a stream must be contiguous)"
+            )
+        if self._block_bytes and (
+            self._block_bytes + len(batch) > self._block_target_bytes
+            or self._block_records + header.count > _MAX_I32
+        ):
+            self._cut_block()
+        if not self._block_bytes:
+            self._block_start = header.base_offset
+            self._block_crc = self._crc_seed
+        self._parts.append(bytes(batch))
+        self._block_bytes += len(batch)
+        self._block_crc = checksum(batch, self._block_crc)
+        self._block_records += header.count
+        self._block_end = header.end_offset
+        if self._block_bytes >= self._block_target_bytes:
+            self._cut_block()
+
+    def finish(self) -> BuiltObject:
+        """Close the last block and append the index and footer."""
+        if self._finished:
+            raise InvalidArgument("finish() called twice")
+        if self._stream_id is None:
+            raise InvalidArgument("an object needs at least one batch")
+        self._close_stream()
+        self._finished = True
+        entries = sorted(self._entries, key=lambda entry: (entry.stream_id, entry.start_offset))
+        index = encode_index(entries)
+        footer = encode_footer(self._data_bytes, index, len(entries), self.identity)
+        self._parts.append(index)
+        self._parts.append(footer)
+        data = b"".join(self._parts)
+        self._parts = []
+        return BuiltObject(data, len(index) + len(footer), list(self._slices))
+
+    def _cut_block(self) -> None:
+        assert self._stream_id is not None
+        self._parts.append(_U32.pack(self._block_crc))
+        size = self._block_bytes + BLOCK_CRC_SIZE
+        self._entries.append(
+            IndexEntry(
+                self._stream_id,
+                self._block_start,
+                self._block_end,
+                self._block_records,
+                self._data_bytes,
+                size,
+            )
+        )
+        self._data_bytes += size
+        self._stream_bytes += size
+        self._block_bytes = 0
+        self._block_crc = 0
+        self._block_records = 0
+
+    def _close_stream(self) -> None:
+        if self._stream_id is None:
+            return
+        if self._block_bytes:
+            self._cut_block()
+        self._slices.append(
+            StreamSlice(
+                self._stream_id,
+                self._stream_start,
+                self._block_end,
+                self._block_end - self._stream_start,
+                self._stream_bytes,
+            )
+        )
