@@ -28,6 +28,19 @@ class LosingWal(MemoryWal):
         return future
 
 
+class RefusingWal(MemoryWal):
+    """A WAL that refuses one append on the spot (raising from ``append`` itself), as a fenced or
+    failed group-commit WAL does."""
+
+    refuse = False
+
+    def append(self, data: bytes) -> asyncio.Future[int]:
+        if self.refuse:
+            self.refuse = False  # only once: the node must stay stopped anyway
+            raise FencedError("the WAL was claimed by a newer epoch")
+        return super().append(data)
+
+
 def test_gate_refuses_before_start_and_after_close() -> None:
     gate = NodeGate(7)
     with pytest.raises(InvalidArgument, match=r"start\(\) the client first"):
@@ -75,3 +88,26 @@ async def test_a_lost_wal_append_stops_writes_but_not_reads() -> None:
         result = await stream.read(start=0)
         assert [record.value for record in result.records] == [b"kept"]
         assert await stream.check_tail() == 1
+
+
+async def test_a_wal_refusing_an_append_on_the_spot_stops_writes_and_settles_the_batch() -> None:
+    name = f"refuse-{os.urandom(4).hex()}"
+    wal = RefusingWal(name=name)
+    client = Client(wal=wal, objects=MemoryObjectStore(), metadata=MemoryMetadataStore(name=name))
+
+    async def scenario() -> None:
+        async with client:
+            stream = await client.create_stream("s")
+            await stream.append([Record(b"kept")])
+            wal.refuse = True
+            with pytest.raises(FencedError, match="claimed by a newer epoch"):
+                await stream.append([Record(b"refused")])
+            # The WAL would take the next one, but the node stopped writing: no second batch
+            # may reuse the offsets of the refused one.
+            with pytest.raises(FencedError, match="node 1 was fenced"):
+                await stream.append([Record(b"after")])
+            result = await stream.read(start=0)
+            assert [record.value for record in result.records] == [b"kept"]
+
+    # close() must return: nothing may wait forever on the refused batch.
+    await asyncio.wait_for(scenario(), 30)

@@ -168,7 +168,17 @@ class StreamWriter:
                 timestamps[0],
                 timestamps[-1],
             )
-            future = self._wal.append(data)
+            try:
+                future = self._wal.append(data)
+            except BaseException as refused:
+                # The WAL refused the batch before taking it (it is fenced or failed): nothing
+                # was written, and the node stops writing exactly as when the WAL fails a batch
+                # later. The cached batch settles as failed, so no reader or upload waits on it
+                # and the next append cannot reuse its offsets.
+                batch.failed = True
+                batch.block.settle_one()
+                self._gate.latch(refused)
+                raise
             future.add_done_callback(
                 lambda done: self._on_wal_done(state, batch, done, len(records), started)
             )
