@@ -27,6 +27,8 @@ from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Protocol
 
+from walstream.config.factory import BackendKind
+from walstream.config.host import HostDeployment, PluginHost, find_host
 from walstream.errors import (
     ConfigError,
     CorruptionError,
@@ -267,17 +269,19 @@ async def _holding_node(config: str | None) -> AsyncIterator[None]:
         lock.release()
 
 
-def _load_deployment(config: str | None) -> Any:
-    """The deployment of ``--config``, or the embedded default one."""
-    import walstream_plugins
+def _plugin_host() -> PluginHost:
+    """The plugin host (found through its entry point), which reads deployments and lists
+    backends for every command."""
+    return find_host(f"{PROG} {_command_name()} reads deployments through the plugin host")
 
-    if config is None:
-        return walstream_plugins.default_deployment()
-    return walstream_plugins.load_deployment(config)
+
+def _load_deployment(config: str | None) -> HostDeployment:
+    """The deployment of ``--config``, or the embedded default one."""
+    return _plugin_host().load_deployment(config)
 
 
 @asynccontextmanager
-async def _backend(config: str | None, kind: str) -> AsyncIterator[Any]:
+async def _backend(config: str | None, kind: BackendKind) -> AsyncIterator[Any]:
     """Build one backend (``object_store`` or ``metadata``) of the deployment without starting
     a node: inspecting must not register a node or claim a WAL."""
     deployment = _load_deployment(config)
@@ -1001,10 +1005,8 @@ async def _recover(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    import walstream_plugins
-
     backends = sorted(
-        walstream_plugins.installed_backends(),
+        _plugin_host().installed_backends(),
         key=lambda entry: (_kind_order(entry.kind), entry.name),
     )
     if args.json:
@@ -1174,9 +1176,7 @@ async def cmd_inspect_metadata(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect_wal(args: argparse.Namespace) -> int:
-    import walstream_plugins
-
-    factory = walstream_plugins.load_factory("wal", args.type)
+    factory = _plugin_host().load_factory("wal", args.type)
     if factory.inspect is None:
         raise ConfigError(
             f"the {args.type!r} WAL cannot be inspected from a path (its factory has no inspect)"
