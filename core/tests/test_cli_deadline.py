@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from walstream.cli import commands as cli
+from walstream import cli
 
 STUCK_S = 20.0
 """How long the stuck command's cleanup waits; a runner that is not bounded takes this long."""
