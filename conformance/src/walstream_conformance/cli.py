@@ -24,7 +24,7 @@ import pytest
 from .backends import backend_options, isolation_changes, load_factory, read_config_section
 from .requirements import SUITE_VERSION, ObjectStoreRequirements, WalRequirements
 
-__all__ = ["add_arguments", "main", "run"]
+__all__ = ["COMMAND", "add_arguments", "main", "run"]
 
 _KINDS = (
     ("wal", "wal", "WAL"),
@@ -217,6 +217,22 @@ def run(args: argparse.Namespace) -> int:
     verdict = "PASS" if exit_code == 0 else "FAIL"
     print(f"\n{verdict}")
     return exit_code
+
+
+class ConformanceCommand:
+    """``walstream conformance``: what the ``walstream.cli`` entry point names (see
+    :mod:`walstream.cli.extensions`)."""
+
+    description = "Run the shared conformance suite against a backend."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        add_arguments(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        return run(args)
+
+
+COMMAND = ConformanceCommand()
 
 
 def main(argv: list[str] | None = None) -> int:
