@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from walstream.cli.output import PROG
 from walstream.cli.runner import EXIT_USAGE
+from walstream.config.host import entry_points_in
 
 __all__ = [
     "COMMANDS_GROUP",
@@ -83,7 +84,7 @@ KNOWN_COMMANDS: dict[str, KnownCommand] = {
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
     """The entry points of :data:`COMMANDS_GROUP` (nothing is imported)."""
-    return list(importlib.metadata.entry_points(group=COMMANDS_GROUP))
+    return entry_points_in(COMMANDS_GROUP)
 
 
 def _dist_label(entry_point: importlib.metadata.EntryPoint) -> str:

@@ -25,6 +25,7 @@ Rules kept here:
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -43,7 +44,9 @@ __all__ = [
     "HostBackends",
     "HostDeployment",
     "PluginHost",
+    "entry_points_in",
     "find_host",
+    "forget_entry_points",
 ]
 
 HOST_GROUP = "walstream.host"
@@ -161,9 +164,27 @@ class PluginHost(Protocol):
         by :meth:`make_hooks`) collect, or None when no metrics extension is loaded."""
 
 
+@functools.cache
+def _entry_points_of(group: str) -> tuple[importlib.metadata.EntryPoint, ...]:
+    return tuple(importlib.metadata.entry_points(group=group))
+
+
+def entry_points_in(group: str) -> list[importlib.metadata.EntryPoint]:
+    """The installed entry points of ``group`` (nothing is imported). Each group is looked up
+    once per process (a look-up reads every installed distribution's metadata and would
+    otherwise add to the start of each command); :func:`forget_entry_points` looks again."""
+    return list(_entry_points_of(group))
+
+
+def forget_entry_points() -> None:
+    """Scan the installed distributions again at the next look-up (for plugins installed, or
+    put on ``sys.path``, while the process runs)."""
+    _entry_points_of.cache_clear()
+
+
 def _host_entry_points() -> list[importlib.metadata.EntryPoint]:
-    """The entry points of :data:`HOST_GROUP` (nothing is imported)."""
-    return list(importlib.metadata.entry_points(group=HOST_GROUP))
+    """The entry points of :data:`HOST_GROUP`."""
+    return entry_points_in(HOST_GROUP)
 
 
 def _dist_label(entry_point: importlib.metadata.EntryPoint) -> str:
