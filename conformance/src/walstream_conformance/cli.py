@@ -7,6 +7,10 @@ Prints each backend's capability table, runs the suites with pytest, prints a pa
                           [--junit-xml report.xml] [--crash-cycles 50] [--seed 7]
 
 Without a config file, a backend with a ``provision`` hook makes a throwaway instance of itself.
+
+``walstream conformance`` reaches :data:`COMMAND` through the ``walstream.cli`` entry point this
+distribution registers (core never imports the suite); ``python -m walstream_conformance.cli``
+runs the same command on its own.
 """
 
 from __future__ import annotations

@@ -5,6 +5,14 @@ Every command takes ``--config FILE`` (a deployment YAML; default: the embedded 
 debug logging of third-party libraries such as botocore). Failures print one line,
 ``walstream: error: <ErrorClass>: <message>``, and exit with 1 (2 for configuration and usage
 errors).
+
+This module builds the parser and runs a command. The commands live in :mod:`.streams`
+(streams, append, read, tail, trim), :mod:`.inspect` (plugins, inspect) and :mod:`.node`
+(recover, demo, serve, bench); other distributions add commands through the ``walstream.cli``
+entry-point group (:mod:`.extensions`; ``conformance`` comes from walstream-conformance).
+:mod:`.runner` bounds a command by its deadline and Ctrl-C, :mod:`.deployments` reaches the
+deployment through the plugin host, :mod:`.remote` forwards to a live ``walstream serve``, and
+:mod:`.output` draws progress bars, tables and records.
 """
 
 from __future__ import annotations
