@@ -165,21 +165,24 @@ class PluginHost(Protocol):
 
 
 @functools.cache
-def _entry_points_of(group: str) -> tuple[importlib.metadata.EntryPoint, ...]:
-    return tuple(importlib.metadata.entry_points(group=group))
+def _installed_entry_points() -> Any:
+    """Every installed entry point, from one scan of the installed distributions (an
+    ``EntryPoints``; Python 3.11 wraps it in ``SelectableGroups``, which selects the same way)."""
+    return importlib.metadata.entry_points()
 
 
 def entry_points_in(group: str) -> list[importlib.metadata.EntryPoint]:
-    """The installed entry points of ``group`` (nothing is imported). Each group is looked up
-    once per process (a look-up reads every installed distribution's metadata and would
-    otherwise add to the start of each command); :func:`forget_entry_points` looks again."""
-    return list(_entry_points_of(group))
+    """The installed entry points of ``group`` (nothing is imported). The installed
+    distributions are scanned once per process for every group (a scan reads each one's
+    metadata and would otherwise add to the start of each command); :func:`forget_entry_points`
+    scans again."""
+    return list(_installed_entry_points().select(group=group))
 
 
 def forget_entry_points() -> None:
     """Scan the installed distributions again at the next look-up (for plugins installed, or
     put on ``sys.path``, while the process runs)."""
-    _entry_points_of.cache_clear()
+    _installed_entry_points.cache_clear()
 
 
 def _host_entry_points() -> list[importlib.metadata.EntryPoint]:
