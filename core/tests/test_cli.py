@@ -453,8 +453,8 @@ def test_help_names_every_deployment_section_and_json_lines(cli: Cli) -> None:
 
 LOGGING_PROBE = """
 import logging, sys
-from walstream.cli import commands as cli
-cli._configure_logging(int(sys.argv[1]))
+from walstream.cli import runner
+runner.configure_logging(int(sys.argv[1]))
 logging.getLogger("botocore.endpoint").debug("third-party debug")
 logging.getLogger("botocore.endpoint").info("third-party info")
 logging.getLogger("walstream.engine.node").debug("core debug")

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from walstream.cli import commands as cli
+from walstream import cli
+from walstream.cli import runner, streams
 
 STUCK_S = 20.0
 """How long the stuck command's cleanup waits; a runner that is not bounded takes this long."""
@@ -33,7 +34,7 @@ def stuck_command(interrupt_after_s: float | None = None) -> object:
         finally:
             upload = asyncio.ensure_future(asyncio.sleep(STUCK_S))
             await asyncio.shield(upload)
-        return cli.EXIT_OK
+        return runner.EXIT_OK
 
     return command
 
@@ -41,12 +42,12 @@ def stuck_command(interrupt_after_s: float | None = None) -> object:
 def test_deadline_stops_a_command_whose_cleanup_hangs(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli, "cmd_streams_list", stuck_command())
+    monkeypatch.setattr(streams, "cmd_streams_list", stuck_command())
     started = time.monotonic()
     status = cli.main(["--timeout", "0.5", "streams", "list"])
     took = time.monotonic() - started
-    assert status == cli.EXIT_DEADLINE == 124
-    assert took < 0.5 + 2 * cli.STOP_GRACE_S + 1.5, took
+    assert status == runner.EXIT_DEADLINE == 124
+    assert took < 0.5 + 2 * runner.STOP_GRACE_S + 1.5, took
     stderr = capsys.readouterr().err
     assert "walstream: error: streams did not finish within 0.5 s (--timeout" in stderr
     assert "durable in the write-ahead log" in stderr
@@ -55,12 +56,12 @@ def test_deadline_stops_a_command_whose_cleanup_hangs(
 def test_ctrl_c_stops_a_command_whose_cleanup_hangs(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli, "cmd_streams_list", stuck_command(interrupt_after_s=0.3))
+    monkeypatch.setattr(streams, "cmd_streams_list", stuck_command(interrupt_after_s=0.3))
     started = time.monotonic()
     status = cli.main(["streams", "list"])
     took = time.monotonic() - started
-    assert status == cli.EXIT_INTERRUPTED == 130
-    assert took < 0.3 + 2 * cli.STOP_GRACE_S + 1.5, took
+    assert status == runner.EXIT_INTERRUPTED == 130
+    assert took < 0.3 + 2 * runner.STOP_GRACE_S + 1.5, took
     stderr = capsys.readouterr().err
     assert stderr.startswith("walstream: interrupted; records acknowledged before are durable")
     # The SIGINT handler is gone afterwards: the process's Ctrl-C works as before.
@@ -70,10 +71,10 @@ def test_ctrl_c_stops_a_command_whose_cleanup_hangs(
 @pytest.mark.parametrize(
     ("argv", "deadline"),
     [
-        (["read", "s"], cli.DEFAULT_TIMEOUT_S),
+        (["read", "s"], runner.DEFAULT_TIMEOUT_S),
         (["append", "s"], None),
         (["--timeout", "30", "append", "s"], 30.0),
-        (["tail", "s"], cli.DEFAULT_TIMEOUT_S),
+        (["tail", "s"], runner.DEFAULT_TIMEOUT_S),
         (["tail", "s", "--follow"], None),
         (["serve"], None),
         (["demo"], None),
@@ -88,14 +89,14 @@ def test_every_one_shot_command_has_a_deadline_by_default(
     argv: list[str], deadline: float | None
 ) -> None:
     args = cli.build_parser().parse_args(argv)
-    assert cli._deadline(args) == deadline
+    assert runner.command_deadline(args) == deadline
 
 
 @pytest.mark.parametrize("value", ["-1", "soon", "inf", "nan"])
 def test_a_bad_timeout_is_a_usage_error(value: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--timeout", value, "streams", "list"])
-    assert exit_info.value.code == cli.EXIT_USAGE
+    assert exit_info.value.code == runner.EXIT_USAGE
     assert "--timeout" in capsys.readouterr().err
 
 
@@ -129,8 +130,8 @@ def test_ctrl_c_stops_an_append_waiting_for_input(tmp_path: Path) -> None:
         append.communicate()
         pytest.fail(f"append waiting for input ignored Ctrl-C for {STUCK_S} s")
     took = time.monotonic() - interrupted
-    assert append.returncode == cli.EXIT_INTERRUPTED, stderr
-    assert took < 2 * cli.STOP_GRACE_S + 1 + 3, took
+    assert append.returncode == runner.EXIT_INTERRUPTED, stderr
+    assert took < 2 * runner.STOP_GRACE_S + 1 + 3, took
     assert "walstream: interrupted; records acknowledged before are durable" in stderr
     read = subprocess.run(
         [*command, "read", "orders"], cwd=tmp_path, capture_output=True, text=True

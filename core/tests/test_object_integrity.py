@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from walstream import Client, CorruptionError, EngineConfig, Record
-from walstream.cli.commands import main as cli_main
+from walstream.cli import main as cli_main
 from walstream.clock import ManualClock
 from walstream.config import CacheConfig, CompactionConfig, UploadConfig
 from walstream.engine.compaction import Compactor

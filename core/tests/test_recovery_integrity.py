@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from walstream import Client, EngineConfig, FencedError, Record
-from walstream.cli.commands import main
+from walstream.cli import main
 from walstream.config import CompactionConfig, RecoveryConfig, UploadConfig
 from walstream.engine.read import read_committed
 from walstream.engine.recovery import RecoveryRefused, max_records_in

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from walstream.cli.commands import main as cli_main
+from walstream.cli import main as cli_main
 from walstream.errors import CorruptionError, IdentityMismatch
 from walstream.wal import WalMode, WalRecord
 from walstream_conformance.corruption import Outcome, classify_recovery, flip_bit, overwrite

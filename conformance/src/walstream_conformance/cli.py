@@ -7,6 +7,10 @@ Prints each backend's capability table, runs the suites with pytest, prints a pa
                           [--junit-xml report.xml] [--crash-cycles 50] [--seed 7]
 
 Without a config file, a backend with a ``provision`` hook makes a throwaway instance of itself.
+
+``walstream conformance`` reaches :data:`COMMAND` through the ``walstream.cli`` entry point this
+distribution registers (core never imports the suite); ``python -m walstream_conformance.cli``
+runs the same command on its own.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import pytest
 from .backends import backend_options, isolation_changes, load_factory, read_config_section
 from .requirements import SUITE_VERSION, ObjectStoreRequirements, WalRequirements
 
-__all__ = ["add_arguments", "main", "run"]
+__all__ = ["COMMAND", "add_arguments", "main", "run"]
 
 _KINDS = (
     ("wal", "wal", "WAL"),
@@ -217,6 +221,22 @@ def run(args: argparse.Namespace) -> int:
     verdict = "PASS" if exit_code == 0 else "FAIL"
     print(f"\n{verdict}")
     return exit_code
+
+
+class ConformanceCommand:
+    """``walstream conformance``: what the ``walstream.cli`` entry point names (see
+    :mod:`walstream.cli.extensions`)."""
+
+    description = "Run the shared conformance suite against a backend."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        add_arguments(parser)
+
+    def run(self, args: argparse.Namespace) -> int:
+        return run(args)
+
+
+COMMAND = ConformanceCommand()
 
 
 def main(argv: list[str] | None = None) -> int:

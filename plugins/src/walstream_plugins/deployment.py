@@ -41,13 +41,11 @@ from walstream.config import (
     BackendFactory,
     BackendKind,
     BuildContext,
-    CacheConfig,
-    CompactionConfig,
     EngineConfig,
     Option,
-    UploadConfig,
     validate_options,
 )
+from walstream.config.engine import APPEND_TIMEOUT, ENGINE_SECTIONS, engine_config_from_sections
 from walstream.errors import ConfigError, WalstreamError
 from walstream.metadata import MetadataStore
 from walstream.objects import ObjectStore
@@ -61,6 +59,7 @@ __all__ = [
     "TOP_LEVEL_KEYS",
     "Backends",
     "Deployment",
+    "DeploymentSource",
     "default_deployment",
     "load_deployment",
 ]
@@ -78,77 +77,64 @@ EMBEDDED_DEFAULT: Mapping[str, Any] = {
 
 BACKEND_KINDS: tuple[BackendKind, ...] = ("wal", "object_store", "metadata")
 
-_NODE_OPTIONS = (
-    Option("id", "int", "this node's id; unique among the nodes sharing a metadata store",
-           default=1, minimum=0),
-)
-_CACHE_OPTIONS = (
-    Option("log_cache_bytes", "size", "bound of the hot-tail LogCache (back-pressure above)",
-           default=CacheConfig.log_cache_bytes, minimum=1),
-    Option("block_cache_bytes", "size", "bound of the BlockCache of object data blocks",
-           default=CacheConfig.block_cache_bytes),
-    Option("readahead_min_bytes", "size", "first read-ahead of a sequential reader",
-           default=CacheConfig.readahead_min_bytes),
-    Option("readahead_max_bytes", "size", "largest read-ahead of a sequential reader",
-           default=CacheConfig.readahead_max_bytes),
-)
-_UPLOAD_OPTIONS = (
-    Option("max_bytes", "size", "seal and upload the active block at this size",
-           default=UploadConfig.max_bytes, minimum=1),
-    Option("max_interval", "duration", "… or at this age",
-           default=UploadConfig.max_interval_s, minimum=0.001),
-    Option("split_bytes", "size", "a stream with this much data in a block gets its own object",
-           default=UploadConfig.split_bytes, minimum=1),
-    Option("max_concurrency", "int", "objects uploaded at once",
-           default=UploadConfig.max_concurrency, minimum=1),
-    Option("prepare_ttl", "duration", "how long a prepared object id stays reserved",
-           default=UploadConfig.prepare_ttl_s, minimum=1),
-)
-_COMPACTION_OPTIONS = (
-    Option("enabled", "bool", "run compaction on this node", default=CompactionConfig.enabled),
-    Option("interval", "duration", "time between compaction passes",
-           default=CompactionConfig.interval_s, minimum=0.001),
-    Option("min_objects", "int", "compact when at least this many small objects wait",
-           default=CompactionConfig.min_objects, minimum=2),
-    Option("small_object_bytes", "size", "objects below this size are compaction candidates",
-           default=CompactionConfig.small_object_bytes, minimum=1),
-    Option("max_object_bytes", "size", "largest object compaction writes",
-           default=CompactionConfig.max_object_bytes, minimum=1),
-)
 _SERVER_OPTIONS = (
     Option("listen", "str", "host:port the HTTP service listens on", default="127.0.0.1:7400"),
     Option("token", "str", "bearer token clients must send (use ${ENV} for secrets)"),
-    Option("header_timeout", "duration", "close a connection whose request head is not "
-           "complete this long after it opened or after its previous response",
-           default=15.0, minimum=0.001),
-    Option("body_timeout", "duration", "answer 408 and close when a request body is not "
-           "complete this long after its head", default=60.0, minimum=0.001),
-    Option("max_connections", "int", "connections open at once; more are answered 503",
-           default=512, minimum=1),
-    Option("max_long_polls", "int", "reads waiting at the tail (wait=) at once; more get 429",
-           default=256, minimum=1),
+    Option(
+        "header_timeout",
+        "duration",
+        "close a connection whose request head is not "
+        "complete this long after it opened or after its previous response",
+        default=15.0,
+        minimum=0.001,
+    ),
+    Option(
+        "body_timeout",
+        "duration",
+        "answer 408 and close when a request body is not complete this long after its head",
+        default=60.0,
+        minimum=0.001,
+    ),
+    Option(
+        "max_connections",
+        "int",
+        "connections open at once; more are answered 503",
+        default=512,
+        minimum=1,
+    ),
+    Option(
+        "max_long_polls",
+        "int",
+        "reads waiting at the tail (wait=) at once; more get 429",
+        default=256,
+        minimum=1,
+    ),
 )
 _HOOKS_OPTIONS = (
-    Option("disable", "str_list", "hook extensions (walstream.hooks names) not to load",
-           default=()),
+    Option(
+        "disable", "str_list", "hook extensions (walstream.hooks names) not to load", default=()
+    ),
 )
 
-_ENGINE_SECTIONS: dict[str, tuple[Option, ...]] = {
-    "node": _NODE_OPTIONS,
-    "cache": _CACHE_OPTIONS,
-    "upload": _UPLOAD_OPTIONS,
-    "compaction": _COMPACTION_OPTIONS,
+# The engine's sections come with their schemas from core; the server's and the host's own
+# sections are checked here.
+_SECTIONS: dict[str, tuple[Option, ...]] = {
+    **ENGINE_SECTIONS,
     "server": _SERVER_OPTIONS,
     "hooks": _HOOKS_OPTIONS,
 }
-_APPEND_TIMEOUT = Option(
-    "append_timeout", "duration", "how long an append waits under back-pressure",
-    default=EngineConfig.append_timeout_s, minimum=0.001,
-)
 
 TOP_LEVEL_KEYS: tuple[str, ...] = (
-    "node", "wal", "object_store", "metadata", "cache", "upload", "compaction",
-    "append_timeout", "server", "hooks",
+    "node",
+    "wal",
+    "object_store",
+    "metadata",
+    "cache",
+    "upload",
+    "compaction",
+    "append_timeout",
+    "server",
+    "hooks",
 )
 
 _SECRET_WORDS = ("token", "secret", "password", "credential", "access_key")
@@ -237,6 +223,10 @@ class Deployment:
         }
 
 
+DeploymentSource = str | os.PathLike[str] | Mapping[str, Any] | Deployment | None
+"""What :func:`load_deployment` accepts."""
+
+
 def _printable(key: str, value: Any) -> Any:
     if value is not None and any(word in key.lower() for word in _SECRET_WORDS):
         return "***"
@@ -265,9 +255,7 @@ def _construct_mapping(loader: yaml.SafeLoader, node: yaml.Node) -> dict[Any, An
         key = loader.construct_object(key_node, deep=True)
         if key in result:
             mark = key_node.start_mark
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", mark
-            )
+            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", mark)
         result[key] = loader.construct_object(value_node, deep=True)
     return result
 
@@ -399,7 +387,9 @@ def _check_disabled_hooks(disabled: list[str]) -> None:
         if name not in installed:
             log.warning(
                 "hooks.disable: no hook extension %r is installed (installed: %s).%s",
-                name, ", ".join(installed) or "none", _did_you_mean(name, installed),
+                name,
+                ", ".join(installed) or "none",
+                _did_you_mean(name, installed),
             )
 
 
@@ -447,13 +437,13 @@ def _from_mapping(
     document = _expand(document, "", environ)
 
     sections: dict[str, Any] = {}
-    for name, options in _ENGINE_SECTIONS.items():
+    for name, options in _SECTIONS.items():
         sections[name] = _validate_section(name, document.get(name), options, base_dir)
     timeout_raw = document.get("append_timeout")
     append_timeout_s = (
-        _APPEND_TIMEOUT.default
+        APPEND_TIMEOUT.default
         if timeout_raw is None
-        else _APPEND_TIMEOUT.parse(timeout_raw, "append_timeout", base_dir)
+        else APPEND_TIMEOUT.parse(timeout_raw, "append_timeout", base_dir)
     )
     sections["append_timeout"] = append_timeout_s
     _check_listen(sections["server"]["listen"])
@@ -470,27 +460,7 @@ def _from_mapping(
         factories[kind], sections[kind] = _validate_backend(kind, document.get(kind), base_dir)
 
     _check_separate_locations(sections)
-    upload = sections["upload"]
-    compaction = sections["compaction"]
-    engine_config = EngineConfig(
-        node_id=sections["node"]["id"],
-        cache=CacheConfig(**cache),
-        upload=UploadConfig(
-            max_bytes=upload["max_bytes"],
-            max_interval_s=upload["max_interval"],
-            split_bytes=upload["split_bytes"],
-            max_concurrency=upload["max_concurrency"],
-            prepare_ttl_s=upload["prepare_ttl"],
-        ),
-        compaction=CompactionConfig(
-            enabled=compaction["enabled"],
-            interval_s=compaction["interval"],
-            min_objects=compaction["min_objects"],
-            small_object_bytes=compaction["small_object_bytes"],
-            max_object_bytes=compaction["max_object_bytes"],
-        ),
-        append_timeout_s=append_timeout_s,
-    )
+    engine_config = engine_config_from_sections(sections)
     ordered = {name: sections[name] for name in TOP_LEVEL_KEYS}
     return Deployment(
         source=source,
@@ -519,7 +489,7 @@ def _check_separate_locations(sections: dict[str, Any]) -> None:
 
 
 def load_deployment(
-    source: str | os.PathLike[str] | Mapping[str, Any] | Deployment | None,
+    source: DeploymentSource,
     *,
     base_dir: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
@@ -554,7 +524,8 @@ def default_deployment(root: Path = Path("walstream-data")) -> Deployment:
     """The embedded default: node 1, an ``ebs`` WAL file, a ``local`` object store and a
     ``sqlite`` metadata store, all inside ``root`` (relative to the working directory)."""
     return _from_mapping(
-        EMBEDDED_DEFAULT, source=None, base_dir=Path(root).expanduser().absolute(),
+        EMBEDDED_DEFAULT,
+        source=None,
+        base_dir=Path(root).expanduser().absolute(),
         environ={},
     )
-

@@ -26,6 +26,7 @@ import walstream
 from stevedore import ExtensionManager
 from stevedore.named import NamedExtensionManager
 from walstream.config import CONTRACT_VERSION, BackendFactory, BackendKind, Option
+from walstream.config.host import forget_entry_points
 from walstream.errors import ConfigError
 
 from .hooks import HOOKS_GROUP
@@ -106,10 +107,12 @@ def _check_kind(kind: str) -> BackendKind:
 
 
 def refresh() -> None:
-    """Forget what was discovered so far (backends and hook extensions), so plugins installed
-    (or put on ``sys.path``) while the process runs become visible."""
+    """Forget what was discovered so far (backends, hook extensions, and core's look-ups of
+    the plugin host and extra commands), so plugins installed (or put on ``sys.path``) while
+    the process runs become visible."""
     global _dist_index
     _dist_index = None
+    forget_entry_points()
     for group in (*GROUPS.values(), HOOKS_GROUP):
         ExtensionManager.ENTRY_POINT_CACHE.pop(group, None)
 

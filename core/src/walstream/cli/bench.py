@@ -133,7 +133,7 @@ class BenchReport:
         }
 
     def table(self) -> str:
-        from walstream.cli.commands import _table
+        from walstream.cli.output import table as _table
 
         def number(value: float, digits: int = 1) -> str:
             return "-" if math.isnan(value) else f"{value:,.{digits}f}"
@@ -283,7 +283,7 @@ async def run_bench(
 ) -> BenchReport:
     """Run the benchmark on the deployment ``config``; print the table; return the report."""
     import walstream
-    from walstream.cli.commands import progress_bar
+    from walstream.cli.output import progress_bar
 
     if value_bytes < _SEQUENCE.size:
         raise InvalidArgument(f"value_bytes must be at least {_SEQUENCE.size}")

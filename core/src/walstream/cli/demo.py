@@ -210,7 +210,7 @@ async def _verify_all(
     label: str,
     show_progress: bool,
 ) -> Verification:
-    from walstream.cli.commands import progress_bar
+    from walstream.cli.output import progress_bar
 
     verification = Verification()
     progress = progress_bar(records * len(names), label, unit="records", enabled=show_progress)
@@ -251,7 +251,7 @@ async def run_demo(
     progress: bool = True,
 ) -> int:
     """Run the demo; print the summary on stdout; return 0 when everything verified, else 1."""
-    from walstream.cli.commands import progress_bar
+    from walstream.cli.output import progress_bar
 
     if streams < 1 or records < 1 or value_bytes < 1 or batch_records < 1:
         raise InvalidArgument("--streams, --records, --value-bytes and --batch must be >= 1")

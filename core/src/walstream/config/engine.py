@@ -1,18 +1,31 @@
-"""The engine's own configuration: cache, upload, compaction and recovery sections.
+"""The engine's own configuration: the cache, upload, compaction and recovery sections, and
+the option schemas of the deployment sections that configure them (``node``, ``cache``,
+``upload``, ``compaction`` and the key ``append_timeout``).
+
+The schemas live here, next to the dataclasses whose defaults they repeat, so that a deployment
+loader (the plugin host's YAML loader) validates the engine's sections without restating them:
+it checks each section against :data:`ENGINE_SECTIONS` and :data:`APPEND_TIMEOUT`, then builds
+the :class:`EngineConfig` with :func:`engine_config_from_sections`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from walstream.config.options import Option
 
 __all__ = [
+    "APPEND_TIMEOUT",
+    "ENGINE_SECTIONS",
     "CacheConfig",
     "CompactionConfig",
     "EngineConfig",
     "RecoveryConfig",
     "UploadConfig",
+    "engine_config_from_sections",
 ]
-
 
 
 @dataclass(frozen=True)
@@ -70,3 +83,156 @@ class EngineConfig:
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     append_timeout_s: float = 30.0
     """How long an append waits under back-pressure before failing with CapacityError."""
+
+
+# -- option schemas of the deployment sections ------------------------------------------------
+
+_NODE_OPTIONS = (
+    Option(
+        "id",
+        "int",
+        "this node's id; unique among the nodes sharing a metadata store",
+        default=1,
+        minimum=0,
+    ),
+)
+_CACHE_OPTIONS = (
+    Option(
+        "log_cache_bytes",
+        "size",
+        "bound of the hot-tail LogCache (back-pressure above)",
+        default=CacheConfig.log_cache_bytes,
+        minimum=1,
+    ),
+    Option(
+        "block_cache_bytes",
+        "size",
+        "bound of the BlockCache of object data blocks",
+        default=CacheConfig.block_cache_bytes,
+    ),
+    Option(
+        "readahead_min_bytes",
+        "size",
+        "first read-ahead of a sequential reader",
+        default=CacheConfig.readahead_min_bytes,
+    ),
+    Option(
+        "readahead_max_bytes",
+        "size",
+        "largest read-ahead of a sequential reader",
+        default=CacheConfig.readahead_max_bytes,
+    ),
+)
+_UPLOAD_OPTIONS = (
+    Option(
+        "max_bytes",
+        "size",
+        "seal and upload the active block at this size",
+        default=UploadConfig.max_bytes,
+        minimum=1,
+    ),
+    Option(
+        "max_interval",
+        "duration",
+        "… or at this age",
+        default=UploadConfig.max_interval_s,
+        minimum=0.001,
+    ),
+    Option(
+        "split_bytes",
+        "size",
+        "a stream with this much data in a block gets its own object",
+        default=UploadConfig.split_bytes,
+        minimum=1,
+    ),
+    Option(
+        "max_concurrency",
+        "int",
+        "objects uploaded at once",
+        default=UploadConfig.max_concurrency,
+        minimum=1,
+    ),
+    Option(
+        "prepare_ttl",
+        "duration",
+        "how long a prepared object id stays reserved",
+        default=UploadConfig.prepare_ttl_s,
+        minimum=1,
+    ),
+)
+_COMPACTION_OPTIONS = (
+    Option("enabled", "bool", "run compaction on this node", default=CompactionConfig.enabled),
+    Option(
+        "interval",
+        "duration",
+        "time between compaction passes",
+        default=CompactionConfig.interval_s,
+        minimum=0.001,
+    ),
+    Option(
+        "min_objects",
+        "int",
+        "compact when at least this many small objects wait",
+        default=CompactionConfig.min_objects,
+        minimum=2,
+    ),
+    Option(
+        "small_object_bytes",
+        "size",
+        "objects below this size are compaction candidates",
+        default=CompactionConfig.small_object_bytes,
+        minimum=1,
+    ),
+    Option(
+        "max_object_bytes",
+        "size",
+        "largest object compaction writes",
+        default=CompactionConfig.max_object_bytes,
+        minimum=1,
+    ),
+)
+
+ENGINE_SECTIONS: Mapping[str, tuple[Option, ...]] = {
+    "node": _NODE_OPTIONS,
+    "cache": _CACHE_OPTIONS,
+    "upload": _UPLOAD_OPTIONS,
+    "compaction": _COMPACTION_OPTIONS,
+}
+"""The engine's deployment sections, in order, each with the options it accepts."""
+
+APPEND_TIMEOUT = Option(
+    "append_timeout",
+    "duration",
+    "how long an append waits under back-pressure",
+    default=EngineConfig.append_timeout_s,
+    minimum=0.001,
+)
+"""The top-level key ``append_timeout`` (a duration, in seconds once parsed)."""
+
+
+def engine_config_from_sections(sections: Mapping[str, Any]) -> EngineConfig:
+    """The :class:`EngineConfig` of validated sections: each of :data:`ENGINE_SECTIONS` as a
+    mapping with every option filled in (sizes in bytes, durations in seconds) and
+    ``append_timeout`` in seconds. Recovery is never configured by a deployment (see
+    :class:`RecoveryConfig`)."""
+    upload = sections["upload"]
+    compaction = sections["compaction"]
+    return EngineConfig(
+        node_id=sections["node"]["id"],
+        cache=CacheConfig(**sections["cache"]),
+        upload=UploadConfig(
+            max_bytes=upload["max_bytes"],
+            max_interval_s=upload["max_interval"],
+            split_bytes=upload["split_bytes"],
+            max_concurrency=upload["max_concurrency"],
+            prepare_ttl_s=upload["prepare_ttl"],
+        ),
+        compaction=CompactionConfig(
+            enabled=compaction["enabled"],
+            interval_s=compaction["interval"],
+            min_objects=compaction["min_objects"],
+            small_object_bytes=compaction["small_object_bytes"],
+            max_object_bytes=compaction["max_object_bytes"],
+        ),
+        append_timeout_s=sections["append_timeout"],
+    )

@@ -1,7 +1,7 @@
 """``walstream.open(config)``: a client from a deployment (YAML path, dict or Deployment).
 
-Deployment files are assembled by the plugin host (``walstream-plugins``), imported lazily so
-that core never depends on it at import time.
+Deployment files are assembled by the plugin host (``walstream-plugins``), which core reaches
+only through the ``walstream.host`` entry-point group (:mod:`walstream.config.host`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 from walstream.clock import Clock
 from walstream.config.engine import EngineConfig, RecoveryConfig
+from walstream.config.host import find_host
 from walstream.engine.events import EngineHooks
 from walstream.engine.node import Client
-from walstream.errors import ConfigError
 
 __all__ = ["OpenClient", "open"]
 
@@ -34,18 +34,18 @@ def _build_client(
     if isinstance(config, Client):
         config.config = _with_accept_loss(config.config, accept_loss)
         return config
-    try:
-        from walstream_plugins import PluggyHooks, load_deployment, make_plugin_manager
-    except ImportError as exc:  # pragma: no cover - the workspace always installs it
-        raise ConfigError(
-            "walstream.open(config) assembles backends through the plugin host: "
-            "pip install walstream-plugins (or build a walstream.Client from backends directly)"
-        ) from exc
-    deployment = config if hasattr(config, "build_backends") else load_deployment(config)
+    if hasattr(config, "build_backends") and hooks is not None:
+        deployment = config  # already assembled: the host has nothing left to do
+    else:
+        host = find_host(
+            "walstream.open(config) assembles backends through the plugin host",
+            advice=" (or build a walstream.Client from backends directly)",
+        )
+        deployment = config if hasattr(config, "build_backends") else host.load_deployment(config)
+        if hooks is None:
+            disabled = tuple(deployment.sections.get("hooks", {}).get("disable", ()) or ())
+            hooks = host.make_hooks(disabled)
     backends = deployment.build_backends()
-    if hooks is None:
-        disabled = tuple(deployment.sections.get("hooks", {}).get("disable", ()) or ())
-        hooks = PluggyHooks(make_plugin_manager(load_entrypoints=True, disabled=disabled))
     client = Client(
         wal=backends.wal,
         objects=backends.objects,

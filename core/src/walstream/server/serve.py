@@ -113,11 +113,11 @@ async def serve(
     of taking the node over. Raises :class:`~walstream.server.live.NodeBusy` (a ConfigError) naming
     the running process when another live process already runs the node.
     """
-    import walstream_plugins
-
     import walstream
+    from walstream.config.host import find_host
 
-    deployment = walstream_plugins.load_deployment(config)
+    plugin_host = find_host("walstream serve reads its deployment through the plugin host")
+    deployment = plugin_host.load_deployment(config)
     server_section = deployment.sections["server"]
     host, port = parse_listen(listen or server_section["listen"] or DEFAULT_LISTEN)
     chosen_limits = limits or limits_from_section(server_section)
@@ -131,11 +131,8 @@ async def serve(
             host,
             port,
         )
-    plugin_manager = walstream_plugins.make_plugin_manager(
-        load_entrypoints=True, disabled=deployment.disabled_hooks
-    )
-    metrics = walstream_plugins.get_metrics(plugin_manager)
-    hooks = walstream_plugins.PluggyHooks(plugin_manager)
+    hooks = plugin_host.make_hooks(deployment.disabled_hooks)
+    render_metrics = plugin_host.metrics_renderer(hooks)
     # The node lock is taken before the node is opened: a second server of the same node must
     # refuse before it registers a new epoch and fences the running one (NodeBusy, exit 2).
     path = live.lock_path(deployment)
@@ -154,7 +151,7 @@ async def serve(
         app = make_app(
             client,
             token=chosen_token,
-            render_metrics=None if metrics is None else metrics.render_prometheus,
+            render_metrics=render_metrics,
             max_body_bytes=max_body_bytes,
             max_wait_s=max_wait_s,
             limits=chosen_limits,

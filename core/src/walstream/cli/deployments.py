@@ -1,0 +1,79 @@
+"""The deployment of ``--config`` and what a command builds from it, through the plugin host
+(:mod:`walstream.config.host`): one backend without a node, or the node lock while a command
+runs the node itself."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from walstream.cli.output import PROG
+from walstream.config.factory import BackendKind
+from walstream.config.host import HostDeployment, PluginHost, find_host
+
+__all__ = [
+    "backend",
+    "command_name",
+    "holding_node",
+    "load_deployment",
+    "plugin_host",
+    "set_command_name",
+]
+
+_running_command = "command"
+"""The command being run (``read``, ``streams list``...), recorded in the node lock it holds."""
+
+
+def command_name() -> str:
+    return _running_command
+
+
+def set_command_name(name: str) -> None:
+    """Record the command being run (``read``, ``streams list``...)."""
+    global _running_command
+    _running_command = name
+
+
+@asynccontextmanager
+async def holding_node(config: str | None) -> AsyncIterator[None]:
+    """Hold the node lock of ``config`` for a command that runs the node itself and has no
+    way through a server (``recover``, ``demo``, ``bench``): raises
+    :class:`~walstream.server.live.NodeBusy` (exit 2) naming the live process that runs the node."""
+    from walstream.server import live
+
+    deployment = load_deployment(config)
+    path = live.lock_path(deployment)
+    if path is None:
+        yield
+        return
+    lock = live.NodeLock.acquire(path, deployment.node_id, f"{PROG} {command_name()}")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def plugin_host() -> PluginHost:
+    """The plugin host (found through its entry point), which reads deployments and lists
+    backends for every command."""
+    return find_host(f"{PROG} {command_name()} reads deployments through the plugin host")
+
+
+def load_deployment(config: str | None) -> HostDeployment:
+    """The deployment of ``--config``, or the embedded default one."""
+    return plugin_host().load_deployment(config)
+
+
+@asynccontextmanager
+async def backend(config: str | None, kind: BackendKind) -> AsyncIterator[Any]:
+    """Build one backend (``object_store`` or ``metadata``) of the deployment without starting
+    a node: inspecting must not register a node or claim a WAL."""
+    deployment = load_deployment(config)
+    factory = deployment.factories[kind]
+    options = {key: value for key, value in deployment.sections[kind].items() if key != "type"}
+    backend = factory.create(options, deployment.build_context())
+    try:
+        yield backend
+    finally:
+        await backend.close()

@@ -1,0 +1,425 @@
+"""A node run by another process: a command reaches it through the HTTP API of a live
+``walstream serve`` (standard library only), or reads its committed records straight from the
+metadata and object store when the server cannot be reached."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+from walstream.cli.deployments import backend, command_name, load_deployment
+from walstream.cli.output import PROG
+from walstream.errors import (
+    ConfigError,
+    InvalidArgument,
+    OutOfRangeError,
+    StreamNotFound,
+    WalstreamError,
+)
+from walstream.records import ReadResult, Record, SequencedRecord
+
+__all__ = [
+    "HTTP_TIMEOUT_S",
+    "LIVE_POLL_WAIT_S",
+    "READ_PAGE_RECORDS",
+    "NodeUnreachable",
+    "open_client",
+]
+
+READ_PAGE_RECORDS = 1000
+LIVE_POLL_WAIT_S = 10
+"""``tail -f`` through a live server: seconds each long poll waits for new records."""
+HTTP_TIMEOUT_S = 60.0
+
+
+@asynccontextmanager
+async def open_client(config: str | None, *, writes: bool = True) -> AsyncIterator[Any]:
+    """The node of ``config`` for one command, never taking it over from a live process.
+
+    No live process runs the node: ``walstream.open(config)`` as always (recovering the node),
+    holding the node lock (:mod:`walstream.server.live`) so that no server starts on it meanwhile.
+    A live ``walstream serve`` runs it: a :class:`_LiveNodeClient` that sends writes to the
+    server's HTTP API and asks it for what is not committed yet; when the server cannot be reached (or the live
+    process is not a server), reads show the committed records only (with a warning on stderr)
+    and writes raise :class:`~walstream.server.live.NodeBusy` naming the running process.
+    """
+    import walstream
+    from walstream.server import live
+
+    deployment = load_deployment(config)
+    path = live.lock_path(deployment)
+    holder = live.probe(path)
+    if holder is None and path is not None:
+        try:
+            lock = live.NodeLock.acquire(path, deployment.node_id, f"{PROG} {command_name()}")
+        except live.NodeBusy as busy:
+            holder = busy.holder  # a server started between the probe and the lock
+        else:
+            try:
+                async with walstream.open(config) as client:
+                    yield client
+            finally:
+                lock.release()
+            return
+    if holder is None:
+        async with walstream.open(config) as client:
+            yield client
+        return
+    async with _LiveNodeClient.open(config, deployment, holder, writes=writes) as client:
+        yield client
+
+
+class NodeUnreachable(WalstreamError):
+    """The live server of the node did not answer (connection refused, reset or timed out)."""
+
+
+class _RemoteNode:
+    """The HTTP API of a live ``walstream serve`` (standard library only: urllib in a thread)."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        import urllib.request
+
+        self.url = url
+        self._token = token
+        # Never through an HTTP proxy of the environment: the node's address is what it recorded.
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        timeout: float = HTTP_TIMEOUT_S,
+    ) -> Any:
+        return await _in_daemon_thread(lambda: self._call(method, path, body, query, timeout))
+
+    def _call(
+        self, method: str, path: str, body: Any, query: dict[str, Any] | None, timeout: float
+    ) -> Any:
+        import urllib.error
+        import urllib.parse
+        import urllib.request
+
+        url = self.url + path
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
+        try:
+            with self._opener.open(request, timeout=timeout) as response:
+                return json.loads(response.read() or b"{}")
+        except urllib.error.HTTPError as failed:
+            raise _remote_error(failed.code, failed.read(), self.url) from None
+        except (urllib.error.URLError, OSError, ValueError) as failed:
+            reason = getattr(failed, "reason", failed)
+            raise NodeUnreachable(
+                f"the node's server at {self.url} did not answer: {reason}"
+            ) from None
+
+
+async def _in_daemon_thread(work: Callable[[], Any]) -> Any:
+    """``work()`` in a daemon thread. Not the loop's default executor: asyncio.run waits for
+    that one's threads at exit, so Ctrl-C during a long poll would hang until it answered; an
+    abandoned daemon thread never keeps the process alive."""
+    import threading
+
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(outcome: Any, failure: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if failure is not None:
+            done.set_exception(failure)
+        else:
+            done.set_result(outcome)
+
+    def run() -> None:
+        try:
+            outcome = work()
+        except BaseException as failure:  # handed to the waiting task, which re-raises it
+            with suppress(RuntimeError):  # the loop closed: nobody waits any more
+                loop.call_soon_threadsafe(settle, None, failure)
+            return
+        with suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, outcome, None)
+
+    threading.Thread(target=run, name="walstream-http", daemon=True).start()
+    return await done
+
+
+def _remote_error(status: int, payload: bytes, url: str) -> WalstreamError:
+    """The typed error of a server's JSON error answer (fields as in walstream.server)."""
+    from walstream import errors
+
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        return WalstreamError(f"the node's server at {url} answered HTTP {status}")
+    name = str(body.get("error", ""))
+    message = str(body.get("message") or name)
+    kind = getattr(errors, name, None)
+    if isinstance(kind, type) and issubclass(kind, OutOfRangeError):
+        return kind(message, int(body.get("start_offset", 0)), int(body.get("tail", 0)))
+    if isinstance(kind, type) and issubclass(kind, errors.DataLossError):
+        return kind(
+            message,
+            int(body.get("stream_id", 0)),
+            int(body.get("start_offset", 0)),
+            int(body.get("end_offset", 0)),
+        )
+    if isinstance(kind, type) and issubclass(kind, errors.TailMismatchError):
+        return kind(message, int(body.get("actual_tail", 0)))
+    if isinstance(kind, type) and issubclass(kind, WalstreamError):
+        try:
+            return kind(message)
+        except TypeError:
+            pass
+    if status == 401:
+        return ConfigError(
+            f"the node's server at {url} wants a token: set WALSTREAM_TOKEN or server.token"
+        )
+    return WalstreamError(f"{name or 'HTTP ' + str(status)}: {message}")
+
+
+def _ref_path(ref: str | int) -> str:
+    import urllib.parse
+
+    return urllib.parse.quote(f"#{ref}" if isinstance(ref, int) else ref, safe="")
+
+
+def _decode_record(raw: dict[str, Any]) -> SequencedRecord:
+    key = raw.get("key")
+    return SequencedRecord(
+        offset=int(raw["offset"]),
+        value=base64.b64decode(raw["value"]),
+        key=None if key is None else base64.b64decode(key),
+        headers=tuple((str(name), base64.b64decode(value)) for name, value in raw["headers"]),
+        timestamp_ms=int(raw.get("timestamp_ms", 0)),
+    )
+
+
+class _LiveNodeClient:
+    """What a command sees of a node that another live process runs: streams and committed
+    records from the metadata and object store directly (nothing registered, nothing claimed);
+    when the process is a reachable server, the tail, the records not yet uploaded, reads by
+    timestamp or tail offset, and every write through its HTTP API."""
+
+    def __init__(self, holder: Any, metadata: Any, reader: Any, remote: _RemoteNode | None):
+        self.holder = holder
+        self.metadata = metadata
+        self.reader = reader
+        self.remote = remote
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls, config: str | None, deployment: Any, holder: Any, *, writes: bool
+    ) -> AsyncIterator[_LiveNodeClient]:
+        from walstream.engine.object_reader import ObjectReader
+        from walstream.server import live
+
+        remote = None
+        reason = holder.describe()
+        if holder.url:
+            candidate = _RemoteNode(holder.url, _token(deployment))
+            try:
+                await candidate.call("GET", "/health", timeout=10.0)
+                remote = candidate
+            except NodeUnreachable as unreachable:
+                reason = str(unreachable)
+            except WalstreamError as failed:
+                reason = f"{holder.describe()}, but its /health answered: {failed}"
+        if remote is None and writes:
+            raise live.NodeBusy(
+                f"{reason}; this command would take the node over: stop that process, or "
+                "retry once its server answers",
+                holder,
+            )
+        if remote is None:
+            print(
+                f"{PROG}: warning: {reason}; showing committed records only (records it "
+                "has acknowledged but not yet uploaded are not shown)",
+                file=sys.stderr,
+            )
+        async with (
+            backend(config, "metadata") as metadata,
+            backend(config, "object_store") as objects,
+        ):
+            yield cls(holder, metadata, ObjectReader(objects, metadata), remote)
+
+    async def list_streams(self, prefix: str = "") -> list[Any]:
+        result: list[Any] = await self.metadata.list_streams(prefix)
+        return result
+
+    async def open_stream(self, ref: str | int) -> _LiveStream:
+        info = await self.metadata.get_stream(ref)
+        return _LiveStream(self, info.stream_id, info.name)
+
+    async def create_stream(self, name: str) -> Any:
+        body = await self._remote().call("POST", "/v1/streams", {"name": name})
+        return argparse.Namespace(name=body["name"], stream_id=body["stream_id"])
+
+    async def delete_stream(self, ref: str | int) -> None:
+        await self._remote().call("DELETE", f"/v1/streams/{_ref_path(ref)}")
+
+    def _remote(self) -> _RemoteNode:
+        if self.remote is None:  # refused in open(); a read-only command never gets here
+            from walstream.server import live
+
+            raise live.NodeBusy(self.holder.describe(), self.holder)
+        return self.remote
+
+
+class _LiveStream:
+    """A stream of a node run by another process (see :class:`_LiveNodeClient`)."""
+
+    def __init__(self, client: _LiveNodeClient, stream_id: int, name: str | None) -> None:
+        self._client = client
+        self.stream_id = stream_id
+        self.name = name
+        self._path = f"/v1/streams/{_ref_path(stream_id)}"
+
+    async def read(
+        self,
+        start: int | None = None,
+        *,
+        from_timestamp: int | None = None,
+        tail_offset: int | None = None,
+        limit_records: int = READ_PAGE_RECORDS,
+        wait: float = 0,
+    ) -> ReadResult:
+        remote = self._client.remote
+        if remote is not None and start is not None and not wait:
+            # Committed records straight from the object store: a long `read` does not load
+            # the server, which is asked only for its tail and the records not yet uploaded.
+            info = await self._info()
+            if info.start_offset <= start < info.committed_end:
+                records = await self._client.reader.read(
+                    self.stream_id, start, info.committed_end, limit_records, 1 << 20
+                )
+                if records:
+                    return ReadResult(list(records), await self.check_tail())
+        if remote is not None:
+            query: dict[str, Any] = {"limit": limit_records}
+            for name, value in (
+                ("start", start),
+                ("from_timestamp", from_timestamp),
+                ("tail_offset", tail_offset),
+            ):
+                if value is not None:
+                    query[name] = value
+            if wait:
+                query["wait"] = wait
+            body = await remote.call(
+                "GET", self._path + "/records", query=query, timeout=HTTP_TIMEOUT_S + wait
+            )
+            return ReadResult([_decode_record(raw) for raw in body["records"]], int(body["tail"]))
+        return await self._read_committed(start, from_timestamp, tail_offset, limit_records)
+
+    async def _read_committed(
+        self,
+        start: int | None,
+        from_timestamp: int | None,
+        tail_offset: int | None,
+        limit_records: int,
+    ) -> ReadResult:
+        if from_timestamp is not None:
+            raise InvalidArgument(
+                "--from-timestamp needs the node's server, which cannot be reached; read "
+                "with --start instead"
+            )
+        info = await self._info()
+        tail = info.committed_end
+        if tail_offset is not None:
+            start = max(info.start_offset, tail - tail_offset)
+        assert start is not None
+        if start < info.start_offset or start > tail:
+            raise OutOfRangeError(
+                f"offset {start} is outside the committed records [{info.start_offset}, {tail}]",
+                info.start_offset,
+                tail,
+            )
+        if start == tail:
+            return ReadResult([], tail)
+        records = await self._client.reader.read(
+            self.stream_id, start, tail, limit_records, 1 << 20
+        )
+        return ReadResult(list(records), tail)
+
+    async def _info(self) -> Any:
+        infos = await self._client.metadata.get_streams([self.stream_id])
+        if self.stream_id not in infos:
+            raise StreamNotFound(f"stream {self.stream_id} was deleted")
+        return infos[self.stream_id]
+
+    async def check_tail(self) -> int:
+        remote = self._client.remote
+        if remote is None:
+            return int((await self._info()).committed_end)
+        return int((await remote.call("GET", self._path + "/tail"))["tail"])
+
+    async def start_offset(self) -> int:
+        remote = self._client.remote
+        if remote is None:
+            return int((await self._info()).start_offset)
+        return int((await remote.call("GET", self._path + "/tail"))["start_offset"])
+
+    async def append(self, records: Sequence[Record]) -> Any:
+        body = await self._client._remote().call(
+            "POST",
+            self._path + "/records",
+            {
+                "records": [
+                    {
+                        "value": base64.b64encode(record.value).decode(),
+                        **(
+                            {}
+                            if record.key is None
+                            else {"key": base64.b64encode(record.key).decode()}
+                        ),
+                        "headers": [
+                            [name, base64.b64encode(value).decode()]
+                            for name, value in record.headers
+                        ],
+                    }
+                    for record in records
+                ]
+            },
+        )
+        return argparse.Namespace(start=body["start"], end=body["end"], tail=body["tail"])
+
+    async def trim(self, offset: int) -> None:
+        await self._client._remote().call("POST", self._path + "/trim", {"start": offset})
+
+    async def tail(self, start: int) -> AsyncIterator[SequencedRecord]:
+        """Follow the stream from ``start`` with long polls (needs the server)."""
+        if self._client.remote is None:
+            raise InvalidArgument("following (-f) needs the node's server, which cannot be reached")
+        position = start
+        while True:
+            result = await self.read(position, wait=LIVE_POLL_WAIT_S)
+            for record in result.records:
+                yield record
+                position = record.offset + 1
+
+
+def _token(deployment: Any) -> str | None:
+    """The token a server of this deployment wants: ``$WALSTREAM_TOKEN``, else server.token."""
+    return os.environ.get("WALSTREAM_TOKEN") or deployment.sections.get("server", {}).get("token")

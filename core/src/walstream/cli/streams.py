@@ -1,0 +1,453 @@
+"""Stream commands: ``streams create|list|delete``, ``append``, ``read``, ``tail``, ``trim``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from walstream.cli.arguments import add_command, add_format, at_least
+from walstream.cli.output import PROG, NoProgress, format_record, out, plural, progress_bar, table
+from walstream.cli.remote import READ_PAGE_RECORDS, open_client
+from walstream.cli.runner import EXIT_OK, EXIT_USAGE
+from walstream.errors import OutOfRangeError
+from walstream.records import ReadResult, Record, parse_stream_ref
+
+if TYPE_CHECKING:
+    from walstream.engine.node import Stream
+
+__all__ = [
+    "add_commands",
+    "cmd_append",
+    "cmd_read",
+    "cmd_streams_create",
+    "cmd_streams_delete",
+    "cmd_streams_list",
+    "cmd_tail",
+    "cmd_trim",
+]
+
+DEFAULT_APPEND_BATCH = 100
+DEFAULT_TAIL_LINES = 10
+
+
+# -- commands: streams ----------------------------------------------------------------------------
+
+
+async def cmd_streams_create(args: argparse.Namespace) -> int:
+    async with open_client(args.config) as client:
+        stream = await client.create_stream(args.name)
+        out(f"created stream {stream.name!r} (id {stream.stream_id})")
+    return EXIT_OK
+
+
+async def cmd_streams_list(args: argparse.Namespace) -> int:
+    async with open_client(args.config, writes=False) as client:
+        infos = await client.list_streams(prefix=args.prefix)
+    if args.json:
+        for info in infos:
+            out(
+                json.dumps(
+                    {
+                        "stream_id": info.stream_id,
+                        "name": info.name,
+                        "start_offset": info.start_offset,
+                        "committed_end": info.committed_end,
+                        "epoch": info.epoch,
+                        "owner_node_id": info.owner_node_id,
+                    }
+                )
+            )
+        return EXIT_OK
+    rows = [
+        (
+            info.stream_id,
+            info.name or "-",
+            info.start_offset,
+            info.committed_end,
+            info.epoch,
+            "-" if info.owner_node_id is None else info.owner_node_id,
+        )
+        for info in infos
+    ]
+    out(table(rows, ("ID", "NAME", "START", "COMMITTED_END", "EPOCH", "OWNER")))
+    return EXIT_OK
+
+
+async def cmd_streams_delete(args: argparse.Namespace) -> int:
+    async with open_client(args.config) as client:
+        await client.delete_stream(_name_or_id(args.name))
+        out(f"deleted stream {args.name!r}")
+    return EXIT_OK
+
+
+def _name_or_id(text: str) -> str | int:
+    """``#7`` or a bare ``7`` selects the stream with id 7, anything else is a name (stream names
+    never start with ``#`` and are never all digits); ``#x`` is refused with InvalidArgument."""
+    return parse_stream_ref(text)
+
+
+# -- commands: append -----------------------------------------------------------------------------
+
+
+def _lines(source: IO[bytes]) -> Iterator[bytes]:
+    for line in source:
+        if line.endswith(b"\n"):
+            line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+        yield line
+
+
+def _batches(values: Iterable[bytes], batch_size: int) -> Iterator[list[bytes]]:
+    batch: list[bytes] = []
+    for value in values:
+        batch.append(value)
+        if len(batch) >= batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+async def cmd_append(args: argparse.Namespace) -> int:
+    key = None if args.key is None else os.fsencode(args.key)
+    headers = tuple(args.header)
+    source: IO[bytes]
+    if args.file is not None:
+        path = Path(args.file)
+        try:
+            source = path.open("rb")
+        except FileNotFoundError:
+            print(f"{PROG}: error: append --file {args.file}: no such file", file=sys.stderr)
+            return EXIT_USAGE
+        except IsADirectoryError:
+            print(f"{PROG}: error: append --file {args.file}: is a folder", file=sys.stderr)
+            return EXIT_USAGE
+        progress = progress_bar(
+            path.stat().st_size, f"append {args.stream}", enabled=not args.no_progress
+        )
+    else:
+        source = sys.stdin.buffer
+        progress = NoProgress()
+    appended = 0
+    batches = 0
+    tail = None
+    try:
+        async with open_client(args.config) as client:
+            stream = await client.open_stream(_name_or_id(args.stream))
+            for values in _batches(_lines(source), args.batch):
+                records = [Record(value, key=key, headers=headers) for value in values]
+                ack = await stream.append(records)
+                appended += len(records)
+                batches += 1
+                tail = ack.tail
+                out(f"offsets {ack.start}..{ack.end - 1}")
+                progress.update(sum(len(value) + 1 for value in values))
+    finally:
+        progress.close()
+        if source is not sys.stdin.buffer:
+            source.close()
+    if appended:
+        print(
+            f"appended {plural(appended, 'record')} in {plural(batches, 'batch')} to "
+            f"{args.stream!r} (tail {tail})",
+            file=sys.stderr,
+        )
+    else:
+        print("nothing to append (no input lines)", file=sys.stderr)
+    return EXIT_OK
+
+
+def _header(text: str) -> tuple[str, bytes]:
+    """An argparse type for ``--header NAME=VALUE``."""
+    name, separator, value = text.partition("=")
+    if not separator or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, os.fsencode(value)
+
+
+# -- commands: read / tail / trim -----------------------------------------------------------------
+
+
+async def _first_read(stream: Stream, args: argparse.Namespace, page: int) -> ReadResult:
+    """The first page of ``read``: at --start, --from-timestamp or --tail-offset; without any of
+    them at the stream's first readable offset."""
+    if args.from_timestamp is not None:
+        return await stream.read(from_timestamp=args.from_timestamp, limit_records=page)
+    if args.tail_offset is not None:
+        return await stream.read(tail_offset=args.tail_offset, limit_records=page)
+    if args.start is not None:
+        return await stream.read(start=args.start, limit_records=page)
+    try:
+        return await stream.read(start=0, limit_records=page)
+    except OutOfRangeError as trimmed:
+        # Trimmed: begin where the stream begins now.
+        return await stream.read(start=trimmed.start_offset, limit_records=page)
+
+
+async def cmd_read(args: argparse.Namespace) -> int:
+    remaining = args.limit
+    async with open_client(args.config, writes=False) as client:
+        stream = await client.open_stream(_name_or_id(args.stream))
+        page = READ_PAGE_RECORDS if remaining is None else min(READ_PAGE_RECORDS, remaining)
+        if page == 0:
+            return EXIT_OK
+        result = await _first_read(stream, args, page)
+        await _print_pages(stream, result, remaining, args.format)
+    return EXIT_OK
+
+
+async def _print_pages(
+    stream: Stream, result: ReadResult, remaining: int | None, output_format: str
+) -> int:
+    """Print ``result`` and the pages after it, up to the tail the first read saw (records
+    appended since are not waited for) and at most ``remaining`` records. One read returns at
+    most a page of records and of bytes (1 MiB by default), so a large count always takes
+    several reads. Returns the offset after the last record printed (the tail when none)."""
+    end = result.tail  # the records present when the read began
+    position = end
+    while True:
+        records = result.records if remaining is None else result.records[:remaining]
+        for record in records:
+            out(format_record(record, output_format))
+        if remaining is not None:
+            remaining -= len(records)
+        if not records:
+            return position
+        position = records[-1].offset + 1
+        if remaining == 0 or position >= end:
+            return position
+        page = READ_PAGE_RECORDS if remaining is None else min(READ_PAGE_RECORDS, remaining)
+        result = await stream.read(start=position, limit_records=page)
+
+
+async def cmd_tail(args: argparse.Namespace) -> int:
+    async with open_client(args.config, writes=False) as client:
+        stream = await client.open_stream(_name_or_id(args.stream))
+        if args.start is not None:
+            position = args.start
+        else:
+            position = await _print_last(stream, args.lines, args.format)
+        if args.start is not None and not args.follow:
+            tail = await stream.check_tail()
+            while position < tail:
+                result = await stream.read(
+                    start=position, limit_records=min(READ_PAGE_RECORDS, tail - position)
+                )
+                if not result.records:
+                    break
+                for record in result.records:
+                    out(format_record(record, args.format))
+                position = result.records[-1].offset + 1
+        if args.follow:
+            async for record in stream.tail(start=position):
+                out(format_record(record, args.format))
+                sys.stdout.flush()
+    return EXIT_OK
+
+
+async def _print_last(stream: Stream, lines: int, output_format: str) -> int:
+    """Print the last ``lines`` records (every readable one when the stream holds fewer);
+    return the offset after them."""
+    if lines <= 0:
+        return await stream.check_tail()
+    result = await stream.read(tail_offset=lines, limit_records=min(lines, READ_PAGE_RECORDS))
+    return await _print_pages(stream, result, lines, output_format)
+
+
+async def cmd_trim(args: argparse.Namespace) -> int:
+    async with open_client(args.config) as client:
+        stream = await client.open_stream(_name_or_id(args.stream))
+        start = await stream.start_offset()
+        if args.offset <= start:
+            # Trimming never moves the start back: the records before it are already gone.
+            out(
+                f"nothing trimmed: {args.stream!r} already starts at offset {start} "
+                f"(trim only moves the first readable offset forward)"
+            )
+            return EXIT_OK
+        await stream.trim(args.offset)
+        out(f"trimmed {args.stream!r}: offsets before {args.offset} are gone")
+    return EXIT_OK
+
+
+# -- parser ---------------------------------------------------------------------------------------
+
+
+def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``streams``, ``append``, ``read``, ``tail`` and ``trim`` to ``commands``."""
+    # streams
+    streams = commands.add_parser(
+        "streams",
+        help="create, list and delete streams",
+        parents=[common],
+        description="Create, list and delete streams.",
+        epilog="examples:\n  walstream streams create orders\n  walstream streams list "
+        "--prefix ord\n  walstream streams delete orders",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    streams_commands = streams.add_subparsers(
+        dest="streams_command", metavar="ACTION", required=True
+    )
+    create = add_command(
+        streams_commands,
+        "create",
+        "create a stream",
+        cmd_streams_create,
+        common,
+        "example:\n  walstream streams create orders",
+    )
+    create.add_argument("name", help="the new stream's name (unique among active streams)")
+    listing = add_command(
+        streams_commands,
+        "list",
+        "list active streams",
+        cmd_streams_list,
+        common,
+        "example:\n  walstream streams list --prefix orders-",
+    )
+    listing.add_argument("--prefix", default="", help="only streams whose name starts with it")
+    listing.add_argument(
+        "--json",
+        action="store_true",
+        help="JSON lines: one JSON object per stream per line (not one JSON array)",
+    )
+    delete = add_command(
+        streams_commands,
+        "delete",
+        "delete a stream and its data",
+        cmd_streams_delete,
+        common,
+        "example:\n  walstream streams delete orders",
+    )
+    delete.add_argument("name", help="stream name (or #ID)")
+
+    # append
+    append = add_command(
+        commands,
+        "append",
+        "append one record per input line (stdin or --file); prints the offsets of each batch",
+        cmd_append,
+        common,
+        "examples:\n  echo hello | walstream append orders\n"
+        "  walstream append orders --file events.txt --batch 1000 --key k1\n"
+        "  walstream append orders -i events.txt -b 1000 -k k1\n\n"
+        "Each line (without its newline) becomes one record's value. Batches are appended\n"
+        "atomically and printed as 'offsets FIRST..LAST'. Reading a file shows a progress bar\n"
+        "on stderr.",
+    )
+    append.add_argument("stream", help="stream name (or #ID)")
+    append.add_argument(
+        "--file", "-i", metavar="F", help="read lines from this file, not stdin (-i: input)"
+    )
+    # The former short spelling: -f means --follow elsewhere, so it is kept but not advertised.
+    append.add_argument("-f", dest="file", metavar="F", help=argparse.SUPPRESS)
+    append.add_argument("--key", "-k", metavar="K", help="key of every appended record")
+    append.add_argument(
+        "--header",
+        action="append",
+        type=_header,
+        default=[],
+        metavar="NAME=VALUE",
+        help="a header on every record (repeatable)",
+    )
+    append.add_argument(
+        "--batch",
+        "-b",
+        type=at_least(1),
+        default=DEFAULT_APPEND_BATCH,
+        metavar="N",
+        help=f"records per atomic batch (default {DEFAULT_APPEND_BATCH})",
+    )
+    append.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    # read
+    read = add_command(
+        commands,
+        "read",
+        "print records of a stream up to its current tail",
+        cmd_read,
+        common,
+        "examples:\n  walstream read orders                 # from the first readable offset\n"
+        "  walstream read orders --start 100 --limit 10\n"
+        "  walstream read orders --tail-offset 5 --format json   # the last 5 records\n"
+        "  walstream read orders --from-timestamp 1700000000000",
+    )
+    read.add_argument("stream", help="stream name (or #ID)")
+    position = read.add_mutually_exclusive_group()
+    position.add_argument(
+        "--start",
+        type=at_least(0),
+        metavar="N",
+        help="first offset to read (default: the first readable offset)",
+    )
+    position.add_argument(
+        "--from-timestamp",
+        type=int,
+        metavar="MS",
+        help="start at the first record with timestamp_ms >= MS",
+    )
+    position.add_argument(
+        "--tail-offset",
+        type=at_least(0),
+        metavar="N",
+        help="start N records before the tail: the last N records (all of them when fewer "
+        "are readable)",
+    )
+    read.add_argument(
+        "--limit", "-n", type=at_least(0), metavar="N", help="print at most N records"
+    )
+    add_format(read)
+
+    # tail
+    tail = add_command(
+        commands,
+        "tail",
+        "print the last records of a stream; with -f keep following",
+        cmd_tail,
+        common,
+        "examples:\n  walstream tail orders            # the last 10 records\n"
+        "  walstream tail orders -f         # then follow new records until Ctrl-C\n"
+        "  walstream tail orders -f --start 0",
+    )
+    tail.add_argument("stream", help="stream name (or #ID)")
+    tail.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing new records as they are appended, until Ctrl-C (exits 0)",
+    )
+    tail.add_argument(
+        "--start",
+        type=at_least(0),
+        metavar="N",
+        help="begin at offset N instead of the last --lines records",
+    )
+    tail.add_argument(
+        "-n",
+        "--lines",
+        type=at_least(0),
+        default=DEFAULT_TAIL_LINES,
+        metavar="N",
+        help=f"print the last N records first, paging through as many reads as that takes; "
+        f"all of them when the stream holds fewer (default {DEFAULT_TAIL_LINES})",
+    )
+    add_format(tail)
+
+    # trim
+    trim = add_command(
+        commands,
+        "trim",
+        "make every offset before OFFSET unreadable",
+        cmd_trim,
+        common,
+        "example:\n  walstream trim orders 1000\n\n"
+        "Trimming only moves the first readable offset forward: an OFFSET at or before it\n"
+        "trims nothing, says so ('nothing trimmed: ... already starts at offset N') and\n"
+        "exits 0. An OFFSET beyond the tail is an error (exit 1).",
+    )
+    trim.add_argument("stream", help="stream name (or #ID)")
+    trim.add_argument("offset", type=at_least(0), help="the new first readable offset")
