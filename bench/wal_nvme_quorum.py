@@ -23,7 +23,8 @@ from typing import Any
 
 from walstream.config import BuildContext
 from walstream.wal import WalMode, WriteAheadLog
-from walstream_wal_nvme_quorum import NVME_QUORUM_WAL, ChunkServerProcess, chunk_servers
+from walstream_wal_nvme_quorum import NVME_QUORUM_WAL
+from walstream_wal_nvme_quorum.testing import ChunkServerProcess, chunk_servers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wal_nvme_quorum.json"
 

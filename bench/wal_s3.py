@@ -29,7 +29,7 @@ from typing import Any
 
 from walstream.wal import WalMode
 from walstream_wal_s3 import S3ObjectStore, S3Settings, S3Wal
-from walstream_wal_s3.testing import TEST_CREDENTIALS, FaultProxy, MotoServer
+from walstream_wal_s3.testing.moto import TEST_CREDENTIALS, FaultProxy, MotoServer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wal_s3.json"
 BUCKET = "walstream-bench"

@@ -1,7 +1,7 @@
 """Benchmark of the s3express WAL: ack latency with all zones healthy, one zone slow, one down.
 
-Three zones, each a moto S3 server (``walstream_wal_s3express.zones``) behind a fault proxy
-(``walstream_wal_s3.testing.FaultProxy``) that adds a lognormal latency to every request
+Three zones, each a moto S3 server (``walstream_wal_s3express.testing.zones``) behind a fault proxy
+(``walstream_wal_s3.testing.moto.FaultProxy``) that adds a lognormal latency to every request
 (p50 5 ms / p99 10 ms: the S3 Express order of magnitude). Scenarios:
 
 - ``healthy``: all three zones with the latency model;
@@ -31,9 +31,9 @@ from typing import Any
 
 from walstream.config import BuildContext
 from walstream.wal import WalMode
-from walstream_wal_s3.testing import FaultProxy
+from walstream_wal_s3.testing.moto import FaultProxy
 from walstream_wal_s3express import S3EXPRESS_WAL
-from walstream_wal_s3express.zones import TEST_CREDENTIALS, zone_servers
+from walstream_wal_s3express.testing.zones import TEST_CREDENTIALS, zone_servers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wal_s3express.json"
 P50_MS, P99_MS = 5.0, 10.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from walstream_wal_ebs.crashloop import digest, payload_for
+from walstream_wal_ebs.testing.crashloop import digest, payload_for
 
 SEED = 20240917
 
@@ -105,7 +105,7 @@ def run_crash_cycles(path: Path, workdir: Path, cycles: int, seed: int) -> Crash
                 [
                     sys.executable,
                     "-m",
-                    "walstream_wal_ebs.crashloop",
+                    "walstream_wal_ebs.testing.crashloop",
                     str(path),
                     "--report",
                     str(report),

@@ -11,7 +11,8 @@ from typing import Any
 from walstream.wal import WalMode
 from walstream_conformance.ackwriter import AckWriter, check_recovery, wait_acks
 from walstream_conformance.backends import BackendSpec
-from walstream_wal_nvme_quorum import ChunkServerProcess, ChunkServerReplica
+from walstream_wal_nvme_quorum import ChunkServerReplica
+from walstream_wal_nvme_quorum.testing import ChunkServerProcess
 
 
 async def test_server_sigkill_during_appends_then_it_catches_up(

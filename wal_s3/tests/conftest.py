@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from walstream_wal_s3 import S3ObjectStore, S3Settings, S3Wal
 from walstream_wal_s3.client import RetryPolicy
-from walstream_wal_s3.testing import (  # noqa: F401 - fixtures
-    S3Bucket,
+from walstream_wal_s3.testing import S3Bucket
+from walstream_wal_s3.testing.fixtures import (  # noqa: F401 - fixtures
     fault_proxy,
     fault_proxy_server,
     moto_server,

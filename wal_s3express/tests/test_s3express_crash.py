@@ -13,7 +13,7 @@ from walstream.wal import WalMode
 from walstream_conformance.ackwriter import AckWriter, check_recovery, wait_acks
 from walstream_conformance.backends import BackendSpec
 from walstream_wal_s3express import build_replicas
-from walstream_wal_s3express.zones import ZoneServer, zone_wal_options
+from walstream_wal_s3express.testing.zones import ZoneServer, zone_wal_options
 
 
 async def zone_holds(zone_options: dict[str, Any], log_id: str, seqs: set[int]) -> bool:

@@ -14,7 +14,7 @@ from walstream.errors import ConfigError, FencedError, WalstreamError
 from walstream.wal import WalMode
 from walstream_wal_s3express import S3EXPRESS_WAL
 from walstream_wal_s3express.replica import ZonalBucketReplica
-from walstream_wal_s3express.zones import ZoneServer
+from walstream_wal_s3express.testing.zones import ZoneServer
 
 
 def test_entry_point_names_the_factory() -> None:

@@ -1,7 +1,7 @@
 """The crash harness: SIGKILL a WAL writer at seeded random points and check what a fresh process
 recovers against what was acknowledged.
 
-Each cycle starts a child process (``python -m walstream_conformance.crash``) that builds the WAL
+Each cycle starts a child process (``python -m walstream_conformance.harness.crash``) that builds the WAL
 from a :class:`~walstream_conformance.backends.BackendSpec`, recovers it (reporting every record),
 then appends from several concurrent tasks, reporting each acknowledgement and each started and
 finished trim on stdout. The parent kills it with SIGKILL after a seeded random delay (sometimes during its
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from walstream.wal import WalMode, WriteAheadLog
 
-from .backends import BackendSpec
+from ..backends import BackendSpec
 
 __all__ = ["CrashReport", "crash_payload", "run_crash_cycles"]
 
@@ -101,7 +101,7 @@ def _spawn(
     command = [
         sys.executable,
         "-m",
-        "walstream_conformance.crash",
+        "walstream_conformance.harness.crash",
         "--seed",
         str(seed),
         "--cycle",

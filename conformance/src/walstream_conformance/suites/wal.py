@@ -7,7 +7,7 @@ medium, so a test can restart and recover) and, optionally:
 - ``walstream_wal_spec``: a :class:`~walstream_conformance.backends.BackendSpec` that builds the
   WAL in another process (enables the SIGKILL crash harness);
 - ``walstream_wal_power_loss``: a callable that drops every write not yet synced to stable media
-  (enables the power-loss test; see :mod:`walstream_conformance.power`);
+  (enables the power-loss test; see :mod:`walstream_conformance.harness.power`);
 - ``walstream_wal_medium_fault``: a callable ``fault(broken: bool)`` that makes the medium fail
   or heals it (enables the medium-error translation test).
 """
@@ -521,7 +521,7 @@ class WalSuite:
     ) -> None:
         """The crash harness: a writer in a child process is SIGKILLed at seeded random points;
         a fresh process recovers every acknowledged record exactly once."""
-        from ..crash import run_crash_cycles
+        from ..harness.crash import run_crash_cycles
 
         kit = walstream_wal_kit
         kit.requirements.require("survives_process_kill")

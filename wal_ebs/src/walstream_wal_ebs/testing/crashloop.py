@@ -1,4 +1,4 @@
-"""A writer process for crash testing the ebs WAL: ``python -m walstream_wal_ebs.crashloop``.
+"""A writer process for crash testing the ebs WAL: ``python -m walstream_wal_ebs.testing.crashloop``.
 
 It starts the WAL READ_WRITE with a fresh epoch, recovers, reports every recovered record, then
 appends deterministic payloads forever (a window of appends in flight), trims behind itself and
@@ -27,7 +27,7 @@ from collections import deque
 
 from walstream.wal import WalMode, WalOffset
 
-from .wal import EbsWal
+from ..wal import EbsWal
 
 __all__ = ["digest", "parse_identity", "payload_for"]
 
