@@ -1,23 +1,44 @@
-"""The crash harness: SIGKILL a WAL writer at seeded random points and check what a fresh process
-recovers against what was acknowledged.
+"""The crash harness: one writer process, one report protocol, one checker.
 
-Each cycle starts a child process (``python -m walstream_conformance.harness.crash``) that builds the WAL
-from a :class:`~walstream_conformance.backends.BackendSpec`, recovers it (reporting every record),
-then appends from several concurrent tasks, reporting each acknowledgement and each started and
-finished trim on stdout. The parent kills it with SIGKILL after a seeded random delay (sometimes during its
-recovery), keeps every fully reported line as the acknowledged log, and verifies the next
-cycle's recovery:
+Every WAL's crash tests use these three pieces:
 
-- offsets strictly increase (append order, each record once);
-- every recovered record carries bytes that were appended (payloads are self-describing);
-- every acknowledged record above the last finished trim is recovered with its exact bytes,
-  and so is every record an earlier recovery yielded — except records at or below a trim that
-  was started (``P`` line) but not reported finished: a trim in flight at the kill may have
-  taken effect, on a quorum WAL even on some replicas only;
-- nothing at or below a finished trim comes back;
-- new offsets are above every earlier one.
+**The writer** (``python -m walstream_conformance.harness.crash``, run through
+:class:`CrashWriter`) builds the WAL from a :class:`~walstream_conformance.backends.BackendSpec`
+(JSON on stdin), starts it as node 1, recovers it reporting every record, then keeps a window of
+appends in flight (one task: call order is log order) and, if asked, trims behind itself and
+resets now and then — until it is SIGKILLed. Payloads are self-describing
+(:func:`crash_payload`): a record read back names the writer (``cycle``) and append (``seq``)
+that wrote it, and its bytes prove it.
 
-The same seed replays the same kill schedule and payloads.
+**The report protocol**: one line per event, each written with one ``os.write`` *after* the
+event happened, so a SIGKILL leaves at most a cut last line (dropped by the reader)::
+
+    R <offset> <cycle> <seq>   recovered record ("R <offset> - -": bytes never appended)
+    READY                      recovery finished; appends begin
+    DONE                       recovery finished (--mode recover); the writer exits
+    A <offset> <cycle> <seq>   append acknowledged
+    P <offset> / T <offset>    trim started / finished
+    X / Z                      reset started / finished
+    E <message>                the writer failed
+
+**The checker** (:class:`CrashModel`) keeps what must come back: every acknowledged record and
+every record an earlier recovery returned, minus finished trims and resets. A recovery must
+return
+
+- offsets strictly increasing, records in append order (``(cycle, seq)`` increasing), each once;
+- only bytes that were appended, and at an offset known to hold a record, that record;
+- nothing at or below a finished trim;
+- every record the model holds — except those at or below a trim that was started but not
+  reported finished (a trim in flight at the kill may have applied, on a quorum WAL even on some
+  replicas only), and everything when a reset was in flight and nothing came back;
+- with ``contiguous``: per writer, one unbroken run of its appends (no holes);
+
+and new acknowledged offsets are above every earlier one.
+
+:func:`run_crash_cycles` runs the whole loop (kill at seeded random points, sometimes during
+recovery; check each next recovery; a final recovery). Tests that also kill servers or zones
+drive :class:`CrashWriter` themselves and check their own recoveries with
+:meth:`CrashModel.check_records`. The same seed replays the same payloads and kill schedule.
 """
 
 from __future__ import annotations
@@ -26,35 +47,378 @@ import argparse
 import asyncio
 import os
 import random
-import select
 import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
-from walstream.wal import WalMode, WriteAheadLog
+from walstream.wal import WalMode, WalRecord, WriteAheadLog
 
 from ..backends import BackendSpec
 
-__all__ = ["CrashReport", "crash_payload", "run_crash_cycles"]
+__all__ = [
+    "CrashCheckFailed",
+    "CrashModel",
+    "CrashReport",
+    "CrashWriter",
+    "KillSchedule",
+    "WriterOptions",
+    "crash_payload",
+    "identify",
+    "run_crash_cycles",
+]
 
-_READY_TIMEOUT_S = 90.0
+_HEADER = struct.Struct(">II")
+# Sizes around the block and page boundaries file WALs care about, and a random one.
+_SIZES = (0, 1, 50, 300, 1000, 2000, 4000, 4072, 4096, 9000, -1)
+_NONE = -(1 << 62)
 
 
 def crash_payload(seed: int, cycle: int, seq: int) -> bytes:
-    """Self-describing bytes of record ``seq`` written in ``cycle``."""
+    """The self-describing bytes of append ``seq`` of writer ``cycle`` (8 to ~9 KiB)."""
     rng = random.Random(f"crash/{seed}/{cycle}/{seq}")
-    return struct.pack(">II", cycle, seq) + rng.randbytes(rng.choice((0, 1, 50, 300, 2000, 9000)))
+    size = rng.choice(_SIZES)
+    if size < 0:
+        size = rng.randrange(0, 9000)
+    return _HEADER.pack(cycle, seq) + rng.randbytes(size)
 
 
-def _identify(seed: int, data: bytes) -> tuple[int, int] | None:
-    if len(data) < 8:
+def identify(seed: int, data: bytes) -> tuple[int, int] | None:
+    """``(cycle, seq)`` of a payload written with ``seed``, or None if these bytes never were."""
+    if len(data) < _HEADER.size:
         return None
-    cycle, seq = struct.unpack(">II", data[:8])
+    cycle, seq = _HEADER.unpack_from(data)
     return (cycle, seq) if crash_payload(seed, cycle, seq) == data else None
+
+
+class CrashCheckFailed(AssertionError):
+    """What a recovery returned contradicts what the writers reported."""
+
+
+# -- the checker --------------------------------------------------------------------------------
+
+Identity = tuple[int, int]
+
+
+@dataclass
+class CrashModel:
+    """What the log must hold, from the writers' reports (see the module docstring)."""
+
+    seed: int
+    contiguous: bool = False
+    """Also require each writer's recovered appends to be one run without holes."""
+    replay_hint: str = ""
+    """Appended to failure messages (how to replay this run)."""
+    present: dict[int, Identity] = field(default_factory=dict)
+    trim_point: int = _NONE
+    """Highest finished trim: nothing at or below may come back."""
+    maybe_trimmed: int = _NONE
+    """Highest started trim: records at or below may or may not come back."""
+    reset_in_doubt: bool = False
+    highest_offset: int = _NONE
+    acknowledged: int = 0
+    recoveries_checked: int = 0
+
+    def fail(self, cycle: int, message: str) -> NoReturn:
+        hint = f" ({self.replay_hint})" if self.replay_hint else ""
+        raise CrashCheckFailed(f"crash harness, seed {self.seed}, cycle {cycle}: {message}{hint}")
+
+    # what the writers (or the test) did
+
+    def apply(self, cycle: int, lines: Iterable[str]) -> None:
+        """Account for a writer's report lines after its recovery (``R`` lines are skipped:
+        they go through :meth:`check_recovery`)."""
+        for line in lines:
+            kind, *fields = line.split()
+            if kind == "A":
+                offset, record_cycle, seq = (int(value) for value in fields)
+                if offset <= self.highest_offset:
+                    self.fail(
+                        cycle,
+                        f"acknowledged offset {offset} is not above earlier offset "
+                        f"{self.highest_offset}",
+                    )
+                self.present[offset] = (record_cycle, seq)
+                self.highest_offset = offset
+                self.acknowledged += 1
+            elif kind == "P":
+                self.maybe_trimmed = max(self.maybe_trimmed, int(fields[0]))
+            elif kind == "T":
+                self.trim(int(fields[0]))
+            elif kind == "X":
+                self.reset_in_doubt = True
+            elif kind == "Z":
+                self.reset()
+            elif kind == "E":
+                self.fail(cycle, f"the writer failed: {' '.join(fields)}")
+
+    def trim(self, offset: int) -> None:
+        """A trim through ``offset`` finished."""
+        self.trim_point = max(self.trim_point, offset)
+        self.maybe_trimmed = max(self.maybe_trimmed, offset)
+        for known in [o for o in self.present if o <= self.trim_point]:
+            del self.present[known]
+
+    def reset(self) -> None:
+        """A reset finished: nothing written so far may come back."""
+        self.reset_in_doubt = False
+        self.present.clear()
+        self.trim_point = self.maybe_trimmed = max(self.trim_point, self.highest_offset)
+
+    def absorb(self, cycle: int, lines: Sequence[str]) -> None:
+        """Account for everything a killed writer reported: its recovery (checked, complete if
+        it reported ``READY``), then what it did after."""
+        if "READY" in lines:
+            ready_at = lines.index("READY")
+            self.check_lines(cycle, lines[:ready_at], complete=True)
+            self.apply(cycle, lines[ready_at + 1 :])
+        else:
+            self.check_lines(cycle, lines, complete=False)
+
+    # what a recovery returned
+
+    def check_records(self, cycle: int, records: Sequence[WalRecord], *, complete: bool) -> None:
+        """Check records a recovery in this process returned (see :meth:`check_recovery`)."""
+        self.check_recovery(
+            cycle,
+            [(record.offset, identify(self.seed, bytes(record.data))) for record in records],
+            complete=complete,
+        )
+
+    def check_lines(self, cycle: int, lines: Iterable[str], *, complete: bool) -> None:
+        """Check the ``R`` lines a writer reported (``complete``: its recovery finished)."""
+        recovered: list[tuple[int, Identity | None]] = []
+        for line in lines:
+            if line.startswith("R "):
+                _, offset, record_cycle, seq = line.split()
+                identity = None if record_cycle == "-" else (int(record_cycle), int(seq))
+                recovered.append((int(offset), identity))
+        self.check_recovery(cycle, recovered, complete=complete)
+
+    def check_recovery(
+        self, cycle: int, recovered: Sequence[tuple[int, Identity | None]], *, complete: bool
+    ) -> None:
+        """Check one recovery, ``(offset, identity)`` in the order it yielded them; a
+        ``complete`` recovery must hold every record the model holds. The model then holds what
+        came back (a recovered record must stay recoverable)."""
+        last: tuple[int, Identity] | None = None
+        for offset, identity in recovered:
+            if identity is None:
+                self.fail(cycle, f"recovered bytes at offset {offset} that were never appended")
+            if last is not None and offset <= last[0]:
+                self.fail(
+                    cycle, f"recovery yielded offset {offset} after {last[0]} (order/duplicate)"
+                )
+            if last is not None and identity <= last[1]:
+                self.fail(
+                    cycle,
+                    f"recovery yielded record {identity} at {offset} after record {last[1]} "
+                    f"at {last[0]}: not in append order (or recovered twice)",
+                )
+            if offset <= self.trim_point:
+                self.fail(
+                    cycle,
+                    f"recovered offset {offset} at or below the finished trim {self.trim_point}",
+                )
+            expected = self.present.get(offset)
+            if expected is not None and expected != identity:
+                self.fail(
+                    cycle, f"offset {offset} holds record {identity}, acknowledged as {expected}"
+                )
+            last = (offset, identity)
+        found = dict(recovered)
+        for offset, identity in found.items():
+            assert identity is not None
+            self.present[offset] = identity
+            self.highest_offset = max(self.highest_offset, offset)
+        if not complete:
+            return
+        if self.reset_in_doubt and not found:
+            self.present.clear()  # the reset in flight at the kill took effect
+        missing = [o for o in sorted(self.present) if o not in found]
+        for offset in [o for o in missing if o <= self.maybe_trimmed]:
+            del self.present[offset]  # a trim in flight at the kill took effect: allowed
+        missing = [o for o in missing if o > self.maybe_trimmed]
+        if missing:
+            self.fail(
+                cycle,
+                f"{len(missing)} acknowledged records were not recovered, "
+                f"e.g. offsets {missing[:10]} "
+                f"(records {[self.present[o] for o in missing[:5]]})",
+            )
+        if self.contiguous:
+            runs: dict[int, list[int]] = {}
+            for offset, identity in recovered:
+                assert identity is not None
+                if offset > self.maybe_trimmed:
+                    runs.setdefault(identity[0], []).append(identity[1])
+            for writer, seqs in runs.items():
+                if seqs != list(range(seqs[0], seqs[0] + len(seqs))):
+                    holes = sorted(set(range(seqs[0], seqs[-1] + 1)) - set(seqs))
+                    self.fail(
+                        cycle, f"writer {writer} recovered with a hole: appends {holes[:10]} lost"
+                    )
+        self.reset_in_doubt = False
+        self.recoveries_checked += 1
+
+
+# -- the writer process, seen from the test ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    """How the writer appends; passed on its command line."""
+
+    window: int = 0
+    """Appends in flight at once (0: a seeded choice of 1, 4 or 8 per writer)."""
+    trims: bool = True
+    """Trim all it recovered (half the time), and behind itself while appending."""
+    keep: int = 200
+    """While appending, trim once more than ``keep`` acknowledged records are untrimmed, down
+    to ``keep // 2``."""
+    reset_chance: float = 0.0
+    """Chance the writer resets the WAL right after recovering."""
+
+    def arguments(self) -> list[str]:
+        return [
+            f"--window={self.window}",
+            f"--keep={self.keep}",
+            f"--reset-chance={self.reset_chance}",
+            *([] if self.trims else ["--no-trims"]),
+        ]
+
+
+class CrashWriter:
+    """One writer process and the report lines it wrote (read on a thread as they come)."""
+
+    def __init__(
+        self,
+        spec: BackendSpec,
+        *,
+        seed: int,
+        cycle: int,
+        epoch: int | None = None,
+        mode: str = "write",
+        options: WriterOptions = WriterOptions(),
+        stderr: Path | None = None,
+    ) -> None:
+        self.cycle = cycle
+        self._stderr_path = stderr
+        command = [
+            sys.executable,
+            "-m",
+            "walstream_conformance.harness.crash",
+            f"--seed={seed}",
+            f"--cycle={cycle}",
+            f"--epoch={1000 + cycle if epoch is None else epoch}",
+            f"--mode={mode}",
+            *options.arguments(),
+        ]
+        err = stderr.open("wb") if stderr is not None else None
+        try:
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err
+            )
+        finally:
+            if err is not None:
+                err.close()
+        assert self.process.stdin is not None
+        self.process.stdin.write(spec.to_json().encode() + b"\n")
+        self.process.stdin.close()
+        self.lines: list[str] = []
+        self.acks: list[tuple[int, int, int]] = []
+        """``(offset, cycle, seq)`` of each acknowledged append, in order."""
+        self.ready = threading.Event()
+        """Set on ``READY`` or ``DONE`` (its recovery finished)."""
+        self.ended = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        try:
+            for raw in self.process.stdout:
+                if not raw.endswith(b"\n"):
+                    break  # cut by the kill
+                line = raw.decode().rstrip("\n")
+                if line.startswith("A "):
+                    offset, cycle, seq = (int(value) for value in line.split()[1:])
+                    self.acks.append((offset, cycle, seq))
+                self.lines.append(line)
+                if line in ("READY", "DONE"):
+                    self.ready.set()
+        finally:
+            self.ended.set()
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stderr_tail(self) -> str:
+        path = self._stderr_path
+        return path.read_text(errors="replace")[-2000:] if path and path.exists() else ""
+
+    def wait_acks_blocking(self, count: int, timeout_s: float) -> bool:
+        """Until ``count`` acknowledgements were reported; False if the writer ended or the
+        time ran out first."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.acks) < count:
+            if self.ended.is_set() or time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    async def wait_acks(self, count: int, timeout_s: float = 20.0) -> None:
+        """Until ``count`` acknowledgements were reported (asserts the writer lives and the
+        time, ``timeout_s``, does not run out)."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.acks) < count:
+            assert not self.ended.is_set(), f"the writer died on its own: {self.stderr_tail()}"
+            assert time.monotonic() < deadline, f"only {len(self.acks)} of {count} acks arrived"
+            await asyncio.sleep(0.01)
+
+    def kill(self) -> list[str]:
+        """SIGKILL the writer; every complete line it wrote (they all happened)."""
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        return self.finish()
+
+    def finish(self, timeout_s: float = 10.0) -> list[str]:
+        """Wait for the writer to end (bounded; SIGKILL after ``timeout_s``); its lines."""
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._reader.join(timeout=10)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return list(self.lines)
+
+
+# -- the whole loop -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KillSchedule:
+    """When :func:`run_crash_cycles` kills each writer (seeded)."""
+
+    recovery_kill_chance: float = 0.15
+    """Chance a cycle's kill comes ``recovery_kill_s`` after the start, maybe during recovery."""
+    recovery_kill_s: tuple[float, float] = (0.0, 0.6)
+    kill_s: tuple[float, float] = (0.05, 0.8)
+    """Otherwise: seconds after recovery finished."""
+    kill_after_acks: tuple[int, int] | None = None
+    """Instead of ``kill_s``: once this many appends (a seeded choice) were acknowledged."""
+    ready_timeout_s: float = 90.0
 
 
 @dataclass
@@ -65,320 +429,172 @@ class CrashReport:
     """Acknowledgements observed over all cycles."""
     recovered_last: int = 0
     kills_during_recovery: int = 0
+    recoveries_checked: int = 0
     log: list[str] = field(default_factory=list)
 
 
-@dataclass
-class _Model:
-    """What must be recovered: acknowledged or previously recovered records above the trim."""
-
-    present: dict[int, tuple[int, int]] = field(default_factory=dict)
-    trim_point: int = -(1 << 62)
-    maybe_trimmed: int = -(1 << 62)
-    """Highest trim that was started (``P``): killed mid-trim, it may or may not have applied."""
-    highest_offset: int = -(1 << 62)
-
-    def trim(self, offset: int) -> None:
-        self.trim_point = max(self.trim_point, offset)
-        for known in [o for o in self.present if o <= self.trim_point]:
-            del self.present[known]
-
-
-class CrashCheckFailed(AssertionError):
-    pass
-
-
-def _fail(report: CrashReport, cycle: int, message: str) -> None:
-    raise CrashCheckFailed(
-        f"crash harness, seed {report.seed}, cycle {cycle}: {message} "
-        f"(replay with --walstream-seed={report.seed})"
-    )
-
-
-def _spawn(
-    spec: BackendSpec, seed: int, cycle: int, mode: str, workdir: Path
-) -> subprocess.Popen[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "walstream_conformance.harness.crash",
-        "--seed",
-        str(seed),
-        "--cycle",
-        str(cycle),
-        "--mode",
-        mode,
-    ]
-    stderr = (workdir / f"crash-cycle-{cycle}.stderr").open("w")
-    process = subprocess.Popen(
-        command,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        text=True,
-        cwd=workdir,
-    )
-    stderr.close()
-    assert process.stdin is not None
-    process.stdin.write(spec.to_json() + "\n")
-    process.stdin.close()
-    return process
-
-
-class _LineReader:
-    def __init__(self, process: subprocess.Popen[str]) -> None:
-        assert process.stdout is not None
-        self._fd = process.stdout.fileno()
-        self._buffer = b""
-        self.eof = False
-
-    def read_until(self, deadline: float) -> list[str]:
-        """Complete lines available before ``deadline`` (monotonic seconds)."""
-        lines: list[str] = []
-        while not self.eof:
-            timeout = deadline - time.monotonic()
-            if timeout <= 0:
-                break
-            ready, _, _ = select.select([self._fd], [], [], timeout)
-            if not ready:
-                break
-            chunk = os.read(self._fd, 65536)
-            if not chunk:
-                self.eof = True
-                break
-            self._buffer += chunk
-            *complete, self._buffer = self._buffer.split(b"\n")
-            decoded = [line.decode() for line in complete]
-            lines.extend(decoded)
-            if any(line in ("READY", "DONE") for line in decoded):
-                break
-        return lines
-
-
-def _stderr_tail(workdir: Path, cycle: int) -> str:
-    path = workdir / f"crash-cycle-{cycle}.stderr"
-    return path.read_text()[-2000:] if path.exists() else ""
-
-
-def _check_recovery(
-    report: CrashReport, cycle: int, model: _Model, lines: list[str], complete: bool
-) -> None:
-    offsets: list[int] = []
-    for line in lines:
-        if not line.startswith("R "):
-            continue
-        _, offset_text, cycle_text, seq_text = line.split()
-        offset = int(offset_text)
-        if cycle_text == "-":
-            _fail(report, cycle, f"recovered bytes at offset {offset} that were never appended")
-        identity = (int(cycle_text), int(seq_text))
-        if offsets and offset <= offsets[-1]:
-            _fail(
-                report,
-                cycle,
-                f"recovery yielded offset {offset} after {offsets[-1]} (order/duplicate)",
-            )
-        if offset <= model.trim_point:
-            _fail(
-                report,
-                cycle,
-                f"recovered offset {offset} at or below the finished trim {model.trim_point}",
-            )
-        expected = model.present.get(offset)
-        if expected is not None and expected != identity:
-            _fail(
-                report,
-                cycle,
-                f"offset {offset} holds record {identity}, acknowledged as {expected}",
-            )
-        offsets.append(offset)
-        model.present[offset] = identity  # a recovered record must stay recoverable
-        model.highest_offset = max(model.highest_offset, offset)
-    if complete:
-        missing = sorted(set(model.present) - set(offsets))
-        for offset in [o for o in missing if o <= model.maybe_trimmed]:
-            # A trim in flight when the writer was killed took effect: allowed.
-            del model.present[offset]
-        missing = [o for o in missing if o > model.maybe_trimmed]
-        if missing:
-            _fail(
-                report,
-                cycle,
-                f"{len(missing)} acknowledged records were not recovered, "
-                f"e.g. offsets {missing[:10]} "
-                f"(records {[model.present[o] for o in missing[:5]]})",
-            )
-        report.recovered_last = len(offsets)
-
-
-def _apply_writer_lines(report: CrashReport, cycle: int, model: _Model, lines: list[str]) -> None:
-    for line in lines:
-        kind, *fields = line.split()
-        if kind == "A":
-            offset, record_cycle, seq = (int(value) for value in fields)
-            if offset <= model.highest_offset and offset not in model.present:
-                _fail(
-                    report,
-                    cycle,
-                    f"acknowledged offset {offset} is not above earlier offset "
-                    f"{model.highest_offset}",
-                )
-            model.present[offset] = (record_cycle, seq)
-            model.highest_offset = max(model.highest_offset, offset)
-            report.acknowledged += 1
-        elif kind == "P":
-            model.maybe_trimmed = max(model.maybe_trimmed, int(fields[0]))
-        elif kind == "T":
-            model.trim(int(fields[0]))
-        elif kind == "E":
-            _fail(report, cycle, f"the writer failed: {' '.join(fields)}")
-
-
-def run_crash_cycles(spec: BackendSpec, *, cycles: int, seed: int, workdir: Path) -> CrashReport:
-    """Run ``cycles`` kill/recover cycles, then a final recovery; raise on any violation."""
+def run_crash_cycles(
+    spec: BackendSpec,
+    *,
+    cycles: int,
+    seed: int,
+    workdir: Path,
+    writer: WriterOptions = WriterOptions(),
+    schedule: KillSchedule = KillSchedule(),
+    contiguous: bool = False,
+) -> CrashReport:
+    """Run ``cycles`` kill/recover cycles, then a final recovery; raise
+    :class:`CrashCheckFailed` on any violation."""
     report = CrashReport(seed=seed, cycles=cycles)
+    model = CrashModel(
+        seed, contiguous=contiguous, replay_hint=f"replay with --walstream-seed={seed}"
+    )
     rng = random.Random(f"crash-schedule/{seed}")
-    model = _Model()
     for cycle in range(cycles):
-        process = _spawn(spec, seed, cycle, "write", workdir)
-        reader = _LineReader(process)
+        child = CrashWriter(
+            spec,
+            seed=seed,
+            cycle=cycle,
+            options=writer,
+            stderr=workdir / f"crash-cycle-{cycle}.stderr",
+        )
         try:
-            kill_in_recovery = rng.random() < 0.15
-            if kill_in_recovery:
-                deadline = time.monotonic() + rng.uniform(0.0, 0.6)
-                lines = reader.read_until(deadline)
-                if not any(line == "READY" for line in lines):
-                    process.send_signal(signal.SIGKILL)
-                    process.wait()
-                    lines += reader.read_until(time.monotonic() + 5)
+            if rng.random() < schedule.recovery_kill_chance:
+                child.ready.wait(rng.uniform(*schedule.recovery_kill_s))
+                if not child.ready.is_set():
+                    if not child.alive:
+                        model.fail(cycle, f"writer exited during recovery: {child.stderr_tail()}")
+                    lines = child.kill()
                     # A partial recovery still must not show unappended or trimmed bytes.
-                    _check_recovery(
-                        report, cycle, model, [x for x in lines if x.startswith("R ")], False
-                    )
+                    model.check_lines(cycle, lines, complete=False)
                     report.kills_during_recovery += 1
                     continue
-            else:
-                lines = []
-            while not any(line in ("READY", "DONE") for line in lines) and not reader.eof:
-                more = reader.read_until(time.monotonic() + _READY_TIMEOUT_S)
-                if not more and not reader.eof:
-                    _fail(
-                        report,
-                        cycle,
-                        f"writer not ready after {_READY_TIMEOUT_S}s: "
-                        f"{_stderr_tail(workdir, cycle)}",
-                    )
-                lines += more
-            if "READY" not in lines:
-                _fail(
-                    report, cycle, f"writer exited during recovery: {_stderr_tail(workdir, cycle)}"
-                )
-            ready_at = lines.index("READY")
-            _check_recovery(report, cycle, model, lines[:ready_at], True)
-            _apply_writer_lines(report, cycle, model, lines[ready_at + 1 :])
-            kill_at = time.monotonic() + rng.uniform(0.05, 0.8)
-            _apply_writer_lines(report, cycle, model, reader.read_until(kill_at))
-            while not reader.eof and time.monotonic() < kill_at:
-                _apply_writer_lines(report, cycle, model, reader.read_until(kill_at))
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-            # Lines written before the kill are acknowledgements the writer saw: they count.
-            _apply_writer_lines(report, cycle, model, reader.read_until(time.monotonic() + 5))
-            if process.returncode != -signal.SIGKILL:
-                _fail(
-                    report,
+            if not child.ready.wait(schedule.ready_timeout_s):
+                child.kill()
+                model.fail(
                     cycle,
-                    f"writer exited by itself ({process.returncode}): "
-                    f"{_stderr_tail(workdir, cycle)}",
+                    f"writer not ready after {schedule.ready_timeout_s}s: {child.stderr_tail()}",
+                )
+            if schedule.kill_after_acks is not None:
+                wanted = rng.randint(*schedule.kill_after_acks)
+                child.wait_acks_blocking(wanted, timeout_s=60.0)
+            else:
+                child.ended.wait(rng.uniform(*schedule.kill_s))
+            exited = not child.alive
+            lines = child.kill()
+            if "READY" not in lines:
+                model.fail(cycle, f"writer exited during recovery: {child.stderr_tail()}")
+            ready_at = lines.index("READY")
+            model.check_lines(cycle, lines[:ready_at], complete=True)
+            # Lines written before the kill are acknowledgements the writer saw: they count.
+            model.apply(cycle, lines[ready_at + 1 :])
+            if exited:
+                model.fail(
+                    cycle,
+                    f"writer exited by itself ({child.process.returncode}): {child.stderr_tail()}",
                 )
         finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
-    final = _spawn(spec, seed, cycles, "recover", workdir)
-    reader = _LineReader(final)
-    final_lines: list[str] = []
+            if child.alive:
+                child.kill()
+    final = CrashWriter(
+        spec, seed=seed, cycle=cycles, mode="recover", stderr=workdir / "crash-final.stderr"
+    )
     try:
-        while "DONE" not in final_lines and not reader.eof:
-            more = reader.read_until(time.monotonic() + _READY_TIMEOUT_S)
-            if not more and not reader.eof:
-                break
-            final_lines += more
-        if "DONE" not in final_lines:
-            _fail(report, cycles, f"final recovery did not finish: {_stderr_tail(workdir, cycles)}")
-        _check_recovery(report, cycles, model, final_lines, True)
+        if not final.ready.wait(schedule.ready_timeout_s):
+            final.kill()
+            model.fail(cycles, f"final recovery did not finish: {final.stderr_tail()}")
+        lines = final.finish(timeout_s=60.0)
+        model.check_lines(cycles, lines, complete=True)
+        report.recovered_last = sum(1 for line in lines if line.startswith("R "))
     finally:
-        final.wait(timeout=60)
-        if final.stdout is not None:
-            final.stdout.close()
+        if final.alive:
+            final.kill()
+    report.acknowledged = model.acknowledged
+    report.recoveries_checked = model.recoveries_checked
     return report
 
 
-# -- the child process --------------------------------------------------------------------------
+# -- the writer process -------------------------------------------------------------------------
 
 
 def _say(line: str) -> None:
-    # One write per line: a SIGKILL leaves at most a partial last line, which the parent drops.
+    # One write per line: a SIGKILL leaves at most a partial last line, which the reader drops.
     os.write(1, (line + "\n").encode())
 
 
-async def _child(spec: BackendSpec, seed: int, cycle: int, mode: str) -> None:
+async def _writer(args: argparse.Namespace, spec: BackendSpec) -> None:
+    seed, cycle = args.seed, args.cycle
     rng = random.Random(f"crash-writer/{seed}/{cycle}")
     wal: WriteAheadLog = spec.build()
-    await wal.start(1, 1000 + cycle, WalMode.READ_WRITE)
+    await wal.start(1, args.epoch, WalMode.READ_WRITE)
     last_recovered = None
     async for record in wal.recover():
-        identity = _identify(seed, bytes(record.data))
+        identity = identify(seed, bytes(record.data))
         if identity is None:
             _say(f"R {record.offset} - -")
         else:
             _say(f"R {record.offset} {identity[0]} {identity[1]}")
         last_recovered = record.offset
-    if mode == "recover":
+    if args.mode == "recover":
         _say("DONE")
         await wal.close()
         return
     _say("READY")
-    if last_recovered is not None and rng.random() < 0.5:
+    roll = rng.random()
+    if roll < args.reset_chance:
+        _say("X")
+        await wal.reset()
+        _say("Z")
+    elif args.trims and last_recovered is not None and roll < args.reset_chance + 0.5:
         _say(f"P {last_recovered}")
         await wal.trim(last_recovered)
         _say(f"T {last_recovered}")
-    sequence = iter(range(1 << 30))
-    acked: list[int] = []
+    window = args.window or rng.choice((1, 4, 8))
+    acked: deque[int] = deque()
 
     async def appender() -> None:
+        in_flight: deque[tuple[int, asyncio.Future[int]]] = deque()
+        seq = 0
         while True:
-            seq = next(sequence)
-            offset = await wal.append(crash_payload(seed, cycle, seq))
-            _say(f"A {offset} {cycle} {seq}")
+            while len(in_flight) < window:
+                in_flight.append((seq, wal.append(crash_payload(seed, cycle, seq))))
+                seq += 1
+            record_seq, future = in_flight.popleft()
+            offset = await future
+            _say(f"A {offset} {cycle} {record_seq}")
             acked.append(offset)
 
     async def trimmer() -> None:
         while True:
             await asyncio.sleep(rng.uniform(0.01, 0.1))
-            if len(acked) > 20:
-                target = acked[len(acked) // 2]
+            if len(acked) > args.keep:
+                target = acked[0]
+                while len(acked) > args.keep // 2:
+                    target = acked.popleft()
                 _say(f"P {target}")
                 await wal.trim(target)
                 _say(f"T {target}")
 
     try:
-        await asyncio.gather(*[appender() for _ in range(rng.choice((1, 4, 8)))], trimmer())
+        await asyncio.gather(appender(), *([trimmer()] if args.trims else []))
     except Exception as exc:
         _say(f"E {type(exc).__name__}: {exc}".replace("\n", " "))
         raise
 
 
 def _main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="walstream crash-harness child (spec on stdin)")
+    parser = argparse.ArgumentParser(description="walstream crash writer (BackendSpec on stdin)")
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--cycle", type=int, required=True)
-    parser.add_argument("--mode", choices=("write", "recover"), required=True)
+    parser.add_argument("--epoch", type=int, required=True)
+    parser.add_argument("--mode", choices=("write", "recover"), default="write")
+    parser.add_argument("--window", type=int, default=0)
+    parser.add_argument("--keep", type=int, default=200)
+    parser.add_argument("--reset-chance", type=float, default=0.0)
+    parser.add_argument("--no-trims", dest="trims", action="store_false")
     args = parser.parse_args(argv)
     spec = BackendSpec.from_json(sys.stdin.readline())
-    asyncio.run(_child(spec, args.seed, args.cycle, args.mode))
+    asyncio.run(_writer(args, spec))
 
 
 if __name__ == "__main__":
