@@ -81,21 +81,25 @@ _SIZES = (0, 1, 50, 300, 1000, 2000, 4000, 4072, 4096, 9000, -1)
 _NONE = -(1 << 62)
 
 
-def crash_payload(seed: int, cycle: int, seq: int) -> bytes:
-    """The self-describing bytes of append ``seq`` of writer ``cycle`` (8 to ~9 KiB)."""
+def crash_payload(seed: int, cycle: int, seq: int, max_body: int | None = None) -> bytes:
+    """The self-describing bytes of append ``seq`` of writer ``cycle``: an 8-byte header and
+    0 to ~9 KiB (at most ``max_body``) of seeded bytes."""
     rng = random.Random(f"crash/{seed}/{cycle}/{seq}")
     size = rng.choice(_SIZES)
     if size < 0:
         size = rng.randrange(0, 9000)
+    if max_body is not None:
+        size = min(size, max_body)
     return _HEADER.pack(cycle, seq) + rng.randbytes(size)
 
 
-def identify(seed: int, data: bytes) -> tuple[int, int] | None:
-    """``(cycle, seq)`` of a payload written with ``seed``, or None if these bytes never were."""
+def identify(seed: int, data: bytes, max_body: int | None = None) -> tuple[int, int] | None:
+    """``(cycle, seq)`` of a payload written with ``seed`` (and ``max_body``), or None if these
+    bytes never were."""
     if len(data) < _HEADER.size:
         return None
     cycle, seq = _HEADER.unpack_from(data)
-    return (cycle, seq) if crash_payload(seed, cycle, seq) == data else None
+    return (cycle, seq) if crash_payload(seed, cycle, seq, max_body) == data else None
 
 
 class CrashCheckFailed(AssertionError):
@@ -116,6 +120,8 @@ class CrashModel:
     """Also require each writer's recovered appends to be one run without holes."""
     replay_hint: str = ""
     """Appended to failure messages (how to replay this run)."""
+    max_body: int | None = None
+    """The writers' :attr:`WriterOptions.max_body`."""
     present: dict[int, Identity] = field(default_factory=dict)
     trim_point: int = _NONE
     """Highest finished trim: nothing at or below may come back."""
@@ -188,7 +194,10 @@ class CrashModel:
         """Check records a recovery in this process returned (see :meth:`check_recovery`)."""
         self.check_recovery(
             cycle,
-            [(record.offset, identify(self.seed, bytes(record.data))) for record in records],
+            [
+                (record.offset, identify(self.seed, bytes(record.data), self.max_body))
+                for record in records
+            ],
             complete=complete,
         )
 
@@ -285,6 +294,8 @@ class WriterOptions:
     to ``keep // 2``."""
     reset_chance: float = 0.0
     """Chance the writer resets the WAL right after recovering."""
+    max_body: int | None = None
+    """Cap on the payload size after the header (the checker must be told the same)."""
 
     def arguments(self) -> list[str]:
         return [
@@ -292,6 +303,7 @@ class WriterOptions:
             f"--keep={self.keep}",
             f"--reset-chance={self.reset_chance}",
             *([] if self.trims else ["--no-trims"]),
+            *([] if self.max_body is None else [f"--max-body={self.max_body}"]),
         ]
 
 
@@ -447,7 +459,10 @@ def run_crash_cycles(
     :class:`CrashCheckFailed` on any violation."""
     report = CrashReport(seed=seed, cycles=cycles)
     model = CrashModel(
-        seed, contiguous=contiguous, replay_hint=f"replay with --walstream-seed={seed}"
+        seed,
+        contiguous=contiguous,
+        replay_hint=f"replay with --walstream-seed={seed}",
+        max_body=writer.max_body,
     )
     rng = random.Random(f"crash-schedule/{seed}")
     for cycle in range(cycles):
@@ -497,7 +512,12 @@ def run_crash_cycles(
             if child.alive:
                 child.kill()
     final = CrashWriter(
-        spec, seed=seed, cycle=cycles, mode="recover", stderr=workdir / "crash-final.stderr"
+        spec,
+        seed=seed,
+        cycle=cycles,
+        mode="recover",
+        options=writer,
+        stderr=workdir / "crash-final.stderr",
     )
     try:
         if not final.ready.wait(schedule.ready_timeout_s):
@@ -529,7 +549,7 @@ async def _writer(args: argparse.Namespace, spec: BackendSpec) -> None:
     await wal.start(1, args.epoch, WalMode.READ_WRITE)
     last_recovered = None
     async for record in wal.recover():
-        identity = identify(seed, bytes(record.data))
+        identity = identify(seed, bytes(record.data), args.max_body)
         if identity is None:
             _say(f"R {record.offset} - -")
         else:
@@ -557,7 +577,8 @@ async def _writer(args: argparse.Namespace, spec: BackendSpec) -> None:
         seq = 0
         while True:
             while len(in_flight) < window:
-                in_flight.append((seq, wal.append(crash_payload(seed, cycle, seq))))
+                data = crash_payload(seed, cycle, seq, args.max_body)
+                in_flight.append((seq, wal.append(data)))
                 seq += 1
             record_seq, future = in_flight.popleft()
             offset = await future
@@ -592,6 +613,7 @@ def _main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep", type=int, default=200)
     parser.add_argument("--reset-chance", type=float, default=0.0)
     parser.add_argument("--no-trims", dest="trims", action="store_false")
+    parser.add_argument("--max-body", type=int, default=None)
     args = parser.parse_args(argv)
     spec = BackendSpec.from_json(sys.stdin.readline())
     asyncio.run(_writer(args, spec))
