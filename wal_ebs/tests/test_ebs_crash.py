@@ -16,7 +16,7 @@ from walstream_conformance.harness.crash import (
     WriterOptions,
     run_crash_cycles,
 )
-from walstream_wal_ebs.testing import crash_spec
+from walstream_wal_ebs.testing.crash import crash_spec
 
 SEED = 20240917
 
