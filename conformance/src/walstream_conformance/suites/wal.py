@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -136,6 +137,10 @@ async def _typed(call: Callable[[], Awaitable[Any]], what: str) -> BaseException
     return None
 
 
+def _note_completion(completions: list[int], index: int, _future: object) -> None:
+    completions.append(index)
+
+
 class WalSuite:
     """Subclass with one line (``class TestMyWal(WalSuite): pass``) next to a
     ``walstream_wal_factory`` fixture."""
@@ -154,7 +159,7 @@ class WalSuite:
         futures = []
         for index in range(200):
             future = asyncio.ensure_future(wal.append(payload(1, index, 16 + index % 50)))
-            future.add_done_callback(lambda _f, i=index: completions.append(i))
+            future.add_done_callback(functools.partial(_note_completion, completions, index))
             futures.append(future)
             if index % 17 == 0:
                 await asyncio.sleep(0)
