@@ -83,8 +83,11 @@ async def bench_ebs(folder: Path, args: argparse.Namespace) -> dict[str, float] 
         from walstream_wal_ebs.device import supports_direct_io
     except ImportError:
         return None
-    options = {"path": str(folder / "wal.img"), "capacity": "256MiB",
-               "direct": supports_direct_io(folder)}
+    options = {
+        "path": str(folder / "wal.img"),
+        "capacity": "256MiB",
+        "direct": supports_direct_io(folder),
+    }
     wal = EBS_WAL.build(options, BuildContext(node_id=1, base_dir=folder), "wal")
     await wal.start(1, 1, WalMode.READ_WRITE)
     async for _ in wal.recover():

@@ -81,6 +81,7 @@ def create_wal(options: dict[str, Any], context: BuildContext) -> NvmeQuorumWal:
 def provision(tmp_path: Path | None = None) -> Iterator[dict[str, Any]]:
     """Three throwaway chunk servers on 127.0.0.1; yields the WAL options for them."""
     from .testing.processes import chunk_servers
+
     with contextlib.ExitStack() as stack:
         if tmp_path is None:
             tmp_path = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chunkd-")))
