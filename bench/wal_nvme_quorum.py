@@ -23,7 +23,8 @@ from typing import Any
 
 from walstream.config import BuildContext
 from walstream.wal import WalMode, WriteAheadLog
-from walstream_wal_nvme_quorum import NVME_QUORUM_WAL, ChunkServerProcess, chunk_servers
+from walstream_wal_nvme_quorum import NVME_QUORUM_WAL
+from walstream_wal_nvme_quorum.testing import ChunkServerProcess, chunk_servers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wal_nvme_quorum.json"
 
@@ -82,8 +83,11 @@ async def bench_ebs(folder: Path, args: argparse.Namespace) -> dict[str, float] 
         from walstream_wal_ebs.device import supports_direct_io
     except ImportError:
         return None
-    options = {"path": str(folder / "wal.img"), "capacity": "256MiB",
-               "direct": supports_direct_io(folder)}
+    options = {
+        "path": str(folder / "wal.img"),
+        "capacity": "256MiB",
+        "direct": supports_direct_io(folder),
+    }
     wal = EBS_WAL.build(options, BuildContext(node_id=1, base_dir=folder), "wal")
     await wal.start(1, 1, WalMode.READ_WRITE)
     async for _ in wal.recover():

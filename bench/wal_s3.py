@@ -29,7 +29,7 @@ from typing import Any
 
 from walstream.wal import WalMode
 from walstream_wal_s3 import S3ObjectStore, S3Settings, S3Wal
-from walstream_wal_s3.testing import TEST_CREDENTIALS, FaultProxy, MotoServer
+from walstream_wal_s3.testing.moto import TEST_CREDENTIALS, FaultProxy, MotoServer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wal_s3.json"
 BUCKET = "walstream-bench"
@@ -44,13 +44,28 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 async def measure(
-    endpoint_url: str, node_id: int, appenders: int, record_bytes: int, seconds: float,
-    max_batch_bytes: int, max_batch_interval_s: float, max_inflight: int,
+    endpoint_url: str,
+    node_id: int,
+    appenders: int,
+    record_bytes: int,
+    seconds: float,
+    max_batch_bytes: int,
+    max_batch_interval_s: float,
+    max_inflight: int,
 ) -> dict[str, Any]:
-    settings = S3Settings(bucket=BUCKET, endpoint_url=endpoint_url, region="us-east-1",
-                          max_pool_connections=64, **TEST_CREDENTIALS)
-    wal = S3Wal(S3ObjectStore(settings), max_batch_bytes=max_batch_bytes,
-                max_batch_interval_s=max_batch_interval_s, max_inflight=max_inflight)
+    settings = S3Settings(
+        bucket=BUCKET,
+        endpoint_url=endpoint_url,
+        region="us-east-1",
+        max_pool_connections=64,
+        **TEST_CREDENTIALS,
+    )
+    wal = S3Wal(
+        S3ObjectStore(settings),
+        max_batch_bytes=max_batch_bytes,
+        max_batch_interval_s=max_batch_interval_s,
+        max_inflight=max_inflight,
+    )
     await wal.start(node_id, 1, WalMode.READ_WRITE)
     _ = [record async for record in wal.recover()]
     counts_before = dict(wal.store.client.request_counts)
@@ -94,26 +109,42 @@ async def measure(
 async def run_all(moto: MotoServer, proxy: FaultProxy, seconds: float) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     node_id = 0
-    for endpoint_name, endpoint_url in (("latency-model", proxy.endpoint_url),
-                                        ("moto", moto.endpoint_url)):
+    for endpoint_name, endpoint_url in (
+        ("latency-model", proxy.endpoint_url),
+        ("moto", moto.endpoint_url),
+    ):
         for workload, appenders, record_bytes in WORKLOADS:
             node_id += 1
             result = await measure(
-                endpoint_url, node_id, appenders, record_bytes, seconds,
-                max_batch_bytes=8 << 20, max_batch_interval_s=0.25, max_inflight=8,
+                endpoint_url,
+                node_id,
+                appenders,
+                record_bytes,
+                seconds,
+                max_batch_bytes=8 << 20,
+                max_batch_interval_s=0.25,
+                max_inflight=8,
             )
             results.append({"endpoint": endpoint_name, "workload": workload, **result})
             print_row(results[-1])
     return results
 
 
-COLUMNS = ("endpoint", "workload", "appends", "ack_p50_ms", "ack_p99_ms", "throughput_mib_s",
-           "avg_object_kib", "puts_per_gib", "lists_per_gib")
+COLUMNS = (
+    "endpoint",
+    "workload",
+    "appends",
+    "ack_p50_ms",
+    "ack_p99_ms",
+    "throughput_mib_s",
+    "avg_object_kib",
+    "puts_per_gib",
+    "lists_per_gib",
+)
 
 
 def print_row(row: dict[str, Any]) -> None:
-    print("  ".join(f"{row[column]!s:>{max(len(column), 14)}}" for column in COLUMNS),
-          flush=True)
+    print("  ".join(f"{row[column]!s:>{max(len(column), 14)}}" for column in COLUMNS), flush=True)
 
 
 def main() -> None:
@@ -124,16 +155,24 @@ def main() -> None:
     seconds = 3.0 if args.quick else 10.0
     with MotoServer() as moto, FaultProxy(moto.endpoint_url) as proxy:
         moto.create_bucket(BUCKET)
-        proxy.configure(seed=1, methods=["PUT", "GET"], path_contains="wal",
-                        latency_p50_ms=PUT_P50_MS, latency_p99_ms=PUT_P99_MS)
+        proxy.configure(
+            seed=1,
+            methods=["PUT", "GET"],
+            path_contains="wal",
+            latency_p50_ms=PUT_P50_MS,
+            latency_p99_ms=PUT_P99_MS,
+        )
         print("  ".join(f"{column:>{max(len(column), 14)}}" for column in COLUMNS))
         results = asyncio.run(run_all(moto, proxy, seconds))
     report = {
         "benchmark": "wal_s3",
         "quick": args.quick,
         "seconds_per_measurement": seconds,
-        "latency_model": {"put_p50_ms": PUT_P50_MS, "put_p99_ms": PUT_P99_MS,
-                          "applies_to": "every WAL PUT and fence LIST through the proxy"},
+        "latency_model": {
+            "put_p50_ms": PUT_P50_MS,
+            "put_p99_ms": PUT_P99_MS,
+            "applies_to": "every WAL PUT and fence LIST through the proxy",
+        },
         "wal": {"max_batch_bytes": 8 << 20, "max_batch_interval_ms": 250, "max_inflight": 8},
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
         "results": results,

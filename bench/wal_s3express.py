@@ -1,7 +1,7 @@
 """Benchmark of the s3express WAL: ack latency with all zones healthy, one zone slow, one down.
 
-Three zones, each a moto S3 server (``walstream_wal_s3express.zones``) behind a fault proxy
-(``walstream_wal_s3.testing.FaultProxy``) that adds a lognormal latency to every request
+Three zones, each a moto S3 server (``walstream_wal_s3express.testing.zones``) behind a fault proxy
+(``walstream_wal_s3.testing.moto.FaultProxy``) that adds a lognormal latency to every request
 (p50 5 ms / p99 10 ms: the S3 Express order of magnitude). Scenarios:
 
 - ``healthy``: all three zones with the latency model;
@@ -31,9 +31,9 @@ from typing import Any
 
 from walstream.config import BuildContext
 from walstream.wal import WalMode
-from walstream_wal_s3.testing import FaultProxy
+from walstream_wal_s3.testing.moto import FaultProxy
 from walstream_wal_s3express import S3EXPRESS_WAL
-from walstream_wal_s3express.zones import TEST_CREDENTIALS, zone_servers
+from walstream_wal_s3express.testing.zones import TEST_CREDENTIALS, zone_servers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wal_s3express.json"
 P50_MS, P99_MS = 5.0, 10.0
@@ -51,9 +51,7 @@ def percentile(values: list[float], fraction: float) -> float:
 async def measure(
     options: dict[str, Any], run: int, appenders: int, record_bytes: int, seconds: float
 ) -> dict[str, Any]:
-    wal = S3EXPRESS_WAL.build(
-        {**options, "prefix": f"bench-{run}"}, BuildContext(node_id=1), "wal"
-    )
+    wal = S3EXPRESS_WAL.build({**options, "prefix": f"bench-{run}"}, BuildContext(node_id=1), "wal")
     await wal.start(1, 1, WalMode.READ_WRITE)
     _ = [record async for record in wal.recover()]
     before = wal.request_counts()
@@ -109,8 +107,11 @@ async def run_all(seconds: float) -> list[dict[str, Any]]:
         }
 
         def latency(extra_ms: float = 0.0) -> dict[str, Any]:
-            return {"methods": ALL_METHODS, "latency_p50_ms": P50_MS + extra_ms,
-                    "latency_p99_ms": P99_MS + extra_ms}
+            return {
+                "methods": ALL_METHODS,
+                "latency_p50_ms": P50_MS + extra_ms,
+                "latency_p99_ms": P99_MS + extra_ms,
+            }
 
         scenarios = [
             ("healthy", [latency(), latency(), latency()]),
@@ -157,8 +158,12 @@ def main() -> None:
         json.dumps(
             {
                 "benchmark": "wal_s3express",
-                "latency_model": {"p50_ms": P50_MS, "p99_ms": P99_MS, "methods": ALL_METHODS,
-                                  "slow_zone_extra_ms": SLOW_EXTRA_MS},
+                "latency_model": {
+                    "p50_ms": P50_MS,
+                    "p99_ms": P99_MS,
+                    "methods": ALL_METHODS,
+                    "slow_zone_extra_ms": SLOW_EXTRA_MS,
+                },
                 "seconds_per_measurement": seconds,
                 "python": platform.python_version(),
                 "rows": rows,

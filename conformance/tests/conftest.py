@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 from walstream_conformance.backends import load_target
-from walstream_conformance.power import SimulatedDisk
+from walstream_conformance.harness.power import SimulatedDisk
 
 EXAMPLE_WAL = Path(__file__).resolve().parents[1] / "examples" / "appendfile_wal.py"
 PLANTED = Path(__file__).resolve().with_name("planted_backends.py")

@@ -99,7 +99,7 @@ def test_readme_s3_command_runs_each_test_on_its_own_prefix(tmp_path: Path) -> N
     fresh bucket: each test claims its own WAL under its own prefix, so none is fenced by the
     test before it (runs never share a prefix either: it carries a random run id)."""
     import yaml
-    from walstream_wal_s3.testing import TEST_CREDENTIALS, MotoServer
+    from walstream_wal_s3.testing.moto import TEST_CREDENTIALS, MotoServer
 
     with MotoServer() as moto:
         moto.create_bucket("conformance-wal")

@@ -11,7 +11,7 @@ import pytest
 from walstream.wal import WriteAheadLog
 from walstream_conformance import WalSuite
 from walstream_conformance.backends import BackendSpec
-from walstream_conformance.power import SimulatedDisk
+from walstream_conformance.harness.power import SimulatedDisk
 
 
 class TestAppendFileWal(WalSuite):

@@ -14,8 +14,8 @@ from walstream.objects.memory import MemoryObjectStore
 from walstream.wal.memory import MemoryWal
 from walstream_conformance import MetadataSuite, ObjectStoreSuite, WalKit, WalSuite
 from walstream_conformance.backends import BackendSpec
-from walstream_conformance.crash import CrashCheckFailed
-from walstream_conformance.power import SimulatedDisk
+from walstream_conformance.harness.crash import CrashCheckFailed
+from walstream_conformance.harness.power import SimulatedDisk
 from walstream_conformance.suites.metadata import MetadataKit
 
 _volumes = itertools.count()

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from walstream.config import BuildContext
 from walstream.wal import WalMode, WalRecord
-from walstream_wal_nvme_quorum import NVME_QUORUM_WAL, ChunkServerProcess, NvmeQuorumWal
-from walstream_wal_nvme_quorum import chunk_servers as start_chunk_servers
+from walstream_wal_nvme_quorum import NVME_QUORUM_WAL, NvmeQuorumWal
+from walstream_wal_nvme_quorum.testing import ChunkServerProcess
+from walstream_wal_nvme_quorum.testing import chunk_servers as start_chunk_servers
 
 
 @pytest.fixture

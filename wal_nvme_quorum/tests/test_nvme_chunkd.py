@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from walstream.errors import FencedError, NotFound, PreconditionFailed
 from walstream.wal.quorum.wal import encode_chunk
-from walstream_wal_nvme_quorum import ChunkServerProcess, ChunkServerReplica
+from walstream_wal_nvme_quorum import ChunkServerReplica
 from walstream_wal_nvme_quorum.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     Op,
@@ -19,6 +19,7 @@ from walstream_wal_nvme_quorum.protocol import (
     pack_u64,
     parse_frame,
 )
+from walstream_wal_nvme_quorum.testing import ChunkServerProcess
 
 LOG = "node-9"
 

@@ -10,7 +10,8 @@ from walstream.config import BuildContext
 from walstream.wal import WriteAheadLog
 from walstream_conformance import WalSuite
 from walstream_conformance.backends import BackendSpec
-from walstream_wal_nvme_quorum import NVME_QUORUM_WAL, ChunkServerProcess
+from walstream_wal_nvme_quorum import NVME_QUORUM_WAL
+from walstream_wal_nvme_quorum.testing import ChunkServerProcess
 
 
 @pytest.fixture

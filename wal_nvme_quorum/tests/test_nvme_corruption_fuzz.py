@@ -26,7 +26,7 @@ from walstream_conformance.corruption import (
     recover_fresh,
     write_rounds,
 )
-from walstream_wal_nvme_quorum.testing import InProcessServers as Servers
+from walstream_wal_nvme_quorum.testing.inprocess import InProcessServers as Servers
 
 DEPLOYMENT = bytes.fromhex("5eed0000000000000000000000000001")
 OTHER_DEPLOYMENT = bytes.fromhex("0be7000000000000000000000000ffff")

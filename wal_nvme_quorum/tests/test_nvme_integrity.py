@@ -14,7 +14,7 @@ from walstream.wal.quorum.wal import LogIdentity, encode_chunk, offset_seq
 from walstream_wal_nvme_quorum import ChunkServerReplica
 from walstream_wal_nvme_quorum.protocol import pack_str
 from walstream_wal_nvme_quorum.store import KIND_CHECKPOINT, KIND_CHUNK, KIND_CLAIM
-from walstream_wal_nvme_quorum.testing import InProcessServers
+from walstream_wal_nvme_quorum.testing.inprocess import InProcessServers
 
 DEPLOYMENT = bytes.fromhex("11111111111111111111111111111111")
 OTHER = bytes.fromhex("22222222222222222222222222222222")

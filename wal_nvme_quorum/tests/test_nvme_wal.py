@@ -15,7 +15,8 @@ from walstream.errors import (
     InvalidArgument,
 )
 from walstream.wal import WalMode
-from walstream_wal_nvme_quorum import NVME_QUORUM_WAL, ChunkServerProcess
+from walstream_wal_nvme_quorum import NVME_QUORUM_WAL
+from walstream_wal_nvme_quorum.testing import ChunkServerProcess
 
 
 async def test_ack_order_and_offsets_increase(open_wal: Any) -> None:

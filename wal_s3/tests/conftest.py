@@ -7,16 +7,17 @@ from typing import Any
 import pytest
 from walstream_wal_s3 import S3ObjectStore, S3Settings, S3Wal
 from walstream_wal_s3.client import RetryPolicy
-from walstream_wal_s3.testing import (  # noqa: F401 - fixtures
-    S3Bucket,
+from walstream_wal_s3.testing import S3Bucket
+from walstream_wal_s3.testing.fixtures import (  # noqa: F401 - fixtures
     fault_proxy,
     fault_proxy_server,
     moto_server,
     s3_bucket,
 )
 
-FAST_RETRY = RetryPolicy(max_attempts=10, base_delay_s=0.005, max_delay_s=0.1,
-                         throttle_base_delay_s=0.01)
+FAST_RETRY = RetryPolicy(
+    max_attempts=10, base_delay_s=0.005, max_delay_s=0.1, throttle_base_delay_s=0.01
+)
 
 
 def make_settings(endpoint_url: str, default_bucket: str, **overrides: Any) -> S3Settings:
@@ -38,11 +39,13 @@ def make_store(s3_bucket: S3Bucket) -> Any:  # noqa: F811 - the imported fixture
     (through another endpoint, e.g. the fault proxy, when given)."""
     stores: list[S3ObjectStore] = []
 
-    def make(endpoint_url: str | None = None, settings: dict[str, Any] | None = None,
-             **options: Any) -> S3ObjectStore:
+    def make(
+        endpoint_url: str | None = None, settings: dict[str, Any] | None = None, **options: Any
+    ) -> S3ObjectStore:
         store = S3ObjectStore(
-            make_settings(endpoint_url or s3_bucket.endpoint_url, s3_bucket.bucket,
-                          **(settings or {})),
+            make_settings(
+                endpoint_url or s3_bucket.endpoint_url, s3_bucket.bucket, **(settings or {})
+            ),
             **options,
         )
         stores.append(store)
@@ -55,11 +58,13 @@ def make_store(s3_bucket: S3Bucket) -> Any:  # noqa: F811 - the imported fixture
 def make_wal(s3_bucket: S3Bucket) -> Any:  # noqa: F811 - the imported fixture
     """``make_wal(endpoint_url=None, **wal_options)`` → an unstarted S3Wal on the test bucket."""
 
-    def make(endpoint_url: str | None = None, settings: dict[str, Any] | None = None,
-             **options: Any) -> S3Wal:
+    def make(
+        endpoint_url: str | None = None, settings: dict[str, Any] | None = None, **options: Any
+    ) -> S3Wal:
         store = S3ObjectStore(
-            make_settings(endpoint_url or s3_bucket.endpoint_url, s3_bucket.bucket,
-                          **(settings or {}))
+            make_settings(
+                endpoint_url or s3_bucket.endpoint_url, s3_bucket.bucket, **(settings or {})
+            )
         )
         options.setdefault("max_batch_interval_s", 0.01)
         return S3Wal(store, **options)

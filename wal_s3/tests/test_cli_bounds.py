@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from walstream_wal_s3.testing import MotoServer
+from walstream_wal_s3.testing.moto import MotoServer
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "s3.yaml"
 STUCK_LIMIT_S = 60.0

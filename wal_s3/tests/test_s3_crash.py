@@ -1,74 +1,32 @@
 """Crash harness: the writer process is SIGKILLed mid-stream again and again against the moto
-S3 server; every acknowledged, untrimmed record is recovered exactly once."""
+S3 server; every acknowledged, untrimmed record is recovered exactly once.
+
+The writer and the checks are the shared crash harness
+(:mod:`walstream_conformance.harness.crash`): each writer recovers (checked against every
+earlier report), trims behind itself, is killed once it saw a seeded number of
+acknowledgements, and a last process recovers everything."""
 
 from __future__ import annotations
 
-import os
-import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from walstream.wal import WalMode
-
-WRITER = Path(__file__).with_name("s3_crash_writer.py")
-
-
-def run_writer_until_killed(s3_bucket: Any, epoch: int, kill_after_acks: int) -> list[str]:
-    """Run one writer, SIGKILL it once it printed ``kill_after_acks`` acks; its output lines."""
-    process = subprocess.Popen(
-        [sys.executable, str(WRITER), s3_bucket.endpoint_url, s3_bucket.bucket, str(epoch),
-         f"run{epoch}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    assert process.stdout is not None
-    lines: list[str] = []
-    acks = 0
-    deadline = time.monotonic() + 60
-    while acks < kill_after_acks and time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        lines.append(line.strip())
-        acks += line.startswith("ACK ")
-    os.kill(process.pid, signal.SIGKILL)
-    rest, errors = process.communicate()
-    lines.extend(line.strip() for line in rest.splitlines())  # printed before the kill
-    assert acks >= kill_after_acks, f"writer stopped early: {errors[-2000:]}"
-    return lines
+from walstream_conformance.backends import BackendSpec
+from walstream_conformance.harness.crash import KillSchedule, WriterOptions, run_crash_cycles
 
 
-async def test_s3_wal_survives_sigkill_loop(s3_bucket: Any, make_wal: Any, soak: bool) -> None:
+def test_s3_wal_survives_sigkill_loop(s3_bucket: Any, tmp_path: Path, soak: bool) -> None:
     cycles = 100 if soak else 6
-    rng = random.Random(20240601)
-    acked: dict[int, str] = {}
-    trimmed_through = -1
-    for epoch in range(1, cycles + 1):
-        for line in run_writer_until_killed(s3_bucket, epoch, rng.randint(5, 120)):
-            kind, _, rest = line.partition(" ")
-            if kind == "ACK":
-                offset, payload = rest.split(" ", 1)
-                assert int(offset) not in acked, f"offset {offset} acknowledged twice"
-                acked[int(offset)] = payload
-            elif kind == "TRIM":
-                trimmed_through = max(trimmed_through, int(rest))
-
-    wal = make_wal()
-    await wal.start(1, cycles + 1, WalMode.READ_ONLY)
-    recovered = [record async for record in wal.recover()]
-    await wal.close()
-    offsets = [record.offset for record in recovered]
-    assert offsets == sorted(set(offsets)), "recovery out of order or duplicated"
-    by_offset = {record.offset: record.data.decode() for record in recovered}
-    payloads = [record.data for record in recovered]
-    assert len(payloads) == len(set(payloads)), "a record was recovered twice"
-    missing = {
-        offset: payload for offset, payload in acked.items()
-        if offset > trimmed_through and by_offset.get(offset) != payload
-    }
-    sample = list(missing.items())[:3]
-    assert not missing, f"{len(missing)} acknowledged records lost, e.g. {sample}"
-    assert len([offset for offset in acked if offset > trimmed_through]) > 0
+    spec = BackendSpec(
+        "wal", name="s3", section=s3_bucket.options(max_batch_interval="5ms", max_inflight=4)
+    )
+    report = run_crash_cycles(
+        spec,
+        cycles=cycles,
+        seed=20240601,
+        workdir=tmp_path,
+        writer=WriterOptions(window=4, keep=100),
+        schedule=KillSchedule(recovery_kill_chance=0.0, kill_after_acks=(5, 120)),
+    )
+    assert report.acknowledged >= cycles * 5
+    assert report.recovered_last > 0, "no acknowledged record was left to recover"

@@ -12,7 +12,7 @@ import pytest
 from walstream.config import BuildContext
 from walstream.wal import WalMode, WalRecord
 from walstream_wal_s3express import S3EXPRESS_WAL, S3ExpressWal
-from walstream_wal_s3express.zones import ZoneServer, zone_servers, zone_wal_options
+from walstream_wal_s3express.testing.zones import ZoneServer, zone_servers, zone_wal_options
 
 _log_numbers = itertools.count(1)
 

@@ -11,7 +11,7 @@ from walstream.wal import WriteAheadLog
 from walstream_conformance import WalSuite
 from walstream_conformance.backends import BackendSpec
 from walstream_wal_s3express import S3EXPRESS_WAL
-from walstream_wal_s3express.zones import ZoneServer
+from walstream_wal_s3express.testing.zones import ZoneServer
 
 
 @pytest.fixture

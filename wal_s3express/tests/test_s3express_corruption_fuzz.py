@@ -31,7 +31,7 @@ from walstream_conformance.corruption import (
 )
 from walstream_wal_s3express import S3EXPRESS_WAL, S3ExpressWal, ZonalBucketReplica
 from walstream_wal_s3express.replica import chunk_key, parse_chunk_key
-from walstream_wal_s3express.zones import ZoneServer, zone_wal_options
+from walstream_wal_s3express.testing.zones import ZoneServer, zone_wal_options
 
 DEPLOYMENT = bytes.fromhex("5eed0000000000000000000000000002")
 OTHER_DEPLOYMENT = bytes.fromhex("0be7000000000000000000000000fffe")

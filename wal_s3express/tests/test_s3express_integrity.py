@@ -13,7 +13,7 @@ from walstream.wal import WalMode, WalRecord
 from walstream.wal.quorum.wal import LogIdentity, encode_chunk, offset_seq
 from walstream_wal_s3express import S3EXPRESS_WAL, S3ExpressWal, ZonalBucketReplica
 from walstream_wal_s3express.replica import parse_chunk_key
-from walstream_wal_s3express.zones import ZoneServer, zone_wal_options
+from walstream_wal_s3express.testing.zones import ZoneServer, zone_wal_options
 
 DEPLOYMENT = bytes.fromhex("33333333333333333333333333333333")
 OTHER = bytes.fromhex("44444444444444444444444444444444")

@@ -12,7 +12,7 @@ from walstream.errors import FencedError, NotFound, PreconditionFailed
 from walstream.wal.quorum.wal import Seal, encode_chunk
 from walstream_wal_s3express import build_replicas
 from walstream_wal_s3express.replica import ZonalBucketReplica
-from walstream_wal_s3express.zones import ZoneServer, zone_wal_options
+from walstream_wal_s3express.testing.zones import ZoneServer, zone_wal_options
 
 _logs = itertools.count(1)
 

@@ -14,12 +14,13 @@ from walstream.errors import ConfigError, FencedError, WalstreamError
 from walstream.wal import WalMode
 from walstream_wal_s3express import S3EXPRESS_WAL
 from walstream_wal_s3express.replica import ZonalBucketReplica
-from walstream_wal_s3express.zones import ZoneServer
+from walstream_wal_s3express.testing.zones import ZoneServer
 
 
 def test_entry_point_names_the_factory() -> None:
     (entry,) = [
-        ep for ep in importlib.metadata.entry_points(group="walstream.wal")
+        ep
+        for ep in importlib.metadata.entry_points(group="walstream.wal")
         if ep.name == "s3express"
     ]
     assert entry.load() is S3EXPRESS_WAL
@@ -33,8 +34,10 @@ def test_entry_point_names_the_factory() -> None:
         ({"buckets": ["plain-bucket"]}, "not a directory bucket name"),
         ({"buckets": ["a--use1-az4--x-s3", "b--use1-az4--x-s3"]}, "same availability zone"),
         ({"buckets": ["a--use1-az4--x-s3", "a--use1-az4--x-s3"]}, "listed twice"),
-        ({"buckets": ["a--use1-az4--x-s3", "a--use1-az5--x-s3"], "endpoint_urls": ["http://x"]},
-         "one endpoint per bucket"),
+        (
+            {"buckets": ["a--use1-az4--x-s3", "a--use1-az5--x-s3"], "endpoint_urls": ["http://x"]},
+            "one endpoint per bucket",
+        ),
         ({"buckets": ["a--use1-az4--x-s3"], "write_quorum": 2}, "wal.write_quorum"),
         ({"buckets": ["a--use1-az4--x-s3"], "max_chunk_bytes": "lots"}, "wal.max_chunk_bytes"),
         ({"buckets": ["a--use1-az4--x-s3"], "bukets": []}, "did you mean 'buckets'"),

@@ -1,12 +1,14 @@
 """Finding and building backends: by entry-point name, by config file, by provisioning hook, or by
-an importable target (what the crash harness hands a child process)."""
+an importable target (what the crash harness hands a child process).
+
+Discovery by name is :mod:`walstream_plugins.registry`'s (:func:`load_factory` and ``GROUPS`` are
+re-exported from there); this module only builds what it found."""
 
 from __future__ import annotations
 
 import contextlib
 import glob
 import importlib
-import importlib.metadata
 import importlib.util
 import itertools
 import json
@@ -22,6 +24,7 @@ from typing import Any
 
 from walstream.config import BackendFactory, BackendKind, BuildContext
 from walstream.errors import ConfigError
+from walstream_plugins.registry import GROUPS, load_factory
 
 __all__ = [
     "GROUPS",
@@ -34,36 +37,6 @@ __all__ = [
     "load_target",
     "read_config_section",
 ]
-
-GROUPS: dict[str, str] = {
-    "wal": "walstream.wal",
-    "object_store": "walstream.object_store",
-    "metadata": "walstream.metadata",
-}
-
-
-def load_factory(kind: BackendKind, name: str) -> BackendFactory[Any]:
-    """The factory published under ``name`` in ``kind``'s entry-point group."""
-    try:
-        from walstream_plugins.registry import load_factory as registry_load_factory
-    except ImportError:
-        pass
-    else:
-        factory: BackendFactory[Any] = registry_load_factory(kind, name)
-        return factory
-    group = GROUPS[kind]
-    entry_points = {ep.name: ep for ep in importlib.metadata.entry_points(group=group)}
-    if name not in entry_points:
-        installed = ", ".join(sorted(entry_points)) or "(none)"
-        raise ConfigError(
-            f"no {kind} backend named {name!r} is installed (entry-point group {group}); "
-            f"installed: {installed}"
-        )
-    loaded = entry_points[name].load()
-    if not isinstance(loaded, BackendFactory):
-        raise ConfigError(f"entry point {group}:{name} does not point at a BackendFactory")
-    return loaded
-
 
 _PATH_MODULES: dict[str, ModuleType] = {}
 

@@ -218,7 +218,7 @@ class FaultyObjectStore(ObjectStore):
         if ambiguous:
             raise self._ambiguous("delete", ",".join(keys[:3]))
 
-    async def list(self, prefix: str = "") -> AsyncIterator[ObjectMeta]:  # type: ignore[override]
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectMeta]:
         await self._before("list", prefix)
         async for meta in self.inner.list(prefix):
             yield meta

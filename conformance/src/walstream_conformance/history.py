@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -326,7 +327,7 @@ async def run_stream_workload(
                 result = await history.record(
                     client_id,
                     "append",
-                    lambda b=batch, m=match_tail: stream.append(b, m),
+                    functools.partial(stream.append, batch, match_tail),
                     values=batch,
                     match_tail=match_tail,
                 )
@@ -341,14 +342,17 @@ async def run_stream_workload(
                 await history.record(
                     client_id,
                     "read",
-                    lambda s=start, n=limit: stream.read(s, n),
+                    functools.partial(stream.read, start, limit),
                     start=start,
                     limit=limit,
                 )
             elif roll < 0.8 + trim_weight:
                 new_start = client_rng.randint(0, max(0, known_tail - 2))
                 await history.record(
-                    client_id, "trim", lambda s=new_start: stream.trim(s), new_start=new_start
+                    client_id,
+                    "trim",
+                    functools.partial(stream.trim, new_start),
+                    new_start=new_start,
                 )
             else:
                 result = await history.record(client_id, "check_tail", stream.check_tail)
@@ -452,7 +456,11 @@ async def run_engine_workload(
         while start < tail:
             before = len(final.operations)
             result = await final.record(
-                0, "read", lambda s=start: _EngineStream(stream).read(s, 50), start=start, limit=50
+                0,
+                "read",
+                functools.partial(_EngineStream(stream).read, start, 50),
+                start=start,
+                limit=50,
             )
             if not isinstance(result, tuple) or not result[0]:
                 assert len(final.operations) > before

@@ -25,14 +25,11 @@ from walstream.errors import ConfigError
 from walstream.wal.quorum.wal import QuorumWal, quorum_wal_options
 
 from .client import ChunkServerReplica, parse_address
-from .processes import ChunkServerProcess, chunk_servers
 
 __all__ = [
     "NVME_QUORUM_WAL",
-    "ChunkServerProcess",
     "ChunkServerReplica",
     "NvmeQuorumWal",
-    "chunk_servers",
     "create_wal",
 ]
 
@@ -83,6 +80,8 @@ def create_wal(options: dict[str, Any], context: BuildContext) -> NvmeQuorumWal:
 @contextlib.contextmanager
 def provision(tmp_path: Path | None = None) -> Iterator[dict[str, Any]]:
     """Three throwaway chunk servers on 127.0.0.1; yields the WAL options for them."""
+    from .testing.processes import chunk_servers
+
     with contextlib.ExitStack() as stack:
         if tmp_path is None:
             tmp_path = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="chunkd-")))

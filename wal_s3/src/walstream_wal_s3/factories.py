@@ -88,7 +88,7 @@ def _provisioner(factory_name: str) -> Any:
     @contextlib.contextmanager
     def provision(tmpdir: Path) -> Iterator[dict[str, Any]]:
         """A throwaway moto S3 server with one bucket; yields validated options."""
-        from .testing import provision_moto
+        from .testing.moto import provision_moto
 
         with provision_moto() as bucket:
             factory = S3_WAL if factory_name == "wal" else S3_OBJECT_STORE

@@ -181,7 +181,7 @@ def create_wal(options: dict[str, Any], context: BuildContext) -> S3ExpressWal:
 @contextlib.contextmanager
 def provision(tmp_path: Path | None = None) -> Iterator[dict[str, Any]]:
     """Three throwaway zones (moto servers on 127.0.0.1) with a directory bucket each."""
-    from .zones import provision as provision_zones
+    from .testing.zones import provision as provision_zones
 
     with provision_zones(tmp_path) as options:
         yield validate_options(S3EXPRESS_WAL, options, tmp_path or Path.cwd(), "wal")

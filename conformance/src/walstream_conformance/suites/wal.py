@@ -7,7 +7,7 @@ medium, so a test can restart and recover) and, optionally:
 - ``walstream_wal_spec``: a :class:`~walstream_conformance.backends.BackendSpec` that builds the
   WAL in another process (enables the SIGKILL crash harness);
 - ``walstream_wal_power_loss``: a callable that drops every write not yet synced to stable media
-  (enables the power-loss test; see :mod:`walstream_conformance.power`);
+  (enables the power-loss test; see :mod:`walstream_conformance.harness.power`);
 - ``walstream_wal_medium_fault``: a callable ``fault(broken: bool)`` that makes the medium fail
   or heals it (enables the medium-error translation test).
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -136,6 +137,10 @@ async def _typed(call: Callable[[], Awaitable[Any]], what: str) -> BaseException
     return None
 
 
+def _note_completion(completions: list[int], index: int, _future: object) -> None:
+    completions.append(index)
+
+
 class WalSuite:
     """Subclass with one line (``class TestMyWal(WalSuite): pass``) next to a
     ``walstream_wal_factory`` fixture."""
@@ -154,7 +159,7 @@ class WalSuite:
         futures = []
         for index in range(200):
             future = asyncio.ensure_future(wal.append(payload(1, index, 16 + index % 50)))
-            future.add_done_callback(lambda _f, i=index: completions.append(i))
+            future.add_done_callback(functools.partial(_note_completion, completions, index))
             futures.append(future)
             if index % 17 == 0:
                 await asyncio.sleep(0)
@@ -521,7 +526,7 @@ class WalSuite:
     ) -> None:
         """The crash harness: a writer in a child process is SIGKILLed at seeded random points;
         a fresh process recovers every acknowledged record exactly once."""
-        from ..crash import run_crash_cycles
+        from ..harness.crash import run_crash_cycles
 
         kit = walstream_wal_kit
         kit.requirements.require("survives_process_kill")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import ChunkServerReplica, NvmeQuorumWal
-from .server import ChunkServer
-from .store import ChunkStore
+from .. import ChunkServerReplica, NvmeQuorumWal
+from ..server import ChunkServer
+from ..store import ChunkStore
 
 __all__ = ["InProcessServers"]
 

@@ -7,12 +7,10 @@
   errors before the write (500), "written but reported failed" (the request reaches moto, the
   client gets a 500 or a dropped connection), ``503 SlowDown`` bursts and a lognormal latency
   model (p50/p99). Randomness is seeded, so a failing run replays.
-- pytest fixtures ``moto_server`` (session), ``s3_bucket`` (a fresh bucket per test) and
-  ``fault_proxy`` — import them into a ``conftest.py``::
+- both are :class:`~walstream_conformance.harness.child.ChildServer` children; the pytest
+  fixtures over them are in :mod:`walstream_wal_s3.testing.fixtures`.
 
-      from walstream_wal_s3.testing import fault_proxy, moto_server, s3_bucket  # noqa: F401
-
-Run by hand: ``python -m walstream_wal_s3.testing moto`` prints ``PORT <n>`` and serves until
+Run by hand: ``python -m walstream_wal_s3.testing.moto moto`` prints ``PORT <n>`` and serves until
 its standard input closes.
 """
 
@@ -21,133 +19,41 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import pytest
+from walstream_conformance.harness.child import ChildServer
 
 __all__ = [
     "TEST_CREDENTIALS",
-    "ChildServer",
+    "FaultConfig",
     "FaultProxy",
     "MotoServer",
     "S3Bucket",
-    "fault_proxy",
-    "fault_proxy_server",
-    "moto_server",
     "provision_moto",
-    "s3_bucket",
+    "serve_moto",
 ]
 
 TEST_CREDENTIALS = {"access_key_id": "walstream-test", "secret_access_key": "walstream-test"}
 _ADMIN_PATH = "/__walstream_faults__"
 
 
-class ChildServer:
-    """A test server in a child process that prints ``PORT <n>`` once listening on 127.0.0.1
-    and exits when its stdin closes. A restart reuses the port it got first (``command`` sees
-    ``self.port``); it can also be killed (SIGKILL) or frozen (SIGSTOP) to stage failures."""
+class _S3ChildServer(ChildServer):
+    """A child of ``python -m walstream_wal_s3.testing.moto``: prints ``PORT <n>``, exits when
+    its stdin closes."""
 
     start_hint = "(the S3 test server needs moto[server]: pip install 'walstream-wal-s3[testing]')"
 
     def __init__(self, name: str, *args: str) -> None:
-        self.name = name
+        super().__init__(name)
         self._args = args
-        self._process: subprocess.Popen[str] | None = None
-        self._log: Any = None
-        self._frozen = False
-        self.port = 0
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "walstream_wal_s3.testing", self.name, *self._args]
-
-    @property
-    def endpoint_url(self) -> str:
-        if not self.port:
-            raise RuntimeError(f"{self.name} server not started")
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    def start(self) -> str:
-        self._log = tempfile.TemporaryFile(mode="w+")
-        self._process = subprocess.Popen(
-            self.command(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        assert self._process.stdout is not None
-        line = self._process.stdout.readline()
-        if not line.startswith("PORT "):
-            output = self._read_log()
-            self.kill()
-            raise RuntimeError(f"{self.name} server failed to start: {output}\n{self.start_hint}")
-        self.port = int(line.split()[1])
-        self._frozen = False
-        return self.endpoint_url
-
-    def stop(self) -> None:
-        """Close its stdin so it exits cleanly (killed if it does not within 5 s)."""
-        self._reap(kill=False)
-
-    def kill(self) -> None:
-        """SIGKILL: it stops answering at once."""
-        self._reap(kill=True)
-
-    def freeze(self) -> None:
-        """SIGSTOP: connections hang until :meth:`thaw`."""
-        if self._process is not None and not self._frozen:
-            os.kill(self._process.pid, signal.SIGSTOP)
-            self._frozen = True
-
-    def thaw(self) -> None:
-        if self._process is not None and self._frozen:
-            os.kill(self._process.pid, signal.SIGCONT)
-            self._frozen = False
-
-    def _reap(self, *, kill: bool) -> None:
-        process, self._process = self._process, None
-        if process is not None:
-            if self._frozen:
-                os.kill(process.pid, signal.SIGCONT)
-                self._frozen = False
-            if kill:
-                process.kill()
-            else:
-                with contextlib.suppress(OSError):
-                    assert process.stdin is not None
-                    process.stdin.close()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            for stream in (process.stdin, process.stdout):
-                with contextlib.suppress(OSError):
-                    if stream is not None:
-                        stream.close()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-
-    def _read_log(self) -> str:
-        if self._log is None:
-            return ""
-        self._log.seek(0)
-        return str(self._log.read())[-2000:]
+        return [sys.executable, "-m", "walstream_wal_s3.testing.moto", self.name, *self._args]
 
     def _post(self, path: str, payload: bytes = b"") -> bytes:
         request = urllib.request.Request(self.endpoint_url + path, data=payload, method="POST")
@@ -155,7 +61,7 @@ class ChildServer:
             return bytes(response.read())
 
 
-class MotoServer(ChildServer):
+class MotoServer(_S3ChildServer):
     """moto's S3 in server mode (a real HTTP endpoint) on 127.0.0.1 and a random port."""
 
     def __init__(self) -> None:
@@ -212,7 +118,7 @@ class FaultConfig:
     """Lognormal latency added to matching requests (0: none)."""
 
 
-class FaultProxy(ChildServer):
+class FaultProxy(_S3ChildServer):
     """A fault-injecting HTTP proxy in front of an S3 endpoint (see module doc)."""
 
     def __init__(self, upstream_url: str) -> None:
@@ -253,35 +159,6 @@ class S3Bucket:
             **TEST_CREDENTIALS,
             **overrides,
         }
-
-
-@pytest.fixture(scope="session")
-def moto_server() -> Iterator[MotoServer]:
-    """moto's S3 server for the whole test session."""
-    with MotoServer() as server:
-        yield server
-
-
-@pytest.fixture
-def s3_bucket(moto_server: MotoServer) -> S3Bucket:
-    """A fresh, empty bucket (moto's state is reset first)."""
-    moto_server.reset()
-    moto_server.create_bucket("walstream-test")
-    return S3Bucket(moto_server.endpoint_url, "walstream-test")
-
-
-@pytest.fixture(scope="session")
-def fault_proxy_server(moto_server: MotoServer) -> Iterator[FaultProxy]:
-    with FaultProxy(moto_server.endpoint_url) as proxy:
-        yield proxy
-
-
-@pytest.fixture
-def fault_proxy(fault_proxy_server: FaultProxy, s3_bucket: S3Bucket) -> Iterator[FaultProxy]:
-    """A fault proxy in front of ``s3_bucket``'s endpoint, with no faults configured."""
-    fault_proxy_server.clear()
-    yield fault_proxy_server
-    fault_proxy_server.clear()
 
 
 @contextlib.contextmanager
@@ -467,7 +344,7 @@ def _main(argv: list[str]) -> None:
     elif argv[:1] == ["proxy"] and len(argv) == 2:
         _serve_proxy(argv[1])
     else:
-        sys.exit("usage: python -m walstream_wal_s3.testing moto | proxy UPSTREAM_URL")
+        sys.exit("usage: python -m walstream_wal_s3.testing.moto moto | proxy UPSTREAM_URL")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ needs, and come back on the same port:
   (connections open, nothing answers) and later returns with its data intact.
 
 :func:`zone_servers` starts N of them; :func:`provision` is the factory's provisioning hook
-(three zones, yields WAL options). Run by hand: ``python -m walstream_wal_s3express.zones PORT``
+(three zones, yields WAL options). Run by hand:
+``python -m walstream_wal_s3express.testing.zones PORT``
 prints ``PORT <n>`` once listening and serves until its standard input closes.
 """
 
@@ -23,7 +24,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from walstream_wal_s3.testing import ChildServer
+from walstream_conformance.harness.child import ChildServer
 
 __all__ = [
     "DEFAULT_ZONES",
@@ -89,7 +90,7 @@ class ZoneServer(ChildServer):
         self.bucket = directory_bucket_name(bucket_base, zone_id)
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "walstream_wal_s3express.zones", str(self.port)]
+        return [sys.executable, "-m", "walstream_wal_s3express.testing.zones", str(self.port)]
 
     def start(self) -> str:
         """Start (or restart after :meth:`kill`) the zone on its port, with an empty bucket."""
@@ -161,7 +162,7 @@ def provision(tmp_path: Any = None) -> Iterator[dict[str, Any]]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or not sys.argv[1].isdigit():
-        sys.exit("usage: python -m walstream_wal_s3express.zones PORT  (0: any free port)")
-    from walstream_wal_s3.testing import serve_moto
+        sys.exit("usage: python -m walstream_wal_s3express.testing.zones PORT  (0: any free port)")
+    from walstream_wal_s3.testing.moto import serve_moto
 
     serve_moto(int(sys.argv[1]))

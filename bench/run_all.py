@@ -1,0 +1,188 @@
+"""Run every benchmark: ``walstream bench`` on a fresh embedded deployment, then each script in
+``bench/`` — each in its own process, each bounded by a timeout — and print one summary table.
+
+    .venv/bin/python bench/run_all.py                 # every benchmark with --quick (make bench)
+    .venv/bin/python bench/run_all.py --full          # full-length runs
+    .venv/bin/python bench/run_all.py wal_s3 engine   # only these (script stems; engine =
+                                                      #   walstream bench)
+
+A benchmark's own table goes to ``bench/results/<name>.log``, its JSON stays where it writes it
+(``bench/results/<name>.json``); ``bench/results/run_all.json`` lists every run: status
+(``ok``, ``failed``, ``timeout``, ``skipped`` when a module or tool it needs is not installed),
+seconds, exit code, and the benchmark's JSON when it wrote one. Exits 1 if any benchmark failed
+or timed out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+ENGINE = "engine"
+_MISSING = re.compile(
+    r"(?:ModuleNotFoundError: No module named '([^']+)'|"
+    r"FileNotFoundError: \[Errno 2\] No such file or directory: '([^']+)')"
+)
+
+
+@dataclass
+class Run:
+    """One benchmark's run and what it left behind."""
+
+    name: str
+    command: list[str]
+    results: Path
+    cwd: Path = BENCH.parent
+    status: str = "not run"
+    seconds: float = 0.0
+    returncode: int | None = None
+    detail: str = ""
+    document: Any = field(default=None)
+
+
+def scripts() -> list[str]:
+    """Every benchmark script in ``bench/`` (not this one, not private modules)."""
+    return sorted(
+        path.stem
+        for path in BENCH.glob("*.py")
+        if path.name != Path(__file__).name and not path.name.startswith("_")
+    )
+
+
+def plan(names: list[str], *, full: bool, workdir: Path) -> list[Run]:
+    runs: list[Run] = []
+    for name in names:
+        if name == ENGINE:
+            results = RESULTS / "engine.json"
+            sizes = [] if full else ["--records", "20000"]
+            command = [
+                sys.executable,
+                "-m",
+                "walstream.cli",
+                "bench",
+                *sizes,
+                "--json",
+                str(results),
+                "--no-progress",
+            ]
+            # The embedded deployment lands in ./walstream-data of a throwaway folder.
+            runs.append(Run(name, command, results, cwd=workdir))
+        else:
+            command = [sys.executable, str(BENCH / f"{name}.py"), *([] if full else ["--quick"])]
+            runs.append(Run(name, command, RESULTS / f"{name}.json"))
+    return runs
+
+
+def execute(run: Run, timeout_s: float) -> None:
+    """Run one benchmark to completion or ``timeout_s``; fill in status, seconds and JSON."""
+    log = RESULTS / f"{run.name}.log"
+    started_wall = time.time()
+    started = time.monotonic()
+    with log.open("w") as output:
+        process = subprocess.Popen(
+            run.command, cwd=run.cwd, stdout=output, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            run.returncode = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            run.status = "timeout"
+            run.detail = f"stopped after {timeout_s:.0f} s"
+    run.seconds = time.monotonic() - started
+    text = log.read_text(errors="replace")
+    if run.status != "timeout":
+        missing = _MISSING.search(text)
+        if run.returncode == 0:
+            run.status = "ok"
+        elif missing:
+            run.status = "skipped"
+            run.detail = f"needs {missing.group(1) or missing.group(2)}"
+        else:
+            run.status = "failed"
+            tail = [line for line in text.splitlines() if line.strip()][-1:]
+            run.detail = f"exit code {run.returncode}: {' '.join(tail)}"[:120]
+    if run.results.exists() and run.results.stat().st_mtime >= started_wall:
+        try:
+            run.document = json.loads(run.results.read_text())
+        except ValueError:
+            run.detail = (run.detail + f"; {run.results.name} is not JSON").lstrip("; ")
+
+
+def summary(runs: list[Run]) -> str:
+    rows = [("BENCHMARK", "STATUS", "SECONDS", "RESULTS", "DETAIL")]
+    for run in runs:
+        shown = run.results.relative_to(BENCH.parent) if run.document is not None else "-"
+        rows.append((run.name, run.status, f"{run.seconds:.1f}", str(shown), run.detail or "-"))
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
+        + "  "
+        + row[-1]
+        for row in rows
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    available = [ENGINE, *scripts()]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"one of {', '.join(available)}")
+    parser.add_argument("--full", action="store_true", help="full-length runs (no --quick)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per benchmark before it is stopped (default 600, 3600 with --full)",
+    )
+    args = parser.parse_args(argv)
+    unknown = [name for name in args.names if name not in available]
+    if unknown:
+        parser.error(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(available)}")
+    timeout_s = args.timeout or (3600.0 if args.full else 600.0)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="walstream-bench-") as workdir:
+        runs = plan(args.names or available, full=args.full, workdir=Path(workdir))
+        for run in runs:
+            print(f"running {run.name} (at most {timeout_s:.0f} s) ...", flush=True)
+            execute(run, timeout_s)
+            print(f"  {run.status} in {run.seconds:.1f} s", flush=True)
+    table = summary(runs)
+    print()
+    print(table)
+    document = {
+        "mode": "full" if args.full else "quick",
+        "timeout_s": timeout_s,
+        "runs": [
+            {
+                "name": run.name,
+                "command": run.command,
+                "status": run.status,
+                "seconds": round(run.seconds, 3),
+                "returncode": run.returncode,
+                "detail": run.detail,
+                "results_file": str(run.results) if run.document is not None else None,
+                "results": run.document,
+            }
+            for run in runs
+        ],
+    }
+    out = RESULTS / "run_all.json"
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"\nwrote {out.relative_to(BENCH.parent)}; each benchmark's output: bench/results/*.log")
+    return 1 if any(run.status in ("failed", "timeout") for run in runs) else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
