@@ -67,6 +67,7 @@ from .options import (
 from .planning import ReadSlice, StreamRequest, plan_slices, resolve_requests
 from .reading import SCHEMA, read_slice_batches
 from .runtime import backends_for, run
+from .user_errors import shortened, user_errors
 
 __all__ = ["WalstreamDataSource", "WalstreamReader", "WalstreamStreamReader"]
 
@@ -90,17 +91,21 @@ class WalstreamDataSource(DataSource):
     def schema(self) -> str:
         return SCHEMA
 
+    @user_errors
     def reader(self, schema: StructType) -> DataSourceReader:
         return WalstreamReader(self.options)
 
+    @user_errors
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return WalstreamStreamReader(self.options)
 
+    @user_errors
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from .writing import WalstreamWriter
 
         return WalstreamWriter(self.options, schema, overwrite)
 
+    @user_errors
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from .writing import WalstreamStreamWriter
 
@@ -139,7 +144,8 @@ class _ReadOptions:
 def _read(config: str, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, SlicePartition):
         return  # Spark's placeholder when the plan has no slice at all
-    yield from read_slice_batches(backends_for(config), partition.piece)
+    with shortened():
+        yield from read_slice_batches(backends_for(config), partition.piece)
 
 
 class WalstreamReader(DataSourceReader):
@@ -149,6 +155,7 @@ class WalstreamReader(DataSourceReader):
         self.ending = parse_offsets(options, "endingOffsets", LATEST)
         self.from_timestamp_ms = optional_int(options, "fromTimestamp", None)
 
+    @user_errors
     def partitions(self) -> Sequence[InputPartition]:
         metadata = backends_for(self.options.config).metadata
         requests = run(
@@ -173,6 +180,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.max_records = optional_int(options, "maxRecordsPerTrigger", None, 1)
         self._target: dict[str, int] | None = None
 
+    @user_errors
     def initialOffset(self) -> dict[str, int]:
         return {
             name: self.starting.resolve(name, info)
@@ -182,13 +190,16 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_records) if self.max_records else ReadAllAvailable()
 
+    @user_errors
     def prepareForTriggerAvailableNow(self) -> None:
         # availableNow: nothing committed after this moment is read by this run.
         self._target = self._committed_tails()
 
+    @user_errors
     def reportLatestOffset(self) -> dict[str, int]:
         return self._committed_tails()
 
+    @user_errors
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         tails = self._committed_tails()
         if self._target is not None:
@@ -201,6 +212,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             available = _share(available, limit.max_rows, self.options.streams)
         return {name: begin[name] + available[name] for name in self.options.streams}
 
+    @user_errors
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         begin = self._positions(start)
         infos = self.options.stream_infos()

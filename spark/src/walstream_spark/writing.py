@@ -66,6 +66,7 @@ from walstream.wal.memory import MemoryWal
 
 from .options import optional_int, required
 from .runtime import DeploymentBackends, backends_for, run
+from .user_errors import user_errors
 
 __all__ = [
     "MARKER_ROWS",
@@ -167,6 +168,7 @@ class WalstreamWriter(DataSourceWriter):
         if (self.query_id is None) != (self.batch_id is None):
             raise ConfigError("options 'queryId' and 'batchId' go together (foreachBatch writes)")
 
+    @user_errors
     def write(self, iterator: Iterator[Row]) -> WriteCommit:
         context = TaskContext.get()
         partition = context.partitionId() if context else 0
@@ -183,6 +185,7 @@ class WalstreamWriter(DataSourceWriter):
         identity = _Identity(self.write_id, partition, node_key=f"{self.write_id}/{partition}")
         return _write_partition(self.target, identity, iterator, attempt > 0, self.scan_floor)
 
+    @user_errors
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Nothing to do: each task's records were committed before the task succeeded."""
 
@@ -195,6 +198,7 @@ class WalstreamStreamWriter(DataSourceStreamWriter):
         self.target = _WriteOptions(options, schema, overwrite=False)
         self.target.prepare_stream()
 
+    @user_errors
     def write(self, iterator: Iterator[Row]) -> WriteCommit:
         context = TaskContext.get()
         if context is None:
@@ -216,6 +220,7 @@ class WalstreamStreamWriter(DataSourceStreamWriter):
         )
         return _write_partition(self.target, identity, iterator, True, 0)
 
+    @user_errors
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to do: each task's records were committed before the task succeeded."""
 
