@@ -69,10 +69,12 @@ def load_target(target: str) -> Any:
 
 def read_config_section(path: Path, kind: BackendKind) -> dict[str, Any]:
     """A backend section from a YAML file: either a bare section (``type: ebs`` + options) or a
-    whole deployment whose ``wal`` / ``object_store`` / ``metadata`` key holds it."""
+    whole deployment whose ``wal`` / ``object_store`` / ``metadata`` key holds it. ``${VAR}``
+    references expand from the environment as in a deployment file."""
     import yaml
+    from walstream_plugins.deployment import expand_environment
 
-    document = yaml.safe_load(path.read_text())
+    document = expand_environment(yaml.safe_load(path.read_text()))
     if not isinstance(document, dict):
         raise ConfigError(f"{path}: expected a mapping of options")
     section = document.get(kind, document)

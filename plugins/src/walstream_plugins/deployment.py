@@ -61,6 +61,7 @@ __all__ = [
     "Deployment",
     "DeploymentSource",
     "default_deployment",
+    "expand_environment",
     "load_deployment",
 ]
 
@@ -314,6 +315,16 @@ def _expand_string(value: str, key: str, environ: Mapping[str, str]) -> str:
         )
 
     return _ENV_REFERENCE.sub(substitute, value)
+
+
+def expand_environment(
+    value: Any, key: str = "", environ: Mapping[str, str] | None = None
+) -> Any:
+    """``value`` (a YAML document or part of one) with every ``${VAR}`` / ``${VAR:-default}`` in
+    its strings expanded from ``environ`` (default: the process environment) and ``$${`` turned
+    into a literal ``${``; a missing variable raises ConfigError naming ``key`` and the variable.
+    The one expansion rule of every walstream YAML file (deployments, conformance configs)."""
+    return _expand(value, key, os.environ if environ is None else environ)
 
 
 def _expand(value: Any, key: str, environ: Mapping[str, str]) -> Any:
