@@ -22,7 +22,7 @@ from typing import Any
 
 from walstream.config import BackendFactory, BuildContext, Option
 from walstream.errors import ConfigError
-from walstream.wal.quorum.wal import QuorumWal, quorum_wal_options
+from walstream.wal.quorum import QuorumWal, quorum_wal_options
 
 from .client import ChunkServerReplica, parse_address
 from .processes import ChunkServerProcess, chunk_servers

@@ -16,15 +16,14 @@ The quorum protocol (fencing, tail resolution, catch-up of a zone that was down)
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from walstream.config import BackendFactory, BuildContext, Option, validate_options
-from walstream.errors import ConfigError, FencedError
-from walstream.wal.quorum.wal import QuorumWal, Replica, Seal, quorum_wal_options
+from walstream.errors import ConfigError
+from walstream.wal.quorum import QuorumWal, quorum_wal_options
 from walstream_wal_s3.client import RetryPolicy, S3Settings
 
 from .replica import ZonalBucketReplica, ZonalS3Client
@@ -45,60 +44,21 @@ DIRECTORY_BUCKET_SUFFIX = "--x-s3"
 ZONE_RETRY = RetryPolicy(
     max_attempts=3, base_delay_s=0.01, max_delay_s=0.1, throttle_base_delay_s=0.05
 )
+#: Chunks catch-up copies to a returning zone at once: an object store answers each request in
+#: milliseconds, not microseconds, so copying one chunk at a time would let a busy writer outrun
+#: the zone it is trying to repair.
+ZONE_CATCH_UP_PARALLELISM = 8
 
 
 class S3ExpressWal(QuorumWal):
-    """A :class:`QuorumWal` whose replicas are zonal directory buckets.
-
-    Catch-up copies several chunks to a returning zone at once: an object store answers each
-    request in milliseconds, not microseconds, so copying one chunk at a time would let a busy
-    writer outrun the zone it is trying to repair.
-    """
-
-    catch_up_parallelism = 8
-
-    async def _catch_up(self, replica: Replica) -> None:
-        listing = await self._bounded(replica.list_chunks(self.log_id))
-        self._check_listing_identity(replica.name, listing)
-        resolution = self._resolution
-        if resolution is not None and Seal(self.node_epoch, resolution.end_seq) not in (
-            listing.seals
-        ):
-            await self._bounded(replica.seal(self.log_id, self.node_epoch, resolution.end_seq))
-        trim_seq, trim_offset = self._trim_seq, self._trim_offset
-        if listing.trim_seq < trim_seq or listing.trim_offset < trim_offset:
-            await self._bounded(replica.trim(self.log_id, self.node_epoch, trim_seq, trim_offset))
-        missing: list[int] = []
-        for seq in range(max(trim_seq, listing.trim_seq) + 1, self._acked_through + 1):
-            if seq in self._damaged:
-                continue  # no valid copy anywhere: reported by recovery, nothing to copy
-            if self._holds(replica.name, listing, seq):
-                self._chunk_written(seq, replica.name)
-            else:
-                missing.append(seq)
-        slots = asyncio.Semaphore(self.catch_up_parallelism)
-
-        async def copy(seq: int) -> None:
-            async with slots:
-                if self._closed or seq <= self._trim_seq:
-                    return
-                data = self._chunk_cache.get(seq)
-                if data is None:
-                    data = await self._read_from_peers(seq, replica.name)
-                await self._bounded(replica.write_chunk(self.log_id, self.node_epoch, seq, data))
-                self._copy_repaired(seq, replica.name)
-
-        outcomes = await asyncio.gather(*(copy(seq) for seq in missing), return_exceptions=True)
-        errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
-        fenced = [error for error in errors if isinstance(error, FencedError)]
-        if fenced or errors:
-            raise (fenced or errors)[0]
+    """A :class:`QuorumWal` whose replicas are zonal directory buckets (built by
+    :func:`create_wal` with :data:`ZONE_CATCH_UP_PARALLELISM`)."""
 
     def request_counts(self) -> dict[str, dict[str, int]]:
         """S3 requests sent per zone and operation (cost accounting: PUTs per GiB, ...)."""
         return {
-            name: dict(state.replica.client.request_counts)  # type: ignore[attr-defined]
-            for name, state in self._replicas.items()
+            replica.name: dict(replica.client.request_counts)  # type: ignore[attr-defined]
+            for replica in self.replicas
         }
 
     def describe(self) -> dict[str, Any]:
@@ -174,6 +134,7 @@ def create_wal(options: dict[str, Any], context: BuildContext) -> S3ExpressWal:
         replicas,
         log_id=options.get("log_id") or f"node-{context.node_id}",
         write_quorum=write_quorum,
+        catch_up_parallelism=ZONE_CATCH_UP_PARALLELISM,
         **quorum_wal_options(options),
     )
 

@@ -66,7 +66,7 @@ from walstream.errors import (
     PreconditionFailed,
     WalstreamError,
 )
-from walstream.wal.quorum.wal import (
+from walstream.wal.quorum import (
     MAX_SEALS,
     ChunkInfo,
     LogIdentity,
