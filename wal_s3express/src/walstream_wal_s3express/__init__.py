@@ -23,7 +23,12 @@ from typing import Any
 
 from walstream.config import BackendFactory, BuildContext, Option, validate_options
 from walstream.errors import ConfigError
-from walstream.wal.quorum import QuorumWal, quorum_wal_options
+from walstream.wal.quorum import (
+    QuorumWal,
+    quorum_option_set,
+    quorum_wal_options,
+    write_quorum_of,
+)
 from walstream_wal_s3.client import RetryPolicy, S3Settings
 
 from .replica import ZonalBucketReplica, ZonalS3Client
@@ -124,12 +129,12 @@ def build_replicas(options: dict[str, Any], node_id: int) -> list[ZonalBucketRep
 
 def create_wal(options: dict[str, Any], context: BuildContext) -> S3ExpressWal:
     replicas = build_replicas(options, context.node_id)
-    write_quorum = options.get("write_quorum") or len(replicas) // 2 + 1
-    if not 1 <= write_quorum <= len(replicas):
-        raise ConfigError(
-            f"wal.write_quorum: must be between 1 and the {len(replicas)} buckets, "
-            f"got {write_quorum}"
-        )
+    write_quorum = write_quorum_of(
+        options.get("write_quorum"),
+        len(replicas),
+        key="wal.write_quorum",
+        among=f"the {len(replicas)} buckets",
+    )
     return S3ExpressWal(
         replicas,
         log_id=options.get("log_id") or f"node-{context.node_id}",
@@ -148,6 +153,15 @@ def provision(tmp_path: Path | None = None) -> Iterator[dict[str, Any]]:
         yield validate_options(S3EXPRESS_WAL, options, tmp_path or Path.cwd(), "wal")
 
 
+_QUORUM = quorum_option_set(
+    replica="zone",
+    log_place="in the buckets",
+    acknowledged_by="zones",
+    max_chunk_bytes="512KiB",
+    max_chunk_bytes_minimum=1,
+    max_chunk_delay="5ms",
+)
+
 S3EXPRESS_WAL: BackendFactory[S3ExpressWal] = BackendFactory(
     kind="wal",
     name="s3express",
@@ -164,26 +178,9 @@ S3EXPRESS_WAL: BackendFactory[S3ExpressWal] = BackendFactory(
         ),
         Option("region", "str", "AWS region of the buckets"),
         Option("prefix", "str", "key prefix inside every bucket", default=""),
-        Option("log_id", "str", "name of this node's log in the buckets (default node-{id})"),
-        Option("write_quorum", "int", "W: zones a chunk needs (default: majority)", minimum=1),
-        Option(
-            "max_chunk_bytes", "size", "close a chunk at this size", default="512KiB", minimum=1
-        ),
-        Option(
-            "max_chunk_delay",
-            "duration",
-            "while chunks are in flight, appends wait at most this long for company",
-            default="5ms",
-        ),
-        Option("max_inflight", "int", "chunks being written at once", default=8, minimum=1),
-        Option("max_record_bytes", "size", "largest single append", default="8MiB"),
-        Option("request_timeout", "duration", "bound of one request to one zone", default="2s"),
-        Option(
-            "write_timeout",
-            "duration",
-            "how long a chunk keeps retrying without a quorum before the WAL fails",
-            default="10s",
-        ),
+        _QUORUM.log_id,
+        _QUORUM.write_quorum,
+        *_QUORUM.tuning,
         Option("max_pool_connections", "int", "HTTP connections per zone", default=32, minimum=1),
         Option("access_key_id", "str", "access key (unset: the AWS credential chain); use ${ENV}"),
         Option("secret_access_key", "str", "secret key, with access_key_id; use ${ENV}"),

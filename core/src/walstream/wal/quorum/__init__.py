@@ -126,7 +126,13 @@ from walstream.wal.quorum.chunk import (
     parse_chunk,
 )
 from walstream.wal.quorum.memory import MemoryReplica
-from walstream.wal.quorum.options import quorum_wal_options
+from walstream.wal.quorum.options import (
+    GROUP_DELAY_DOC,
+    QuorumOptions,
+    quorum_option_set,
+    quorum_wal_options,
+    write_quorum_of,
+)
 from walstream.wal.quorum.replica import (
     MAX_SEALS,
     ChunkInfo,
@@ -139,6 +145,7 @@ from walstream.wal.quorum.resolve import ChainLink, Resolution, resolve
 from walstream.wal.quorum.wal import QuorumWal
 
 __all__ = [
+    "GROUP_DELAY_DOC",
     "MAX_SEALS",
     "RECORDS_PER_CHUNK",
     "ChainLink",
@@ -147,6 +154,7 @@ __all__ = [
     "LogIdentity",
     "LogListing",
     "MemoryReplica",
+    "QuorumOptions",
     "QuorumWal",
     "Replica",
     "Resolution",
@@ -159,6 +167,8 @@ __all__ = [
     "identity_mismatch",
     "offset_seq",
     "parse_chunk",
+    "quorum_option_set",
     "quorum_wal_options",
     "resolve",
+    "write_quorum_of",
 ]

@@ -37,7 +37,7 @@ from walstream.wal.quorum.chunk import (
 )
 from walstream.wal.quorum.fanout import Fanout, ReplicaState
 from walstream.wal.quorum.memory import MemoryReplica
-from walstream.wal.quorum.options import quorum_wal_options
+from walstream.wal.quorum.options import quorum_wal_options, write_quorum_of
 from walstream.wal.quorum.recovery import Recovery
 from walstream.wal.quorum.replica import (
     MAX_SEALS,
@@ -112,12 +112,7 @@ class QuorumWal(GroupCommitWal):
             raise ConfigError("a quorum WAL needs at least one replica")
         if len({replica.name for replica in replicas}) != replica_count:
             raise ConfigError("replica names must be distinct")
-        write_quorum = write_quorum if write_quorum is not None else replica_count // 2 + 1
-        if not 1 <= write_quorum <= replica_count:
-            raise ConfigError(
-                f"write_quorum must be between 1 and the {replica_count} replicas, "
-                f"got {write_quorum}"
-            )
+        write_quorum = write_quorum_of(write_quorum, replica_count)
         super().__init__(
             capabilities=WalCapabilities(
                 max_record_bytes=max_record_bytes,
