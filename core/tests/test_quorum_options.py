@@ -1,4 +1,5 @@
-"""The quorum WAL's shared options, its write-quorum rule and its catch-up parallelism."""
+"""The quorum WAL's shared options, its write-quorum rule, its catch-up parallelism and its
+injected clock."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+from walstream.clock import ManualClock
 from walstream.config import validate_options
 from walstream.config.factory import BackendFactory
-from walstream.errors import ConfigError
+from walstream.errors import AmbiguousError, ConfigError
 from walstream.wal import WalMode
 from walstream.wal.quorum import (
     GROUP_DELAY_DOC,
@@ -133,3 +135,27 @@ async def test_catch_up_copies_as_many_chunks_at_once_as_configured(parallelism:
 def test_catch_up_parallelism_below_one_is_refused() -> None:
     with pytest.raises(ConfigError, match="catch_up_parallelism must be at least 1, got 0"):
         QuorumWal([MemoryReplica("r0")], log_id=LOG, catch_up_parallelism=0)
+
+
+class SilentReplica(MemoryReplica):
+    """A replica whose writes never answer."""
+
+    async def write_chunk(self, log_id: str, epoch: int, seq: int, data: bytes) -> None:
+        await asyncio.Event().wait()
+
+
+async def test_request_and_write_timeouts_run_on_the_injected_clock() -> None:
+    clock = ManualClock()
+    replicas = [SilentReplica("r0"), SilentReplica("r1"), MemoryReplica("r2")]
+    wal = QuorumWal(
+        replicas, log_id=LOG, request_timeout_s=30.0, write_timeout_s=600.0, clock=clock
+    )
+    await wal.start(1, 1, WalMode.READ_WRITE)
+    assert [record async for record in wal.recover()] == []
+    started = time.monotonic()
+    with pytest.raises(AmbiguousError, match=r"write chunk 1 reached 1 of the 2 replicas"):
+        await wal.append(b"x")
+    # Ten minutes of retries on the test clock, a moment on the wall clock.
+    assert clock.monotonic() >= 600.0
+    assert time.monotonic() - started < 5.0
+    await wal.close()

@@ -16,6 +16,7 @@ from walstream.errors import (
     IdentityMismatch,
     WalstreamError,
 )
+from walstream.wal._waits import wait_for, wait_tasks
 from walstream.wal.quorum.replica import Replica
 
 __all__ = ["Fanout", "ReplicaState"]
@@ -58,7 +59,7 @@ class Fanout:
 
     async def bounded(self, call: Awaitable[T]) -> T:
         try:
-            return await asyncio.wait_for(call, self.request_timeout_s)
+            return await wait_for(self.clock, call, self.request_timeout_s)
         except TimeoutError:
             raise AmbiguousError(
                 f"replica request timed out after {self.request_timeout_s:g}s; it may have "
@@ -169,11 +170,9 @@ class Fanout:
                     if now >= deadline or not idle:
                         break
                     pending_retries = [retry_at.get(name, now) for name in idle]
-                    await asyncio.sleep(max(0.0, min([*pending_retries, deadline]) - now))
+                    await self.clock.sleep(max(0.0, min([*pending_retries, deadline]) - now))
                     continue
-                done, _ = await asyncio.wait(
-                    running, timeout=max(0.0, deadline - now), return_when=asyncio.FIRST_COMPLETED
-                )
+                done, _ = await wait_tasks(self.clock, running, deadline - now, first=True)
                 if not done and self.clock.monotonic() >= deadline:
                     break
                 for task in done:

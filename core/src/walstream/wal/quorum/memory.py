@@ -3,9 +3,9 @@ contract in their plainest form, and the medium of core's own quorum tests."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
+from walstream.clock import Clock, SystemClock
 from walstream.errors import BackendUnavailable, FencedError, NotFound, PreconditionFailed
 from walstream.wal.quorum.chunk import LogIdentity, chunk_crc
 from walstream.wal.quorum.replica import (
@@ -34,17 +34,18 @@ class _MemoryLog:
 class MemoryReplica:
     """A :class:`Replica` in process memory: the reference for the rules above and the medium of
     core's own quorum tests. ``available=False`` makes every call fail like a dead server and
-    ``delay_s`` makes it slow."""
+    ``delay_s`` (on ``clock``) makes it slow."""
 
-    def __init__(self, name: str, *, delay_s: float = 0.0) -> None:
+    def __init__(self, name: str, *, delay_s: float = 0.0, clock: Clock | None = None) -> None:
         self.name = name
         self.available = True
         self.delay_s = delay_s
+        self.clock: Clock = clock or SystemClock()
         self.logs: dict[str, _MemoryLog] = {}
 
     async def _enter(self, log_id: str, epoch: int | None = None) -> _MemoryLog:
         if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+            await self.clock.sleep(self.delay_s)
         if not self.available:
             raise BackendUnavailable(f"replica {self.name} is unreachable; retry later")
         state = self.logs.setdefault(log_id, _MemoryLog())

@@ -21,6 +21,7 @@ from walstream.errors import (
     NotFound,
     WalstreamError,
 )
+from walstream.wal._waits import wait_tasks
 from walstream.wal.contract import WalCapabilities, WalDamage, WalMode, WalOffset, WalRecord
 from walstream.wal.group_commit import GroupCommitWal, PreparedGroup
 from walstream.wal.quorum.chunk import (
@@ -354,12 +355,12 @@ class QuorumWal(GroupCommitWal):
                 log.error(
                     "quorum WAL %s: not catching up %s: %s", self.log_id, state.replica.name, exc
                 )
-                await asyncio.sleep(backoff_s)
+                await self.clock.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 1.0)
                 continue
             except WalstreamError as exc:
                 log.debug("catch-up of %s failed: %s", state.replica.name, exc)
-                await asyncio.sleep(backoff_s)
+                await self.clock.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 1.0)
                 continue
             backoff_s = 0.05
@@ -509,7 +510,7 @@ class QuorumWal(GroupCommitWal):
         # so a slow replica still gets the tail, then stop.
         pending = [*tasks, *self._background]
         if pending:
-            _, still = await asyncio.wait(pending, timeout=min(1.0, self.request_timeout_s))
+            _, still = await wait_tasks(self.clock, pending, min(1.0, self.request_timeout_s))
             for task in still:
                 task.cancel()
             await asyncio.gather(*still, return_exceptions=True)
