@@ -32,7 +32,7 @@ class _MemoryLog:
 
 
 class MemoryReplica:
-    """A :class:`Replica` in process memory: the reference for the rules above and the medium of
+    """A :class:`Replica` in process memory: the reference for its numbered rules and the medium of
     core's own quorum tests. ``available=False`` makes every call fail like a dead server and
     ``delay_s`` (on ``clock``) makes it slow."""
 

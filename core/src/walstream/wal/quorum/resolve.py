@@ -42,9 +42,9 @@ class Resolution:
 
 
 def resolve(listings: Mapping[str, LogListing]) -> Resolution:
-    """The deterministic resolution of the log from replica listings alone (rule 3 of the module
-    doc), trusting every listed copy. :class:`QuorumWal` refines it by reading the copies back
-    (see "Damage versus a torn tail")."""
+    """The deterministic resolution of the log from replica listings alone (rule 3 of the
+    protocol in :mod:`walstream.wal.quorum`), trusting every listed copy. Recovery refines it by
+    reading the copies back (see "Damage versus a torn tail")."""
     trim_seq = max((listing.trim_seq for listing in listings.values()), default=0)
     trim_offset = max((listing.trim_offset for listing in listings.values()), default=-1)
     seals = tuple(sorted({seal for listing in listings.values() for seal in listing.seals}))
