@@ -1,8 +1,14 @@
 """A write-ahead log replicated over N replicas with quorum writes (DESIGN §9).
 
-This module holds everything about quorums that does not depend on the medium, so every quorum
+This package holds everything about quorums that does not depend on the medium, so every quorum
 WAL (local-disk chunk servers, zonal object-store buckets, ...) shares one protocol. A medium
 implements :class:`Replica`; :class:`QuorumWal` builds the WAL on N of them.
+
+Modules: ``chunk`` (the chunk format), ``replica`` (the :class:`Replica` contract and its rules),
+``memory`` (the reference replica), ``resolve`` (rule 3, pure), ``fanout`` (one request on many
+replicas, timeouts, quorum waits), ``recovery`` (verified resolution and settling, rules 3-4),
+``options`` (the options every quorum plugin shares) and ``wal`` (:class:`QuorumWal`). Import the
+public names from here.
 
 Vocabulary
 ----------
