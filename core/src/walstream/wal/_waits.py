@@ -1,6 +1,9 @@
 """Bounded waits on an injected :class:`~walstream.clock.Clock`: the WALs' timeouts run on the
-clock they were given (``clock.sleep``), never on the event loop's own timer, so a test clock
-drives them too."""
+clock they were given, so a test clock drives them too.
+
+Any clock works by racing the wait against ``clock.sleep``. The :class:`SystemClock` sleeps on
+the event loop's timer, so for it the loop's own timeout is the same clock and spares the racing
+task (these waits sit on the write path: one per replica request, one per group)."""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import asyncio
 from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
-from walstream.clock import Clock
+from walstream.clock import Clock, SystemClock
 
 __all__ = ["wait_for", "wait_tasks"]
 
@@ -20,6 +23,9 @@ async def wait_for(clock: Clock, awaitable: Awaitable[T], timeout_s: float) -> T
     """What ``awaitable`` returns or raises, or :class:`TimeoutError` (and ``awaitable``
     cancelled) when it has not finished after ``timeout_s`` on ``clock``. Cancelling the caller
     cancels ``awaitable``."""
+    if type(clock) is SystemClock:
+        async with asyncio.timeout(max(0.0, timeout_s)):
+            return await awaitable
     task = asyncio.ensure_future(awaitable)
     timer = asyncio.ensure_future(clock.sleep(max(0.0, timeout_s)))
     try:
@@ -47,6 +53,13 @@ async def wait_tasks(
     pending = waiting - done
     if not pending or (first and done):
         return done, pending
+    if type(clock) is SystemClock:
+        finished, pending = await asyncio.wait(
+            pending,
+            timeout=max(0.0, timeout_s),
+            return_when=asyncio.FIRST_COMPLETED if first else asyncio.ALL_COMPLETED,
+        )
+        return done | finished, pending
     timer = asyncio.ensure_future(clock.sleep(max(0.0, timeout_s)))
     try:
         while pending and not timer.done():
