@@ -92,6 +92,8 @@ class CountingReplica(MemoryReplica):
         self.most_at_once = 0
 
     async def write_chunk(self, log_id: str, epoch: int, seq: int, data: bytes) -> None:
+        if not self.available:
+            return await super().write_chunk(log_id, epoch, seq, data)  # fails at once
         self.writing += 1
         self.most_at_once = max(self.most_at_once, self.writing)
         try:
@@ -124,7 +126,10 @@ async def test_catch_up_copies_as_many_chunks_at_once_as_configured(parallelism:
     offsets = [await wal.append(f"v{index}".encode()) for index in range(24)]
     returning = replicas[2]
     assert isinstance(returning, CountingReplica)
-    returning.most_at_once = 0
+    deadline = time.monotonic() + 5.0
+    while "r2" not in wal.lagging_replicas():  # the failed writes are noticed
+        assert time.monotonic() < deadline, "the replica that was down is not lagging"
+        await asyncio.sleep(0.01)
     returning.available = True
     await wait_until_caught_up(wal)
     assert {offset_seq(offset) for offset in offsets} <= set(returning.logs[LOG].chunks)
