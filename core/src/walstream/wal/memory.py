@@ -27,7 +27,6 @@ __all__ = [
 ]
 
 
-
 @dataclass
 class _WalVolume:
     records: list[WalRecord] = field(default_factory=list)
