@@ -32,7 +32,7 @@ from walstream.format.object_builder import ObjectBuilder
 from walstream.objects.memory import MemoryObjectStore
 from walstream.records import Record, SequencedRecord
 from walstream.wal import WalMode
-from walstream.wal.quorum.wal import LogIdentity, encode_chunk, encode_damage_marker, parse_chunk
+from walstream.wal.quorum import LogIdentity, encode_chunk, encode_damage_marker, parse_chunk
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "formats"
 

@@ -15,7 +15,7 @@ from walstream.errors import (
     InvalidArgument,
 )
 from walstream.wal import WalMode, WalRecord
-from walstream.wal.quorum.wal import (
+from walstream.wal.quorum import (
     Chunk,
     ChunkInfo,
     LogIdentity,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from walstream.errors import FencedError, NotFound, PreconditionFailed
-from walstream.wal.quorum.wal import encode_chunk
+from walstream.wal.quorum import encode_chunk
 from walstream_wal_nvme_quorum import ChunkServerReplica
 from walstream_wal_nvme_quorum.protocol import (
     DEFAULT_MAX_FRAME_BYTES,

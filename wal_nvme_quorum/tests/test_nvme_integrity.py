@@ -10,7 +10,7 @@ import crc32c
 import pytest
 from walstream.errors import IdentityMismatch
 from walstream.wal import WalMode, WalRecord
-from walstream.wal.quorum.wal import LogIdentity, encode_chunk, offset_seq
+from walstream.wal.quorum import LogIdentity, encode_chunk, offset_seq
 from walstream_wal_nvme_quorum import ChunkServerReplica
 from walstream_wal_nvme_quorum.protocol import pack_str
 from walstream_wal_nvme_quorum.store import KIND_CHECKPOINT, KIND_CHUNK, KIND_CLAIM

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from walstream.config import BuildContext
 from walstream.wal import WalMode, WalRecord
-from walstream.wal.quorum.wal import chunk_crc
+from walstream.wal.quorum import chunk_crc
 from walstream_conformance.corruption import (
     FuzzReport,
     classify_recovery,

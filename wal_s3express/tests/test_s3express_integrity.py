@@ -10,7 +10,7 @@ import pytest
 from walstream.config import BuildContext
 from walstream.errors import IdentityMismatch
 from walstream.wal import WalMode, WalRecord
-from walstream.wal.quorum.wal import LogIdentity, encode_chunk, offset_seq
+from walstream.wal.quorum import LogIdentity, encode_chunk, offset_seq
 from walstream_wal_s3express import S3EXPRESS_WAL, S3ExpressWal, ZonalBucketReplica
 from walstream_wal_s3express.replica import parse_chunk_key
 from walstream_wal_s3express.testing.zones import ZoneServer, zone_wal_options

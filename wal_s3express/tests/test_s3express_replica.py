@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from walstream.errors import FencedError, NotFound, PreconditionFailed
-from walstream.wal.quorum.wal import Seal, encode_chunk
+from walstream.wal.quorum import Seal, encode_chunk
 from walstream_wal_s3express import build_replicas
 from walstream_wal_s3express.replica import ZonalBucketReplica
 from walstream_wal_s3express.testing.zones import ZoneServer, zone_wal_options
@@ -160,7 +160,7 @@ async def test_updates_after_a_claim_keep_checking_the_claimed_identity(
     import dataclasses
 
     from walstream.errors import IdentityMismatch
-    from walstream.wal.quorum.wal import LogIdentity
+    from walstream.wal.quorum import LogIdentity
 
     ours, theirs = LogIdentity(b"1" * 16, 7), LogIdentity(b"2" * 16, 7)
     writer = replicas()

@@ -63,7 +63,9 @@ class SystemClock:
         return True
 
     async def wait_for(self, awaitable: Awaitable[T], timeout: float) -> T:
-        return await asyncio.wait_for(awaitable, max(0.0, timeout))
+        # The loop's own timeout: no extra task per call (these waits sit on the write path).
+        async with asyncio.timeout(max(0.0, timeout)):
+            return await awaitable
 
 
 class ManualClock:

@@ -22,7 +22,12 @@ from typing import Any
 
 from walstream.config import BackendFactory, BuildContext, Option
 from walstream.errors import ConfigError
-from walstream.wal.quorum.wal import QuorumWal, quorum_wal_options
+from walstream.wal.quorum import (
+    QuorumWal,
+    quorum_option_set,
+    quorum_wal_options,
+    write_quorum_of,
+)
 
 from .client import ChunkServerReplica, parse_address
 
@@ -58,11 +63,12 @@ def create_wal(options: dict[str, Any], context: BuildContext) -> NvmeQuorumWal:
             f"wal.replication: must be between 1 and the {len(servers)} servers listed, "
             f"got {replication}"
         )
-    write_quorum = options["write_quorum"] or replication // 2 + 1
-    if not 1 <= write_quorum <= replication:
-        raise ConfigError(
-            f"wal.write_quorum: must be between 1 and replication={replication}, got {write_quorum}"
-        )
+    write_quorum = write_quorum_of(
+        options["write_quorum"],
+        replication,
+        key="wal.write_quorum",
+        among=f"replication={replication}",
+    )
     log_id = options["log_id"] or f"node-{context.node_id}"
     # Logs of different nodes start at different servers, spreading the load when
     # replication < the number of servers; the choice is stable for one log id.
@@ -89,6 +95,15 @@ def provision(tmp_path: Path | None = None) -> Iterator[dict[str, Any]]:
         yield {"servers": [server.address for server in servers]}
 
 
+_QUORUM = quorum_option_set(
+    replica="server",
+    log_place="on the servers",
+    acknowledged_by="acknowledgements",
+    max_chunk_bytes="1MiB",
+    max_chunk_delay="2ms",
+    max_chunk_delay_doc="or when its oldest record waited this long",
+)
+
 NVME_QUORUM_WAL: BackendFactory[NvmeQuorumWal] = BackendFactory(
     kind="wal",
     name="nvme-quorum",
@@ -98,29 +113,9 @@ NVME_QUORUM_WAL: BackendFactory[NvmeQuorumWal] = BackendFactory(
         Option(
             "replication", "int", "N: servers each chunk is written to (default: all)", minimum=1
         ),
-        Option(
-            "write_quorum",
-            "int",
-            "W: acknowledgements a chunk needs (default: majority)",
-            minimum=1,
-        ),
-        Option("log_id", "str", "name of this node's log on the servers (default node-{id})"),
-        Option("max_chunk_bytes", "size", "close a chunk at this size", default="1MiB"),
-        Option(
-            "max_chunk_delay",
-            "duration",
-            "or when its oldest record waited this long",
-            default="2ms",
-        ),
-        Option("max_inflight", "int", "chunks being written at once", default=8, minimum=1),
-        Option("max_record_bytes", "size", "largest single append", default="8MiB"),
-        Option("request_timeout", "duration", "bound of one request to one server", default="2s"),
-        Option(
-            "write_timeout",
-            "duration",
-            "how long a chunk keeps retrying without a quorum before the WAL fails",
-            default="10s",
-        ),
+        _QUORUM.write_quorum,
+        _QUORUM.log_id,
+        *_QUORUM.tuning,
         Option("token", "str", "shared secret of the chunk servers (their --token)"),
     ),
     create=create_wal,

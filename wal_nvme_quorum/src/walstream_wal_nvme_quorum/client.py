@@ -26,7 +26,7 @@ from walstream.errors import (
     PreconditionFailed,
     WalstreamError,
 )
-from walstream.wal.quorum.wal import LogIdentity, LogListing
+from walstream.wal.quorum import LogIdentity, LogListing
 
 from .protocol import (
     FRAME_PREFIX,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from walstream.format.frames import CRC_BYTES, crc_trailer_ok, with_crc
 from walstream.records import DEPLOYMENT_ID_BYTES
-from walstream.wal.quorum.wal import ChunkInfo, LogIdentity, LogListing, Seal
+from walstream.wal.quorum import ChunkInfo, LogIdentity, LogListing, Seal
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",

@@ -47,7 +47,7 @@ import crc32c
 from walstream.errors import CorruptionError, FencedError, NotFound, PreconditionFailed
 from walstream.format.frames import CRC_BYTES, crc_trailer_ok, with_crc
 from walstream.records import DEPLOYMENT_ID_BYTES
-from walstream.wal.quorum.wal import (
+from walstream.wal.quorum import (
     MAX_SEALS,
     ChunkInfo,
     LogIdentity,

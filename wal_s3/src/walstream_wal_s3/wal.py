@@ -100,7 +100,7 @@ import logging
 import random
 import struct
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,6 +133,7 @@ from walstream.wal import (
     WalOffset,
     WalRecord,
 )
+from walstream.wal.fencing import SupersededCheck
 
 from .objects import S3ObjectStore
 
@@ -484,55 +485,6 @@ class _Damage:
         return WalDamage(self.start, end, self.damaged_bytes, shown)
 
 
-class _FenceCheck:
-    """Coalesced "is a newer epoch marker there?" checks.
-
-    :meth:`confirm` returns once a check that *started after the call* found no newer marker;
-    concurrent callers share checks, so one LIST covers every PUT completed before it began.
-    """
-
-    def __init__(self, check: Callable[[], Awaitable[None]]) -> None:
-        self._check = check
-        self._running: asyncio.Future[None] | None = None
-        self._queued: asyncio.Future[None] | None = None
-        self.fenced: FencedError | None = None
-        self.checks = 0
-
-    async def confirm(self) -> None:
-        if self.fenced is not None:
-            raise self.fenced
-        loop = asyncio.get_running_loop()
-        if self._running is None:
-            future: asyncio.Future[None] = loop.create_future()
-            self._launch(future)
-        else:
-            if self._queued is None:
-                self._queued = loop.create_future()
-            future = self._queued
-        await asyncio.shield(future)
-
-    def _launch(self, future: asyncio.Future[None]) -> None:
-        self._running = future
-        asyncio.get_running_loop().create_task(self._run(future))
-
-    async def _run(self, future: asyncio.Future[None]) -> None:
-        self.checks += 1
-        try:
-            await self._check()
-        except BaseException as exc:
-            if isinstance(exc, FencedError):
-                self.fenced = exc
-            future.set_exception(exc)
-            future.exception()  # waiters re-raise it; keep asyncio from logging it twice
-        else:
-            future.set_result(None)
-        finally:
-            self._running = None
-            queued, self._queued = self._queued, None
-            if queued is not None:
-                self._launch(queued)
-
-
 class S3Wal(GroupCommitWal):
     """A WAL of batched S3 objects (see the module doc for layout, fencing, identity and
     recovery)."""
@@ -579,7 +531,7 @@ class S3Wal(GroupCommitWal):
         """Objects that may exist, in offset order: deleted once a trim covers them."""
         self._unfinished: set[int] = set()
         """First offsets of groups whose PUT or fence check has not completed."""
-        self._fence = _FenceCheck(self._check_not_fenced)
+        self._fence = SupersededCheck(self._check_not_fenced)
         self._trim_lock: asyncio.Lock | None = None
         self._rng = rng or make_rng(None)
         """Draws the token that makes each epoch claim's marker unique."""

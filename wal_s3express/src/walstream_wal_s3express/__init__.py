@@ -16,15 +16,19 @@ The quorum protocol (fencing, tail resolution, catch-up of a zone that was down)
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from walstream.config import BackendFactory, BuildContext, Option, validate_options
-from walstream.errors import ConfigError, FencedError
-from walstream.wal.quorum.wal import QuorumWal, Replica, Seal, quorum_wal_options
+from walstream.errors import ConfigError
+from walstream.wal.quorum import (
+    QuorumWal,
+    quorum_option_set,
+    quorum_wal_options,
+    write_quorum_of,
+)
 from walstream_wal_s3.client import RetryPolicy, S3Settings
 
 from .replica import ZonalBucketReplica, ZonalS3Client
@@ -45,60 +49,21 @@ DIRECTORY_BUCKET_SUFFIX = "--x-s3"
 ZONE_RETRY = RetryPolicy(
     max_attempts=3, base_delay_s=0.01, max_delay_s=0.1, throttle_base_delay_s=0.05
 )
+#: Chunks catch-up copies to a returning zone at once: an object store answers each request in
+#: milliseconds, not microseconds, so copying one chunk at a time would let a busy writer outrun
+#: the zone it is trying to repair.
+ZONE_CATCH_UP_PARALLELISM = 8
 
 
 class S3ExpressWal(QuorumWal):
-    """A :class:`QuorumWal` whose replicas are zonal directory buckets.
-
-    Catch-up copies several chunks to a returning zone at once: an object store answers each
-    request in milliseconds, not microseconds, so copying one chunk at a time would let a busy
-    writer outrun the zone it is trying to repair.
-    """
-
-    catch_up_parallelism = 8
-
-    async def _catch_up(self, replica: Replica) -> None:
-        listing = await self._bounded(replica.list_chunks(self.log_id))
-        self._check_listing_identity(replica.name, listing)
-        resolution = self._resolution
-        if resolution is not None and Seal(self.node_epoch, resolution.end_seq) not in (
-            listing.seals
-        ):
-            await self._bounded(replica.seal(self.log_id, self.node_epoch, resolution.end_seq))
-        trim_seq, trim_offset = self._trim_seq, self._trim_offset
-        if listing.trim_seq < trim_seq or listing.trim_offset < trim_offset:
-            await self._bounded(replica.trim(self.log_id, self.node_epoch, trim_seq, trim_offset))
-        missing: list[int] = []
-        for seq in range(max(trim_seq, listing.trim_seq) + 1, self._acked_through + 1):
-            if seq in self._damaged:
-                continue  # no valid copy anywhere: reported by recovery, nothing to copy
-            if self._holds(replica.name, listing, seq):
-                self._chunk_written(seq, replica.name)
-            else:
-                missing.append(seq)
-        slots = asyncio.Semaphore(self.catch_up_parallelism)
-
-        async def copy(seq: int) -> None:
-            async with slots:
-                if self._closed or seq <= self._trim_seq:
-                    return
-                data = self._chunk_cache.get(seq)
-                if data is None:
-                    data = await self._read_from_peers(seq, replica.name)
-                await self._bounded(replica.write_chunk(self.log_id, self.node_epoch, seq, data))
-                self._copy_repaired(seq, replica.name)
-
-        outcomes = await asyncio.gather(*(copy(seq) for seq in missing), return_exceptions=True)
-        errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
-        fenced = [error for error in errors if isinstance(error, FencedError)]
-        if fenced or errors:
-            raise (fenced or errors)[0]
+    """A :class:`QuorumWal` whose replicas are zonal directory buckets (built by
+    :func:`create_wal` with :data:`ZONE_CATCH_UP_PARALLELISM`)."""
 
     def request_counts(self) -> dict[str, dict[str, int]]:
         """S3 requests sent per zone and operation (cost accounting: PUTs per GiB, ...)."""
         return {
-            name: dict(state.replica.client.request_counts)  # type: ignore[attr-defined]
-            for name, state in self._replicas.items()
+            replica.name: dict(replica.client.request_counts)  # type: ignore[attr-defined]
+            for replica in self.replicas
         }
 
     def describe(self) -> dict[str, Any]:
@@ -164,16 +129,17 @@ def build_replicas(options: dict[str, Any], node_id: int) -> list[ZonalBucketRep
 
 def create_wal(options: dict[str, Any], context: BuildContext) -> S3ExpressWal:
     replicas = build_replicas(options, context.node_id)
-    write_quorum = options.get("write_quorum") or len(replicas) // 2 + 1
-    if not 1 <= write_quorum <= len(replicas):
-        raise ConfigError(
-            f"wal.write_quorum: must be between 1 and the {len(replicas)} buckets, "
-            f"got {write_quorum}"
-        )
+    write_quorum = write_quorum_of(
+        options.get("write_quorum"),
+        len(replicas),
+        key="wal.write_quorum",
+        among=f"the {len(replicas)} buckets",
+    )
     return S3ExpressWal(
         replicas,
         log_id=options.get("log_id") or f"node-{context.node_id}",
         write_quorum=write_quorum,
+        catch_up_parallelism=ZONE_CATCH_UP_PARALLELISM,
         **quorum_wal_options(options),
     )
 
@@ -186,6 +152,15 @@ def provision(tmp_path: Path | None = None) -> Iterator[dict[str, Any]]:
     with provision_zones(tmp_path) as options:
         yield validate_options(S3EXPRESS_WAL, options, tmp_path or Path.cwd(), "wal")
 
+
+_QUORUM = quorum_option_set(
+    replica="zone",
+    log_place="in the buckets",
+    acknowledged_by="zones",
+    max_chunk_bytes="512KiB",
+    max_chunk_bytes_minimum=1,
+    max_chunk_delay="5ms",
+)
 
 S3EXPRESS_WAL: BackendFactory[S3ExpressWal] = BackendFactory(
     kind="wal",
@@ -203,26 +178,9 @@ S3EXPRESS_WAL: BackendFactory[S3ExpressWal] = BackendFactory(
         ),
         Option("region", "str", "AWS region of the buckets"),
         Option("prefix", "str", "key prefix inside every bucket", default=""),
-        Option("log_id", "str", "name of this node's log in the buckets (default node-{id})"),
-        Option("write_quorum", "int", "W: zones a chunk needs (default: majority)", minimum=1),
-        Option(
-            "max_chunk_bytes", "size", "close a chunk at this size", default="512KiB", minimum=1
-        ),
-        Option(
-            "max_chunk_delay",
-            "duration",
-            "while chunks are in flight, appends wait at most this long for company",
-            default="5ms",
-        ),
-        Option("max_inflight", "int", "chunks being written at once", default=8, minimum=1),
-        Option("max_record_bytes", "size", "largest single append", default="8MiB"),
-        Option("request_timeout", "duration", "bound of one request to one zone", default="2s"),
-        Option(
-            "write_timeout",
-            "duration",
-            "how long a chunk keeps retrying without a quorum before the WAL fails",
-            default="10s",
-        ),
+        _QUORUM.log_id,
+        _QUORUM.write_quorum,
+        *_QUORUM.tuning,
         Option("max_pool_connections", "int", "HTTP connections per zone", default=32, minimum=1),
         Option("access_key_id", "str", "access key (unset: the AWS credential chain); use ${ENV}"),
         Option("secret_access_key", "str", "secret key, with access_key_id; use ${ENV}"),

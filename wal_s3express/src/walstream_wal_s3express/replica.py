@@ -66,7 +66,8 @@ from walstream.errors import (
     PreconditionFailed,
     WalstreamError,
 )
-from walstream.wal.quorum.wal import (
+from walstream.wal.fencing import SupersededCheck
+from walstream.wal.quorum import (
     MAX_SEALS,
     ChunkInfo,
     LogIdentity,
@@ -176,21 +177,13 @@ class _Scan:
 
 
 @dataclass
-class _FenceCheck:
-    """The latest read of an epoch's successor marker, shared by the chunk writes that finished
-    before it started."""
-
-    started_tick: int = -1
-    epoch: int = -1
-    task: asyncio.Task[bool] | None = None
-
-
-@dataclass
 class _LogCache:
     state: _ControlState | None = None
     registered_epoch: int = -1
     """The epoch whose claim this client made or confirmed on this zone."""
-    fence: _FenceCheck = field(default_factory=_FenceCheck)
+    fence: SupersededCheck | None = None
+    """The post-write check of ``fence_epoch`` (one per epoch: a superseded one stays so)."""
+    fence_epoch: int = -1
     chunk_keys: dict[int, list[_StoredChunk]] = field(default_factory=dict)
     stale_keys: list[str] = field(default_factory=list)
     """Old control states to delete with the next batch of deletes."""
@@ -220,7 +213,6 @@ class ZonalBucketReplica:
         self._logs: dict[str, _LogCache] = {}
         self._identities: dict[str, LogIdentity] = {}
         """The identity each log was claimed with: every later update checks it too."""
-        self._tick = 0
         self._healthy = True
         self._background: set[asyncio.Task[None]] = set()
 
@@ -455,17 +447,17 @@ class ZonalBucketReplica:
             "concurrent updates; retry"
         )
 
-    async def _superseded_after(self, log_id: str, epoch: int, tick: int) -> bool:
-        """Whether ``epoch`` was superseded, read by a request that started after ``tick``."""
-        fence = self._cache(log_id).fence
-        if fence.task is None or fence.started_tick <= tick or fence.epoch != epoch:
-            self._tick += 1
-            fence.started_tick = self._tick
-            fence.epoch = epoch
-            fence.task = asyncio.ensure_future(self._superseded(log_id, epoch))
-            # Nobody may await it if every caller is cancelled; keep it from logging.
-            fence.task.add_done_callback(lambda task: task.cancelled() or task.exception())
-        return await asyncio.shield(fence.task)
+    def _fence(self, log_id: str, epoch: int) -> SupersededCheck:
+        """The shared post-write check of ``epoch`` on ``log_id`` (one GET per run)."""
+        cache = self._cache(log_id)
+        if cache.fence is None or cache.fence_epoch != epoch:
+
+            async def check() -> None:
+                if await self._superseded(log_id, epoch):
+                    raise self._fenced(log_id, epoch)
+
+            cache.fence, cache.fence_epoch = SupersededCheck(check), epoch
+        return cache.fence
 
     # -- the Replica operations ---------------------------------------------------------------------
 
@@ -554,9 +546,7 @@ class ZonalBucketReplica:
                     f"zone {self.name}: chunk {seq} of epoch {epoch} exists with other bytes"
                 )
         cache.chunk_keys.setdefault(seq, []).append(_StoredChunk(seq, epoch, crc, len(data), key))
-        self._tick += 1
-        if await self._superseded_after(log_id, epoch, self._tick):
-            raise self._fenced(log_id, epoch)
+        await self._fence(log_id, epoch).confirm()
 
     async def read_chunk(self, log_id: str, seq: int) -> tuple[int, bytes]:
         for attempt in range(2):
@@ -637,8 +627,6 @@ class ZonalBucketReplica:
         for task in list(self._background):
             task.cancel()
         for cache in self._logs.values():
-            fence_task = cache.fence.task
-            if fence_task is not None and not fence_task.done():
-                fence_task.cancel()
-                await asyncio.gather(fence_task, return_exceptions=True)
+            if cache.fence is not None:
+                await cache.fence.close()
         await self.client.close()

@@ -1,5 +1,5 @@
 """The write-ahead log: the contract (``contract``), the shared group-commit machinery
-(``group_commit``), the reference in-memory WAL (``memory``) and the quorum protocol (``quorum``).
+(``group_commit``), the coalesced superseded-epoch check (``fencing``), the reference in-memory WAL (``memory``) and the quorum protocol (``quorum``).
 
 A third-party WAL imports what it needs from here: ``from walstream.wal import GroupCommitWal``.
 """
@@ -13,6 +13,7 @@ from walstream.wal.contract import (
     WalRecord,
     WriteAheadLog,
 )
+from walstream.wal.fencing import SupersededCheck
 from walstream.wal.group_commit import (
     GroupCommitWal,
     PreparedGroup,
@@ -22,6 +23,7 @@ __all__ = [
     "DEPLOYMENT_ID_BYTES",
     "GroupCommitWal",
     "PreparedGroup",
+    "SupersededCheck",
     "WalCapabilities",
     "WalDamage",
     "WalMode",

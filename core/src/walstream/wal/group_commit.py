@@ -25,6 +25,7 @@ from walstream.errors import (
     InvalidArgument,
     WalstreamError,
 )
+from walstream.wal._waits import wait_for
 from walstream.wal.contract import WalCapabilities, WalMode, WalOffset, WalRecord, WriteAheadLog
 
 __all__ = [
@@ -241,7 +242,7 @@ class GroupCommitWal(WriteAheadLog):
                 remaining = self.max_group_delay_s - (self.clock.monotonic() - self._pending_since)
                 if remaining > 0:
                     try:
-                        await asyncio.wait_for(changed.wait(), remaining)
+                        await wait_for(self.clock, changed.wait(), remaining)
                     except TimeoutError:
                         pass
                     if self.clock.monotonic() - self._pending_since < self.max_group_delay_s:
@@ -287,7 +288,7 @@ class GroupCommitWal(WriteAheadLog):
                 assert self._trimmed_event is not None
                 self._trimmed_event.clear()
                 try:
-                    await asyncio.wait_for(self._trimmed_event.wait(), min(remaining, 0.05))
+                    await wait_for(self.clock, self._trimmed_event.wait(), min(remaining, 0.05))
                 except TimeoutError:
                     pass
             except WalstreamError as exc:

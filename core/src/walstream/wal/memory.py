@@ -6,7 +6,6 @@ the same name sees the same data (the way a restart sees a disk). Nothing surviv
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +25,6 @@ __all__ = [
     "MEMORY_WAL",
     "MemoryWal",
 ]
-
 
 
 @dataclass
@@ -110,7 +108,7 @@ class MemoryWal(GroupCommitWal):
 
     async def _write_group(self, group: PreparedGroup) -> None:
         if self._write_delay_s:
-            await asyncio.sleep(self._write_delay_s)
+            await self.clock.sleep(self._write_delay_s)
         volume = self._volume
         self._reserved_bytes -= group.state
         if volume.owner_epoch != self.node_epoch:

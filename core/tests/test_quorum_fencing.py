@@ -1,0 +1,115 @@
+"""The coalesced superseded-epoch check (walstream.wal.fencing) shared by the s3 and s3express
+WALs: a write is confirmed only by a check that started after it, and checks are shared."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from walstream.errors import BackendUnavailable, FencedError
+from walstream.wal import SupersededCheck
+
+
+class Medium:
+    """A log owner marker that a test moves; every read waits until the test releases it."""
+
+    def __init__(self) -> None:
+        self.superseded = False
+        self.failing = False
+        self.reads = 0
+        self.release = asyncio.Event()
+        self.release.set()
+        self.reading = asyncio.Event()
+
+    async def check(self) -> None:
+        self.reads += 1
+        superseded, failing = self.superseded, self.failing  # what the read sees when sent
+        self.reading.set()
+        await self.release.wait()
+        if failing:
+            raise BackendUnavailable("medium unreachable")
+        if superseded:
+            raise FencedError("a newer epoch owns the log")
+
+
+async def test_callers_arriving_during_a_run_share_the_next_one() -> None:
+    medium = Medium()
+    fence = SupersededCheck(medium.check)
+    medium.release.clear()
+    first = asyncio.ensure_future(fence.confirm())
+    await medium.reading.wait()
+    later = [asyncio.ensure_future(fence.confirm()) for _ in range(5)]
+    await asyncio.sleep(0)
+    medium.release.set()
+    await asyncio.gather(first, *later)
+    assert (medium.reads, fence.checks) == (2, 2)
+
+
+async def test_a_run_that_started_before_the_call_never_confirms_it() -> None:
+    medium = Medium()
+    fence = SupersededCheck(medium.check)
+    medium.release.clear()
+    first = asyncio.ensure_future(fence.confirm())
+    await medium.reading.wait()  # this run saw "not superseded"
+    medium.superseded = True  # a new owner claims while it is in flight
+    late = asyncio.ensure_future(fence.confirm())
+    await asyncio.sleep(0)
+    medium.release.set()
+    await first
+    with pytest.raises(FencedError):
+        await late
+
+
+async def test_fenced_is_latched_and_read_no_more() -> None:
+    medium = Medium()
+    medium.superseded = True
+    fence = SupersededCheck(medium.check)
+    with pytest.raises(FencedError):
+        await fence.confirm()
+    medium.superseded = False
+    with pytest.raises(FencedError):
+        await fence.confirm()
+    assert medium.reads == 1
+    assert fence.fenced is not None
+
+
+async def test_other_errors_reach_that_run_only() -> None:
+    medium = Medium()
+    medium.failing = True
+    fence = SupersededCheck(medium.check)
+    with pytest.raises(BackendUnavailable):
+        await fence.confirm()
+    medium.failing = False
+    await fence.confirm()
+    assert fence.fenced is None and medium.reads == 2
+
+
+async def test_a_caller_that_gives_up_does_not_cancel_the_shared_run() -> None:
+    medium = Medium()
+    fence = SupersededCheck(medium.check)
+    medium.release.clear()
+    impatient = asyncio.ensure_future(fence.confirm())
+    await medium.reading.wait()
+    patient = asyncio.ensure_future(fence.confirm())
+    await asyncio.sleep(0)
+    impatient.cancel()
+    await asyncio.gather(impatient, return_exceptions=True)
+    medium.release.set()
+    await patient
+    assert fence.checks == 2
+
+
+async def test_close_stops_the_run_in_progress() -> None:
+    medium = Medium()
+    fence = SupersededCheck(medium.check)
+    medium.release.clear()
+    waiting = asyncio.ensure_future(fence.confirm())
+    await medium.reading.wait()
+    queued = asyncio.ensure_future(fence.confirm())
+    await asyncio.sleep(0)
+    await fence.close()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    assert fence.checks == 1
