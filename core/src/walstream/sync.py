@@ -303,7 +303,7 @@ class SyncClient:
 def open(config: Any = None) -> SyncClient:
     """Open a client like :func:`walstream.open` and return its blocking facade.
 
-    ``config`` is a deployment YAML path, a dict, a ``walstream_plugins`` Deployment, or ``None``
+    ``config`` is a deployment YAML path, a dict, a Deployment of the plugin host (walstream-plugins), or ``None``
     for the embedded default deployment in ``./walstream-data``.
     """
     import walstream

@@ -2,7 +2,7 @@
 :data:`COMMANDS_GROUP` that core owns::
 
     [project.entry-points."walstream.cli"]
-    conformance = "walstream_conformance.cli:COMMAND"
+    conformance = "<the command module>:COMMAND"   # as walstream-conformance does
 
 The entry point's name is the command's name; the object it names has the shape of
 :class:`ExtraCommand`. ``walstream NAME ARGS...`` hands ARGS to a parser the command fills in.

@@ -7,7 +7,7 @@ Core never imports it by name. The host publishes one object under the entry-poi
 ``walstream.wal``::
 
     [project.entry-points."walstream.host"]
-    plugins = "walstream_plugins.host:HOST"
+    plugins = "<the host module>:HOST"     # walstream-plugins registers its host so
 
 and :func:`find_host` returns that object, typed by the :class:`PluginHost` protocol below:
 everything core asks of a host, and nothing more.

@@ -114,8 +114,9 @@ def open(
     clock: Clock | None = None,
     accept_loss: bool = False,
 ) -> OpenClient:
-    """Open a node from a deployment: a YAML file path, a dict of the same shape, a
-    ``walstream_plugins.Deployment``, or ``None`` for the embedded default in ./walstream-data.
+    """Open a node from a deployment: a YAML file path, a dict of the same shape, a Deployment
+    of the plugin host (walstream-plugins), or ``None`` for the embedded default in
+    ./walstream-data.
 
     ``accept_loss=True`` is the operator's explicit acceptance of a damaged WAL (what
     ``walstream recover --accept-loss`` does): recovery records every lost range as a data-loss

@@ -61,7 +61,7 @@ class LiveNode:
 
 
 def lock_path(deployment: Any) -> Path | None:
-    """The node lock of ``deployment`` (a ``walstream_plugins.Deployment``): next to its SQLite
+    """The node lock of ``deployment`` (a Deployment of the plugin host): next to its SQLite
     metadata file, or ``None`` when its metadata is not a file."""
     section = deployment.sections.get("metadata") or {}
     raw = section.get("path")
