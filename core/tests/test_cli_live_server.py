@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from walstream.server import live
+from walstream.engine import live
 
 WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
 HAS_AIOHTTP = importlib.util.find_spec("aiohttp") is not None
@@ -283,3 +283,65 @@ def test_a_node_held_by_a_process_without_a_server_reads_committed_and_refuses_w
     finally:
         holder.release()
     assert cli("append", "orders", input="c\n").stdout.splitlines() == ["offsets 2..2"]
+
+
+def test_python_open_of_a_served_node_refuses_instead_of_fencing_the_server(
+    server: Server, deployment: Path, tmp_path: Path
+) -> None:
+    """``walstream.open`` from another Python process takes the node lock like the CLI: with a
+    server running the node it raises NodeBusy naming the server, and the server stays healthy."""
+    assert server.call("POST", "/v1/streams", {"name": "py"})[0] in (200, 201)
+    server.append("py", "one")
+    script = (
+        "import asyncio, sys, walstream\n"
+        "from walstream.engine.live import NodeBusy\n"
+        "async def main():\n"
+        "    try:\n"
+        "        async with walstream.open(sys.argv[1]):\n"
+        "            print('OPENED')\n"
+        "    except NodeBusy as busy:\n"
+        "        print('BUSY', busy)\n"
+        "asyncio.run(main())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(deployment)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("BUSY"), done.stdout
+    assert f"pid {server.process.pid}" in done.stdout or str(server.process.pid) in done.stdout
+    assert server.call("GET", "/health")[0] == 200
+    assert server.append("py", "two")["end"] == 2  # not fenced
+
+
+async def test_python_open_locks_the_node_while_open_and_releases_it_on_close(
+    deployment: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import walstream
+    from walstream_plugins import load_deployment
+
+    monkeypatch.chdir(tmp_path)
+    path = live.lock_path(load_deployment(deployment))
+    assert path is not None
+    async with walstream.open(deployment) as client:
+        await client.create_stream("locked")
+        holder = live.probe(path)
+        assert holder is not None and holder.pid == os.getpid()
+        assert (holder.command or "").startswith("walstream.open in ")
+        # A caller that locked first (the CLI, serve) opens under its own lock.
+        assert live.held_here(path)
+    assert live.probe(path) is None
+    assert not live.held_here(path)
+    own = live.NodeLock.acquire(path, 1, "walstream test")
+    try:
+        async with walstream.open(deployment) as client:
+            assert [info.name for info in await client.list_streams()] == ["locked"]
+        # ... and leaves that lock to its holder when it closes.
+        assert live.held_here(path)
+        still = live.probe(path)
+        assert still is not None and still.command == "walstream test"
+    finally:
+        own.release()

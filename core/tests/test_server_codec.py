@@ -145,8 +145,8 @@ async def test_answers_given_before_the_engine_say_nothing_happened(
 
 
 def test_the_server_package_and_the_node_lock_do_not_import_aiohttp() -> None:
-    # Every command imports walstream.server.live; only `walstream serve` needs aiohttp.
-    probe = "import sys, walstream.server, walstream.server.live; print('aiohttp' in sys.modules)"
+    # Every command imports walstream.engine.live; only `walstream serve` needs aiohttp.
+    probe = "import sys, walstream.server, walstream.engine.live; print('aiohttp' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )

@@ -39,12 +39,12 @@ def set_command_name(name: str) -> None:
 async def holding_node(config: str | None) -> AsyncIterator[None]:
     """Hold the node lock of ``config`` for a command that runs the node itself and has no
     way through a server (``recover``, ``demo``, ``bench``): raises
-    :class:`~walstream.server.live.NodeBusy` (exit 2) naming the live process that runs the node."""
-    from walstream.server import live
+    :class:`~walstream.engine.live.NodeBusy` (exit 2) naming the live process that runs the node."""
+    from walstream.engine import live
 
     deployment = load_deployment(config)
     path = live.lock_path(deployment)
-    if path is None:
+    if path is None or live.held_here(path):  # no lock, or this process runs the node already
         yield
         return
     lock = live.NodeLock.acquire(path, deployment.node_id, f"{PROG} {command_name()}")

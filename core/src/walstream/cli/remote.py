@@ -44,19 +44,21 @@ async def open_client(config: str | None, *, writes: bool = True) -> AsyncIterat
     """The node of ``config`` for one command, never taking it over from a live process.
 
     No live process runs the node: ``walstream.open(config)`` as always (recovering the node),
-    holding the node lock (:mod:`walstream.server.live`) so that no server starts on it meanwhile.
+    holding the node lock (:mod:`walstream.engine.live`) so that no server starts on it meanwhile.
     A live ``walstream serve`` runs it: a :class:`_LiveNodeClient` that sends writes to the
     server's HTTP API and asks it for what is not committed yet; when the server cannot be reached (or the live
     process is not a server), reads show the committed records only (with a warning on stderr)
-    and writes raise :class:`~walstream.server.live.NodeBusy` naming the running process.
+    and writes raise :class:`~walstream.engine.live.NodeBusy` naming the running process.
     """
     import walstream
-    from walstream.server import live
+    from walstream.engine import live
 
     deployment = load_deployment(config)
     path = live.lock_path(deployment)
-    holder = live.probe(path)
-    if holder is None and path is not None:
+    # A node this process runs already (a client opened in the same program) is not "live
+    # elsewhere": the command opens it in-process, as walstream.open does.
+    holder = None if path is not None and live.held_here(path) else live.probe(path)
+    if holder is None and path is not None and not live.held_here(path):
         try:
             lock = live.NodeLock.acquire(path, deployment.node_id, f"{PROG} {command_name()}")
         except live.NodeBusy as busy:
@@ -232,8 +234,8 @@ class _LiveNodeClient:
     async def open(
         cls, config: str | None, deployment: Any, holder: Any, *, writes: bool
     ) -> AsyncIterator[_LiveNodeClient]:
+        from walstream.engine import live
         from walstream.engine.object_reader import ObjectReader
-        from walstream.server import live
 
         remote = None
         reason = holder.describe()
@@ -281,7 +283,7 @@ class _LiveNodeClient:
 
     def _remote(self) -> _RemoteNode:
         if self.remote is None:  # refused in open(); a read-only command never gets here
-            from walstream.server import live
+            from walstream.engine import live
 
             raise live.NodeBusy(self.holder.describe(), self.holder)
         return self.remote

@@ -18,6 +18,7 @@ from walstream.engine.append import StreamWriter
 from walstream.engine.cache import LogCache
 from walstream.engine.compaction import Compactor
 from walstream.engine.events import EngineHooks, NullHooks, Recovered
+from walstream.engine.live import NodeLock
 from walstream.engine.object_reader import ObjectReader
 from walstream.engine.read import StreamReader
 from walstream.engine.recovery import (
@@ -172,6 +173,8 @@ class Client:
         """Set by :meth:`start` from the metadata store (DESIGN §8: identity everywhere)."""
         self.owns_backends = False
         """Set by :func:`walstream.open`: :meth:`close` closes the object and metadata stores."""
+        self.node_lock: NodeLock | None = None
+        """Set by :func:`walstream.open` when it took the node lock: :meth:`close` releases it."""
         self.recovery: RecoveryStats | None = None
         self.accept_loss_command = ACCEPT_LOSS_COMMAND
         """What a refusal to start tells the operator to run (``walstream.open`` names the
@@ -302,8 +305,12 @@ class Client:
             if self._gate.started:
                 await self._stop()
         finally:
-            if self.owns_backends:
-                await self._close_backends()
+            try:
+                if self.owns_backends:
+                    await self._close_backends()
+            finally:
+                if self.node_lock is not None:
+                    self.node_lock.release()
 
     async def _close_backends(self) -> None:
         for backend in (self.objects, self.metadata):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import sys
 from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,9 @@ from typing import Any
 from walstream.clock import Clock
 from walstream.config.engine import EngineConfig, RecoveryConfig
 from walstream.config.host import find_host
+from walstream.engine import live
 from walstream.engine.events import EngineHooks
+from walstream.engine.live import NodeLock
 from walstream.engine.node import Client
 
 __all__ = ["OpenClient", "open"]
@@ -26,6 +29,19 @@ def _with_accept_loss(config: EngineConfig, accept_loss: bool) -> EngineConfig:
     if not accept_loss:
         return config
     return dataclasses.replace(config, recovery=RecoveryConfig(accept_loss=True))
+
+
+def _take_node_lock(deployment: Any) -> NodeLock | None:
+    """The node lock of a deployment this call loaded itself (a path, a dict, the embedded
+    default): a node that another live process runs (``walstream serve``, a CLI command) is
+    refused with :class:`~walstream.engine.live.NodeBusy` instead of taken over, which would
+    fence the running process. A lock this process already holds (the CLI and ``serve`` lock
+    before they open) is left to its holder."""
+    path = live.lock_path(deployment)
+    if path is None or live.held_here(path):
+        return None
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    return live.NodeLock.acquire(path, deployment.node_id, f"walstream.open in {program}")
 
 
 def _build_client(
@@ -45,7 +61,13 @@ def _build_client(
         if hooks is None:
             disabled = tuple(deployment.sections.get("hooks", {}).get("disable", ()) or ())
             hooks = host.make_hooks(disabled)
-    backends = deployment.build_backends()
+    lock = _take_node_lock(deployment) if not hasattr(config, "build_backends") else None
+    try:
+        backends = deployment.build_backends()
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
     client = Client(
         wal=backends.wal,
         objects=backends.objects,
@@ -55,6 +77,7 @@ def _build_client(
         clock=clock,
     )
     client.owns_backends = True
+    client.node_lock = lock
     if config is None:
         folder = shlex.quote(os.getcwd())  # the embedded deployment lives in ./walstream-data
         client.accept_loss_command = f"cd {folder} && walstream recover --accept-loss"
@@ -117,6 +140,11 @@ def open(
     """Open a node from a deployment: a YAML file path, a dict of the same shape, a Deployment
     of the plugin host (walstream-plugins), or ``None`` for the embedded default in
     ./walstream-data.
+
+    A deployment whose metadata is a SQLite file has a node lock: while the client is open this
+    process holds it, and a node that another live process runs (``walstream serve``, a
+    ``walstream`` command) raises :class:`~walstream.engine.live.NodeBusy` (a ConfigError naming
+    that process) instead of being taken over, which would fence the running process.
 
     ``accept_loss=True`` is the operator's explicit acceptance of a damaged WAL (what
     ``walstream recover --accept-loss`` does): recovery records every lost range as a data-loss

@@ -8,8 +8,8 @@
   connection guard;
 - :mod:`walstream.server.serve`: ``serve()`` and ``walstream serve`` (listen address, token,
   node lock, shutdown);
-- :mod:`walstream.server.live`: the node lock and how commands reach a running server.
+- :mod:`walstream.engine.live`: the node lock and how commands reach a running server.
 
-This package imports nothing itself, so ``walstream.server.live`` (used by every command) does
+This package imports nothing itself, so ``walstream.engine.live`` (used by every command) does
 not pull in aiohttp.
 """

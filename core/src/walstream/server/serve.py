@@ -1,5 +1,5 @@
 """Running one node as an HTTP server: :func:`serve` opens the node of a deployment under its
-node lock (:mod:`walstream.server.live`) and listens behind the connection guard of
+node lock (:mod:`walstream.engine.live`) and listens behind the connection guard of
 :mod:`walstream.server.limits`; :func:`run_until_signalled` is ``walstream serve``.
 
 Shutdown (SIGTERM or SIGINT): stop accepting connections, answer waiting long polls with what
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from walstream.engine import live
 from walstream.errors import ConfigError
-from walstream.server import live
 from walstream.server.app import begin_shutdown, make_app
 from walstream.server.limits import (
     DEFAULT_MAX_BODY_BYTES,
@@ -108,9 +108,9 @@ async def serve(
     ``listen``, ``token`` and ``limits`` override the deployment's ``server`` section (port 0:
     any free port, see :attr:`RunningServer.port`).
 
-    While serving, the process holds the node lock of the deployment (:mod:`walstream.server.live`)
+    While serving, the process holds the node lock of the deployment (:mod:`walstream.engine.live`)
     with its URL in it, so `walstream` commands on the same deployment use this server instead
-    of taking the node over. Raises :class:`~walstream.server.live.NodeBusy` (a ConfigError) naming
+    of taking the node over. Raises :class:`~walstream.engine.live.NodeBusy` (a ConfigError) naming
     the running process when another live process already runs the node.
     """
     import walstream

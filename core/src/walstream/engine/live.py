@@ -27,7 +27,7 @@ from typing import Any
 
 from walstream.errors import ConfigError
 
-__all__ = ["LiveNode", "NodeBusy", "NodeLock", "lock_path", "probe"]
+__all__ = ["LiveNode", "NodeBusy", "NodeLock", "held_here", "lock_path", "probe"]
 
 
 class NodeBusy(ConfigError):
@@ -74,12 +74,24 @@ def lock_path(deployment: Any) -> Path | None:
     return path.with_name(f"{path.name}.node-{deployment.node_id}.lock")
 
 
+#: Node locks this process holds, by resolved path (a second flock of the same file from this
+#: process would conflict with its own first one).
+_HELD: dict[Path, NodeLock] = {}
+
+
+def held_here(path: Path) -> bool:
+    """True while this process itself holds the node lock at ``path`` (a CLI command or
+    ``walstream serve`` that opens the node through :func:`walstream.open` after locking it)."""
+    return path.resolve() in _HELD
+
+
 class NodeLock:
     """The exclusive lock of one node, held until :meth:`release` (or the process's end)."""
 
     def __init__(self, path: Path, fd: int) -> None:
         self.path = path
         self._fd: int | None = fd
+        _HELD[path.resolve()] = self
 
     @classmethod
     def acquire(cls, path: Path, node_id: int, command: str) -> NodeLock:
@@ -116,6 +128,8 @@ class NodeLock:
         lock two different files of the same name."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
+            if _HELD.get(self.path.resolve()) is self:
+                del _HELD[self.path.resolve()]
             os.close(fd)
 
 
