@@ -85,7 +85,7 @@ def crc(data: bytes) -> int:
 
 
 def s3_wal_object(version: int) -> bytes:
-    from walstream_wal_s3.wal import encode_wal_object
+    from walstream_wal_s3.layout import encode_wal_object
 
     if version == 1:
         return encode_wal_object(NODE_ID, NODE_EPOCH, 0, wal_batches()[:2], version=1)
@@ -233,7 +233,7 @@ async def _write_fresh_ebs(target: Path) -> None:
 
 
 def test_s3_wal_object_of_format_2_is_read_and_rewritten_identically() -> None:
-    from walstream_wal_s3.wal import read_wal_object
+    from walstream_wal_s3.layout import read_wal_object
 
     data = (FIXTURES / "wal_s3_v2.bin").read_bytes()
     header, payloads = read_wal_object(data)
@@ -247,7 +247,7 @@ def test_s3_wal_object_of_format_2_is_read_and_rewritten_identically() -> None:
 
 
 def test_s3_wal_object_of_format_1_is_read_and_rewritten_identically() -> None:
-    from walstream_wal_s3.wal import read_wal_object
+    from walstream_wal_s3.layout import read_wal_object
 
     data = (FIXTURES / "wal_s3_v1.bin").read_bytes()
     header, payloads = read_wal_object(data)

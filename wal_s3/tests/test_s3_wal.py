@@ -17,7 +17,8 @@ from walstream.errors import (
 )
 from walstream.wal import WalMode, WalRecord
 from walstream_wal_s3.factories import S3_WAL
-from walstream_wal_s3.wal import S3Wal, WalKeys, encode_wal_object
+from walstream_wal_s3.layout import WalKeys, encode_wal_object
+from walstream_wal_s3.wal import S3Wal
 
 
 async def start(wal: S3Wal, epoch: int, mode: WalMode = WalMode.READ_WRITE,

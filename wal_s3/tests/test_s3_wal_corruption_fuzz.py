@@ -29,7 +29,8 @@ from walstream_conformance.corruption import (
 )
 from walstream_wal_s3 import S3ObjectStore, S3Settings
 from walstream_wal_s3.client import RetryPolicy
-from walstream_wal_s3.wal import S3Wal, WalKeys, encode_wal_object
+from walstream_wal_s3.layout import WalKeys, encode_wal_object
+from walstream_wal_s3.wal import S3Wal
 
 SEED = 20261123
 CI_CASES = 16

@@ -14,7 +14,8 @@ from walstream.objects import ObjectMeta
 from walstream.wal import WalMode, WalRecord
 from walstream_wal_s3 import S3ObjectStore, S3Settings
 from walstream_wal_s3.client import RetryPolicy
-from walstream_wal_s3.wal import S3Wal, WalKeys, encode_wal_object
+from walstream_wal_s3.layout import WalKeys, encode_wal_object
+from walstream_wal_s3.wal import S3Wal
 
 NODE = 7
 OURS = bytes(range(16))
