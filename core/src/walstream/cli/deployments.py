@@ -42,16 +42,12 @@ async def holding_node(config: str | None) -> AsyncIterator[None]:
     :class:`~walstream.engine.live.NodeBusy` (exit 2) naming the live process that runs the node."""
     from walstream.engine import live
 
-    deployment = load_deployment(config)
-    path = live.lock_path(deployment)
-    if path is None or live.held_here(path):  # no lock, or this process runs the node already
-        yield
-        return
-    lock = live.NodeLock.acquire(path, deployment.node_id, f"{PROG} {command_name()}")
+    lock = live.hold(load_deployment(config), f"{PROG} {command_name()}")
     try:
         yield
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 def plugin_host() -> PluginHost:

@@ -55,10 +55,11 @@ async def open_client(config: str | None, *, writes: bool = True) -> AsyncIterat
 
     deployment = load_deployment(config)
     path = live.lock_path(deployment)
-    # A node this process runs already (a client opened in the same program) is not "live
-    # elsewhere": the command opens it in-process, as walstream.open does.
-    holder = None if path is not None and live.held_here(path) else live.probe(path)
-    if holder is None and path is not None and not live.held_here(path):
+    # A node this process runs already (a client opened in the same program) is not live
+    # elsewhere: the command opens it in-process, as walstream.open does.
+    mine = path is not None and live.held_here(path)
+    holder = None if mine else live.probe(path)
+    if holder is None and path is not None and not mine:
         try:
             lock = live.NodeLock.acquire(path, deployment.node_id, f"{PROG} {command_name()}")
         except live.NodeBusy as busy:

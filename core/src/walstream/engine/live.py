@@ -27,7 +27,7 @@ from typing import Any
 
 from walstream.errors import ConfigError
 
-__all__ = ["LiveNode", "NodeBusy", "NodeLock", "held_here", "lock_path", "probe"]
+__all__ = ["LiveNode", "NodeBusy", "NodeLock", "held_here", "hold", "lock_path", "probe"]
 
 
 class NodeBusy(ConfigError):
@@ -131,6 +131,17 @@ class NodeLock:
             if _HELD.get(self.path.resolve()) is self:
                 del _HELD[self.path.resolve()]
             os.close(fd)
+
+
+def hold(deployment: Any, command: str) -> NodeLock | None:
+    """Take the node lock of ``deployment`` for ``command`` (raising :class:`NodeBusy` naming
+    the holder when another live process runs the node). ``None`` when there is nothing to take:
+    the deployment has no lock, or this process holds it already (a command that locked before
+    it opened the node), in which case the lock stays with that holder."""
+    path = lock_path(deployment)
+    if path is None or held_here(path):
+        return None
+    return NodeLock.acquire(path, deployment.node_id, command)
 
 
 def probe(path: Path | None) -> LiveNode | None:

@@ -19,7 +19,6 @@ from walstream.config.engine import EngineConfig, RecoveryConfig
 from walstream.config.host import find_host
 from walstream.engine import live
 from walstream.engine.events import EngineHooks
-from walstream.engine.live import NodeLock
 from walstream.engine.node import Client
 
 __all__ = ["OpenClient", "open"]
@@ -29,19 +28,6 @@ def _with_accept_loss(config: EngineConfig, accept_loss: bool) -> EngineConfig:
     if not accept_loss:
         return config
     return dataclasses.replace(config, recovery=RecoveryConfig(accept_loss=True))
-
-
-def _take_node_lock(deployment: Any) -> NodeLock | None:
-    """The node lock of a deployment this call loaded itself (a path, a dict, the embedded
-    default): a node that another live process runs (``walstream serve``, a CLI command) is
-    refused with :class:`~walstream.engine.live.NodeBusy` instead of taken over, which would
-    fence the running process. A lock this process already holds (the CLI and ``serve`` lock
-    before they open) is left to its holder."""
-    path = live.lock_path(deployment)
-    if path is None or live.held_here(path):
-        return None
-    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
-    return live.NodeLock.acquire(path, deployment.node_id, f"walstream.open in {program}")
 
 
 def _build_client(
@@ -61,7 +47,14 @@ def _build_client(
         if hooks is None:
             disabled = tuple(deployment.sections.get("hooks", {}).get("disable", ()) or ())
             hooks = host.make_hooks(disabled)
-    lock = _take_node_lock(deployment) if not hasattr(config, "build_backends") else None
+    # A deployment this call loaded itself (a path, a dict, the embedded default) gets the node
+    # lock: a node another live process runs is refused (NodeBusy), never taken over.
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    lock = (
+        None
+        if hasattr(config, "build_backends")
+        else live.hold(deployment, f"walstream.open in {program}")
+    )
     try:
         backends = deployment.build_backends()
     except BaseException:
