@@ -1,0 +1,534 @@
+"""walstream against Redis Streams and NATS JetStream: the same closed-loop append workload, same
+machine, same run.
+
+Peers (each server is started by this script on 127.0.0.1 at a free port in a temp folder):
+
+- ``walstream-http``: ``walstream serve`` on the embedded default deployment (ebs WAL file,
+  O_DIRECT + O_DSYNC before the acknowledgement), driven over HTTP/1.1 keep-alive. It speaks
+  S2's REST API v1 when the server answers it (``POST /v1/streams/{stream}/records`` with the
+  ``s2-basin`` header, JSON ``{"records": [{"body": ...}]}``), else the previous walstream API
+  (``{"records": [{"value_text": ...}]}``); ``--api`` forces one. The JSON says which ran.
+- ``walstream-inproc``: the same deployment through ``walstream.open`` in this process (no HTTP).
+- ``redis``: Redis Streams, ``XADD``; ``appendonly yes``, ``appendfsync always`` (the AOF is
+  fsynced before a reply is sent: Redis fsyncs once per event-loop turn, so concurrent clients
+  share an fsync). A batch is 100 ``XADD`` in one ``MULTI``/``EXEC`` (atomic).
+- ``nats``: NATS JetStream, file storage, each publish waits for its PubAck. The installed
+  nats-server 2.9 has no ``sync_interval`` (added in 2.10; 2.9 refuses the key): a PubAck means
+  the message is in the file store's buffer, written to the OS page cache shortly after and
+  fsynced only periodically — it survives a crash of the server process (once written), not a
+  power loss or kernel crash. A batch is 100 publishes in flight at once (not atomic: JetStream
+  2.9 has no atomic batch).
+- Controls that show the clients are not the bottleneck: ``http-noop`` (the HTTP client against
+  a server that answers every request at once) and ``redis-nofsync`` (``appendfsync no``).
+
+The clients are lean asyncio protocols (``bench/_loadgen.py``) with the requests pre-encoded:
+HTTP/1.1 keep-alive (``--http 2``: h2c with prior knowledge, for a server that speaks it), RESP2
+for Redis (redis-py without hiredis spends more CPU on a 100-command ``MULTI``/``EXEC`` than
+Redis does) and the core NATS protocol for JetStream publishes (nats-py's ``js.publish`` makes
+an inbox, a future and a JSON decode per message). Streams and the JetStream stream are created
+with the server's own API (HTTP, nats-py).
+
+Workloads: 1 and 64 clients (each its own connection, all appending to one stream), one 1 KiB
+record per append or a batch of 100 x 1 KiB. Each cell runs ``--seconds`` per run, ``--runs``
+times; the table shows medians (records/s, p50/p99 of an append call) and walstream/Redis ratios.
+
+    .venv/bin/python bench/peers.py            # 3 runs of 3 s per cell
+    .venv/bin/python bench/peers.py --quick    # 1 run of 0.7 s per cell (well under a minute)
+    .venv/bin/python bench/peers.py --only redis walstream-inproc
+
+Writes ``bench/results/peers.json`` and ``bench/results/peers.png`` (latency CDFs and
+throughput bars).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import string
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _loadgen import (
+    H2cConnection,
+    Http1Connection,
+    HttpError,
+    NatsPublisher,
+    RespConnection,
+    ServerProcess,
+    closed_loop,
+    free_port,
+    noop_http_server_command,
+    resp_command,
+    use_uvloop,
+)
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RECORD_BYTES = 1024
+BATCH = 100
+CLIENTS = (1, 64)
+WORKLOADS = [(clients, batch) for batch in (1, BATCH) for clients in CLIENTS]
+PEERS = ["walstream-http", "walstream-inproc", "redis", "nats", "http-noop", "redis-nofsync"]
+BASIN = "walstream-bench"
+STREAM = "bench"
+
+# Printable ASCII so the same bytes are valid for every peer, S2's raw (UTF-8) format included.
+PAYLOAD = "".join(random.Random(7).choices(string.ascii_letters + string.digits, k=RECORD_BYTES))
+
+Factory = Callable[[int], Awaitable[Callable[[int], Awaitable[int]]]]
+"""Given the number of clients, set up connections and return the operation of client i."""
+
+
+def workload_name(clients: int, batch: int) -> str:
+    return f"{clients}c x {'1' if batch == 1 else batch} rec"
+
+
+# -- walstream over HTTP ------------------------------------------------------------------------
+
+
+def walstream_serve_command() -> list[str]:
+    return [sys.executable, "-m", "walstream.cli", "serve", "--listen", "127.0.0.1:0"]
+
+
+async def detect_api(port: int) -> str:
+    """``s2`` when ``GET /v1/basins`` answers 2xx, else ``walstream`` (the previous API)."""
+    connection = await Http1Connection.open("127.0.0.1", port)
+    try:
+        await connection.request("GET", "/v1/basins")
+        return "s2"
+    except HttpError:
+        return "walstream"
+    finally:
+        connection.close()
+
+
+async def create_stream_http(port: int, api: str) -> None:
+    connection = await Http1Connection.open("127.0.0.1", port)
+    json_type = {"content-type": "application/json"}
+    try:
+        if api == "s2":
+            for path, body, headers in (
+                ("/v1/basins", {"basin": BASIN}, json_type),
+                ("/v1/streams", {"stream": STREAM}, {**json_type, "s2-basin": BASIN}),
+            ):
+                with contextlib.suppress(HttpError):  # 409: it exists already
+                    await connection.request("POST", path, json.dumps(body).encode(), headers)
+        else:
+            await connection.request(
+                "POST", "/v1/streams", json.dumps({"name": STREAM}).encode(), json_type
+            )
+    finally:
+        connection.close()
+
+
+def append_body(api: str, batch: int) -> bytes:
+    field = "body" if api == "s2" else "value_text"
+    return json.dumps({"records": [{field: PAYLOAD}] * batch}).encode()
+
+
+def http_factory(port: int, api: str, connections: list[Any], http_version: str = "1.1") -> Factory:
+    headers = {"content-type": "application/json"}
+    if api == "s2":
+        headers["s2-basin"] = BASIN
+    path = f"/v1/streams/{STREAM}/records"
+
+    async def make(clients: int, batch: int) -> Callable[[int], Awaitable[int]]:
+        body = append_body(api, batch)
+        kind = H2cConnection if http_version == "2" else Http1Connection
+        while len(connections) < clients:
+            connections.append(await kind.open("127.0.0.1", port))
+
+        async def append(index: int) -> int:
+            await connections[index].request("POST", path, body, headers)
+            return batch
+
+        return append
+
+    return make  # type: ignore[return-value]
+
+
+# -- peers: each an async context that yields a factory ------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def walstream_http(
+    workdir: Path, api_choice: str, info: dict[str, Any], http_version: str = "1.1"
+) -> AsyncIterator[Any]:
+    server = ServerProcess(
+        walstream_serve_command(), r"listening on http://127\.0\.0\.1:(\d+)", cwd=workdir
+    )
+    connections: list[Any] = []
+    try:
+        api = await detect_api(server.port) if api_choice == "auto" else api_choice
+        info["walstream_api"] = api
+        await create_stream_http(server.port, api)
+        info["walstream_http_version"] = http_version
+        yield http_factory(server.port, api, connections, http_version)
+    finally:
+        for connection in connections:
+            connection.close()
+        server.stop()
+
+
+@contextlib.asynccontextmanager
+async def http_noop(workdir: Path, api_choice: str, info: dict[str, Any]) -> AsyncIterator[Any]:
+    server = ServerProcess(noop_http_server_command(), r"PORT (\d+)", cwd=workdir)
+    connections: list[Http1Connection] = []
+    try:
+        yield http_factory(server.port, "s2", connections)
+    finally:
+        for connection in connections:
+            connection.close()
+        server.stop()
+
+
+def embedded_deployment(root: Path) -> dict[str, Any]:
+    """The embedded default of ``walstream.open(None)``, rooted in ``root``."""
+    return {
+        "node": {"id": 1},
+        "wal": {"type": "ebs", "path": str(root / "wal.img"), "capacity": "512MiB"},
+        "object_store": {"type": "local", "root": str(root / "objects")},
+        "metadata": {"type": "sqlite", "path": str(root / "meta.db")},
+    }
+
+
+@contextlib.asynccontextmanager
+async def walstream_inproc(
+    workdir: Path, api_choice: str, info: dict[str, Any]
+) -> AsyncIterator[Any]:
+    import walstream
+
+    async with walstream.open(embedded_deployment(workdir / "walstream-data")) as client:
+        stream = await client.create_stream(STREAM)
+
+        async def make(clients: int, batch: int) -> Callable[[int], Awaitable[int]]:
+            records = [walstream.Record(value=PAYLOAD.encode())] * batch
+
+            async def append(index: int) -> int:
+                await stream.append(records)
+                return batch
+
+            return append
+
+        yield make
+
+
+@contextlib.asynccontextmanager
+async def redis_peer(
+    workdir: Path, api_choice: str, info: dict[str, Any], *, fsync: str = "always"
+) -> AsyncIterator[Any]:
+    port = free_port()
+    command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir)]
+    command += ["--appendonly", "yes", "--appendfsync", fsync, "--save", "", "--protected-mode"]
+    command += ["no", "--daemonize", "no"]
+    server = ServerProcess(command, "Ready to accept connections", cwd=workdir, port=port)
+    info["redis_version"] = subprocess.run(
+        ["redis-server", "--version"], capture_output=True, text=True
+    ).stdout.strip()
+    connections: list[RespConnection] = []
+    xadd = resp_command(b"XADD", STREAM.encode(), b"*", b"v", PAYLOAD.encode())
+    try:
+
+        async def make(clients: int, batch: int) -> Callable[[int], Awaitable[int]]:
+            while len(connections) < clients:
+                connections.append(await RespConnection.open("127.0.0.1", port))
+            if batch == 1:
+                commands, replies = xadd, 1
+            else:
+                # MULTI, the XADDs, EXEC: +OK, one +QUEUED each, then EXEC's array.
+                commands = resp_command(b"MULTI") + xadd * batch + resp_command(b"EXEC")
+                replies = batch + 2
+
+            async def append(index: int) -> int:
+                await connections[index].send(commands, replies)
+                return batch
+
+            return append
+
+        yield make
+    finally:
+        for connection in connections:
+            connection.close()
+        server.stop()
+
+
+@contextlib.asynccontextmanager
+async def nats_peer(workdir: Path, api_choice: str, info: dict[str, Any]) -> AsyncIterator[Any]:
+    import nats
+    from nats.js.api import StorageType
+
+    port = free_port()
+    config = workdir / "nats.conf"
+    config.write_text(
+        f"listen: 127.0.0.1:{port}\njetstream {{ store_dir: {json.dumps(str(workdir / 'js'))} }}\n"
+    )
+    server = ServerProcess(
+        ["nats-server", "-c", str(config)], "Server is ready", cwd=workdir, port=port
+    )
+    info["nats_version"] = subprocess.run(
+        ["nats-server", "--version"], capture_output=True, text=True
+    ).stdout.strip()
+    publishers: list[NatsPublisher] = []
+    payload = PAYLOAD.encode()
+    try:
+        setup = await nats.connect(f"nats://127.0.0.1:{port}")
+        await setup.jetstream().add_stream(
+            name=STREAM.upper(), subjects=[STREAM], storage=StorageType.FILE
+        )
+        await setup.close()
+
+        async def make(clients: int, batch: int) -> Callable[[int], Awaitable[int]]:
+            while len(publishers) < clients:
+                inbox = f"_INBOX.bench{len(publishers)}"
+                publishers.append(await NatsPublisher.open("127.0.0.1", port, inbox))
+            frames = [publisher.frames(STREAM, payload, batch) for publisher in publishers]
+
+            async def append(index: int) -> int:
+                await publishers[index].publish(frames[index], batch)
+                return batch
+
+            return append
+
+        yield make
+    finally:
+        for publisher in publishers:
+            publisher.close()
+        server.stop()
+
+
+def peer_context(name: str, http_version: str) -> Callable[..., Any]:
+    if name == "walstream-http":
+        return lambda *args: walstream_http(*args, http_version=http_version)
+    if name == "redis-nofsync":
+        return lambda *args: redis_peer(*args, fsync="no")
+    return {
+        "walstream-http": walstream_http,
+        "walstream-inproc": walstream_inproc,
+        "redis": redis_peer,
+        "nats": nats_peer,
+        "http-noop": http_noop,
+    }[name]
+
+
+# -- running and reporting ---------------------------------------------------------------------
+
+
+async def measure_peer(
+    name: str, args: argparse.Namespace, info: dict[str, Any]
+) -> dict[str, list[dict[str, Any]]]:
+    """Every workload against one peer (one server for all of them, a fresh temp folder)."""
+    cells: dict[str, list[dict[str, Any]]] = {}
+    workdir = Path(tempfile.mkdtemp(prefix=f"peers-{name}-"))
+    try:
+        seconds, runs = args.seconds, args.runs
+        async with peer_context(name, args.http)(workdir, args.api, info) as make:
+            for clients, batch in WORKLOADS:
+                operation = await make(clients, batch)
+                await closed_loop(operation, clients, min(0.2, seconds))  # warm up
+                cells[workload_name(clients, batch)] = [
+                    await closed_loop(operation, clients, seconds) for _ in range(runs)
+                ]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return cells
+
+
+def summarize(samples: list[dict[str, Any]]) -> dict[str, float]:
+    return {
+        key: statistics.median(sample[key] for sample in samples)
+        for key in ("records_per_s", "requests_per_s", "p50_ms", "p99_ms")
+    }
+
+
+def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
+    rows = [("WORKLOAD", "PEER", "RECORDS/S", "REQ/S", "P50 MS", "P99 MS", "VS REDIS")]
+    for clients, batch in WORKLOADS:
+        workload = workload_name(clients, batch)
+        redis = summary.get("redis", {}).get(workload)
+        for peer, cells in summary.items():
+            cell = cells.get(workload)
+            if cell is None:
+                continue
+            ratio = "-"
+            if redis and peer != "redis":
+                ratio = (
+                    f"{cell['records_per_s'] / redis['records_per_s']:.2f}x tput, "
+                    f"{cell['p99_ms'] / redis['p99_ms']:.2f}x p99"
+                )
+            rows.append(
+                (
+                    workload,
+                    peer,
+                    f"{cell['records_per_s']:,.0f}",
+                    f"{cell['requests_per_s']:,.0f}",
+                    f"{cell['p50_ms']:.3f}",
+                    f"{cell['p99_ms']:.3f}",
+                    ratio,
+                )
+            )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows
+    )
+
+
+def ratios(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for peer in ("walstream-http", "walstream-inproc"):
+        for workload, cell in summary.get(peer, {}).items():
+            redis = summary.get("redis", {}).get(workload)
+            if redis:
+                out.setdefault(peer, {})[workload] = {
+                    "throughput_vs_redis": cell["records_per_s"] / redis["records_per_s"],
+                    "p50_vs_redis": cell["p50_ms"] / redis["p50_ms"],
+                    "p99_vs_redis": cell["p99_ms"] / redis["p99_ms"],
+                }
+    return out
+
+
+def plot(raw: dict[str, dict[str, list[dict[str, Any]]]], path: Path, title: str) -> None:
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        print(f"no {path.name}: matplotlib is not installed (pip install matplotlib)")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure = plt.figure(figsize=(16, 8.5))
+    grid = figure.add_gridspec(2, len(WORKLOADS))
+    colors = {peer: f"C{i}" for i, peer in enumerate(PEERS)}
+    for column, (clients, batch) in enumerate(WORKLOADS):
+        workload = workload_name(clients, batch)
+        axis = figure.add_subplot(grid[0, column])
+        for peer, cells in raw.items():
+            if workload not in cells:
+                continue
+            values = sorted(cells[workload][-1]["latencies_ms"])
+            step = max(1, len(values) // 2000)
+            shown = values[::step]
+            axis.plot(
+                shown,
+                [(i * step + 1) / len(values) for i in range(len(shown))],
+                label=peer,
+                color=colors[peer],
+            )
+        axis.set_xscale("log")
+        axis.set_title(f"append latency CDF, {workload}")
+        axis.set_xlabel("ms (log)")
+        axis.grid(True, alpha=0.3)
+        if column == 0:
+            axis.set_ylabel("fraction of appends")
+            axis.legend(fontsize=8)
+    bars = figure.add_subplot(grid[1, :])
+    peers = [peer for peer in PEERS if peer in raw]
+    width = 0.8 / max(1, len(peers))
+    for index, peer in enumerate(peers):
+        heights = [
+            summarize(raw[peer][workload_name(c, b)])["records_per_s"]
+            if workload_name(c, b) in raw[peer]
+            else 0
+            for c, b in WORKLOADS
+        ]
+        positions = [w + index * width for w in range(len(WORKLOADS))]
+        bars.bar(positions, heights, width, label=peer, color=colors[peer])
+    bars.set_xticks([w + 0.4 - width / 2 for w in range(len(WORKLOADS))])
+    bars.set_xticklabels([workload_name(c, b) for c, b in WORKLOADS])
+    bars.set_yscale("log")
+    bars.set_ylabel("records/s (log, median)")
+    bars.legend(fontsize=8, ncol=len(peers))
+    bars.grid(True, axis="y", alpha=0.3)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+async def run(args: argparse.Namespace) -> int:
+    info: dict[str, Any] = {}
+    raw: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    skipped: dict[str, str] = {}
+    for peer in args.only or PEERS:
+        tool = {"redis": "redis-server", "redis-nofsync": "redis-server", "nats": "nats-server"}
+        if peer in tool and shutil.which(tool[peer]) is None:
+            skipped[peer] = f"{tool[peer]} is not installed (apt-get install {tool[peer]})"
+            print(f"{peer}: skipped, {skipped[peer]}", flush=True)
+            continue
+        print(f"{peer} ...", flush=True)
+        raw[peer] = await measure_peer(peer, args, info)
+    summary = {peer: {w: summarize(s) for w, s in cells.items()} for peer, cells in raw.items()}
+    print()
+    print(table(summary))
+    document = {
+        "benchmark": "peers",
+        "mode": "quick" if args.quick else "full",
+        "seconds_per_run": args.seconds,
+        "runs": args.runs,
+        "record_bytes": RECORD_BYTES,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "loop": args.loop,
+        "info": info,
+        "skipped": skipped,
+        "results": summary,
+        "ratios_vs_redis": ratios(summary),
+        "runs_detail": {
+            peer: {
+                workload: [{k: v for k, v in s.items() if k != "latencies_ms"} for s in samples]
+                for workload, samples in cells.items()
+            }
+            for peer, cells in raw.items()
+        },
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = args.json or RESULTS / "peers.json"
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    png = out.with_suffix(".png")
+    png.unlink(missing_ok=True)
+    api = info.get("walstream_api", "-")
+    plot(raw, png, f"appends of 1 KiB records, closed loop (walstream HTTP API: {api})")
+    if png.exists():
+        print(f"wrote {png}")
+    print(f"\nwrote {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 run of 0.7 s per cell")
+    parser.add_argument("--seconds", type=float, default=None, help="seconds per run (default 3)")
+    parser.add_argument("--runs", type=int, default=None, help="runs per cell (default 3)")
+    parser.add_argument(
+        "--api",
+        choices=("auto", "s2", "walstream"),
+        default="auto",
+        help="walstream serve's HTTP API: S2's REST API v1, the previous one, or detect (default)",
+    )
+    parser.add_argument(
+        "--http",
+        choices=("1.1", "2"),
+        default="1.1",
+        help="HTTP version to walstream serve: 1.1 keep-alive (default) or 2 (h2c prior knowledge)",
+    )
+    parser.add_argument("--only", nargs="+", choices=PEERS, metavar="PEER", help=", ".join(PEERS))
+    parser.add_argument("--json", type=Path, default=None, help="default bench/results/peers.json")
+    args = parser.parse_args(argv)
+    args.seconds = args.seconds or (0.7 if args.quick else 3.0)
+    args.runs = args.runs or (1 if args.quick else 3)
+    args.loop = use_uvloop()
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
