@@ -72,6 +72,7 @@ class HttpError(RuntimeError):
 _HEAD_END = b"\r\n\r\n"
 _LENGTH = re.compile(rb"\r\ncontent-length:\s*(\d+)", re.IGNORECASE)
 _CHUNKED = re.compile(rb"\r\ntransfer-encoding:\s*chunked", re.IGNORECASE)
+_CLOSE = re.compile(rb"\r\nconnection:\s*close", re.IGNORECASE)
 
 
 class _Http1Protocol(asyncio.Protocol):
@@ -80,6 +81,7 @@ class _Http1Protocol(asyncio.Protocol):
         self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
         self.transport: asyncio.Transport | None = None
         self.lost: Exception | None = None
+        self.closing = False
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -118,6 +120,7 @@ class _Http1Protocol(asyncio.Protocol):
         else:
             end, body = body_start, b""
         del self.buffer[:end]
+        self.closing = _CLOSE.search(head) is not None
         status = int(head[9:12])
         self.waiter.set_result((status, body))
 
@@ -145,7 +148,11 @@ class Http1Connection:
 
     def __init__(self, protocol: _Http1Protocol, host: str, port: int) -> None:
         self._protocol = protocol
+        self._host, self._port = host, port
         self._authority = f"{host}:{port}".encode()
+        self.reconnects = 0
+        """Connections the server closed with ``connection: close`` (e.g. hypercorn after
+        ``keep_alive_max_requests``), reopened for the next request."""
 
     @classmethod
     async def open(cls, host: str, port: int) -> Http1Connection:
@@ -158,6 +165,12 @@ class Http1Connection:
     ) -> tuple[int, bytes]:
         """Send one request and return (status, body); raises HttpError on a non-2xx status."""
         protocol = self._protocol
+        if protocol.closing:
+            protocol.transport.close()  # type: ignore[union-attr]
+            loop = asyncio.get_running_loop()
+            _, protocol = await loop.create_connection(_Http1Protocol, self._host, self._port)
+            self._protocol = protocol
+            self.reconnects += 1
         if protocol.lost is not None:
             raise protocol.lost
         lines = [f"{method} {path} HTTP/1.1".encode(), b"host: " + self._authority]

@@ -13,11 +13,12 @@ Peers (each server is started by this script on 127.0.0.1 at a free port in a te
   fsynced before a reply is sent: Redis fsyncs once per event-loop turn, so concurrent clients
   share an fsync). A batch is 100 ``XADD`` in one ``MULTI``/``EXEC`` (atomic).
 - ``nats``: NATS JetStream, file storage, each publish waits for its PubAck. The installed
-  nats-server 2.9 has no ``sync_interval`` (added in 2.10; 2.9 refuses the key): a PubAck means
-  the message is in the file store's buffer, written to the OS page cache shortly after and
-  fsynced only periodically — it survives a crash of the server process (once written), not a
-  power loss or kernel crash. A batch is 100 publishes in flight at once (not atomic: JetStream
-  2.9 has no atomic batch).
+  nats-server 2.9 has no ``sync_interval`` (added in 2.10; 2.9 refuses the key) and no other
+  fsync-per-message switch: a PubAck means the message is in the file store's write buffer,
+  which is written to the OS page cache within milliseconds (coalesced) and fsynced every
+  2 minutes (the file store's built-in sync interval) — it survives a crash of the server
+  process once written, not a power loss or kernel crash. A batch is 100 publishes in flight at
+  once (not atomic: JetStream 2.9 has no atomic batch).
 - Controls that show the clients are not the bottleneck: ``http-noop`` (the HTTP client against
   a server that answers every request at once) and ``redis-nofsync`` (``appendfsync no``).
 
