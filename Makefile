@@ -7,10 +7,13 @@ PY := $(VENV)/bin/python
 DISTS := core plugins $(sort $(filter-out core/ plugins/,$(dir $(wildcard */pyproject.toml))))
 DEBIAN_PACKAGES := libaio1 fio redis-server nats-server
 STAMP := $(VENV)/.installed
+# S2's TypeScript SDK for tests/test_typescript_sdk.py (clients/node, from its package-lock.json).
+NODE_PROJECT := clients/node
+NODE_STAMP := $(NODE_PROJECT)/node_modules/.installed
 
 .PHONY: install run test test-full lint bench clean
 
-install: $(STAMP)
+install: $(STAMP) $(NODE_STAMP)
 
 $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 	@missing=""; for pkg in $(DEBIAN_PACKAGES); do \
@@ -24,6 +27,15 @@ $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]' -e './core[server]' $(foreach d,$(filter-out core,$(DISTS)),-e ./$(d))
 	@touch $(STAMP)
+
+$(NODE_STAMP): $(NODE_PROJECT)/package.json $(NODE_PROJECT)/package-lock.json
+	@if ! command -v npm >/dev/null 2>&1; then \
+	  echo "installing Node.js and npm (Debian packages nodejs npm)"; \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq nodejs npm; \
+	fi
+	cd $(NODE_PROJECT) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
 
 run: install
 	$(VENV)/bin/walstream demo
