@@ -151,8 +151,8 @@ class Http1Connection:
         self._host, self._port = host, port
         self._authority = f"{host}:{port}".encode()
         self.reconnects = 0
-        """Connections the server closed with ``connection: close`` (e.g. hypercorn after
-        ``keep_alive_max_requests``), reopened for the next request."""
+        """Connections the server closed between requests (``connection: close``, e.g. hypercorn
+        after ``keep_alive_max_requests``, or an idle timeout), reopened for the next request."""
 
     @classmethod
     async def open(cls, host: str, port: int) -> Http1Connection:
@@ -165,7 +165,9 @@ class Http1Connection:
     ) -> tuple[int, bytes]:
         """Send one request and return (status, body); raises HttpError on a non-2xx status."""
         protocol = self._protocol
-        if protocol.closing:
+        if protocol.closing or protocol.lost is not None:
+            # Closed by the server between requests (``connection: close``, or an idle
+            # keep-alive timeout): nothing was in flight, so a new connection is safe.
             protocol.transport.close()  # type: ignore[union-attr]
             loop = asyncio.get_running_loop()
             _, protocol = await loop.create_connection(_Http1Protocol, self._host, self._port)
