@@ -36,8 +36,9 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
 
 
 async def closed_loop(operation: Operation, clients: int, seconds: float) -> dict[str, float]:
-    """Run ``clients`` closed loops of ``operation`` for ``seconds``; requests/s, records/s and
-    latency percentiles in milliseconds. Errors propagate (a benchmark that fails says so)."""
+    """Run ``clients`` closed loops of ``operation`` for ``seconds``; requests/s, records/s,
+    latency percentiles in milliseconds and the CPU this process used per second
+    (``client_cpu``). Errors propagate (a benchmark that fails says so)."""
     latencies: list[float] = []
     records = 0
     stop_at = time.perf_counter() + seconds
@@ -52,10 +53,15 @@ async def closed_loop(operation: Operation, clients: int, seconds: float) -> dic
             latencies.append(clock() - started)
 
     started = time.perf_counter()
+    cpu_started = time.process_time()
     await asyncio.gather(*(loop(index) for index in range(clients)))
     elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     latencies.sort()
     return {
+        # CPU seconds this process spent per second: near 1.0 means the benchmark's own process
+        # (the clients, and the node itself for an in-process run) is saturating its core.
+        "client_cpu": cpu / elapsed,
         "requests": len(latencies),
         "requests_per_s": len(latencies) / elapsed,
         "records_per_s": records / elapsed,

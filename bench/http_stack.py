@@ -230,12 +230,12 @@ async def measure_stack(stack: str, seconds: float, runs: int) -> dict[str, list
 def summarize(samples: list[dict[str, Any]]) -> dict[str, float]:
     return {
         key: statistics.median(sample[key] for sample in samples)
-        for key in ("requests_per_s", "p50_ms", "p99_ms")
+        for key in ("requests_per_s", "p50_ms", "p99_ms", "client_cpu")
     }
 
 
 def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
-    rows = [("CELL", "STACK", "REQ/S", "P50 MS", "P99 MS", "VS HYPERCORN")]
+    rows = [("CELL", "STACK", "REQ/S", "P50 MS", "P99 MS", "CLIENT CPU", "VS HYPERCORN")]
     cells = sorted({cell for stack in summary.values() for cell in stack})
     for cell in cells:
         base = summary.get("hypercorn", {}).get(cell)
@@ -256,6 +256,7 @@ def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
                     f"{value['requests_per_s']:,.0f}",
                     f"{value['p50_ms']:.3f}",
                     f"{value['p99_ms']:.3f}",
+                    f"{value['client_cpu']:.2f}",
                     ratio,
                 )
             )

@@ -349,12 +349,12 @@ async def measure_peer(
 def summarize(samples: list[dict[str, Any]]) -> dict[str, float]:
     return {
         key: statistics.median(sample[key] for sample in samples)
-        for key in ("records_per_s", "requests_per_s", "p50_ms", "p99_ms")
+        for key in ("records_per_s", "requests_per_s", "p50_ms", "p99_ms", "client_cpu")
     }
 
 
 def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
-    rows = [("WORKLOAD", "PEER", "RECORDS/S", "REQ/S", "P50 MS", "P99 MS", "VS REDIS")]
+    rows = [("WORKLOAD", "PEER", "RECORDS/S", "REQ/S", "P50 MS", "P99 MS", "CPU", "VS REDIS")]
     for clients, batch in WORKLOADS:
         workload = workload_name(clients, batch)
         redis = summary.get("redis", {}).get(workload)
@@ -376,6 +376,7 @@ def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
                     f"{cell['requests_per_s']:,.0f}",
                     f"{cell['p50_ms']:.3f}",
                     f"{cell['p99_ms']:.3f}",
+                    f"{cell['client_cpu']:.2f}",
                     ratio,
                 )
             )
