@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Every dist of the workspace, core first (the others depend on it).
 DISTS := core plugins $(sort $(filter-out core/ plugins/,$(dir $(wildcard */pyproject.toml))))
-DEBIAN_PACKAGES := libaio1 fio
+DEBIAN_PACKAGES := libaio1 fio postgresql
 STAMP := $(VENV)/.installed
 
 .PHONY: install run test test-full lint bench clean
