@@ -224,7 +224,7 @@ class PostgresMetadataStore(MetadataStore):
                 kind = classify(error)
                 code = str(getattr(error, "sqlstate", "") or "")
                 if committing and write and kind == "transient" and code not in _NOT_APPLIED_CODES:
-                    self._expire_connections()
+                    await self._expire_connections()
                     raise AmbiguousError(
                         f"PostgreSQL at {self._where}: the connection failed while COMMIT was in "
                         f"flight ({type(error).__name__}: {error}); the change may or may not "
@@ -234,13 +234,13 @@ class PostgresMetadataStore(MetadataStore):
                 if kind != "transient" or self._clock.monotonic() >= deadline:
                     raise translate(error, self._where) from error
                 if code[:2] not in ("40", "55"):
-                    self._expire_connections()  # the server went away: replace every connection
+                    await self._expire_connections()  # the server went away: replace every connection
                 await self._clock.sleep(self._backoff(attempt))
                 attempt += 1
 
-    def _expire_connections(self) -> None:
+    async def _expire_connections(self) -> None:
         if self._pool is not None:
-            self._pool.expire_connections()
+            await self._pool.expire_connections()
 
     async def _write(self, work: Callable[[Tables], Awaitable[T]]) -> T:
         return await self._transaction(True, work)
