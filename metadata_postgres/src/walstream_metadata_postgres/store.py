@@ -234,7 +234,9 @@ class PostgresMetadataStore(MetadataStore):
                 if kind != "transient" or self._clock.monotonic() >= deadline:
                     raise translate(error, self._where) from error
                 if code[:2] not in ("40", "55"):
-                    await self._expire_connections()  # the server went away: replace every connection
+                    await (
+                        self._expire_connections()
+                    )  # the server went away: replace every connection
                 await self._clock.sleep(self._backoff(attempt))
                 attempt += 1
 
