@@ -444,8 +444,7 @@ class PostgresMetadataStore(MetadataStore):
             plan = plan_commit(node, node_id, node_epoch, commits, streams, records, now_ms)
             if plan is None:
                 return
-            await tables.set_stream_ends(plan.stream_ends)
-            await tables.put_objects(plan.objects)
+            await tables.write(stream_ends=plan.stream_ends, infos=plan.objects)
 
         await self._write(work)
 
@@ -471,8 +470,7 @@ class PostgresMetadataStore(MetadataStore):
                 [*sources, *(c.object_id for c in commits)], "FOR UPDATE"
             )
             final = plan_replace(sources, commits, streams, records, now_ms)
-            await tables.set_object_state(sources, ObjectState.MARK_DESTROYED)
-            await tables.put_objects(final)
+            await tables.write(destroyed=sources, infos=final)
 
         await self._write(work)
 
@@ -521,9 +519,11 @@ class PostgresMetadataStore(MetadataStore):
 
     async def expired_prepared(self, now_ms: int) -> list[int]:
         async def work(tables: Tables) -> list[int]:
+            # Rows locked in id order, like every other writer of objects (no deadlock).
             rows = await tables.db.fetch(
-                "UPDATE objects SET expired = true WHERE state = 'prepared' AND expires_ms <= $1 "
-                "RETURNING object_id",
+                "UPDATE objects SET expired = true WHERE object_id IN (SELECT object_id FROM "
+                "objects WHERE state = 'prepared' AND expires_ms <= $1 ORDER BY object_id "
+                "FOR UPDATE) RETURNING object_id",
                 now_ms,
             )
             return sorted(row[0] for row in rows)

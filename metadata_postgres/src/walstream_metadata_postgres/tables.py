@@ -11,6 +11,7 @@ change until this transaction ends, so the pure rules judge exactly the rows tha
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -48,6 +49,8 @@ OBJECT_COLUMNS = "object_id, state, expires_ms, expired, key, kind, size, index_
 RANGE_COLUMNS = "stream_id, start_offset, end_offset, epoch, min_timestamp_ms, max_timestamp_ms"
 NODE_COLUMNS = "node_id, node_epoch, state, wal_config, updated_ms"
 GAP_COLUMNS = "stream_id, start_offset, end_offset, reason, recorded_ms"
+_OBJECT_COLUMNS_OF_O = ", ".join(f"o.{c.strip()}" for c in OBJECT_COLUMNS.split(","))
+_RANGE_COLUMNS_OF_R = ", ".join(f"r.{c.strip()}" for c in RANGE_COLUMNS.split(","))
 MAX_OFFSET = (1 << 63) - 1
 
 
@@ -132,38 +135,26 @@ class Tables:
             stream.stream_id,
         )
 
-    async def set_stream_ends(self, ends: dict[int, int]) -> None:
-        if ends:
-            await self.db.execute(
-                "UPDATE streams AS s SET committed_end = e.committed_end "
-                "FROM unnest($1::bigint[], $2::bigint[]) AS e (stream_id, committed_end) "
-                "WHERE s.stream_id = e.stream_id",
-                list(ends),
-                list(ends.values()),
-            )
-
     # -- objects ----------------------------------------------------------------------------------
 
     async def records(self, object_ids: Iterable[int], lock: str = "") -> dict[int, ObjectRecord]:
-        """Object rows with their ranges; ``lock`` locks the object rows in id order."""
+        """Object rows with their ranges (one query); ``lock`` (``FOR UPDATE``) locks the object
+        rows in id order."""
         ids = _ids(object_ids)
         if not ids:
             return {}
         rows = await self.db.fetch(
-            f"SELECT {OBJECT_COLUMNS} FROM objects WHERE object_id = ANY($1::bigint[]) "
-            f"ORDER BY object_id {lock}",
+            f"SELECT {_OBJECT_COLUMNS_OF_O}, {_RANGE_COLUMNS_OF_R} FROM objects AS o "
+            "LEFT JOIN ranges AS r ON r.object_id = o.object_id "
+            "WHERE o.object_id = ANY($1::bigint[]) "
+            f"ORDER BY o.object_id, r.stream_id, r.start_offset {f'{lock} OF o' if lock else ''}",
             ids,
         )
-        ranges: dict[int, list[StreamRange]] = {}
-        for row in await self.db.fetch(
-            f"SELECT object_id, {RANGE_COLUMNS} FROM ranges WHERE object_id = ANY($1::bigint[]) "
-            "ORDER BY object_id, stream_id, start_offset",
-            ids,
-        ):
-            ranges.setdefault(row[0], []).append(range_of(tuple(row)[1:]))
         found: dict[int, ObjectRecord] = {}
-        for row in rows:
-            object_id = row[0]
+        for object_id, group in itertools.groupby(rows, key=lambda row: int(row[0])):
+            members = list(group)
+            row = members[0]
+            ranges = tuple(range_of(tuple(m)[9:]) for m in members if m[9] is not None)
             info = ObjectInfo(
                 object_id=object_id,
                 key=row[4],
@@ -171,23 +162,46 @@ class Tables:
                 state=ObjectState(row[1]),
                 size=row[6],
                 index_size=row[7],
-                ranges=tuple(ranges.get(object_id, ())),
+                ranges=ranges,
                 committed_ms=row[8],
             )
             found[object_id] = ObjectRecord(info, expires_ms=row[2], expired=bool(row[3]))
         return found
 
-    async def put_objects(self, infos: Sequence[ObjectInfo]) -> None:
-        """Write PREPARED objects' final state and ranges (two statements, whatever the count)."""
-        if not infos:
-            return
+    async def write(
+        self,
+        stream_ends: dict[int, int] | None = None,
+        destroyed: Sequence[int] = (),
+        infos: Sequence[ObjectInfo] = (),
+    ) -> None:
+        """In one statement: set streams' ``committed_end``, mark ``destroyed`` objects
+        MARK_DESTROYED, and write PREPARED objects' final state and ranges (``infos``).
+
+        One round trip whatever the counts (data-modifying CTEs over arrays); ``destroyed`` and
+        ``infos`` never name the same object (sources are committed, new objects prepared)."""
+        ends = stream_ends or {}
+        ranges = [(info.object_id, r) for info in infos for r in info.ranges]
         await self.db.execute(
-            "UPDATE objects AS o SET state = n.state, key = n.key, kind = n.kind, size = n.size, "
-            "index_size = n.index_size, committed_ms = n.committed_ms "
-            "FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bigint[], "
-            "$6::bigint[], $7::bigint[]) "
-            "AS n (object_id, state, key, kind, size, index_size, committed_ms) "
-            "WHERE o.object_id = n.object_id",
+            "WITH ends AS ("
+            " UPDATE streams AS s SET committed_end = e.committed_end"
+            " FROM unnest($1::bigint[], $2::bigint[]) AS e (stream_id, committed_end)"
+            " WHERE s.stream_id = e.stream_id RETURNING 1),"
+            " destroyed AS ("
+            " UPDATE objects SET state = 'mark_destroyed' WHERE object_id = ANY($3::bigint[])"
+            " RETURNING 1),"
+            " final AS ("
+            " UPDATE objects AS o SET state = n.state, key = n.key, kind = n.kind,"
+            " size = n.size, index_size = n.index_size, committed_ms = n.committed_ms"
+            " FROM unnest($4::bigint[], $5::text[], $6::text[], $7::text[], $8::bigint[],"
+            " $9::bigint[], $10::bigint[])"
+            " AS n (object_id, state, key, kind, size, index_size, committed_ms)"
+            " WHERE o.object_id = n.object_id RETURNING 1)"
+            f" INSERT INTO ranges (object_id, {RANGE_COLUMNS})"
+            " SELECT * FROM unnest($11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[],"
+            " $15::bigint[], $16::bigint[], $17::bigint[])",
+            list(ends),
+            list(ends.values()),
+            sorted(destroyed),
             [info.object_id for info in infos],
             [info.state.value for info in infos],
             [info.key for info in infos],
@@ -195,21 +209,14 @@ class Tables:
             [info.size for info in infos],
             [info.index_size for info in infos],
             [info.committed_ms for info in infos],
+            [object_id for object_id, _ in ranges],
+            [r.stream_id for _, r in ranges],
+            [r.start_offset for _, r in ranges],
+            [r.end_offset for _, r in ranges],
+            [r.epoch for _, r in ranges],
+            [r.min_timestamp_ms for _, r in ranges],
+            [r.max_timestamp_ms for _, r in ranges],
         )
-        ranges = [(info.object_id, r) for info in infos for r in info.ranges]
-        if ranges:
-            await self.db.execute(
-                f"INSERT INTO ranges (object_id, {RANGE_COLUMNS}) "
-                "SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::bigint[], "
-                "$5::bigint[], $6::bigint[], $7::bigint[])",
-                [object_id for object_id, _ in ranges],
-                [r.stream_id for _, r in ranges],
-                [r.start_offset for _, r in ranges],
-                [r.end_offset for _, r in ranges],
-                [r.epoch for _, r in ranges],
-                [r.min_timestamp_ms for _, r in ranges],
-                [r.max_timestamp_ms for _, r in ranges],
-            )
 
     async def set_object_state(self, object_ids: Iterable[int], state: ObjectState) -> None:
         ids = _ids(object_ids)
