@@ -11,9 +11,22 @@ from typing import Any
 import asyncpg
 import pytest
 from walstream.config import BuildContext
-from walstream.errors import AmbiguousError, BackendUnavailable, ConfigError, StreamExists
+from walstream.errors import (
+    AmbiguousError,
+    BackendUnavailable,
+    CapacityError,
+    ConfigError,
+    CorruptionError,
+    StreamExists,
+)
 from walstream.metadata import ObjectCommit, ObjectKind, ObjectState, StreamRange
-from walstream_metadata_postgres import POSTGRES_METADATA, SCHEMA_VERSION, PostgresMetadataStore
+from walstream_metadata_postgres import (
+    POSTGRES_METADATA,
+    SCHEMA_VERSION,
+    PostgresMetadataStore,
+    schema,
+)
+from walstream_metadata_postgres.errors import translate
 from walstream_metadata_postgres.testing import PostgresServer
 
 
@@ -214,3 +227,48 @@ async def test_calls_resume_after_a_server_restart(
     await store.commit_objects(7, node_epoch, [_commit(object_id, stream_id, 0, 5, epoch)])
     await restarting
     assert (await store.get_streams([stream_id]))[stream_id].committed_end == 5
+
+
+async def test_a_new_migration_upgrades_an_existing_schema_in_place(
+    make_store: Any,
+    postgres_server: PostgresServer,
+    postgres_schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Adding a table is one entry appended to MIGRATIONS: a schema of the previous version is
+    upgraded at the next start and keeps its data."""
+    old = make_store()
+    stream = await old.create_stream("kept")
+    await old.close()
+    newer = (*schema.MIGRATIONS, ("CREATE TABLE extra (extra_id bigint PRIMARY KEY)",))
+    monkeypatch.setattr(schema, "MIGRATIONS", newer)
+    monkeypatch.setattr(schema, "SCHEMA_VERSION", len(newer))
+    upgraded = make_store()
+    assert (await upgraded.get_stream("kept")).stream_id == stream.stream_id
+    versions = postgres_server.sql(f'SELECT version FROM "{postgres_schema}".schema_version')
+    assert versions.split() == [str(v) for v in range(1, len(newer) + 1)]
+    assert postgres_server.sql(f'SELECT count(*) FROM "{postgres_schema}".extra').strip() == "0"
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (asyncpg.exceptions.DiskFullError("no space"), CapacityError),
+        (asyncpg.exceptions.DataCorruptedError("bad page"), CorruptionError),
+        (asyncpg.exceptions.IndexCorruptedError("bad index"), CorruptionError),
+        (asyncpg.exceptions.InvalidPasswordError("password"), ConfigError),
+        (asyncpg.exceptions.InvalidCatalogNameError("no db"), ConfigError),
+        (asyncpg.exceptions.InsufficientPrivilegeError("denied"), ConfigError),
+        (asyncpg.exceptions.AdminShutdownError("shutdown"), BackendUnavailable),
+        (asyncpg.exceptions.DeadlockDetectedError("deadlock"), BackendUnavailable),
+        (asyncpg.exceptions.ConnectionDoesNotExistError("gone"), BackendUnavailable),
+        (ConnectionRefusedError("refused"), BackendUnavailable),
+        (asyncpg.exceptions.UniqueViolationError("dup"), BackendUnavailable),
+    ],
+)
+def test_every_driver_error_becomes_a_walstream_error(
+    error: BaseException, expected: type[Exception]
+) -> None:
+    translated = translate(error, "u@db:5432/x schema 's'")
+    assert type(translated) is expected
+    assert "u@db:5432/x" in str(translated)
