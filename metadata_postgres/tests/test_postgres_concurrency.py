@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
+import pytest
 from walstream.metadata import NodeState, ObjectState
-from walstream_metadata_postgres.testing.nodes import SPAN, commit_of
+from walstream_metadata_postgres.testing.nodes import SPAN, commit_of, open_store
 
 NODES = 4
 COMMITS = 40
@@ -64,12 +66,18 @@ async def test_node_processes_commit_claim_trim_and_compact_concurrently(
     assert len(destroyed) >= NODES * 2
 
 
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
 async def test_epochs_fence_a_zombie_process(
-    make_store: Any, postgres_dsn: str, postgres_schema: str
+    make_store: Any, postgres_dsn: str, postgres_schema: str, tmp_path: Path, backend: str
 ) -> None:
-    store = make_store()
+    """The same zombie, the same failover, the same outcome on PostgreSQL and on SQLite."""
+    if backend == "postgres":
+        store, dsn = make_store(), postgres_dsn
+    else:
+        dsn = f"sqlite:{tmp_path / 'meta.db'}"
+        store = open_store(dsn, "")
     stream = await store.create_stream("fenced")
-    zombie = _spawn("zombie", postgres_dsn, postgres_schema, "500", "fenced")
+    zombie = _spawn("zombie", dsn, postgres_schema, "500", "fenced")
     assert zombie.stdout is not None
     acknowledged = 0
     assert zombie.stdout.readline().strip() == "CLAIMED"
@@ -108,3 +116,5 @@ async def test_epochs_fence_a_zombie_process(
     assert (await store.get_streams([stream.stream_id]))[stream.stream_id].committed_end == (
         acknowledged + SPAN
     )
+    if backend == "sqlite":
+        await store.close()

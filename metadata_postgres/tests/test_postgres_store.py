@@ -272,3 +272,10 @@ def test_every_driver_error_becomes_a_walstream_error(
     translated = translate(error, "u@db:5432/x schema 's'")
     assert type(translated) is expected
     assert "u@db:5432/x" in str(translated)
+
+
+def test_a_dsn_may_name_several_hosts() -> None:
+    store = PostgresMetadataStore(
+        "postgresql://u@db1:5432,db2:5432/x?target_session_attrs=read-write"
+    )
+    assert store.describe()["dsn"].startswith("postgresql://u@db1:5432,db2:5432/x")

@@ -96,6 +96,8 @@ def check_dsn(dsn: str, key: str = "metadata.dsn") -> urllib.parse.SplitResult:
             f"{key}: expected a URL like postgresql://user@host:5432/database, got "
             f"{redact(dsn)!r} (the keyword=value form is not supported)"
         )
+    if "," in parts.netloc:
+        return parts  # several hosts (host1:5432,host2:5432): the driver tries each in turn
     try:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError as error:

@@ -7,7 +7,8 @@ objects into one every 7th commit. It prints one JSON line: what it was acknowle
 
 ``... zombie DSN SCHEMA NODE_ID STREAM`` commits 10 offsets at a time to ``STREAM`` (which it
 claims) and prints ``ACK <committed end>`` after each acknowledged commit, until a commit is
-refused; then it prints ``FENCED <error class>`` and exits.
+refused; then it prints ``FENCED <error class>`` and exits. A DSN ``sqlite:PATH`` runs it on a
+SQLite file instead (SCHEMA ignored), to compare the two stores.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import sys
 from typing import Any
 
 from walstream.errors import FencedError, PreconditionFailed, WalstreamError
-from walstream.metadata import ObjectCommit, ObjectKind, StreamRange
+from walstream.metadata import MetadataStore, ObjectCommit, ObjectKind, StreamRange
+from walstream.metadata.sqlite import SqliteMetadataStore
 
 from ..store import PostgresMetadataStore
 
-__all__ = ["commit_of", "main"]
+__all__ = ["commit_of", "main", "open_store"]
 
 SPAN = 10
 
@@ -92,8 +94,14 @@ async def worker(dsn: str, schema: str, node_id: int, commits: int) -> dict[str,
         await store.close()
 
 
+def open_store(dsn: str, schema: str) -> MetadataStore:
+    if dsn.startswith("sqlite:"):
+        return SqliteMetadataStore(dsn.removeprefix("sqlite:"))
+    return PostgresMetadataStore(dsn, schema=schema, retry_for_s=30.0)
+
+
 async def zombie(dsn: str, schema: str, node_id: int, stream_name: str) -> None:
-    store = PostgresMetadataStore(dsn, schema=schema, retry_for_s=30.0)
+    store = open_store(dsn, schema)
     try:
         node = await store.register_node(node_id, {"type": "test"})
         stream = await store.get_stream(stream_name)
