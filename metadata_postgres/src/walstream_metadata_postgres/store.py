@@ -144,9 +144,9 @@ class PostgresMetadataStore(MetadataStore):
         self._retry_for_s = retry_for_s
         self._clock: Clock = clock or SystemClock()
         self._rng = make_rng(None)
+        hosts = parts.netloc.rpartition("@")[2] or "localhost:5432"
         self._where = (
-            f"{parts.username or '(default user)'}@{parts.hostname or 'localhost'}:"
-            f"{parts.port or 5432}{parts.path or '/'} schema {schema!r}"
+            f"{parts.username or '(default user)'}@{hosts}{parts.path or '/'} schema {schema!r}"
         )
         self._pool: Any = None
         self._pool_lock = asyncio.Lock()
