@@ -194,8 +194,13 @@ class PostgresMetadataStore(MetadataStore):
         delay = min(_BACKOFF_CAP_S, _BACKOFF_FIRST_S * (2**attempt))
         return float(delay * (0.5 + self._rng.random() / 2))
 
-    async def _transaction(self, write: bool, work: Callable[[Tables], Awaitable[T]]) -> T:
-        """Run ``work`` in one transaction, retrying what surely did not apply (module doc)."""
+    async def _transaction(
+        self, write: bool, work: Callable[[Tables], Awaitable[T]], snapshot: bool = True
+    ) -> T:
+        """Run ``work`` in one transaction, retrying what surely did not apply (module doc).
+
+        A read of one statement (``snapshot=False``) runs without BEGIN/COMMIT: a single
+        statement sees one snapshot anyway, and it saves two round trips."""
         if self._closed:
             raise BackendUnavailable(f"postgres metadata {self._where} is closed; open a new store")
         deadline = self._clock.monotonic() + self._retry_for_s
@@ -206,6 +211,8 @@ class PostgresMetadataStore(MetadataStore):
                 pool = self._pool if self._pool is not None else await self._open_pool()
                 async with pool.acquire(timeout=self._connect_timeout_s) as connection:
                     try:
+                        if not (write or snapshot):
+                            return await work(Tables(connection))
                         await connection.execute(
                             "BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
                         )
@@ -214,7 +221,11 @@ class PostgresMetadataStore(MetadataStore):
                         await connection.execute("COMMIT")
                         return result
                     except BaseException:
-                        if not committing and not connection.is_closed():
+                        if (
+                            not committing
+                            and connection.is_in_transaction()
+                            and not connection.is_closed()
+                        ):
                             try:
                                 await connection.execute("ROLLBACK")
                             except Exception:
@@ -236,9 +247,8 @@ class PostgresMetadataStore(MetadataStore):
                 if kind != "transient" or self._clock.monotonic() >= deadline:
                     raise translate(error, self._where) from error
                 if code[:2] not in ("40", "55"):
-                    await (
-                        self._expire_connections()
-                    )  # the server went away: replace every connection
+                    # Not a lost race but a lost server: replace every pooled connection.
+                    await self._expire_connections()
                 await self._clock.sleep(self._backoff(attempt))
                 attempt += 1
 
@@ -249,8 +259,9 @@ class PostgresMetadataStore(MetadataStore):
     async def _write(self, work: Callable[[Tables], Awaitable[T]]) -> T:
         return await self._transaction(True, work)
 
-    async def _read(self, work: Callable[[Tables], Awaitable[T]]) -> T:
-        return await self._transaction(False, work)
+    async def _read(self, work: Callable[[Tables], Awaitable[T]], snapshot: bool = False) -> T:
+        """A read; ``snapshot=True`` when ``work`` runs several statements that must agree."""
+        return await self._transaction(False, work, snapshot)
 
     # -- identity ---------------------------------------------------------------------------------
 
@@ -517,7 +528,7 @@ class PostgresMetadataStore(MetadataStore):
             records = await tables.records(row[0] for row in rows)
             return [records[object_id].info for object_id in sorted(records)]
 
-        return await self._read(work)
+        return await self._read(work, snapshot=True)
 
     async def expired_prepared(self, now_ms: int) -> list[int]:
         async def work(tables: Tables) -> list[int]:
