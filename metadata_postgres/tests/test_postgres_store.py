@@ -279,3 +279,26 @@ def test_a_dsn_may_name_several_hosts() -> None:
         "postgresql://u@db1:5432,db2:5432/x?target_session_attrs=read-write"
     )
     assert store.describe()["dsn"].startswith("postgresql://u@db1:5432,db2:5432/x")
+
+
+async def test_a_frozen_server_cannot_hang_a_call(
+    make_store: Any, postgres_server: PostgresServer
+) -> None:
+    """SIGSTOPped PostgreSQL: a read fails with BackendUnavailable within command_timeout and
+    retry_for, a commit with AmbiguousError or BackendUnavailable; both work again after."""
+    store = make_store(command_timeout_s=0.5, retry_for_s=1.0, connect_timeout_s=0.5)
+    node_epoch, stream_id, epoch = await _writer(store, "s")
+    (object_id,) = await store.prepare_objects(1, 600_000)
+    postgres_server.freeze()
+    try:
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable):
+            await store.get_streams([stream_id])
+        with pytest.raises((BackendUnavailable, AmbiguousError)):
+            await store.commit_objects(7, node_epoch, [_commit(object_id, stream_id, 0, 5, epoch)])
+        assert time.monotonic() - started < 10
+    finally:
+        postgres_server.thaw()
+    store = make_store(retry_for_s=10.0)
+    await store.commit_objects(7, node_epoch, [_commit(object_id, stream_id, 0, 5, epoch)])
+    assert (await store.get_streams([stream_id]))[stream_id].committed_end == 5

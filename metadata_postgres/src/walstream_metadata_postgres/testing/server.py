@@ -9,8 +9,8 @@ the newest installed version, or ``$WALSTREAM_PG_BIN``) on a fresh cluster in a 
 - listening on ``127.0.0.1`` at a free port only (its Unix socket stays in the temporary folder);
 - ``fsync=on`` and ``synchronous_commit=on`` (the defaults, stated explicitly): a returned commit is
   on disk, which is what the metadata store promises;
-- :meth:`kill` is SIGKILL of the postmaster and every backend (its process group): the crash the
-  fault tests recover from; :meth:`stop` is a fast shutdown; :meth:`start` restarts on the same
+- :meth:`kill` is SIGKILL of the postmaster and every backend at once: the crash the
+  fault tests recover from; :meth:`freeze` / :meth:`thaw` are SIGSTOP / SIGCONT (a hung server); :meth:`stop` is a fast shutdown; :meth:`start` restarts on the same
   port and data folder; :meth:`remove` (and leaving the ``with`` block) stops it and deletes the
   folder.
 
@@ -177,7 +177,7 @@ class PostgresServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # kill() takes the postmaster and its backends at once
+                start_new_session=True,  # no terminal signal of ours reaches the server
                 **self._child_kwargs(),
             )
         finally:
@@ -234,14 +234,46 @@ class PostgresServer:
         """Run ``sql`` in the ``walstream`` database with psql; returns its unaligned output."""
         return self._psql("walstream", sql)
 
+    def _family(self) -> list[int]:
+        """The postmaster and its children (each backend calls setsid(), so a process-group
+        signal would reach the postmaster only)."""
+        if self.process is None:
+            return []
+        postmaster = self.process.pid
+        family = [postmaster]
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            # "pid (comm) state ppid ...": comm may hold spaces, so split after its ")".
+            fields = stat.rpartition(")")[2].split()
+            if len(fields) > 1 and int(fields[1]) == postmaster:
+                family.append(int(entry.name))
+        return family
+
+    def _signal_family(self, signum: int) -> None:
+        for pid in self._family():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
     def kill(self) -> None:
-        """SIGKILL the postmaster and every backend: a crash, nothing shut down cleanly."""
+        """SIGKILL the postmaster and every backend at once: a crash, nothing shut down cleanly."""
         if self.process is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        self._signal_family(signal.SIGKILL)
         self.process.wait()
         self.process = None
+
+    def freeze(self) -> None:
+        """SIGSTOP the postmaster and every backend: connections stay open and hang."""
+        self._signal_family(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after :meth:`freeze`."""
+        self._signal_family(signal.SIGCONT)
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT: roll back open transactions, checkpoint, exit)."""
