@@ -174,8 +174,9 @@ def backend_options(
 
 
 #: Names of string options that say where a backend keeps its data inside a shared service
-#: (a key prefix in a bucket, a log name on chunk servers, an in-process volume name).
-NAMESPACE_OPTIONS = frozenset({"prefix", "log_id", "name"})
+#: (a key prefix in a bucket, a log name on chunk servers, an in-process volume name, a schema
+#: in a shared database).
+NAMESPACE_OPTIONS = frozenset({"prefix", "log_id", "name", "schema"})
 
 _RUN_ID = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
 _INSTANCES = itertools.count(1)
@@ -193,7 +194,7 @@ def isolated_section(
       copied, so the tests share it;
     - a ``prefix`` option (or one ending in ``_prefix``) gets ``conformance-<run>-<n>/``
       appended: a fresh key space in the same bucket;
-    - a ``log_id`` or ``name`` option gets ``-conformance-<run>-<n>`` appended (or is set to
+    - a ``log_id``, ``name`` or ``schema`` option gets ``-conformance-<run>-<n>`` appended (or is set to
       ``conformance-<run>-<n>`` when unset).
 
     Every other option (endpoints, credentials, sizes) is kept as configured. Returns the new

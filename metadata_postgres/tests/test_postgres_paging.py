@@ -1,0 +1,91 @@
+"""Reads are bounded by what they return: a stream with 100,000 objects is read page by page,
+and a read from a late offset starts its index scan there instead of at offset 0."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+from walstream.metadata import ObjectCommit, ObjectKind, StreamRange
+from walstream_metadata_postgres.store import GET_OBJECTS_SQL
+
+OBJECTS = 100_000
+CHUNK = 10_000
+RECORDS_PER_OBJECT = 10
+
+
+def _scan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN plan that reads the ranges table."""
+    found = [plan] if plan.get("Relation Name") == "ranges" else []
+    for child in plan.get("Plans", []):
+        found.extend(_scan_nodes(child))
+    return found
+
+
+async def test_late_offset_read_does_not_scan_from_zero(
+    make_store: Any, postgres_dsn: str, postgres_schema: str
+) -> None:
+    store = make_store(command_timeout_s=120.0)
+    node = await store.register_node(1, {"type": "test"})
+    stream = await store.create_stream("big")
+    epoch = (await store.claim_stream(stream.stream_id, 1, node.node_epoch)).epoch
+    ids = await store.prepare_objects(OBJECTS, 3_600_000)
+    for first in range(0, OBJECTS, CHUNK):
+        await store.commit_objects(
+            1,
+            node.node_epoch,
+            [
+                ObjectCommit(
+                    object_id,
+                    f"o/{object_id}",
+                    ObjectKind.STREAM,
+                    1000,
+                    64,
+                    (
+                        StreamRange(
+                            stream.stream_id,
+                            index * RECORDS_PER_OBJECT,
+                            (index + 1) * RECORDS_PER_OBJECT,
+                            epoch,
+                        ),
+                    ),
+                )
+                for index, object_id in enumerate(ids[first : first + CHUNK], start=first)
+            ],
+        )
+
+    # Paged: a page holds `limit` objects in offset order, from wherever the read starts.
+    late = (OBJECTS - 50) * RECORDS_PER_OBJECT + 3
+    page = await store.get_objects(stream.stream_id, late, limit=20)
+    assert [o.ranges[0].start_offset for o in page] == [
+        (OBJECTS - 50 + i) * RECORDS_PER_OBJECT for i in range(20)
+    ]
+    assert [o.object_id for o in page] == ids[OBJECTS - 50 : OBJECTS - 30]
+    tail = await store.get_objects(stream.stream_id, late, limit=1000)
+    assert len(tail) == 50 and tail[-1].object_id == ids[-1]
+
+    # The plan: an index scan of ranges that starts at the offset and reads `limit` rows.
+    connection = await asyncpg.connect(
+        postgres_dsn, server_settings={"search_path": f'"{postgres_schema}"'}
+    )
+    try:
+        await connection.execute("ANALYZE ranges; ANALYZE objects")
+        for start in (0, OBJECTS // 2 * RECORDS_PER_OBJECT, late):
+            raw = await connection.fetchval(
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {GET_OBJECTS_SQL}",
+                stream.stream_id,
+                start,
+                (1 << 63) - 1,
+                20,
+            )
+            plan = json.loads(raw)[0]["Plan"]
+            (scan,) = _scan_nodes(plan)
+            assert scan["Node Type"] == "Index Scan", scan
+            assert scan["Index Name"] == "ranges_stream_end"
+            assert "end_offset >" in scan["Index Cond"]
+            # Rows read from the index: the page (at most 20), never the 100,000 before it.
+            assert scan["Actual Rows"] <= 20, scan
+            assert scan["Shared Hit Blocks"] + scan.get("Shared Read Blocks", 0) < 50, scan
+    finally:
+        await connection.close()
