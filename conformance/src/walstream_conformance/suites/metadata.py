@@ -454,7 +454,7 @@ class MetadataSuite:
             with pytest.raises(InvalidArgument):
                 await store.create_basin(bad)
         with pytest.raises(InvalidArgument):
-            await store.create_basin(f"{prefix}-x", {"not": {1, 2}})  # type: ignore[dict-item]
+            await store.create_basin(f"{prefix}-x", {"not": {1, 2}})
         await store.close()
 
         reopened = kit.open()
