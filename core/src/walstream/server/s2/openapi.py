@@ -1,0 +1,5 @@
+from typing import Any
+
+
+def document() -> dict[str, Any]:
+    return {}
