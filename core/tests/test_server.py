@@ -298,6 +298,21 @@ async def test_the_root_basin_holds_every_walstream_stream_by_its_own_name(
     assert (records[0].key, records[0].headers, records[0].value) == (b"k2", (("h", b"2"),), b"w")
 
 
+async def test_a_basin_endpoint_host_names_the_basin(http: aiohttp.ClientSession) -> None:
+    """S2's hosted basin endpoints are ``{basin}.b.<domain>``: without ``s2-basin`` the Host
+    header names the basin."""
+    await create(http, "orders")
+    async with aiohttp.ClientSession(
+        base_url=str(http._base_url), headers=AUTH, timeout=REQUEST_TIMEOUT
+    ) as plain:
+        listed = await call(
+            plain, "GET", "/v1/streams", 200, headers={"Host": f"{BASIN}.b.example.com"}
+        )
+        assert [s["name"] for s in listed["streams"]] == ["orders"]
+        missing = await call(plain, "GET", "/v1/streams", 400, headers={"Host": "example.com"})
+        assert missing["code"] == "bad_header" and "s2-basin" in missing["message"]
+
+
 # -- records ----------------------------------------------------------------------------------
 
 

@@ -490,7 +490,7 @@ def _not_allowed(method: str) -> S2Error:
 
 
 async def _json_object(request: Request, allow_empty: bool = False) -> dict[str, Any]:
-    if allow_empty and not (await _peek_empty(request)):
+    if allow_empty and not _has_body(request):
         return {}
     document = await request.json()
     if document is None and allow_empty:
@@ -500,7 +500,7 @@ async def _json_object(request: Request, allow_empty: bool = False) -> dict[str,
     return document
 
 
-async def _peek_empty(request: Request) -> bool:
+def _has_body(request: Request) -> bool:
     """True when the request has a body (a PUT may come without one)."""
     length = request.header("content-length")
     if length is not None:

@@ -186,8 +186,8 @@ def _record(
     return Record(body, key, tuple(pairs), stamped)
 
 
-async def append_once(app: S2App, stream: Stream, request: AppendRequest) -> bytes | dict[str, Any]:
-    """Append one ``AppendInput``; the positions of the ack as ((seq, ts) start, end, tail)."""
+async def append_once(app: S2App, stream: Stream, request: AppendRequest) -> dict[str, Any]:
+    """Append one ``AppendInput``; its ``AppendAck`` as JSON."""
     start, end, tail = await append_positions(app, stream, request)
     return {
         "start": position_json(*start),
@@ -448,10 +448,8 @@ async def _read_route(app: S2App, request: Request, basin: str, name: str) -> No
     start, timestamp = await resolve_start(app, stream, params, may_follow=wait > 0)
     count = min(params.count or MAX_BATCH_RECORDS, MAX_BATCH_RECORDS)
     byte_limit = min(params.bytes or MAX_BATCH_BYTES, MAX_BATCH_BYTES)
-    if params.count == 0 or params.bytes == 0:
-        records: list[SequencedRecord] = []
-        tail = await stream.check_tail()
-    elif wait > 0:
+    records: list[SequencedRecord]
+    if wait > 0:
         records, tail = await _long_poll(
             app, stream, start, timestamp, count, byte_limit, params.until, wait
         )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
     from walstream.server.s2.asgi import Request
 
 __all__ = ["HEARTBEAT_S", "append_session", "read_session"]
+
+log = logging.getLogger(__name__)
 
 #: Longest silence of a read session waiting at the tail.
 HEARTBEAT_S = 10.0
@@ -108,7 +111,7 @@ async def read_session(
         except Exception as error:  # the answer began: report in-band, then end it
             s2_error = _as_s2(error)
             if s2_error.status >= 500:
-                app_log_failure(error)
+                log.warning("a read session failed", exc_info=error)
             if not gone.done():
                 with suppress(Exception):
                     if sse:
@@ -120,12 +123,6 @@ async def read_session(
             gone.cancel()
             with suppress(Exception):
                 await request.finish()
-
-
-def app_log_failure(error: BaseException) -> None:
-    import logging
-
-    logging.getLogger(__name__).warning("a session failed", exc_info=error)
 
 
 async def _follow(
@@ -258,8 +255,12 @@ async def append_session(app: S2App, request: Request, basin: str, name: str) ->
         await sender
     except Exception as error:
         s2_error = _as_s2(error)
+        if s2_error.status >= 500:
+            log.warning("an append session failed", exc_info=error)
         with suppress(Exception):
             await request.write(encode_terminal(s2_error.status, s2_error.encoded()))
+        # Let the client's last frames arrive before the answer ends (see S2App._answer_error).
+        await request.drain()
     finally:
         stopping.cancel()
         if not sender.done():
