@@ -91,24 +91,19 @@ class Request:
             raise _too_large(self.max_body_bytes)
         chunks: list[bytes] = []
         size = 0
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.body_timeout_s
-        while not self.body_done:
-            message = await self._receive_until(deadline)
-            if message["type"] == "http.disconnect":
-                raise S2Error(499, "client_hangup", "the client closed the request")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise _too_large(self.max_body_bytes)
-            chunks.append(chunk)
-            self.body_done = not message.get("more_body", False)
-        return b"".join(chunks)
-
-    async def _receive_until(self, deadline: float) -> Message:
-        remaining = deadline - asyncio.get_running_loop().time()
         try:
-            return await asyncio.wait_for(self.receive(), max(remaining, 0.001))
+            # One timer for the whole body (not one per message: this is the hot path).
+            async with asyncio.timeout(self.body_timeout_s):
+                while not self.body_done:
+                    message = await self.receive()
+                    if message["type"] == "http.disconnect":
+                        raise S2Error(499, "client_hangup", "the client closed the request")
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        raise _too_large(self.max_body_bytes)
+                    chunks.append(chunk)
+                    self.body_done = not message.get("more_body", False)
         except TimeoutError:
             raise S2Error(
                 408,
@@ -116,6 +111,7 @@ class Request:
                 f"the request body did not arrive within {self.body_timeout_s:g} s "
                 "(server.body_timeout)",
             ) from None
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def chunk(self) -> bytes | None:
         """The next piece of a streaming body (None at its end or when the client left)."""
