@@ -270,3 +270,20 @@ async def test_create_stream_on_append_and_unsupported_features_get_s2s_errors(s
     with pytest.raises(S2ServerError) as tokens:
         await s2.list_access_tokens()
     assert (tokens.value.status_code, tokens.value.code) == (501, "not_implemented")
+
+
+async def test_an_error_answered_before_the_body_keeps_the_http2_connection_serving(
+    s2: S2,
+) -> None:
+    """An append to a missing basin is refused before its body is read; the server reads the
+    body first, so the HTTP/2 connection (shared by every request of the client) survives."""
+    basin = s2.basin(await new_basin(s2))
+    await basin.create_stream("s")
+    stream = basin.stream("s")
+    missing = s2.basin("no-such-basin").stream("s")
+    for _ in range(3):
+        with pytest.raises(S2ServerError) as refused:
+            await missing.append(AppendInput(records=[Record(body=b"x" * 100_000)]))
+        assert (refused.value.status_code, refused.value.code) == (404, "basin_not_found")
+        ack = await stream.append(AppendInput(records=[Record(body=b"ok")]))
+        assert ack.end.seq_num == ack.start.seq_num + 1
