@@ -441,6 +441,35 @@ async def test_append_conditions_commands_and_read_positions_answer_s2s_errors(
     assert tail["tail"] == past["tail"]
 
 
+async def test_no_append_with_the_old_token_lands_after_a_fence(
+    http: aiohttp.ClientSession,
+) -> None:
+    await create(http, "fenced")
+    path = "/v1/streams/fenced/records"
+
+    async def old_writer(index: int) -> int | None:
+        body = {"records": [{"body": f"old {index}"}], "fencing_token": ""}
+        async with http.post(path, json=body) as response:
+            answer = await response.json()
+            if response.status == 412:
+                assert answer == {"fencing_token_mismatch": "new-writer"}
+                return None
+            assert response.status == 200, answer
+            return int(answer["start"]["seq_num"])
+
+    async def fence() -> int:
+        body = {"records": [{"body": "new-writer", "headers": [["", "fence"]]}]}
+        return int((await call(http, "POST", path, 200, json=body))["start"]["seq_num"])
+
+    results = await asyncio.gather(
+        *[old_writer(i) for i in range(10)], fence(), *[old_writer(i) for i in range(10, 20)]
+    )
+    fence_at = results[10]
+    landed = [seq for seq in results[:10] + results[11:] if seq is not None]
+    assert all(seq < fence_at for seq in landed), (fence_at, landed)
+    assert len(landed) < 20  # the later ones were refused
+
+
 async def test_long_poll_returns_as_soon_as_another_request_appends(
     http: aiohttp.ClientSession,
 ) -> None:

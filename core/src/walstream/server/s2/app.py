@@ -101,6 +101,8 @@ class S2App:
         """Basins known to exist: name -> stored config (a cache; deletes go through here)."""
         self.stream_ids: dict[str, int] = {}
         """walstream stream name -> id, so the hot path opens streams without a metadata query."""
+        self.fences: dict[int, asyncio.Future[None]] = {}
+        """stream id -> a fence command in progress (appends wait for its token)."""
         self.tail_timestamps: dict[int, tuple[int, int]] = {}
         """stream id -> (tail, timestamp of the record before it), as last seen."""
 

@@ -7,7 +7,8 @@ S2S session forms in :mod:`walstream.server.s2.sessions`).
 last set by a ``fence`` command (S2's token starts as ``""``, which is walstream's "no token"),
 else 412 ``fencing_token_mismatch`` with the current token. Command records (exactly one header,
 with an empty name): ``fence`` (the body, at most 36 bytes of UTF-8, becomes the token once the
-batch is durable) and ``trim`` (the body, an 8-byte big-endian sequence number, becomes the
+batch is durable; appends that arrive meanwhile wait for it, so none checked against the old
+token lands after the fence record) and ``trim`` (the body, an 8-byte big-endian sequence number, becomes the
 first readable record once the batch is durable; clamped to the tail). Command records are
 stored like any record. Timestamps: a client timestamp is capped at the arrival time, a missing
 one is the arrival time, and the engine keeps them non-decreasing.
@@ -204,20 +205,35 @@ async def append_positions(
     engine_token = wanted or None
     if wanted is not None and wanted != "" and len(wanted.encode("utf-8")) > 36:
         raise S2Error(422, "invalid", "fencing_token has at most 36 bytes")
-    if wanted is not None and engine_token is None and stream.fencing_token is not None:
-        raise _token_mismatch(stream)
-    try:
-        ack = await stream.append(
-            prepared.records, match_tail=request.match_seq_num, fencing_token=engine_token
-        )
-    except TailMismatchError as error:
-        raise S2Error(412, "", str(error), {"seq_num_mismatch": error.actual_tail}) from None
-    except FencedError:
-        if wanted is not None and stream.fencing_token != engine_token:
-            raise _token_mismatch(stream) from None
-        raise
+    # A fence in progress on this stream: wait for the token it sets, so no append checked
+    # against the old token lands after the fence record.
+    fences = app.fences
+    while (pending := fences.get(stream.stream_id)) is not None:
+        await asyncio.shield(pending)
+    gate: asyncio.Future[None] | None = None
     if prepared.fence is not None:
-        await stream.set_fencing_token(prepared.fence or None)
+        gate = asyncio.get_running_loop().create_future()
+        fences[stream.stream_id] = gate
+    try:
+        if wanted is not None and engine_token is None and stream.fencing_token is not None:
+            raise _token_mismatch(stream)
+        try:
+            ack = await stream.append(
+                prepared.records, match_tail=request.match_seq_num, fencing_token=engine_token
+            )
+        except TailMismatchError as error:
+            raise S2Error(412, "", str(error), {"seq_num_mismatch": error.actual_tail}) from None
+        except FencedError:
+            if wanted is not None and stream.fencing_token != engine_token:
+                raise _token_mismatch(stream) from None
+            raise
+        if prepared.fence is not None:
+            await stream.set_fencing_token(prepared.fence or None)
+    finally:
+        if gate is not None:
+            if fences.get(stream.stream_id) is gate:
+                del fences[stream.stream_id]
+            gate.set_result(None)
     if prepared.trim is not None:
         await stream.trim(min(prepared.trim, ack.tail))
     if ack.tail == ack.end:
