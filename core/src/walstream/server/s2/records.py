@@ -69,6 +69,7 @@ __all__ = [
     "records_route",
     "resolve_start",
     "tail_timestamp",
+    "wants_base64",
 ]
 
 MAX_BATCH_RECORDS = 1000
@@ -273,11 +274,11 @@ async def _append_route(app: S2App, request: Request, basin: str, name: str) -> 
         document = json.loads(body)
     except (ValueError, RecursionError):
         raise S2Error(400, "bad_json", "the body is not valid JSON") from None
-    parsed = json_append_input(document, _base64(request))
+    parsed = json_append_input(document, wants_base64(request))
     await request.respond_json(200, await append_once(app, stream, parsed))
 
 
-def _base64(request: Request) -> bool:
+def wants_base64(request: Request) -> bool:
     chosen = (request.header("s2-format") or "raw").lower()
     if chosen not in ("raw", "base64"):
         raise S2Error(400, "bad_header", "s2-format is raw or base64")
@@ -458,7 +459,7 @@ async def _read_route(app: S2App, request: Request, basin: str, name: str) -> No
         from walstream.server.s2.sessions import read_session
 
         return await read_session(app, request, basin, name, params, sse=S2S not in content_type)
-    base64_format = _base64(request)
+    base64_format = wants_base64(request)
     stream = await open_for(app, basin, name, "create_stream_on_read")
     wait = min(params.wait or 0, app.max_wait_s)
     start, timestamp = await resolve_start(app, stream, params, may_follow=wait > 0)

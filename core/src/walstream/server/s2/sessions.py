@@ -31,13 +31,13 @@ from walstream.server.s2.records import (
     MAX_BATCH_BYTES,
     MAX_BATCH_RECORDS,
     ReadParams,
-    _base64,
     append_positions,
     batch_tail,
     metered_bytes,
     open_for,
     read_once,
     resolve_start,
+    wants_base64,
     wire,
     wire_headers,
 )
@@ -94,7 +94,7 @@ async def _disconnected(request: Request) -> None:
 async def read_session(
     app: S2App, request: Request, basin: str, name: str, params: ReadParams, sse: bool
 ) -> None:
-    base64_format = _base64(request) if sse else False
+    base64_format = wants_base64(request) if sse else False
     stream = await open_for(app, basin, name, "create_stream_on_read")
     start, timestamp = await resolve_start(app, stream, params, may_follow=True)
     with app.long_poll():
