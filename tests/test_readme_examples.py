@@ -81,10 +81,10 @@ EXPECTED = [
     Expect(
         "walstream serve",
         stdout=(
-            '"status": "ok"',
-            '{"start": 0, "end": 2, "tail": 2}',
-            '"error": "TailMismatchError"',
-            '"actual_tail": 3',
+            '"status":"ok"',
+            '"end":{"seq_num":2,',
+            '{"seq_num_mismatch":2}',
+            '"name":"my-basin-1.orders"',
         ),
         port=True,
     ),

@@ -23,12 +23,12 @@ import pytest
 from walstream.engine import live
 
 WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
-HAS_AIOHTTP = importlib.util.find_spec("aiohttp") is not None
+HAS_HYPERCORN = importlib.util.find_spec("hypercorn") is not None
 HAS_EBS = importlib.util.find_spec("walstream_wal_ebs") is not None
 
 pytestmark = pytest.mark.skipif(
-    not (HAS_AIOHTTP and HAS_EBS),
-    reason="needs aiohttp (walstream serve) and the ebs WAL of the embedded deployment",
+    not (HAS_HYPERCORN and HAS_EBS),
+    reason="needs hypercorn (walstream serve) and the ebs WAL of the embedded deployment",
 )
 
 # The embedded deployment's shape (ebs WAL file, local objects, SQLite), with uploads so rare
@@ -80,12 +80,13 @@ class Server:
             self.url + path,
             data=data,
             method=method,
-            headers={"Content-Type": "application/json"},
+            # The S2 API; the root basin holds every walstream stream under its own name.
+            headers={"Content-Type": "application/json", "s2-basin": "walstream"},
         )
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
             with opener.open(request, timeout=30) as response:
-                return response.status, json.loads(response.read())
+                return response.status, json.loads(response.read() or b"{}")
         except urllib.error.HTTPError as failed:
             return failed.code, json.loads(failed.read() or b"{}")
 
@@ -93,10 +94,10 @@ class Server:
         status, body = self.call(
             "POST",
             f"/v1/streams/{stream}/records",
-            {"records": [{"value_text": value} for value in values]},
+            {"records": [{"body": value} for value in values]},
         )
         assert status == 200, body
-        return dict(body)
+        return {name: position["seq_num"] for name, position in body.items()}
 
 
 def start_serve(tmp_path: Path, deployment: Path) -> subprocess.Popen[str]:
@@ -142,7 +143,7 @@ def assert_serving(server: Server, stream: str, expected_offset: int) -> None:
 def test_commands_go_through_the_running_server_and_never_fence_it(
     cli: Cli, server: Server
 ) -> None:
-    status, _ = server.call("POST", "/v1/streams", {"name": "orders"})
+    status, _ = server.call("POST", "/v1/streams", {"stream": "orders"})
     assert status == 201
     server.append("orders", "a", "b", "c")
 
@@ -153,26 +154,23 @@ def test_commands_go_through_the_running_server_and_never_fence_it(
     appended = cli("append", "orders", input="d\ne\n")
     assert appended.stdout.splitlines() == ["offsets 3..4"]
     assert cli("tail", "orders", "-n", "2").stdout.splitlines() == ["3\td", "4\te"]
+    # Through the server a trim is S2's trim command record: it takes offset 5.
     assert "trimmed" in cli("trim", "orders", "1").stdout
     cli("streams", "create", "other")
     cli("streams", "delete", "other")
     assert "other" not in cli("streams", "list").stdout
 
-    assert_serving(server, "orders", 5)
-    assert cli("read", "orders").stdout.splitlines() == [
-        "1\tb",
-        "2\tc",
-        "3\td",
-        "4\te",
-        "5\tafter",
-    ]
+    assert_serving(server, "orders", 6)
+    lines = cli("read", "orders").stdout.splitlines()
+    assert lines[:4] == ["1\tb", "2\tc", "3\td", "4\te"]
+    assert lines[4].startswith("5\t") and lines[5:] == ["6\tafter"]
     assert server.process.poll() is None
 
 
 def test_tail_follow_through_the_server_shows_new_records_and_exits_0_on_ctrl_c(
     tmp_path: Path, deployment: Path, server: Server
 ) -> None:
-    server.call("POST", "/v1/streams", {"name": "feed"})
+    server.call("POST", "/v1/streams", {"stream": "feed"})
     server.append("feed", "a")
     follower = subprocess.Popen(
         [WALSTREAM, "--config", str(deployment), "tail", "feed", "-f", "--start", "0"],
@@ -209,8 +207,9 @@ def test_read_combines_committed_objects_with_the_servers_newest_records(
         match = LISTENING.search(process.stdout.readline())
         assert match is not None
         server = Server(process, match.group(1))
-        server.call("POST", "/v1/streams", {"name": "orders"})
-        server.append("orders", *(f"old {i}" for i in range(1500)))
+        server.call("POST", "/v1/streams", {"stream": "orders"})
+        server.append("orders", *(f"old {i}" for i in range(1000)))  # S2: 1000 at most
+        server.append("orders", *(f"old {i}" for i in range(1000, 1500)))
         deadline = time.monotonic() + 20
         while "1500" not in cli("streams", "list").stdout:  # committed: uploaded
             assert time.monotonic() < deadline, "the records were never uploaded"
@@ -232,7 +231,7 @@ def test_read_combines_committed_objects_with_the_servers_newest_records(
 def test_a_second_serve_or_a_recover_of_the_same_node_exits_2_naming_the_first(
     cli: Cli, tmp_path: Path, deployment: Path, server: Server
 ) -> None:
-    status, _ = server.call("POST", "/v1/streams", {"name": "orders"})
+    status, _ = server.call("POST", "/v1/streams", {"stream": "orders"})
     assert status == 201
     second = start_serve(tmp_path, deployment)
     try:
@@ -253,7 +252,7 @@ def test_a_second_serve_or_a_recover_of_the_same_node_exits_2_naming_the_first(
 def test_after_the_server_is_killed_commands_recover_the_node(
     cli: Cli, tmp_path: Path, deployment: Path, server: Server
 ) -> None:
-    server.call("POST", "/v1/streams", {"name": "orders"})
+    server.call("POST", "/v1/streams", {"stream": "orders"})
     server.append("orders", "a", "b")
     server.process.send_signal(signal.SIGKILL)
     server.process.wait(timeout=30)
@@ -290,7 +289,7 @@ def test_python_open_of_a_served_node_refuses_instead_of_fencing_the_server(
 ) -> None:
     """``walstream.open`` from another Python process takes the node lock like the CLI: with a
     server running the node it raises NodeBusy naming the server, and the server stays healthy."""
-    assert server.call("POST", "/v1/streams", {"name": "py"})[0] in (200, 201)
+    assert server.call("POST", "/v1/streams", {"stream": "py"})[0] in (200, 201)
     server.append("py", "one")
     script = (
         "import asyncio, sys, walstream\n"

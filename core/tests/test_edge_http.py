@@ -1,10 +1,10 @@
-"""``walstream serve`` at its edge: bad input gets a 4xx with the walstream error body, never a
-500 or a traceback; slow and greedy clients are bounded (header and body timeouts, connection
+"""``walstream serve`` at its edge: bad input gets a 4xx with S2's error body, never a 500 or
+a traceback; slow and greedy clients are bounded (header and body timeouts, connection
 and long-poll bounds) while a normal client is still served.
 
 Every test runs a real server on 127.0.0.1 (in-process, memory WAL). The property-based test
 sends arbitrary requests (paths, stream references, query strings, headers, JSON and raw bodies)
-and asserts the only 5xx is a 503 ``BackendUnavailable``. ``--soak`` runs many more examples.
+and asserts the only 5xx is a 503 ``unavailable``. ``--soak`` runs many more examples.
 """
 
 from __future__ import annotations
@@ -87,18 +87,18 @@ async def answer(
             ) from None
 
 
-def assert_error_body(status: int, body: Any, expect_status: int, expect_error: str) -> None:
+def assert_error_body(status: int, body: Any, expect_status: int, expect_code: str) -> None:
+    """S2's error body: ``{"code", "message"}``, short, no traceback."""
     assert status == expect_status, (status, body)
     assert isinstance(body, dict), body
-    assert body["error"] == expect_error, body
+    assert body["code"] == expect_code, body
     assert isinstance(body["message"], str) and body["message"], body
     assert "Traceback" not in body["message"]
     assert len(body["message"]) < 1000, "the input is not echoed back at length"
-    assert isinstance(body["definitely_not_applied"], bool), body
 
 
 def records_body(**record: Any) -> dict[str, Any]:
-    return {"records": [{"value_text": "v", **record}]}
+    return {"records": [{"body": "v", **record}]}
 
 
 def deep(levels: int) -> bytes:
@@ -107,256 +107,278 @@ def deep(levels: int) -> bytes:
 
 # -- explicit examples --------------------------------------------------------------------------
 
+BASIN = "edge-basin"
 APPEND = "/v1/streams/orders/records"
 BAD_REQUESTS: list[tuple[str, str, str, dict[str, Any], int, str]] = [
-    # label, method, path, request kwargs, status, error
+    # label, method, path, request kwargs, status, code
+    ("timestamp 2**64", "POST", APPEND, {"json": records_body(timestamp=2**64)}, 422, "invalid"),
+    ("negative timestamp", "POST", APPEND, {"json": records_body(timestamp=-1)}, 422, "invalid"),
+    ("no records", "POST", APPEND, {"json": {"records": []}}, 422, "invalid"),
     (
-        "timestamp 2**63",
+        "1001 records",
         "POST",
         APPEND,
-        {"json": records_body(timestamp_ms=2**63)},
-        400,
-        "InvalidArgument",
+        {"json": {"records": [{"body": ""}] * 1001}},
+        422,
+        "invalid",
     ),
     (
-        "negative timestamp",
+        "over 1 MiB metered",
         "POST",
         APPEND,
-        {"json": records_body(timestamp_ms=-1)},
-        400,
-        "InvalidArgument",
-    ),
-    (
-        "timestamp header 2**63",
-        "POST",
-        APPEND,
-        {
-            "data": b"v",
-            "headers": {
-                "Content-Type": "application/octet-stream",
-                "X-Walstream-Timestamp-Ms": str(2**63),
-            },
-        },
-        400,
-        "InvalidArgument",
-    ),
-    (
-        "header name over 65535 bytes",
-        "POST",
-        APPEND,
-        {"json": records_body(headers=[["n" * 65536, ""]])},
-        400,
-        "InvalidArgument",
+        {"json": {"records": [{"body": "x" * (1 << 20)}]}},
+        422,
+        "invalid",
     ),
     (
         "65536 headers",
         "POST",
         APPEND,
         {"json": records_body(headers=[["h", ""]] * 65536)},
-        400,
-        "InvalidArgument",
+        422,
+        "invalid",
     ),
     (
         "lone surrogate in a header name",
         "POST",
         APPEND,
-        {"data": b'{"records": [{"value_text": "v", "headers": [["\\ud800", ""]]}]}'},
-        400,
-        "InvalidArgument",
+        {"data": b'{"records": [{"body": "v", "headers": [["\\ud800", ""]]}]}'},
+        422,
+        "invalid",
     ),
     (
-        "lone surrogate in value_text",
+        "lone surrogate in a body",
         "POST",
         APPEND,
-        {"data": b'{"records": [{"value_text": "\\udc00"}]}'},
-        400,
-        "InvalidArgument",
+        {"data": b'{"records": [{"body": "\\udc00"}]}'},
+        422,
+        "invalid",
     ),
     (
         "lone surrogate in a fencing token",
         "POST",
         APPEND,
-        {"data": b'{"records": [{"value_text": "v"}], "fencing_token": "\\ud800"}'},
-        400,
-        "InvalidArgument",
+        {"data": b'{"records": [{"body": "v"}], "fencing_token": "\\ud800"}'},
+        422,
+        "invalid",
     ),
     (
-        "lone surrogate in a stream name",
-        "POST",
-        "/v1/streams",
-        {"data": b'{"name": "a\\ud800"}'},
-        400,
-        "InvalidArgument",
-    ),
-    (
-        "stream id beyond 64 bits",
-        "GET",
-        "/v1/streams/%2318446744073709551616/tail",
-        {},
-        400,
-        "InvalidArgument",
-    ),
-    (
-        "bare stream id beyond 64 bits",
-        "GET",
-        "/v1/streams/99999999999999999999/tail",
-        {},
-        400,
-        "InvalidArgument",
-    ),
-    ("#x is not an id", "GET", "/v1/streams/%23orders/tail", {}, 400, "InvalidArgument"),
-    (
-        "5,000-digit match_tail",
+        "non-UTF-8 header name (base64)",
         "POST",
         APPEND,
-        {"data": b'{"records": [{"value_text": "v"}], "match_tail": ' + b"7" * 5000 + b"}"},
-        400,
-        "InvalidArgument",
+        {"json": records_body(headers=[["/w==", ""]]), "headers": {"s2-format": "base64"}},
+        422,
+        "invalid",
     ),
     (
-        "4,000-digit match_tail",
+        "not base64",
         "POST",
         APPEND,
-        {"data": b'{"records": [{"value_text": "v"}], "match_tail": ' + b"7" * 4000 + b"}"},
-        400,
-        "InvalidArgument",
+        {"json": records_body(body="*"), "headers": {"s2-format": "base64"}},
+        422,
+        "invalid",
     ),
     (
-        "5,000-digit match_tail header",
+        "unknown s2-format",
         "POST",
         APPEND,
-        {
-            "data": b"v",
-            "headers": {
-                "Content-Type": "application/octet-stream",
-                "X-Walstream-Match-Tail": "7" * 5000,
-            },
-        },
+        {"json": records_body(), "headers": {"s2-format": "hex"}},
         400,
-        "InvalidArgument",
+        "bad_header",
     ),
-    ("5,000-digit start", "GET", APPEND + "?start=" + "7" * 5000, {}, 400, "InvalidArgument"),
-    ("start 2**63", "GET", APPEND + f"?start={2**63}", {}, 400, "InvalidArgument"),
-    ("limit 2**64", "GET", APPEND + f"?start=0&limit={2**64}", {}, 400, "InvalidArgument"),
-    ("limit_bytes 0", "GET", APPEND + "?start=0&limit_bytes=0", {}, 400, "InvalidArgument"),
-    ("start with underscores", "GET", APPEND + "?start=1_0", {}, 400, "InvalidArgument"),
-    ("wait=nan", "GET", APPEND + "?start=0&wait=nan", {}, 400, "InvalidArgument"),
     (
-        "trim to 2**63",
+        "fence token over 36 bytes",
         "POST",
-        "/v1/streams/orders/trim",
-        {"json": {"start": 2**63}},
-        400,
-        "InvalidArgument",
+        APPEND,
+        {"json": {"records": [{"body": "t" * 37, "headers": [["", "fence"]]}]}},
+        422,
+        "invalid",
     ),
-    ("deeply nested JSON", "POST", APPEND, {"data": deep(100_000)}, 400, "InvalidArgument"),
     (
-        "deeply nested create",
+        "trim body not 8 bytes",
         "POST",
-        "/v1/streams",
-        {"data": b"[" * 50_000},
-        400,
-        "InvalidArgument",
+        APPEND,
+        {"json": {"records": [{"body": "1", "headers": [["", "trim"]]}]}},
+        422,
+        "invalid",
     ),
+    (
+        "unknown command",
+        "POST",
+        APPEND,
+        {"json": {"records": [{"body": "", "headers": [["", "explode"]]}]}},
+        422,
+        "invalid",
+    ),
+    (
+        "5,000-digit match_seq_num",
+        "POST",
+        APPEND,
+        {"data": b'{"records": [{"body": "v"}], "match_seq_num": ' + b"7" * 5000 + b"}"},
+        400,
+        "bad_json",
+    ),
+    ("5,000-digit seq_num", "GET", APPEND + "?seq_num=" + "7" * 5000, {}, 400, "bad_query"),
+    ("seq_num 2**63", "GET", APPEND + f"?seq_num={2**63}", {}, 400, "bad_query"),
+    ("two starts", "GET", APPEND + "?seq_num=0&tail_offset=1", {}, 400, "bad_query"),
+    ("count 2**64", "GET", APPEND + f"?seq_num=0&count={2**64}", {}, 400, "bad_query"),
+    ("seq_num with underscores", "GET", APPEND + "?seq_num=1_0", {}, 400, "bad_query"),
+    ("wait=nan", "GET", APPEND + "?seq_num=0&wait=nan", {}, 400, "bad_query"),
+    ("wait over 60", "GET", APPEND + "?seq_num=0&wait=61", {}, 400, "bad_query"),
+    ("clamp=maybe", "GET", APPEND + "?seq_num=0&clamp=maybe", {}, 400, "bad_query"),
+    ("deeply nested JSON", "POST", APPEND, {"data": deep(100_000)}, 400, "bad_json"),
+    ("deeply nested create", "POST", "/v1/streams", {"data": b"[" * 50_000}, 400, "bad_json"),
     (
         "huge JSON body",
         "POST",
         APPEND,
         {"data": b'{"records": [' + b" " * (MAX_BODY_BYTES + 1)},
         413,
-        "RequestEntityTooLarge",
+        "invalid",
     ),
+    ("stream name ../x", "POST", "/v1/streams", {"json": {"stream": "../x"}}, 422, "invalid"),
+    ("stream name a/b", "POST", "/v1/streams", {"json": {"stream": "a/b"}}, 422, "invalid"),
+    ("stream with NUL", "POST", "/v1/streams", {"json": {"stream": "a\x00b"}}, 422, "invalid"),
     (
-        "over a million JSON containers",
-        "POST",
-        APPEND,
-        {"data": b'{"records": [' + b"{}," * 1_000_001 + b"{}]}"},
-        400,
-        "InvalidArgument",
-    ),
-    ("stream name ../x", "POST", "/v1/streams", {"json": {"name": "../x"}}, 400, "InvalidArgument"),
-    (
-        "stream name with NUL",
+        "stream of 1 MiB",
         "POST",
         "/v1/streams",
-        {"json": {"name": "a\x00b"}},
-        400,
-        "InvalidArgument",
+        {"json": {"stream": "x" * (1 << 20)}},
+        422,
+        "invalid",
     ),
+    ("stream over 255", "POST", "/v1/streams", {"json": {"stream": "x" * 246}}, 422, "invalid"),
+    ("stream not a string", "POST", "/v1/streams", {"json": {"stream": [[1]]}}, 422, "invalid"),
     (
-        "stream name of 1 MiB",
+        "age retention",
         "POST",
         "/v1/streams",
-        {"json": {"name": "x" * (1 << 20)}},
-        400,
-        "InvalidArgument",
+        {"json": {"stream": "aged", "config": {"retention_policy": {"age": 60}}}},
+        422,
+        "invalid",
     ),
-    ("stream name #5", "POST", "/v1/streams", {"json": {"name": "#5"}}, 400, "InvalidArgument"),
     (
-        "stream name of digits",
+        "arrival timestamping",
         "POST",
         "/v1/streams",
-        {"json": {"name": "5"}},
-        400,
-        "InvalidArgument",
+        {"json": {"stream": "t", "config": {"timestamping": {"mode": "arrival"}}}},
+        422,
+        "invalid",
+    ),
+    ("basin name too short", "POST", "/v1/basins", {"json": {"basin": "short"}}, 422, "invalid"),
+    (
+        "basin name uppercase",
+        "POST",
+        "/v1/basins",
+        {"json": {"basin": "Upper-Case"}},
+        422,
+        "invalid",
     ),
     (
-        "stream name not a string",
+        "basin cipher",
+        "POST",
+        "/v1/basins",
+        {"json": {"basin": "cipher-basin", "config": {"stream_cipher": "aegis-256"}}},
+        422,
+        "invalid",
+    ),
+    (
+        "basin exists",
+        "POST",
+        "/v1/basins",
+        {"json": {"basin": BASIN}},
+        409,
+        "resource_already_exists",
+    ),
+    (
+        "root basin exists",
+        "POST",
+        "/v1/basins",
+        {"json": {"basin": "walstream"}},
+        409,
+        "resource_already_exists",
+    ),
+    ("root basin delete", "DELETE", "/v1/basins/walstream", {}, 403, "permission_denied"),
+    ("no such basin", "GET", "/v1/basins/missing-basin", {}, 404, "basin_not_found"),
+    (
+        "stream of no basin",
+        "GET",
+        "/v1/streams",
+        {"headers": {"s2-basin": "missing-basin"}},
+        404,
+        "basin_not_found",
+    ),
+    ("no basin header", "GET", "/v1/streams", {"headers": {"s2-basin": "x"}}, 400, "bad_header"),
+    ("no such stream", "GET", "/v1/streams/missing/records/tail", {}, 404, "stream_not_found"),
+    (
+        "stream exists",
         "POST",
         "/v1/streams",
-        {"json": {"name": [[[[1]]]]}},
-        400,
-        "InvalidArgument",
+        {"json": {"stream": "orders"}},
+        409,
+        "resource_already_exists",
     ),
-    (
-        "header value not base64",
-        "POST",
-        APPEND,
-        {"json": records_body(key="*")},
-        400,
-        "InvalidArgument",
-    ),
+    ("no such route", "GET", "/v1/nothing", {}, 404, "bad_path"),
+    ("access tokens", "GET", "/v1/access-tokens", {}, 501, "not_implemented"),
     (
         "wrong token",
         "GET",
-        "/v1/streams",
+        "/v1/basins",
         {"headers": {"Authorization": "Bearer nope"}},
         401,
-        "Unauthorized",
+        "authn",
     ),
     (
         "non-ASCII token",
         "GET",
-        "/v1/streams",
+        "/v1/basins",
         {"headers": {"Authorization": "Bearer é"}},
         401,
-        "Unauthorized",
+        "authn",
     ),
+    ("no token", "GET", "/v1/basins", {"headers": {"Authorization": ""}}, 401, "authn"),
 ]
 
 
+async def make_basin_and_stream(http: aiohttp.ClientSession) -> None:
+    created, _ = await answer(http, "POST", "/v1/basins", json={"basin": BASIN})
+    assert created == 201
+    created, _ = await answer(
+        http, "POST", "/v1/streams", json={"stream": "orders"}, headers={"s2-basin": BASIN}
+    )
+    assert created == 201
+
+
 @pytest.mark.parametrize(
-    ("method", "path", "kwargs", "status", "error"),
+    ("method", "path", "kwargs", "status", "code"),
     [case[1:] for case in BAD_REQUESTS],
     ids=[case[0] for case in BAD_REQUESTS],
 )
-async def test_bad_input_gets_a_4xx_with_the_walstream_error_body(
+async def test_bad_input_gets_a_4xx_with_the_s2_error_body(
     http: aiohttp.ClientSession,
     method: str,
     path: str,
     kwargs: dict[str, Any],
     status: int,
-    error: str,
+    code: str,
 ) -> None:
-    created, _ = await answer(http, "POST", "/v1/streams", json={"name": "orders"})
-    assert created == 201
-    if "data" in kwargs and "headers" not in kwargs:
-        kwargs = {**kwargs, "headers": {"Content-Type": "application/json"}}
-    got, body = await answer(http, method, yarl.URL(path, encoded=True), **kwargs)  # type: ignore[arg-type]
-    assert_error_body(got, body, status, error)
+    await make_basin_and_stream(http)
+    headers = {"s2-basin": BASIN, **kwargs.pop("headers", {})}
+    if "data" in kwargs:
+        headers.setdefault("Content-Type", "application/json")
+    got, body = await answer(
+        http,
+        method,
+        yarl.URL(path, encoded=True),
+        headers=headers,
+        **kwargs,  # type: ignore[arg-type]
+    )
+    assert_error_body(got, body, status, code)
     # Nothing was appended and the node still serves.
-    tail_status, tail = await answer(http, "GET", "/v1/streams/orders/tail")
-    assert (tail_status, tail["tail"]) == (200, 0)
+    tail_status, tail = await answer(
+        http, "GET", "/v1/streams/orders/records/tail", headers={"s2-basin": BASIN}
+    )
+    assert (tail_status, tail["tail"]["seq_num"]) == (200, 0)
 
 
 async def raw_exchange(port: int, request: bytes, timeout: float = 10.0) -> bytes:
@@ -380,45 +402,68 @@ async def test_a_non_utf8_authorization_header_gets_401(server: RunningServer) -
     for value in (b"Bearer \xff\xfe", b"Bearer \xc3\xa9", b"\xff\xff \xff"):
         response = await raw_exchange(
             server.port,
-            b"GET /v1/streams HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: "
+            b"GET /v1/basins HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: "
             + value
             + b"\r\n\r\n",
         )
         status, body = parse_raw(response)
-        assert_error_body(status, body, 401, "Unauthorized")
+        assert_error_body(status, body, 401, "authn")
 
 
-async def test_requests_aiohttp_cannot_parse_get_the_walstream_error_body(
+async def test_requests_the_http_server_cannot_parse_get_a_4xx_and_nothing_happens(
     server: RunningServer,
 ) -> None:
+    """Malformed HTTP is refused by hypercorn itself (its own 4xx, not S2's JSON body)."""
     for request in (
-        b"GET /v1/streams?start=" + b"9" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
-        b"GET /health HTTP/1.1\r\nX-Long: " + b"v" * 9000 + b"\r\n\r\n",
+        b"GET /v1/basins?x=" + b"9" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nX-Long: " + b"v" * 70_000 + b"\r\n\r\n",
         b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n",
-        b"POST /v1/streams HTTP/1.1\r\nContent-Length: x\r\n\r\n",
+        b"POST /v1/basins HTTP/1.1\r\nContent-Length: x\r\n\r\n",
     ):
-        status, body = parse_raw(await raw_exchange(server.port, request))
-        assert_error_body(status, body, 400, "InvalidArgument")
-        assert body["message"].startswith("malformed HTTP request")
+        response = await raw_exchange(server.port, request)
+        if response:  # some malformed requests are simply disconnected
+            status = int(response.split(b" ", 2)[1])
+            assert 400 <= status < 500, response[:200]
+    async with aiohttp.ClientSession(headers=AUTH, timeout=TIMEOUT) as session:
+        status, health = await answer(session, "GET", server.url + "/health")
+    assert (status, health["status"]) == (200, "ok")
 
 
 async def test_the_limits_still_accept_the_largest_valid_values(
     http: aiohttp.ClientSession,
 ) -> None:
-    await answer(http, "POST", "/v1/streams", json={"name": "x" * 255})
+    await make_basin_and_stream(http)
+    root = {"s2-basin": "walstream"}
+    longest = "x" * 255  # walstream's longest name, in the root basin
+    status, _ = await answer(http, "POST", "/v1/streams", json={"stream": longest}, headers=root)
+    assert status == 201
+    headers = [["n" * 1000, ""]] * 500
     status, ack = await answer(
         http,
         "POST",
-        "/v1/streams/" + "x" * 255 + "/records",
-        json=records_body(timestamp_ms=2**63 - 1, headers=[["n" * 65535, ""]]),
+        f"/v1/streams/{longest}/records",
+        json={"records": [{"body": "b" * 1000, "headers": headers}] * 1, "match_seq_num": 0},
+        headers=root,
     )
-    assert (status, ack["start"]) == (200, 0)
-    status, read = await answer(http, "GET", "/v1/streams/%231/records?start=0")
+    assert (status, ack["start"]["seq_num"]) == (200, 0), ack
+    status, read = await answer(
+        http, "GET", f"/v1/streams/{longest}/records?seq_num=0", headers=root
+    )
     assert status == 200
-    assert read["records"][0]["timestamp_ms"] == 2**63 - 1
-    assert read["records"][0]["headers"] == [["n" * 65535, ""]]
-    status, read = await answer(http, "GET", "/v1/streams/1/records?from_timestamp=-5")
+    assert read["records"][0]["headers"] == headers
+    status, read = await answer(
+        http, "GET", f"/v1/streams/{longest}/records?timestamp=0", headers=root
+    )
     assert status == 200 and len(read["records"]) == 1
+    # The longest stream name of a basin: 255 - len(basin) - 1 characters.
+    status, _ = await answer(
+        http,
+        "POST",
+        "/v1/streams",
+        json={"stream": "y" * (254 - len(BASIN))},
+        headers={"s2-basin": BASIN},
+    )
+    assert status == 201
 
 
 # -- slow and greedy clients ----------------------------------------------------------------------
@@ -459,20 +504,23 @@ async def _slowloris(port: int, request: bytes, interval: float) -> float:
 async def test_slowloris_connections_are_closed_while_a_normal_client_is_served(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:
-    head = b"GET /v1/streams HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + b"p" * 200 + b"\r\n\r\n"
+    head = b"GET /v1/basins HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + b"p" * 200 + b"\r\n\r\n"
     body_request = (
         b"POST /v1/streams/orders/records HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+        b"Authorization: Bearer " + TOKEN.encode() + b"\r\ns2-basin: " + BASIN.encode() + b"\r\n"
         b"Content-Type: application/json\r\nContent-Length: 400\r\n\r\n" + b" " * 400
     )
-    await answer(http, "POST", "/v1/streams", json={"name": "orders"})
+    await make_basin_and_stream(http)
+    basin = {"s2-basin": BASIN}
     began = time.monotonic()
     attackers = [asyncio.ensure_future(_slowloris(server.port, head, 0.05)) for _ in range(20)] + [
         asyncio.ensure_future(_slowloris(server.port, body_request, 0.05)) for _ in range(5)
     ]
     served = 0
     while not all(attacker.done() for attacker in attackers):
-        status, _ = await answer(http, "POST", "/v1/streams/orders/records", json=records_body())
+        status, _ = await answer(
+            http, "POST", "/v1/streams/orders/records", json=records_body(), headers=basin
+        )
         assert status == 200
         served += 1
         await asyncio.sleep(0.05)
@@ -482,16 +530,15 @@ async def test_slowloris_connections_are_closed_while_a_normal_client_is_served(
     # (~7 s of head at one byte per 0.05 s would be cut at 1 s by the header timeout first).
     assert all(seconds < 1.0 + 2.0 for seconds in closed_after), closed_after
     assert served >= 3
-    assert server.guard is not None and server.guard.timed_out >= 20
-    status, tail = await answer(http, "GET", "/v1/streams/orders/tail")
-    assert (status, tail["tail"]) == (200, served)
+    status, tail = await answer(http, "GET", "/v1/streams/orders/records/tail", headers=basin)
+    assert (status, tail["tail"]["seq_num"]) == (200, served)
 
 
 async def test_a_slow_body_gets_408_and_the_connection_is_closed(server: RunningServer) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
         writer.write(
-            b"POST /v1/streams HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+            b"POST /v1/basins HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
             + TOKEN.encode()
             + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
         )
@@ -501,7 +548,7 @@ async def test_a_slow_body_gets_408_and_the_connection_is_closed(server: Running
     finally:
         writer.close()
     status, body = parse_raw(response)
-    assert_error_body(status, body, 408, "RequestTimeout")
+    assert_error_body(status, body, 408, "request_timeout")
     assert "server.body_timeout" in body["message"]
     assert 0.9 <= waited < 4.0, waited
 
@@ -529,13 +576,13 @@ async def test_connections_over_the_bound_get_503(tmp_path: Path) -> None:
     async with start(tmp_path, limits) as running:
         idle = [await asyncio.open_connection("127.0.0.1", running.port) for _ in range(4)]
         await asyncio.sleep(0.2)
-        assert running.guard is not None and running.guard.open == 4
+        assert running.listener is not None and running.listener.open == 4
         status, body = parse_raw(
             await raw_exchange(
                 running.port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
             )
         )
-        assert_error_body(status, body, 503, "BackendUnavailable")
+        assert_error_body(status, body, 503, "unavailable")
         assert "server.max_connections" in body["message"]
         for _, writer in idle:
             writer.close()
@@ -548,21 +595,24 @@ async def test_connections_over_the_bound_get_503(tmp_path: Path) -> None:
 async def test_long_polls_over_the_bound_get_429(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:
-    await answer(http, "POST", "/v1/streams", json={"name": "polled"})
-    poll = "/v1/streams/polled/records?start=0&wait=8"
-    waiting = [asyncio.ensure_future(answer(http, "GET", poll)) for _ in range(2)]
+    await make_basin_and_stream(http)
+    basin = {"s2-basin": BASIN}
+    poll = "/v1/streams/orders/records?seq_num=0&wait=8"
+    waiting = [asyncio.ensure_future(answer(http, "GET", poll, headers=basin)) for _ in range(2)]
     await asyncio.sleep(0.3)
-    status, body = await answer(http, "GET", poll)
-    assert_error_body(status, body, 429, "CapacityError")
+    status, body = await answer(http, "GET", poll, headers=basin)
+    assert_error_body(status, body, 429, "rate_limited")
     assert "server.max_long_polls" in body["message"]
-    # A read that does not wait is still served.
-    status, read = await answer(http, "GET", "/v1/streams/polled/records?start=0")
-    assert (status, read["records"]) == (200, [])
-    await answer(http, "POST", "/v1/streams/polled/records", json=records_body())
+    # A request that does not wait is still served.
+    status, tail = await answer(http, "GET", "/v1/streams/orders/records/tail", headers=basin)
+    assert (status, tail["tail"]["seq_num"]) == (200, 0)
+    await answer(http, "POST", "/v1/streams/orders/records", json=records_body(), headers=basin)
     for result in await asyncio.gather(*waiting):
         assert result[0] == 200 and len(result[1]["records"]) == 1
     # The bound frees up again.
-    status, read = await answer(http, "GET", "/v1/streams/polled/records?start=1&wait=0.1")
+    status, read = await answer(
+        http, "GET", "/v1/streams/orders/records?seq_num=1&wait=1", headers=basin
+    )
     assert (status, read["records"]) == (200, [])
 
 
@@ -600,15 +650,20 @@ def test_server_options_come_from_the_yaml_server_section(tmp_path: Path) -> Non
 # -- property-based: arbitrary requests -----------------------------------------------------------
 
 ROUTES = [
+    ("GET", "/v1/basins"),
+    ("POST", "/v1/basins"),
+    ("GET", "/v1/basins/{ref}"),
+    ("PUT", "/v1/basins/{ref}"),
+    ("DELETE", "/v1/basins/{ref}"),
     ("GET", "/v1/streams"),
     ("POST", "/v1/streams"),
+    ("GET", "/v1/streams/{ref}"),
+    ("PUT", "/v1/streams/{ref}"),
+    ("PATCH", "/v1/streams/{ref}"),
     ("DELETE", "/v1/streams/{ref}"),
     ("POST", "/v1/streams/{ref}/records"),
     ("GET", "/v1/streams/{ref}/records"),
-    ("POST", "/v1/streams/{ref}/trim"),
-    ("GET", "/v1/streams/{ref}/tail"),
-    ("POST", "/v1/streams/{ref}/fencing-token"),
-    ("PUT", "/v1/streams/{ref}"),
+    ("GET", "/v1/streams/{ref}/records/tail"),
     ("GET", "/{ref}"),
 ]
 
@@ -623,17 +678,29 @@ digits = st.one_of(
 ).map(lambda n: "9" * n)
 int_texts = st.one_of(
     st.integers().map(str),
-    st.sampled_from([str(2**63), str(2**63 - 1), str(-(2**63) - 1), "1_0", " 5", "+5", "١"]),
+    st.sampled_from([str(2**63), str(2**63 - 1), str(2**64), "1_0", " 5", "+5", "١"]),
     digits,
 )
 texts = st.one_of(st.text(max_size=20), st.text(st.characters(exclude_categories=()), max_size=8))
 refs = st.one_of(
-    st.sampled_from(["target", "%231", "1", "%23", "%23x", "..", "%00", "%ED%A0%80"]),
+    st.sampled_from(["target", "edge-basin", "walstream", "%2F", "..", "%00", "%ED%A0%80"]),
     texts.filter(bool).map(percent),
-    int_texts.map(lambda text: "%23" + percent(text)),
 )
 query_keys = st.sampled_from(
-    ["start", "from_timestamp", "tail_offset", "limit", "limit_bytes", "wait", "prefix", "x"]
+    [
+        "seq_num",
+        "timestamp",
+        "tail_offset",
+        "count",
+        "bytes",
+        "until",
+        "clamp",
+        "wait",
+        "prefix",
+        "start_after",
+        "limit",
+        "x",
+    ]
 )
 queries = st.dictionaries(
     query_keys, st.one_of(int_texts, texts, st.floats().map(str)), max_size=4
@@ -651,24 +718,23 @@ json_values = st.recursive(
     max_leaves=10,
 )
 b64_texts = st.binary(max_size=20).map(lambda data: base64.b64encode(data).decode())
+commands = st.sampled_from(["", "fence", "trim", "other"])
 record_objects = st.fixed_dictionaries(
     {},
     optional={
-        "value": st.one_of(b64_texts, json_values),
-        "value_text": st.one_of(texts, json_values),
-        "key": st.one_of(b64_texts, json_values),
+        "body": st.one_of(texts, b64_texts, json_values),
         "headers": st.one_of(
-            st.lists(st.tuples(texts, b64_texts).map(list), max_size=3),
-            st.dictionaries(texts, b64_texts, max_size=3),
+            st.lists(st.tuples(texts, texts).map(list), max_size=3),
+            st.lists(st.tuples(st.just(""), commands).map(list), max_size=2),
             json_values,
         ),
-        "timestamp_ms": st.one_of(st.integers(), st.integers(min_value=2**62), json_values),
+        "timestamp": st.one_of(st.integers(), st.integers(min_value=2**62), json_values),
     },
 )
 append_bodies = st.fixed_dictionaries(
     {"records": st.one_of(st.lists(record_objects, max_size=3), json_values)},
     optional={
-        "match_tail": st.one_of(st.integers(), json_values),
+        "match_seq_num": st.one_of(st.integers(), json_values),
         "fencing_token": st.one_of(texts, json_values),
         "other": json_values,
     },
@@ -685,28 +751,26 @@ bodies = st.one_of(
     json_values.map(encode_json),
     append_bodies.map(encode_json),
     st.fixed_dictionaries(
-        {}, optional={"name": json_values, "start": json_values, "token": json_values}
+        {},
+        optional={
+            "basin": st.one_of(texts, json_values),
+            "stream": st.one_of(texts, json_values),
+            "config": json_values,
+        },
     ).map(encode_json),
-    digits.map(lambda n: ('{"match_tail": ' + (n or "0") + ', "records": []}').encode()),
+    digits.map(lambda n: ('{"match_seq_num": ' + (n or "0") + ', "records": []}').encode()),
     st.integers(min_value=1, max_value=20_000).map(lambda n: b"[" * n),
 )
 header_text = st.text(
     st.characters(min_codepoint=0x20, max_codepoint=0x7E) | st.sampled_from("éÿ€"), max_size=30
 )
 request_headers = st.dictionaries(
-    st.sampled_from(
-        [
-            "Content-Type",
-            "X-Walstream-Key",
-            "X-Walstream-Timestamp-Ms",
-            "X-Walstream-Match-Tail",
-            "X-Walstream-Fencing-Token",
-        ]
-    ),
+    st.sampled_from(["Content-Type", "Accept", "s2-format", "s2-basin"]),
     st.one_of(
         header_text,
-        int_texts.filter(lambda text: len(text) < 4000),
-        st.just("application/octet-stream"),
+        st.sampled_from(
+            ["application/json", "application/x-protobuf", "base64", "raw", "edge-basin"]
+        ),
     ),
     max_size=4,
 )
@@ -715,6 +779,18 @@ authorizations = st.one_of(st.none(), st.none(), st.none(), header_text)
 requests = st.tuples(
     st.sampled_from(ROUTES), refs, queries, bodies, request_headers, authorizations
 )
+
+
+def check_error_answer(status: int, text: str) -> None:
+    """An error answer is S2's: ``ErrorInfo``, or the 412 and 416 bodies."""
+    parsed = json.loads(text)
+    assert "Traceback" not in text
+    if status == 412:
+        assert set(parsed) & {"seq_num_mismatch", "fencing_token_mismatch"}, parsed
+    elif status == 416:
+        assert "seq_num" in parsed["tail"], parsed
+    else:
+        assert parsed["code"] and parsed["message"], parsed
 
 
 def test_arbitrary_http_requests_never_get_a_5xx_other_than_503(tmp_path: Path, soak: bool) -> None:
@@ -731,7 +807,15 @@ def test_arbitrary_http_requests_never_get_a_5xx_other_than_503(tmp_path: Path, 
 
         async def setup() -> None:
             status, _ = await answer(
-                session, "POST", running.url + "/v1/streams", json={"name": "target"}
+                session, "POST", running.url + "/v1/basins", json={"basin": BASIN}
+            )
+            assert status == 201
+            status, _ = await answer(
+                session,
+                "POST",
+                running.url + "/v1/streams",
+                json={"stream": "target"},
+                headers={"s2-basin": BASIN},
             )
             assert status == 201
 
@@ -739,10 +823,10 @@ def test_arbitrary_http_requests_never_get_a_5xx_other_than_503(tmp_path: Path, 
 
         async def send(request: tuple[Any, ...]) -> None:
             (method, template), ref, query, body, drawn_headers, authorization = request
-            headers = {"Content-Type": "application/json", **drawn_headers}
+            headers = {"Content-Type": "application/json", "s2-basin": BASIN, **drawn_headers}
             if authorization is not None:
                 headers["Authorization"] = authorization
-            if method == "DELETE" and ref in ("target", "%231", "1"):
+            if method == "DELETE" and ref in ("target", BASIN):
                 ref = "kept"
             path = template.replace("{ref}", ref) + ("?" + query if query else "")
             url = yarl.URL(running.url + path, encoded=True)
@@ -750,12 +834,10 @@ def test_arbitrary_http_requests_never_get_a_5xx_other_than_503(tmp_path: Path, 
                 text = await response.text(errors="replace")
                 statuses[response.status] = statuses.get(response.status, 0) + 1
                 if response.status >= 400:
-                    parsed = json.loads(text)
-                    assert parsed["error"] and parsed["message"], parsed
-                    assert "Traceback" not in text
+                    check_error_answer(response.status, text)
                 if response.status >= 500:
                     assert response.status == 503, text
-                    assert json.loads(text)["error"] == "BackendUnavailable", text
+                    assert json.loads(text)["code"] == "unavailable", text
 
         @settings(
             max_examples=1500 if soak else 120,
@@ -773,7 +855,11 @@ def test_arbitrary_http_requests_never_get_a_5xx_other_than_503(tmp_path: Path, 
             status, health = await answer(session, "GET", running.url + "/health")
             assert (status, health["status"]) == (200, "ok")
             status, ack = await answer(
-                session, "POST", running.url + "/v1/streams/target/records", json=records_body()
+                session,
+                "POST",
+                running.url + "/v1/streams/target/records",
+                json=records_body(),
+                headers={"s2-basin": BASIN},
             )
             assert status == 200, ack
 

@@ -588,6 +588,29 @@ async def test_sqlite_refuses_newer_schema(tmp_path: Path) -> None:
     await newer.close()
 
 
+async def test_sqlite_version_2_file_gains_basins(tmp_path: Path) -> None:
+    """A file of schema version 2 (before basins) opens: its streams stay readable, it gains an
+    empty basins table, and its version becomes the current one."""
+    path = tmp_path / "meta.db"
+    store = SqliteMetadataStore(path)
+    stream = await store.create_stream("kept")
+    await store.close()
+    with sqlite3.connect(path) as connection:  # what version 2 wrote: no basins table
+        connection.execute("DROP TABLE basins")
+        connection.execute("UPDATE meta SET value = 2 WHERE key = 'schema_version'")
+    upgraded = SqliteMetadataStore(path)
+    assert (await upgraded.get_stream("kept")).stream_id == stream.stream_id
+    assert await upgraded.list_basins() == []
+    basin = await upgraded.create_basin("basin-one")
+    assert (await upgraded.get_basin("basin-one")) == basin
+    await upgraded.close()
+    with sqlite3.connect(path) as connection:
+        (version,) = connection.execute(
+            "SELECT value FROM meta WHERE key = 'schema_version'"
+        ).fetchone()
+    assert version == SCHEMA_VERSION == 3
+
+
 async def test_sqlite_damaged_file(tmp_path: Path) -> None:
     path = tmp_path / "meta.db"
     path.write_bytes(b"this is not a database, just some bytes" * 200)

@@ -1,5 +1,6 @@
-"""``walstream serve`` (the HTTP service) and ``walstream bench``, against real servers on
-127.0.0.1: in-process for the routes, and as real processes for signals and the CLI."""
+"""``walstream serve`` (S2's REST API v1, the HTTP service) and ``walstream bench``, against
+real servers on 127.0.0.1: in-process for the routes (HTTP/1.1 and JSON here; S2's own SDK in
+test_server_s2_sdk.py), and as real processes for signals and the CLI."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from walstream.server.serve import RunningServer, serve
 WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+BASIN = "test-basin"
+IN_BASIN = {"s2-basin": BASIN}
 MAX_BODY_BYTES = 64 * 1024
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=20)
 
@@ -70,10 +73,12 @@ async def server(deployment: Path) -> AsyncIterator[RunningServer]:
 
 @pytest.fixture
 async def http(server: RunningServer) -> AsyncIterator[aiohttp.ClientSession]:
-    """A session on the server's base URL that sends the token."""
+    """A session on the server's base URL that sends the token and names the test basin
+    (created here)."""
     async with aiohttp.ClientSession(
-        base_url=server.url, headers=AUTH, timeout=REQUEST_TIMEOUT
+        base_url=server.url, headers={**AUTH, **IN_BASIN}, timeout=REQUEST_TIMEOUT
     ) as session:
+        await call(session, "POST", "/v1/basins", 201, json={"basin": BASIN})
         yield session
 
 
@@ -81,13 +86,13 @@ async def call(
     session: aiohttp.ClientSession, method: str, path: str, expect: int, **kwargs: Any
 ) -> Any:
     async with session.request(method, path, **kwargs) as response:
-        body = await response.json()
-        assert response.status == expect, (response.status, body)
-        return body
+        text = await response.text()
+        assert response.status == expect, (response.status, text)
+        return json.loads(text) if text else None
 
 
 async def create(session: aiohttp.ClientSession, name: str) -> dict[str, Any]:
-    body: dict[str, Any] = await call(session, "POST", "/v1/streams", 201, json={"name": name})
+    body: dict[str, Any] = await call(session, "POST", "/v1/streams", 201, json={"stream": name})
     return body
 
 
@@ -97,7 +102,7 @@ async def append_texts(session: aiohttp.ClientSession, stream: str, *texts: str)
         "POST",
         f"/v1/streams/{stream}/records",
         200,
-        json={"records": [{"value_text": text} for text in texts]},
+        json={"records": [{"body": text} for text in texts]},
     )
     return body
 
@@ -112,23 +117,24 @@ async def test_health_needs_no_token_and_every_other_route_does(server: RunningS
         assert server.client.node_epoch >= 1
 
         for method, path in [
-            ("GET", "/v1/streams"),
+            ("GET", "/v1/basins"),
             ("GET", "/metrics"),
-            ("POST", "/v1/streams"),
-            ("GET", "/v1/streams/x/tail"),
+            ("POST", "/v1/basins"),
+            ("GET", "/v1/streams/x/records/tail"),
         ]:
-            async with anonymous.request(method, path) as response:
+            async with anonymous.request(method, path, headers=IN_BASIN) as response:
                 assert response.status == 401, path
                 assert response.headers["WWW-Authenticate"].startswith("Bearer")
                 body = await response.json()
-                assert body["error"] == "Unauthorized"
+                assert body["code"] == "authn"
                 assert "Authorization: Bearer" in body["message"]
 
         wrong = {"Authorization": "Bearer not-the-token"}
-        body = await call(anonymous, "GET", "/v1/streams", 401, headers=wrong)
+        body = await call(anonymous, "GET", "/v1/basins", 401, headers=wrong)
         assert body["message"] == "wrong bearer token"
-        await call(anonymous, "GET", "/v1/streams", 401, headers={"Authorization": TOKEN})
-        assert await call(anonymous, "GET", "/v1/streams", 200, headers=AUTH) == {"streams": []}
+        await call(anonymous, "GET", "/v1/basins", 401, headers={"Authorization": TOKEN})
+        listed = await call(anonymous, "GET", "/v1/basins", 200, headers=AUTH)
+        assert [basin["name"] for basin in listed["basins"]] == ["walstream"]
 
 
 async def test_health_is_503_once_a_newer_process_fences_the_node(
@@ -141,13 +147,7 @@ async def test_health_is_503_once_a_newer_process_fences_the_node(
     async with walstream.open(usurper) as newer:
         assert newer.node_epoch > server.client.node_epoch
         # The next upload's commit is refused; the node stops accepting writes.
-        await call(
-            http,
-            "POST",
-            "/v1/streams/orders/records",
-            200,
-            json={"records": [{"value_text": "in flight"}]},
-        )
+        await append_texts(http, "orders", "in flight")
         deadline = time.monotonic() + 10
         while True:
             async with http.get("/health") as response:
@@ -159,13 +159,9 @@ async def test_health_is_503_once_a_newer_process_fences_the_node(
         assert health["status"] == "failed"
         assert health["error"] == "FencedError"
         refused = await call(
-            http,
-            "POST",
-            "/v1/streams/orders/records",
-            409,
-            json={"records": [{"value_text": "after"}]},
+            http, "POST", "/v1/streams/orders/records", 409, json={"records": [{"body": "x"}]}
         )
-        assert refused["error"] == "FencedError"
+        assert refused["code"] == "transaction_conflict"
 
 
 async def test_token_from_environment_and_no_token_means_open(deployment: Path) -> None:
@@ -174,303 +170,304 @@ async def test_token_from_environment_and_no_token_means_open(deployment: Path) 
     ) as running:
         assert running.token == "from-env"
         async with aiohttp.ClientSession(base_url=running.url, timeout=REQUEST_TIMEOUT) as s:
-            await call(s, "GET", "/v1/streams", 401)
-            await call(s, "GET", "/v1/streams", 200, headers={"Authorization": "Bearer from-env"})
+            await call(s, "GET", "/v1/basins", 401)
+            await call(s, "GET", "/v1/basins", 200, headers={"Authorization": "Bearer from-env"})
     async with serve(deployment, listen="127.0.0.1:0", environ={}) as running:
         assert running.token is None
         async with aiohttp.ClientSession(base_url=running.url, timeout=REQUEST_TIMEOUT) as s:
-            await call(s, "GET", "/v1/streams", 200)
+            await call(s, "GET", "/v1/basins", 200)
 
 
-# -- streams ----------------------------------------------------------------------------------
+# -- basins and streams -----------------------------------------------------------------------
 
 
-async def test_create_list_delete_streams(http: aiohttp.ClientSession) -> None:
-    orders = await create(http, "orders")
-    assert orders["name"] == "orders"
-    await create(http, "payments")
-    clash = await call(http, "POST", "/v1/streams", 409, json={"name": "orders"})
-    assert clash["error"] == "StreamExists"
-    assert clash["definitely_not_applied"] is True
+async def test_basins_are_created_listed_ensured_and_deleted_with_their_streams(
+    http: aiohttp.ClientSession, server: RunningServer
+) -> None:
+    info = await call(http, "POST", "/v1/basins", 201, json={"basin": "second-basin"})
+    assert info["name"] == "second-basin" and info["created_at"].endswith("Z")
+    listed = await call(http, "GET", "/v1/basins", 200, params={"prefix": "se"})
+    assert [b["name"] for b in listed["basins"]] == ["second-basin"]
+    assert listed["has_more"] is False
+    page = await call(http, "GET", "/v1/basins", 200, params={"limit": "1"})
+    assert [b["name"] for b in page["basins"]] == ["second-basin"] and page["has_more"]
+    after = await call(http, "GET", "/v1/basins", 200, params={"start_after": "second-basin"})
+    assert [b["name"] for b in after["basins"]] == [BASIN, "walstream"]
+    config = await call(http, "GET", "/v1/basins/second-basin", 200)
+    assert config["create_stream_on_append"] is False
 
-    listing = await call(http, "GET", "/v1/streams", 200)
-    assert [stream["name"] for stream in listing["streams"]] == ["orders", "payments"]
-    assert listing["streams"][0]["stream_id"] == orders["stream_id"]
-    only = await call(http, "GET", "/v1/streams", 200, params={"prefix": "pay"})
-    assert [stream["name"] for stream in only["streams"]] == ["payments"]
+    async with http.put("/v1/basins/second-basin") as response:
+        assert response.status == 200 and response.headers["s2-provision-result"] == "noop"
+    async with http.put(
+        "/v1/basins/third-basin", json={"config": {"create_stream_on_append": True}}
+    ) as response:
+        assert response.status == 201 and response.headers["s2-provision-result"] == "created"
+    # create_stream_on_append: the first append makes the stream.
+    third = {"s2-basin": "third-basin"}
+    ack = await call(
+        http,
+        "POST",
+        "/v1/streams/auto/records",
+        200,
+        json={"records": [{"body": "x"}]},
+        headers=third,
+    )
+    assert ack["end"]["seq_num"] == 1
 
-    # A stream is also addressed by id as "#ID".
-    by_id = await call(http, "GET", f"/v1/streams/%23{orders['stream_id']}/tail", 200)
-    assert by_id == {"tail": 0, "start_offset": 0}
-
-    deleted = await call(http, "DELETE", "/v1/streams/orders", 200)
-    assert deleted == {"deleted": "orders", "stream_id": orders["stream_id"]}
-    listing = await call(http, "GET", "/v1/streams", 200)
-    assert [stream["name"] for stream in listing["streams"]] == ["payments"]
-    missing = await call(http, "DELETE", "/v1/streams/orders", 404)
-    assert missing["error"] == "StreamNotFound"
-    missing = await call(http, "GET", "/v1/streams/orders/records", 404, params={"start": "0"})
-    assert missing["error"] == "StreamNotFound"
-    await call(http, "POST", "/v1/streams", 400, json={"name": ""})
-    await call(http, "POST", "/v1/streams", 400, json={"title": "x"})
+    # Streams of a basin are walstream streams named <basin>.<stream>.
+    await create(http, "orders")
+    names = [info.name for info in await server.client.list_streams()]
+    assert f"{BASIN}.orders" in names and "third-basin.auto" in names
+    await call(http, "DELETE", "/v1/basins/third-basin", 202)
+    assert "third-basin.auto" not in [info.name for info in await server.client.list_streams()]
+    await call(http, "GET", "/v1/basins/third-basin", 404)
+    missing = await call(http, "GET", "/v1/streams", 404, headers=third)
+    assert missing["code"] == "basin_not_found"
 
 
-# -- append and read --------------------------------------------------------------------------
+async def test_basins_persist_across_restarts(deployment: Path) -> None:
+    async with serve(deployment, listen="127.0.0.1:0", environ={}) as running:
+        async with aiohttp.ClientSession(base_url=running.url, timeout=REQUEST_TIMEOUT) as s:
+            await call(s, "POST", "/v1/basins", 201, json={"basin": "lasting-basin"})
+    async with serve(deployment, listen="127.0.0.1:0", environ={}) as running:
+        async with aiohttp.ClientSession(base_url=running.url, timeout=REQUEST_TIMEOUT) as s:
+            listed = await call(s, "GET", "/v1/basins", 200)
+            assert "lasting-basin" in [b["name"] for b in listed["basins"]]
+
+
+async def test_create_list_get_ensure_delete_streams(http: aiohttp.ClientSession) -> None:
+    created = await create(http, "orders")
+    assert created["name"] == "orders" and created["deleted_at"] is None
+    await create(http, "order-lines")
+    await create(http, "zeta")
+    listed = await call(http, "GET", "/v1/streams", 200, params={"prefix": "order"})
+    assert [s["name"] for s in listed["streams"]] == ["order-lines", "orders"]
+    page = await call(http, "GET", "/v1/streams", 200, params={"limit": "2"})
+    assert [s["name"] for s in page["streams"]] == ["order-lines", "orders"] and page["has_more"]
+    rest = await call(http, "GET", "/v1/streams", 200, params={"start_after": "orders"})
+    assert [s["name"] for s in rest["streams"]] == ["zeta"]
+
+    again = await call(http, "POST", "/v1/streams", 409, json={"stream": "orders"})
+    assert again["code"] == "resource_already_exists"
+    config = await call(http, "GET", "/v1/streams/orders", 200)
+    assert config["retention_policy"] == {"infinite": {}}
+    assert config["timestamping"] == {"mode": "client-prefer", "uncapped": False}
+    async with http.put("/v1/streams/orders") as response:
+        assert response.status == 200 and response.headers["s2-provision-result"] == "noop"
+    async with http.put("/v1/streams/fresh", json={"storage_class": "standard"}) as response:
+        assert response.status == 201 and response.headers["s2-provision-result"] == "created"
+    refused = await call(
+        http, "PATCH", "/v1/streams/orders", 422, json={"retention_policy": {"age": 3600}}
+    )
+    assert "retention_policy" in refused["message"]
+    await call(http, "PATCH", "/v1/streams/orders", 200, json={"storage_class": "express"})
+
+    assert await call(http, "DELETE", "/v1/streams/orders", 202) is None
+    missing = await call(http, "GET", "/v1/streams/orders", 404)
+    assert missing["code"] == "stream_not_found"
+    await call(http, "DELETE", "/v1/streams/orders", 404)
+    await create(http, "orders")  # the name is free again: a new, empty stream
+    tail = await call(http, "GET", "/v1/streams/orders/records/tail", 200)
+    assert tail["tail"]["seq_num"] == 0
+
+
+async def test_the_root_basin_holds_every_walstream_stream_by_its_own_name(
+    server: RunningServer, http: aiohttp.ClientSession
+) -> None:
+    native = await server.client.create_stream("native")
+    await native.append([walstream.Record(b"v", key=b"k", headers=(("h", b"1"),))])
+    await create(http, "orders")
+    root = {"s2-basin": "walstream"}
+    listed = await call(http, "GET", "/v1/streams", 200, headers=root)
+    assert [s["name"] for s in listed["streams"]] == ["native", f"{BASIN}.orders"]
+    read = await call(
+        http, "GET", "/v1/streams/native/records", 200, params={"seq_num": "0"}, headers=root
+    )
+    # The key travels as the first header, walstream-key.
+    assert read["records"][0]["headers"] == [["walstream-key", "k"], ["h", "1"]]
+    # ... and an append whose first header is walstream-key stores it as the key.
+    await call(
+        http,
+        "POST",
+        "/v1/streams/native/records",
+        200,
+        json={"records": [{"body": "w", "headers": [["walstream-key", "k2"], ["h", "2"]]}]},
+        headers=root,
+    )
+    records = (await native.read(start=1)).records
+    assert (records[0].key, records[0].headers, records[0].value) == (b"k2", (("h", b"2"),), b"w")
+
+
+async def test_a_basin_endpoint_host_names_the_basin(http: aiohttp.ClientSession) -> None:
+    """S2's hosted basin endpoints are ``{basin}.b.<domain>``: without ``s2-basin`` the Host
+    header names the basin."""
+    await create(http, "orders")
+    async with aiohttp.ClientSession(
+        base_url=str(http._base_url), headers=AUTH, timeout=REQUEST_TIMEOUT
+    ) as plain:
+        listed = await call(
+            plain, "GET", "/v1/streams", 200, headers={"Host": f"{BASIN}.b.example.com"}
+        )
+        assert [s["name"] for s in listed["streams"]] == ["orders"]
+        missing = await call(plain, "GET", "/v1/streams", 400, headers={"Host": "example.com"})
+        assert missing["code"] == "bad_header" and "s2-basin" in missing["message"]
+
+
+# -- records ----------------------------------------------------------------------------------
 
 
 async def test_json_append_then_read_every_field(http: aiohttp.ClientSession) -> None:
-    await create(http, "events")
-    binary = bytes(range(256))
+    await create(http, "orders")
+    now_ms = int(time.time() * 1000)
     ack = await call(
         http,
         "POST",
-        "/v1/streams/events/records",
+        "/v1/streams/orders/records",
         200,
         json={
             "records": [
-                {
-                    "value": b64(binary),
-                    "key": b64(b"\x00key"),
-                    "headers": {"h1": b64(b"\xffx")},
-                    "timestamp_ms": 1_000,
-                },
-                {
-                    "value_text": "héllo",
-                    "headers": [["dup", b64(b"1")], ["dup", b64(b"2")]],
-                    "timestamp_ms": 2_000,
-                },
-                {"value_text": "", "timestamp_ms": 3_000},
+                {"body": b64(b"\x00\xffbinary"), "headers": [[b64(b"h"), b64(b"\x01")]]},
+                {"body": b64(b"stamped"), "timestamp": 1_700_000_000_000},
+                {"body": b64(b"future"), "timestamp": now_ms + 3_600_000},
             ],
+            "match_seq_num": 0,
         },
+        headers={"s2-format": "base64"},
     )
-    assert ack == {"start": 0, "end": 3, "tail": 3}
-    ack = await append_texts(http, "events", "last")
-    assert ack == {"start": 3, "end": 4, "tail": 4}
-
-    result = await call(http, "GET", "/v1/streams/events/records", 200, params={"start": "0"})
-    assert result["tail"] == 4
-    records = result["records"]
-    assert [record["offset"] for record in records] == [0, 1, 2, 3]
-    assert unb64(records[0]["value"]) == binary
-    assert unb64(records[0]["key"]) == b"\x00key"
-    assert records[0]["headers"] == [["h1", b64(b"\xffx")]]
-    assert records[0]["timestamp_ms"] == 1_000
-    assert unb64(records[1]["value"]) == "héllo".encode()
-    assert records[1]["key"] is None
-    assert records[1]["headers"] == [["dup", b64(b"1")], ["dup", b64(b"2")]]
-    assert unb64(records[2]["value"]) == b""
-    assert unb64(records[3]["value"]) == b"last"
-
-    page = await call(
-        http, "GET", "/v1/streams/events/records", 200, params={"start": "1", "limit": "2"}
-    )
-    assert [record["offset"] for record in page["records"]] == [1, 2]
-    # limit_bytes: at least one record, and no more than fit.
-    page = await call(
-        http, "GET", "/v1/streams/events/records", 200, params={"start": "0", "limit_bytes": "1"}
-    )
-    assert [record["offset"] for record in page["records"]] == [0]
-    page = await call(
-        http, "GET", "/v1/streams/events/records", 200, params={"from_timestamp": "2000"}
-    )
-    assert [record["offset"] for record in page["records"]] == [1, 2, 3]
-    page = await call(http, "GET", "/v1/streams/events/records", 200, params={"tail_offset": "1"})
-    assert [unb64(record["value"]) for record in page["records"]] == [b"last"]
-    assert await call(http, "GET", "/v1/streams/events/tail", 200) == {"tail": 4, "start_offset": 0}
-
-
-async def test_binary_append_one_record_per_body(http: aiohttp.ClientSession) -> None:
-    await create(http, "raw")
-    payload = os.urandom(4096)
-    ack = await call(
-        http,
-        "POST",
-        "/v1/streams/raw/records",
-        200,
-        data=payload,
-        headers={
-            "Content-Type": "application/octet-stream",
-            "X-Walstream-Key": b64(b"k-1"),
-            "X-Walstream-Timestamp-Ms": "12345",
-        },
-    )
-    assert ack == {"start": 0, "end": 1, "tail": 1}
-    ack = await call(
-        http,
-        "POST",
-        "/v1/streams/raw/records",
-        200,
-        data=b"second",
-        headers={"Content-Type": "application/octet-stream", "X-Walstream-Match-Tail": "1"},
-    )
-    assert ack == {"start": 1, "end": 2, "tail": 2}
-    mismatch = await call(
-        http,
-        "POST",
-        "/v1/streams/raw/records",
-        412,
-        data=b"third",
-        headers={"Content-Type": "application/octet-stream", "X-Walstream-Match-Tail": "1"},
-    )
-    assert mismatch["actual_tail"] == 2
-    bad_key = await call(
-        http,
-        "POST",
-        "/v1/streams/raw/records",
-        400,
-        data=b"x",
-        headers={"Content-Type": "application/octet-stream", "X-Walstream-Key": "%%%"},
-    )
-    assert "X-Walstream-Key" in bad_key["message"]
-
-    result = await call(http, "GET", "/v1/streams/raw/records", 200, params={"start": "0"})
-    assert [unb64(record["value"]) for record in result["records"]] == [payload, b"second"]
-    assert unb64(result["records"][0]["key"]) == b"k-1"
-    assert result["records"][0]["timestamp_ms"] == 12345
-    assert result["tail"] == 2
-
-
-# -- errors -----------------------------------------------------------------------------------
-
-
-async def test_engine_errors_map_to_statuses_with_their_fields(
-    http: aiohttp.ClientSession,
-) -> None:
-    await create(http, "orders")
-    await append_texts(http, "orders", *[f"r{index}" for index in range(5)])
-
-    mismatch = await call(
-        http,
-        "POST",
-        "/v1/streams/orders/records",
-        412,
-        json={"records": [{"value_text": "x"}], "match_tail": 3},
-    )
-    assert mismatch["error"] == "TailMismatchError"
-    assert mismatch["actual_tail"] == 5
-    ok = await call(
-        http,
-        "POST",
-        "/v1/streams/orders/records",
-        200,
-        json={"records": [{"value_text": "x"}], "match_tail": 5},
-    )
-    assert ok["start"] == 5
-
-    beyond = await call(http, "GET", "/v1/streams/orders/records", 416, params={"start": "9"})
-    assert beyond["error"] == "OutOfRangeError"
-    assert (beyond["start_offset"], beyond["tail"]) == (0, 6)
-
-    assert await call(http, "POST", "/v1/streams/orders/trim", 200, json={"start": 2}) == {
-        "start": 2
-    }
-    trimmed = await call(http, "GET", "/v1/streams/orders/records", 416, params={"start": "0"})
-    assert (trimmed["start_offset"], trimmed["tail"]) == (2, 6)
-    after = await call(
+    assert ack["start"]["seq_num"] == 0 and ack["end"]["seq_num"] == 3
+    assert ack["tail"] == ack["end"]
+    first_ts = ack["start"]["timestamp"]
+    assert now_ms - 5000 <= first_ts <= now_ms + 5000  # arrival time
+    read = await call(
         http,
         "GET",
         "/v1/streams/orders/records",
         200,
-        params={"start": str(trimmed["start_offset"])},
+        params={"seq_num": "0"},
+        headers={"s2-format": "base64"},
     )
-    assert [unb64(record["value"]) for record in after["records"]] == [b"r2", b"r3", b"r4", b"x"]
-    assert await call(http, "GET", "/v1/streams/orders/tail", 200) == {"tail": 6, "start_offset": 2}
+    records = read["records"]
+    assert [unb64(r["body"]) for r in records] == [b"\x00\xffbinary", b"stamped", b"future"]
+    assert records[0]["headers"] == [[b64(b"h"), b64(b"\x01")]]
+    assert [r["seq_num"] for r in records] == [0, 1, 2]
+    # Timestamps never go backwards, and a future one is capped at the arrival time.
+    assert records[1]["timestamp"] == first_ts
+    assert first_ts <= records[2]["timestamp"] <= int(time.time() * 1000)
+    assert read["tail"] == {"seq_num": 3, "timestamp": records[2]["timestamp"]}
 
-    await call(http, "POST", "/v1/streams/orders/fencing-token", 200, json={"token": "t1"})
-    fenced = await call(
-        http,
-        "POST",
-        "/v1/streams/orders/records",
-        409,
-        json={"records": [{"value_text": "old"}], "fencing_token": "t0"},
+    raw = await call(http, "GET", "/v1/streams/orders/records", 200, params={"seq_num": "1"})
+    assert [r["body"] for r in raw["records"]] == ["stamped", "future"]
+    counted = await call(
+        http, "GET", "/v1/streams/orders/records", 200, params={"seq_num": "0", "count": "1"}
     )
-    assert fenced["error"] == "FencedError"
-    fenced = await call(
-        http,
-        "POST",
-        "/v1/streams/orders/records",
-        409,
-        data=b"old",
-        headers={"Content-Type": "application/octet-stream", "X-Walstream-Fencing-Token": "t0"},
+    assert [r["seq_num"] for r in counted["records"]] == [0] and "tail" not in counted
+    by_tail = await call(
+        http, "GET", "/v1/streams/orders/records", 200, params={"tail_offset": "1"}
     )
-    assert fenced["error"] == "FencedError"
-    ok = await call(
+    assert [r["seq_num"] for r in by_tail["records"]] == [2]
+    last_ts = records[2]["timestamp"]
+    by_time = await call(
+        http, "GET", "/v1/streams/orders/records", 200, params={"timestamp": str(last_ts)}
+    )
+    expected = min(r["seq_num"] for r in records if r["timestamp"] >= last_ts)
+    assert by_time["records"][0]["seq_num"] == expected
+    until = await call(
         http,
-        "POST",
+        "GET",
         "/v1/streams/orders/records",
         200,
-        json={"records": [{"value_text": "new"}], "fencing_token": "t1"},
+        params={"seq_num": "0", "until": str(last_ts)},
     )
-    assert ok == {"start": 6, "end": 7, "tail": 7}
+    assert [r["seq_num"] for r in until["records"]] == [
+        r["seq_num"] for r in records if r["timestamp"] < last_ts
+    ]
+    metered = 8 + len("stamped")  # S2's metered size of record 1
+    limited = await call(
+        http,
+        "GET",
+        "/v1/streams/orders/records",
+        200,
+        params={"seq_num": "1", "bytes": str(metered)},
+    )
+    assert [r["seq_num"] for r in limited["records"]] == [1]
 
 
-@pytest.mark.parametrize(
-    ("body", "needle"),
-    [
-        (b'{"records": [', "not valid JSON"),
-        (b"", "needs a JSON body"),
-        (b"[1, 2]", '{"records": [...]}'),
-        (b'{"records": []}', "non-empty list"),
-        (b'{"records": [{"value": "!!notbase64"}]}', "records[0].value: not valid base64"),
-        (b'{"records": [{"value_text": "a", "value": "YQ=="}]}', "exactly one of value"),
-        (b'{"records": [{"value_text": "a", "colour": 1}]}', "unknown field(s) colour"),
-        (b'{"records": [{"value_text": "a", "key": 7}]}', "records[0].key"),
-        (b'{"records": [{"value_text": "a", "headers": {"h": "*"}}]}', "records[0].headers.h"),
-        (b'{"records": [{"value_text": "a", "timestamp_ms": "now"}]}', "timestamp_ms"),
-        (b'{"records": [{"value_text": "a"}], "match_tail": -1}', "match_tail"),
-    ],
-)
-async def test_malformed_append_bodies_are_400_with_a_clear_message(
-    http: aiohttp.ClientSession, body: bytes, needle: str
+async def test_append_conditions_commands_and_read_positions_answer_s2s_errors(
+    http: aiohttp.ClientSession,
 ) -> None:
-    await create(http, "s")
-    answer = await call(
-        http,
-        "POST",
-        "/v1/streams/s/records",
-        400,
-        data=body,
-        headers={"Content-Type": "application/json"},
+    await create(http, "orders")
+    await append_texts(http, "orders", "a", "b")
+    path = "/v1/streams/orders/records"
+    mismatch = await call(
+        http, "POST", path, 412, json={"records": [{"body": "c"}], "match_seq_num": 5}
     )
-    assert answer["error"] == "InvalidArgument"
-    assert needle in answer["message"]
-    tail = await call(http, "GET", "/v1/streams/s/tail", 200)
-    assert tail["tail"] == 0  # nothing was appended
+    assert mismatch == {"seq_num_mismatch": 2}
 
-
-async def test_bad_reads_and_routes_and_oversized_bodies(http: aiohttp.ClientSession) -> None:
-    await create(http, "s")
-    for params, needle in [
-        ({}, "exactly one of"),
-        ({"start": "0", "tail_offset": "1"}, "exactly one of"),
-        ({"start": "zero"}, "query parameter start"),
-        ({"start": "-1"}, "query parameter start"),
-        ({"start": "0", "limit": "0"}, "query parameter limit"),
-        ({"start": "0", "wait": "soon"}, "query parameter wait"),
-    ]:
-        answer = await call(http, "GET", "/v1/streams/s/records", 400, params=params)
-        assert needle in answer["message"], (params, answer)
-    await call(http, "POST", "/v1/streams/s/trim", 400, json={"begin": 1})
-
-    too_big = await call(
-        http,
-        "POST",
-        "/v1/streams/s/records",
-        413,
-        data=b"x" * (MAX_BODY_BYTES + 1),
-        headers={"Content-Type": "application/octet-stream"},
+    fence = {"records": [{"body": "token-1", "headers": [["", "fence"]]}]}
+    assert (await call(http, "POST", path, 200, json=fence))["start"]["seq_num"] == 2
+    wrong = await call(
+        http, "POST", path, 412, json={"records": [{"body": "x"}], "fencing_token": "other"}
     )
-    assert too_big["error"] == "RequestEntityTooLarge"
-    assert str(MAX_BODY_BYTES) in too_big["message"]
+    assert wrong == {"fencing_token_mismatch": "token-1"}
+    empty = await call(
+        http, "POST", path, 412, json={"records": [{"body": "x"}], "fencing_token": ""}
+    )
+    assert empty == {"fencing_token_mismatch": "token-1"}
+    await call(
+        http, "POST", path, 200, json={"records": [{"body": "d"}], "fencing_token": "token-1"}
+    )
 
-    unknown = await call(http, "GET", "/v2/anything", 404)
-    assert unknown["error"] == "NotFound"
-    wrong_method = await call(http, "PUT", "/v1/streams/s/tail", 405)
-    assert "GET" in wrong_method["message"]
-    assert (await call(http, "GET", "/v1/streams/s/tail", 200))["tail"] == 0
+    trim = {
+        "records": [{"body": b64((2).to_bytes(8, "big")), "headers": [[b64(b""), b64(b"trim")]]}],
+        "fencing_token": "token-1",
+    }
+    await call(http, "POST", path, 200, json=trim, headers={"s2-format": "base64"})
+    # Trimmed positions read from the first record left; the commands are records too.
+    read = await call(http, "GET", path, 200, params={"seq_num": "0"})
+    assert [r["seq_num"] for r in read["records"]] == [2, 3, 4]
+    assert read["records"][0]["headers"] == [["", "fence"]]
+
+    past = await call(http, "GET", path, 416, params={"seq_num": "9"})
+    assert past["tail"]["seq_num"] == 5
+    at_tail = await call(http, "GET", path, 416, params={"seq_num": "5"})
+    assert at_tail["tail"]["seq_num"] == 5
+    clamped = await call(
+        http, "GET", path, 200, params={"seq_num": "9", "clamp": "true", "wait": "1"}
+    )
+    assert clamped["records"] == [] and clamped["tail"]["seq_num"] == 5
+    future = await call(http, "GET", path, 416, params={"timestamp": str(2**62)})
+    assert future["tail"]["seq_num"] == 5
+    tail = await call(http, "GET", path + "/tail", 200)
+    assert tail["tail"] == past["tail"]
 
 
-# -- long poll --------------------------------------------------------------------------------
+async def test_no_append_with_the_old_token_lands_after_a_fence(
+    http: aiohttp.ClientSession,
+) -> None:
+    await create(http, "fenced")
+    path = "/v1/streams/fenced/records"
+
+    async def old_writer(index: int) -> int | None:
+        body = {"records": [{"body": f"old {index}"}], "fencing_token": ""}
+        async with http.post(path, json=body) as response:
+            answer = await response.json()
+            if response.status == 412:
+                assert answer == {"fencing_token_mismatch": "new-writer"}
+                return None
+            assert response.status == 200, answer
+            return int(answer["start"]["seq_num"])
+
+    async def fence() -> int:
+        body = {"records": [{"body": "new-writer", "headers": [["", "fence"]]}]}
+        return int((await call(http, "POST", path, 200, json=body))["start"]["seq_num"])
+
+    results = await asyncio.gather(
+        *[old_writer(i) for i in range(10)], fence(), *[old_writer(i) for i in range(10, 20)]
+    )
+    fence_at = results[10]
+    landed = [seq for seq in results[:10] + results[11:] if seq is not None]
+    assert all(seq < fence_at for seq in landed), (fence_at, landed)
+    assert len(landed) < 20  # the later ones were refused
 
 
 async def test_long_poll_returns_as_soon_as_another_request_appends(
@@ -478,16 +475,15 @@ async def test_long_poll_returns_as_soon_as_another_request_appends(
 ) -> None:
     await create(http, "live")
     await append_texts(http, "live", "before")
+    path = "/v1/streams/live/records"
 
     started = time.monotonic()
-    empty = await call(
-        http, "GET", "/v1/streams/live/records", 200, params={"start": "1", "wait": "0.3"}
-    )
-    assert empty == {"records": [], "tail": 1}
-    assert time.monotonic() - started >= 0.25
+    empty = await call(http, "GET", path, 200, params={"seq_num": "1", "wait": "1"})
+    assert empty["records"] == [] and empty["tail"]["seq_num"] == 1
+    assert time.monotonic() - started >= 0.9
 
     waiting = asyncio.ensure_future(
-        call(http, "GET", "/v1/streams/live/records", 200, params={"start": "1", "wait": "8"})
+        call(http, "GET", path, 200, params={"seq_num": "1", "wait": "8"})
     )
     await asyncio.sleep(0.3)
     assert not waiting.done()
@@ -495,24 +491,50 @@ async def test_long_poll_returns_as_soon_as_another_request_appends(
     await append_texts(http, "live", "news")
     result = await asyncio.wait_for(waiting, 5)
     assert time.monotonic() - appended_at < 4  # far below the 8 s wait
-    assert [unb64(record["value"]) for record in result["records"]] == [b"news"]
-    assert result["records"][0]["offset"] == 1
-    assert result["tail"] == 2
+    assert [record["body"] for record in result["records"]] == ["news"]
+    assert result["records"][0]["seq_num"] == 1
+    assert result["tail"]["seq_num"] == 2
+
+
+async def test_sse_read_session_sends_batches_pings_and_done(http: aiohttp.ClientSession) -> None:
+    await create(http, "events")
+    await append_texts(http, "events", "a", "b", "c")
+    async with http.get(
+        "/v1/streams/events/records",
+        params={"seq_num": "0", "count": "4", "wait": "5"},
+        headers={"Accept": "text/event-stream"},
+    ) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        first = await response.content.readuntil(b"\n\n")
+        await append_texts(http, "events", "d")
+        rest = await asyncio.wait_for(response.content.read(), 10)
+    events = [block for block in (first + rest).decode().split("\n\n") if block]
+    batches = [e for e in events if e.startswith("event: batch")]
+    bodies = [
+        record["body"]
+        for event in batches
+        for record in json.loads(event.split("data: ", 1)[1].split("\n")[0])["records"]
+    ]
+    assert bodies == ["a", "b", "c", "d"]
+    assert "id: 3,3," in batches[0]
+    assert events[-1] == "event: done\ndata: [DONE]"
 
 
 async def test_shutdown_answers_waiting_long_polls_and_uploads_everything(
     deployment: Path,
 ) -> None:
-    async with aiohttp.ClientSession(timeout=REQUEST_TIMEOUT) as session:
+    async with aiohttp.ClientSession(timeout=REQUEST_TIMEOUT, headers=IN_BASIN) as session:
         async with serve(deployment, listen="127.0.0.1:0", max_wait_s=30, environ={}) as running:
             url = running.url
-            await call(session, "POST", f"{url}/v1/streams", 201, json={"name": "orders"})
+            await call(session, "POST", f"{url}/v1/basins", 201, json={"basin": BASIN})
+            await call(session, "POST", f"{url}/v1/streams", 201, json={"stream": "orders"})
             await call(
                 session,
                 "POST",
                 f"{url}/v1/streams/orders/records",
                 200,
-                json={"records": [{"value_text": "a"}, {"value_text": "b"}]},
+                json={"records": [{"body": "a"}, {"body": "b"}]},
             )
             waiting = asyncio.ensure_future(
                 call(
@@ -520,7 +542,7 @@ async def test_shutdown_answers_waiting_long_polls_and_uploads_everything(
                     "GET",
                     f"{url}/v1/streams/orders/records",
                     200,
-                    params={"start": "2", "wait": "30"},
+                    params={"seq_num": "2", "wait": "30"},
                 )
             )
             await asyncio.sleep(0.3)
@@ -529,13 +551,13 @@ async def test_shutdown_answers_waiting_long_polls_and_uploads_everything(
         # Leaving serve() stopped the server: the waiting poll did not hold it for 30 s.
         assert time.monotonic() - shutdown_started < 15
         result = await asyncio.wait_for(waiting, 1)
-        assert result == {"records": [], "tail": 2}
+        assert result["records"] == [] and result["tail"]["seq_num"] == 2
 
     # A new node on the same deployment (a fresh memory WAL: only object storage and metadata
     # are shared) reads both records: closing uploaded and committed them.
     fresh = write_deployment(deployment.parent, f"other-{deployment.parent.name}")
     async with walstream.open(fresh) as client:
-        stream = await client.open_stream("orders")
+        stream = await client.open_stream(f"{BASIN}.orders")
         assert [record.value for record in (await stream.read(start=0)).records] == [b"a", b"b"]
 
 
@@ -564,7 +586,7 @@ async def test_metrics_are_prometheus_text_and_counters_move(
     before = await scrape()
     await create(http, "m")
     await append_texts(http, "m", "one", "two", "three")
-    await call(http, "GET", "/v1/streams/m/records", 200, params={"start": "0"})
+    await call(http, "GET", "/v1/streams/m/records", 200, params={"seq_num": "0"})
     after = await scrape()
 
     assert "walstream_wal_appended_records_total" in after
@@ -621,15 +643,16 @@ async def test_serve_process_answers_health_and_exits_0_on_sigterm(deployment: P
             health = await call(s, "GET", "/health", 200)
             assert health["status"] == "ok"
             assert health["node_id"] == 1
-            await call(s, "GET", "/v1/streams", 401)
-            await call(s, "POST", "/v1/streams", 201, json={"name": "p"}, headers=AUTH)
+            await call(s, "GET", "/v1/basins", 401)
+            root = {**AUTH, "s2-basin": "walstream"}
+            await call(s, "POST", "/v1/streams", 201, json={"stream": "p"}, headers=root)
             await call(
                 s,
                 "POST",
                 "/v1/streams/p/records",
                 200,
-                headers=AUTH,
-                json={"records": [{"value_text": "kept"}]},
+                headers=root,
+                json={"records": [{"body": "kept"}]},
             )
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), 30) == 0
@@ -718,14 +741,3 @@ async def test_bench_prints_its_table_and_writes_json(deployment: Path, tmp_path
     # Its streams were deleted afterwards.
     async with walstream.open(deployment) as client:
         assert await client.list_streams(prefix="bench-") == []
-
-
-def test_data_loss_is_410_with_the_lost_range() -> None:
-    from walstream.errors import DataLossError
-    from walstream.server.codec import error_json, error_status
-
-    error = DataLossError("offsets [10, 20) of stream 3 were lost", 3, 10, 20)
-    assert error_status(error) == 410
-    body = error_json(error)
-    assert body["error"] == "DataLossError"
-    assert (body["stream_id"], body["start_offset"], body["end_offset"]) == (3, 10, 20)

@@ -12,6 +12,8 @@ from __future__ import annotations
 __all__ = [
     "AmbiguousError",
     "BackendUnavailable",
+    "BasinExists",
+    "BasinNotFound",
     "CapacityError",
     "ConfigError",
     "CorruptionError",
@@ -79,6 +81,15 @@ class StreamNotFound(WalstreamError, LookupError):
 
 class StreamExists(WalstreamError):
     """A stream with this name already exists."""
+
+
+class BasinNotFound(WalstreamError, LookupError):
+    """No basin (a namespace of streams, see :class:`walstream.metadata.BasinInfo`) with this
+    name."""
+
+
+class BasinExists(WalstreamError):
+    """A basin with this name already exists."""
 
 
 class CapacityError(WalstreamError):

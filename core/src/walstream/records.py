@@ -236,7 +236,6 @@ def check_wait(wait: Any, what: str = "wait") -> float:
     return seconds
 
 
-
 #: Length of a deployment id: 16 random bytes made once by the metadata store and carried by
 #: every WAL medium and object file of the deployment.
 DEPLOYMENT_ID_BYTES = 16
@@ -358,16 +357,19 @@ class SequencedRecord:
 
 @dataclass(frozen=True, slots=True)
 class AppendAck:
-    """``[start, end)`` are the offsets the batch got; ``tail`` is the stream's tail after it."""
+    """``[start, end)`` are the offsets the batch got; ``tail`` is the stream's tail after it.
+
+    ``first_timestamp_ms`` and ``last_timestamp_ms`` are the timestamps stored with the batch's
+    first and last record (after the stream's never-backwards adjustment)."""
 
     start: int
     end: int
     tail: int
+    first_timestamp_ms: int = 0
+    last_timestamp_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
     records: list[SequencedRecord] = field(default_factory=list)
     tail: int = 0
-
-

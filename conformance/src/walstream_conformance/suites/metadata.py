@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import pytest
 import pytest_asyncio
 from walstream.errors import (
+    BasinExists,
+    BasinNotFound,
     FencedError,
     InvalidArgument,
     PreconditionFailed,
@@ -424,6 +426,61 @@ class MetadataSuite:
         await reopened.delete_stream(writer.stream_id)
         with pytest.raises(StreamNotFound):
             await reopened.record_data_loss(writer.node_id, restarted.node_epoch, gap(25, 30))
+
+    # 13 -----------------------------------------------------------------------------------------
+    async def test_basins(self, walstream_metadata_kit: MetadataKit) -> None:
+        """Created basins are found, listed by name and survive a reopen; a taken or malformed
+        name is refused; a deleted basin is gone and its name can be created again."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        prefix = f"b{os.getpid() % 10_000:04d}-{next(_unique):03d}"
+        names = [f"{prefix}-c", f"{prefix}-a", f"{prefix}-b"]
+        config = {"default_stream_config": {"storage_class": "express"}, "n": [1, 2.5, None]}
+        created = [await store.create_basin(names[0], config)]
+        created += [await store.create_basin(name) for name in names[1:]]
+        assert created[0].config == config and created[1].config == {}
+        assert all(basin.created_ms > 0 for basin in created)
+        with pytest.raises(BasinExists):
+            await store.create_basin(names[0])
+        for bad in (
+            "short",
+            "UPPERCASE-name",
+            "-leading-hyphen",
+            "trailing-hyphen-",
+            "a" * 49,
+            "has_underscore",
+            "has.dot-name",
+        ):
+            with pytest.raises(InvalidArgument):
+                await store.create_basin(bad)
+        with pytest.raises(InvalidArgument):
+            await store.create_basin(f"{prefix}-x", {"not": {1, 2}})
+        await store.close()
+
+        reopened = kit.open()
+        assert (await reopened.get_basin(names[0])).config == config
+        listed = await reopened.list_basins(prefix=prefix)
+        assert [b.name for b in listed] == sorted(names)
+        assert [b.name for b in await reopened.list_basins(prefix, limit=2)] == sorted(names)[:2]
+        after = await reopened.list_basins(prefix, start_after=f"{prefix}-a")
+        assert [b.name for b in after] == [f"{prefix}-b", f"{prefix}-c"]
+        with pytest.raises(InvalidArgument):
+            await reopened.list_basins(prefix, limit=0)
+
+        await reopened.delete_basin(f"{prefix}-b")
+        with pytest.raises(BasinNotFound):
+            await reopened.get_basin(f"{prefix}-b")
+        with pytest.raises(BasinNotFound):
+            await reopened.delete_basin(f"{prefix}-b")
+        assert [b.name for b in await reopened.list_basins(prefix)] == [
+            f"{prefix}-a",
+            f"{prefix}-c",
+        ]
+        again = await reopened.create_basin(f"{prefix}-b")
+        assert again.config == {}
+        for name in names:
+            await reopened.delete_basin(name)
+        assert await reopened.list_basins(prefix) == []
 
     # durability -----------------------------------------------------------------------------------
     async def test_reopen_keeps_state(self, walstream_metadata_kit: MetadataKit) -> None:

@@ -91,14 +91,14 @@ async def cmd_demo(args: argparse.Namespace) -> int:
 
 
 async def cmd_serve(args: argparse.Namespace) -> int:
-    # aiohttp stays out of the import path of every other command.
+    # The HTTP server stays out of the import path of every other command.
     try:
         from walstream.server import serve as server
     except ModuleNotFoundError as missing:
-        if (missing.name or "").partition(".")[0] != "aiohttp":
+        if (missing.name or "").partition(".")[0] not in ("hypercorn", "h2", "h11"):
             raise
         raise ConfigError(
-            "walstream serve needs aiohttp; run: pip install 'walstream[server]'"
+            "walstream serve needs hypercorn; run: pip install 'walstream[server]'"
         ) from None
 
     def announce(running: Any) -> None:
@@ -242,25 +242,28 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     serve = add_command(
         commands,
         "serve",
-        "serve this node over HTTP (JSON and binary append/read/trim, long-poll tail reads, "
-        "health, Prometheus metrics) until SIGTERM or Ctrl-C",
+        "serve this node over HTTP with S2's REST API v1 (basins, streams, append, read, "
+        "long polls, SSE and S2S sessions; health, Prometheus metrics) until SIGTERM or Ctrl-C",
         cmd_serve,
         common,
         "examples:\n  walstream serve -c deploy.yaml\n"
         "  WALSTREAM_TOKEN=s3cret walstream serve -c deploy.yaml --listen 0.0.0.0:7400\n\n"
         "  curl -s localhost:7400/health\n"
-        "  curl -s -H 'Authorization: Bearer s3cret' -d '{\"name\": \"orders\"}' "
-        "localhost:7400/v1/streams\n"
-        "  curl -s -H 'Authorization: Bearer s3cret' -H 'Content-Type: application/json' \\\n"
-        '       -d \'{"records": [{"value_text": "hello"}]}\' '
+        "  curl -s -H 'Authorization: Bearer s3cret' -H 's2-basin: walstream' "
+        '-d \'{"stream": "orders"}\' localhost:7400/v1/streams\n'
+        "  curl -s -H 'Authorization: Bearer s3cret' -H 's2-basin: walstream' \\\n"
+        '       -d \'{"records": [{"body": "hello"}]}\' '
         "localhost:7400/v1/streams/orders/records\n"
-        "  curl -s -H 'Authorization: Bearer s3cret' "
-        "'localhost:7400/v1/streams/orders/records?start=0&wait=30'\n\n"
+        "  curl -s -H 'Authorization: Bearer s3cret' -H 's2-basin: walstream' "
+        "'localhost:7400/v1/streams/orders/records?seq_num=0&wait=30'\n\n"
+        "S2's SDKs work against it (HTTP/1.1 and cleartext HTTP/2 on one port): point their\n"
+        "account and basin endpoints at http://host:7400. The basin 'walstream' holds every\n"
+        "stream under its own name; other basins are made with POST /v1/basins.\n"
         "Listens on server.listen of the deployment (default 127.0.0.1:7400). The token is\n"
         "--token, else $WALSTREAM_TOKEN, else server.token; without one there is no\n"
         "authentication. SIGTERM or SIGINT stops accepting, answers long polls, then closes\n"
         "the node (uploading everything acknowledged) and exits 0. The routes are listed in\n"
-        "the README and in the walstream.server module. Timeouts and bounds of slow or greedy\n"
+        "the README, in /openapi.json and in the walstream.server.s2 package. Timeouts and bounds of slow or greedy\n"
         "clients come from the server section: header_timeout, body_timeout,\n"
         "max_connections, max_long_polls.\n\n"
         "While it runs, the server holds the node lock <metadata file>.node-N.lock with its\n"

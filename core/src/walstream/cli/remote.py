@@ -1,6 +1,8 @@
 """A node run by another process: a command reaches it through the HTTP API of a live
-``walstream serve`` (standard library only), or reads its committed records straight from the
-metadata and object store when the server cannot be reached."""
+``walstream serve`` (S2's REST API v1, standard library only: HTTP/1.1 and JSON with base64
+bytes, every stream addressed in the root basin ``walstream`` under its own name), or reads its
+committed records straight from the metadata and object store when the server cannot be
+reached."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import argparse
 import asyncio
 import base64
 import json
+import math
 import os
+import struct
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -114,7 +118,7 @@ class _RemoteNode:
         url = self.url + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "s2-basin": ROOT_BASIN, "s2-format": "base64"}
         data = None
         if body is not None:
             data = json.dumps(body).encode()
@@ -124,7 +128,8 @@ class _RemoteNode:
         request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with self._opener.open(request, timeout=timeout) as response:
-                return json.loads(response.read() or b"{}")
+                payload = response.read()
+                return json.loads(payload) if payload else {}
         except urllib.error.HTTPError as failed:
             raise _remote_error(failed.code, failed.read(), self.url) from None
         except (urllib.error.URLError, OSError, ValueError) as failed:
@@ -165,8 +170,13 @@ async def _in_daemon_thread(work: Callable[[], Any]) -> Any:
     return await done
 
 
+#: Root basin of the S2 API: its streams are all walstream streams, under their own names.
+ROOT_BASIN = "walstream"
+_KEY_HEADER = "walstream-key"
+
+
 def _remote_error(status: int, payload: bytes, url: str) -> WalstreamError:
-    """The typed error of a server's JSON error answer (fields as in walstream.server)."""
+    """The typed error of a server's S2 error answer (codes and bodies of the S2 API)."""
     from walstream import errors
 
     try:
@@ -175,47 +185,83 @@ def _remote_error(status: int, payload: bytes, url: str) -> WalstreamError:
         body = None
     if not isinstance(body, dict):
         return WalstreamError(f"the node's server at {url} answered HTTP {status}")
-    name = str(body.get("error", ""))
-    message = str(body.get("message") or name)
-    kind = getattr(errors, name, None)
-    if isinstance(kind, type) and issubclass(kind, OutOfRangeError):
-        return kind(message, int(body.get("start_offset", 0)), int(body.get("tail", 0)))
-    if isinstance(kind, type) and issubclass(kind, errors.DataLossError):
-        return kind(
-            message,
-            int(body.get("stream_id", 0)),
-            int(body.get("start_offset", 0)),
-            int(body.get("end_offset", 0)),
+    if status == 412 and "seq_num_mismatch" in body:
+        actual = int(body["seq_num_mismatch"])
+        return errors.TailMismatchError(f"the tail is {actual}", actual)
+    if status == 412 and "fencing_token_mismatch" in body:
+        return errors.FencedError(
+            f"fencing token mismatch: the stream's token is {body['fencing_token_mismatch']!r}"
         )
-    if isinstance(kind, type) and issubclass(kind, errors.TailMismatchError):
-        return kind(message, int(body.get("actual_tail", 0)))
-    if isinstance(kind, type) and issubclass(kind, WalstreamError):
-        try:
-            return kind(message)
-        except TypeError:
-            pass
+    if status == 416:
+        tail = int((body.get("tail") or {}).get("seq_num", 0))
+        return OutOfRangeError(f"the read starts past the tail {tail}", 0, tail)
+    code = str(body.get("code", ""))
+    message = str(body.get("message") or code)
+    kinds: dict[str, type[WalstreamError]] = {
+        "stream_not_found": StreamNotFound,
+        "basin_not_found": StreamNotFound,
+        "resource_already_exists": errors.StreamExists,
+        "invalid": InvalidArgument,
+        "bad_json": InvalidArgument,
+        "bad_query": InvalidArgument,
+        "bad_header": InvalidArgument,
+        "bad_path": InvalidArgument,
+        "transaction_conflict": errors.FencedError,
+        "rate_limited": errors.CapacityError,
+        "unavailable": errors.BackendUnavailable,
+        "server_draining": errors.BackendUnavailable,
+        "upstream_timeout": errors.AmbiguousError,
+        "storage": errors.CorruptionError,
+    }
     if status == 401:
         return ConfigError(
             f"the node's server at {url} wants a token: set WALSTREAM_TOKEN or server.token"
         )
-    return WalstreamError(f"{name or 'HTTP ' + str(status)}: {message}")
+    kind = kinds.get(code)
+    if kind is not None:
+        return kind(message)
+    return WalstreamError(f"{code or 'HTTP ' + str(status)}: {message}")
 
 
-def _ref_path(ref: str | int) -> str:
+def _name_path(name: str) -> str:
     import urllib.parse
 
-    return urllib.parse.quote(f"#{ref}" if isinstance(ref, int) else ref, safe="")
+    return urllib.parse.quote(name, safe="")
 
 
 def _decode_record(raw: dict[str, Any]) -> SequencedRecord:
-    key = raw.get("key")
+    """A record of an S2 ``ReadBatch`` (base64 format); the ``walstream-key`` first header is
+    the key."""
+    headers = [
+        (base64.b64decode(name).decode("utf-8"), base64.b64decode(value))
+        for name, value in raw.get("headers") or []
+    ]
+    key = None
+    if headers and headers[0][0] == _KEY_HEADER:
+        key = headers.pop(0)[1]
     return SequencedRecord(
-        offset=int(raw["offset"]),
-        value=base64.b64decode(raw["value"]),
-        key=None if key is None else base64.b64decode(key),
-        headers=tuple((str(name), base64.b64decode(value)) for name, value in raw["headers"]),
-        timestamp_ms=int(raw.get("timestamp_ms", 0)),
+        offset=int(raw["seq_num"]),
+        value=base64.b64decode(raw.get("body") or ""),
+        key=key,
+        headers=tuple(headers),
+        timestamp_ms=int(raw.get("timestamp", 0)),
     )
+
+
+def _encode_record(record: Record) -> dict[str, Any]:
+    headers = list(record.headers)
+    if record.key is not None:
+        headers.insert(0, (_KEY_HEADER, record.key))
+    encoded: dict[str, Any] = {
+        "body": base64.b64encode(record.value).decode(),
+        "headers": [
+            [base64.b64encode(name.encode("utf-8")).decode(), base64.b64encode(value).decode()]
+            for name, value in headers
+        ],
+    }
+    if record.timestamp_ms is not None:
+        encoded["timestamp"] = record.timestamp_ms
+    return encoded
 
 
 class _LiveNodeClient:
@@ -276,11 +322,13 @@ class _LiveNodeClient:
         return _LiveStream(self, info.stream_id, info.name)
 
     async def create_stream(self, name: str) -> Any:
-        body = await self._remote().call("POST", "/v1/streams", {"name": name})
-        return argparse.Namespace(name=body["name"], stream_id=body["stream_id"])
+        await self._remote().call("POST", "/v1/streams", {"stream": name})
+        info = await self.metadata.get_stream(name)
+        return argparse.Namespace(name=info.name, stream_id=info.stream_id)
 
     async def delete_stream(self, ref: str | int) -> None:
-        await self._remote().call("DELETE", f"/v1/streams/{_ref_path(ref)}")
+        info = await self.metadata.get_stream(ref)
+        await self._remote().call("DELETE", f"/v1/streams/{_named(info)}")
 
     def _remote(self) -> _RemoteNode:
         if self.remote is None:  # refused in open(); a read-only command never gets here
@@ -297,7 +345,7 @@ class _LiveStream:
         self._client = client
         self.stream_id = stream_id
         self.name = name
-        self._path = f"/v1/streams/{_ref_path(stream_id)}"
+        self._path = f"/v1/streams/{_name_path(name or '')}"
 
     async def read(
         self,
@@ -320,21 +368,60 @@ class _LiveStream:
                 if records:
                     return ReadResult(list(records), await self.check_tail())
         if remote is not None:
-            query: dict[str, Any] = {"limit": limit_records}
-            for name, value in (
-                ("start", start),
-                ("from_timestamp", from_timestamp),
-                ("tail_offset", tail_offset),
-            ):
-                if value is not None:
-                    query[name] = value
-            if wait:
-                query["wait"] = wait
+            return await self._read_remote(
+                remote, start, from_timestamp, tail_offset, limit_records, wait
+            )
+        return await self._read_committed(start, from_timestamp, tail_offset, limit_records)
+
+    async def _read_remote(
+        self,
+        remote: _RemoteNode,
+        start: int | None,
+        from_timestamp: int | None,
+        tail_offset: int | None,
+        limit_records: int,
+        wait: float,
+    ) -> ReadResult:
+        self._require_name()
+        query: dict[str, Any] = {"count": min(limit_records, READ_PAGE_RECORDS)}
+        for name, value in (
+            ("seq_num", start),
+            ("timestamp", from_timestamp),
+            ("tail_offset", tail_offset),
+        ):
+            if value is not None:
+                query[name] = value
+        if wait:
+            query["wait"] = min(math.ceil(wait), 60)
+        if start is not None:
+            # S2 reads a trimmed position from the first record; the CLI reports it instead.
+            first = int((await self._info()).start_offset)
+            if start < first:
+                tail = await self.check_tail()
+                raise OutOfRangeError(
+                    f"offset {start} is outside [{first}, {tail}] (trimmed)", first, tail
+                )
+        try:
             body = await remote.call(
                 "GET", self._path + "/records", query=query, timeout=HTTP_TIMEOUT_S + wait
             )
-            return ReadResult([_decode_record(raw) for raw in body["records"]], int(body["tail"]))
-        return await self._read_committed(start, from_timestamp, tail_offset, limit_records)
+        except OutOfRangeError as past:
+            if start is None or start == past.tail:
+                return ReadResult([], past.tail)  # at the tail: nothing yet
+            first = int((await self._info()).start_offset)
+            raise OutOfRangeError(
+                f"offset {start} is outside [{first}, {past.tail}]", first, past.tail
+            ) from None
+        records = [_decode_record(raw) for raw in body.get("records", [])]
+        tail = body.get("tail")
+        return ReadResult(records, int(tail["seq_num"]) if tail else await self.check_tail())
+
+    def _require_name(self) -> None:
+        if self.name is None:
+            raise InvalidArgument(
+                f"stream {self.stream_id} has no name, and the server's API (S2) addresses "
+                "streams by name; stop the server to work on it"
+            )
 
     async def _read_committed(
         self,
@@ -376,40 +463,46 @@ class _LiveStream:
         remote = self._client.remote
         if remote is None:
             return int((await self._info()).committed_end)
-        return int((await remote.call("GET", self._path + "/tail"))["tail"])
+        self._require_name()
+        return int((await remote.call("GET", self._path + "/records/tail"))["tail"]["seq_num"])
 
     async def start_offset(self) -> int:
-        remote = self._client.remote
-        if remote is None:
-            return int((await self._info()).start_offset)
-        return int((await remote.call("GET", self._path + "/tail"))["start_offset"])
+        # A trim updates the metadata before it is acknowledged: its start is current.
+        return int((await self._info()).start_offset)
 
     async def append(self, records: Sequence[Record]) -> Any:
-        body = await self._client._remote().call(
-            "POST",
-            self._path + "/records",
-            {
-                "records": [
-                    {
-                        "value": base64.b64encode(record.value).decode(),
-                        **(
-                            {}
-                            if record.key is None
-                            else {"key": base64.b64encode(record.key).decode()}
-                        ),
-                        "headers": [
-                            [name, base64.b64encode(value).decode()]
-                            for name, value in record.headers
-                        ],
-                    }
-                    for record in records
-                ]
-            },
+        """Appends in batches the S2 API accepts (1000 records, under 1 MiB each): atomic
+        per batch, not across batches."""
+        self._require_name()
+        acks: list[Any] = []
+        for batch in _batches(records):
+            acks.append(
+                await self._client._remote().call(
+                    "POST",
+                    self._path + "/records",
+                    {"records": [_encode_record(record) for record in batch]},
+                )
+            )
+        return argparse.Namespace(
+            start=acks[0]["start"]["seq_num"],
+            end=acks[-1]["end"]["seq_num"],
+            tail=acks[-1]["tail"]["seq_num"],
         )
-        return argparse.Namespace(start=body["start"], end=body["end"], tail=body["tail"])
 
     async def trim(self, offset: int) -> None:
-        await self._client._remote().call("POST", self._path + "/trim", {"start": offset})
+        """Through the server, a trim is S2's ``trim`` command record: appended to the stream
+        (one more record), it moves the first readable record to ``offset``."""
+        self._require_name()
+        tail = await self.check_tail()
+        if offset > tail:
+            raise OutOfRangeError(
+                f"trim({offset}) is beyond the tail {tail}", await self.start_offset(), tail
+            )
+        command = {
+            "body": base64.b64encode(struct.pack(">Q", offset)).decode(),
+            "headers": [["", base64.b64encode(b"trim").decode()]],
+        }
+        await self._client._remote().call("POST", self._path + "/records", {"records": [command]})
 
     async def tail(self, start: int) -> AsyncIterator[SequencedRecord]:
         """Follow the stream from ``start`` with long polls (needs the server)."""
@@ -421,6 +514,35 @@ class _LiveStream:
             for record in result.records:
                 yield record
                 position = record.offset + 1
+
+
+_BATCH_RECORDS = 1000
+_BATCH_BYTES = 900 * 1024
+
+
+def _batches(records: Sequence[Record]) -> list[list[Record]]:
+    """``records`` cut into S2 append batches (at most 1000 records and about 900 KiB)."""
+    batches: list[list[Record]] = [[]]
+    size = 0
+    for record in records:
+        cost = 8 + len(record.value) + sum(2 + len(n) + len(v) for n, v in record.headers)
+        if record.key is not None:
+            cost += 2 + len(_KEY_HEADER) + len(record.key)
+        if batches[-1] and (len(batches[-1]) >= _BATCH_RECORDS or size + cost > _BATCH_BYTES):
+            batches.append([])
+            size = 0
+        batches[-1].append(record)
+        size += cost
+    return batches
+
+
+def _named(info: Any) -> str:
+    if info.name is None:
+        raise InvalidArgument(
+            f"stream {info.stream_id} has no name, and the server's API (S2) addresses streams "
+            "by name; stop the server to work on it"
+        )
+    return _name_path(info.name)
 
 
 def _token(deployment: Any) -> str | None:

@@ -138,7 +138,7 @@ def run_command(outcome: Awaitable[Any], command: str, deadline_s: float | None)
     reading standard input — is ended by a watchdog thread with :func:`os._exit` (acknowledged
     data is durable, so this loses nothing). A second Ctrl-C raises KeyboardInterrupt at once.
     """
-    loop = asyncio.new_event_loop()
+    loop = _new_loop(command)
     asyncio.set_event_loop(loop)
     interrupted: asyncio.Future[None] = loop.create_future()
     watchdog = _Watchdog()
@@ -173,6 +173,19 @@ def run_command(outcome: Awaitable[Any], command: str, deadline_s: float | None)
         watchdog.disarm()
         if watch_signal:
             signal.signal(signal.SIGINT, previous)
+
+
+def _new_loop(command: str) -> asyncio.AbstractEventLoop:
+    """uvloop for ``walstream serve`` when it is installed (the ``server`` extra): its
+    sockets and callbacks cost less per request; every other command uses asyncio's loop."""
+    if command == "serve":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
 
 
 def _set_once(future: asyncio.Future[None]) -> None:

@@ -191,7 +191,13 @@ class StreamWriter:
             await future
         finally:
             self._inflight.discard(future)
-        return AppendAck(base, base + len(records), max(state.acked_tail, base + len(records)))
+        return AppendAck(
+            base,
+            base + len(records),
+            max(state.acked_tail, base + len(records)),
+            timestamps[0],
+            timestamps[-1],
+        )
 
     async def _wait_acked(self, state: LocalStream) -> None:
         while state.acked_tail < state.next_offset:

@@ -136,6 +136,11 @@ class Stream:
         check_optional_text(token, "fencing token", MAX_FENCING_TOKEN_BYTES)
         await self._client._writer.set_fencing_token(self._state, token)
 
+    @property
+    def fencing_token(self) -> str | None:
+        """The fencing token appends must carry, as this node last saw it (None: no token)."""
+        return self._state.fencing_token
+
     async def start_offset(self) -> int:
         await self._client._streams.refresh_remote(self._state)
         return self._state.start_offset

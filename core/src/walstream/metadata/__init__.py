@@ -3,6 +3,7 @@ reference stores (``memory``, ``sqlite``).
 """
 
 from walstream.metadata.contract import (
+    BasinInfo,
     DataLossGap,
     MetadataStore,
     NodeInfo,
@@ -17,6 +18,7 @@ from walstream.metadata.contract import (
 )
 
 __all__ = [
+    "BasinInfo",
     "DataLossGap",
     "MetadataStore",
     "NodeInfo",

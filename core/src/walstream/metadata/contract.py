@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "BasinInfo",
     "DataLossGap",
     "MetadataStore",
     "NodeInfo",
@@ -127,6 +128,20 @@ class DataLossGap:
     recorded_ms: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class BasinInfo:
+    """A basin: a named namespace of streams (the S2 API's basins, :mod:`walstream.server.s2`).
+
+    The name follows the basin-name rule (:func:`walstream.metadata.rules.check_basin_name`).
+    ``config`` is the basin's configuration as a JSON object, stored and returned as given (the
+    service that owns it validates it); the store sets ``created_ms``.
+    """
+
+    name: str
+    config: dict[str, Any] = field(default_factory=dict)
+    created_ms: int = 0
+
+
 class MetadataStore(ABC):
     """Durable catalogue of streams, objects and nodes.
 
@@ -156,6 +171,10 @@ class MetadataStore(ABC):
     12. **data-loss-gaps** — :meth:`record_data_loss` moves ``committed_end`` past a lost range
         exactly like a commit (continuity, epochs); :meth:`get_data_loss` returns it afterwards,
         and the offsets are never assigned again.
+    13. **basins** — :meth:`create_basin` refuses a taken name (:class:`BasinExists`) and a name
+        that breaks the basin-name rule (:class:`InvalidArgument`); :meth:`get_basin`,
+        :meth:`list_basins` (by name) and :meth:`delete_basin` see exactly the basins created
+        and not deleted, across reopens.
     """
 
     # -- identity -----------------------------------------------------------------------------------
@@ -292,6 +311,30 @@ class MetadataStore(ABC):
     ) -> list[DataLossGap]:
         """Recorded gaps of ``stream_id`` overlapping ``[start_offset, end_offset)``, by offset
         (empty for a stream with none, or unknown)."""
+
+    # -- basins -------------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def create_basin(self, name: str, config: dict[str, Any] | None = None) -> BasinInfo:
+        """Create a basin (invariant 13): :class:`BasinExists` if the name is taken,
+        :class:`InvalidArgument` if it breaks the basin-name rule or ``config`` is not a JSON
+        object. A deleted basin's name may be created again."""
+
+    @abstractmethod
+    async def get_basin(self, name: str) -> BasinInfo:
+        """The basin named ``name`` (:class:`BasinNotFound` otherwise)."""
+
+    @abstractmethod
+    async def list_basins(
+        self, prefix: str = "", start_after: str = "", limit: int = 1000
+    ) -> list[BasinInfo]:
+        """Basins whose name starts with ``prefix`` and sorts after ``start_after``, by name,
+        at most ``limit`` (1 to 1000)."""
+
+    @abstractmethod
+    async def delete_basin(self, name: str) -> None:
+        """Forget the basin (:class:`BasinNotFound` if there is none). Its streams are not
+        touched: the caller deletes them first."""
 
     async def close(self) -> None:
         """Release connections; idempotent."""

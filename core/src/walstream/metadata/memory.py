@@ -19,10 +19,12 @@ from walstream.config.factory import BackendFactory, BuildContext
 from walstream.config.options import Option
 from walstream.errors import (
     BackendUnavailable,
+    BasinExists,
     InvalidArgument,
     StreamExists,
 )
 from walstream.metadata.contract import (
+    BasinInfo,
     DataLossGap,
     MetadataStore,
     NodeInfo,
@@ -37,11 +39,16 @@ from walstream.metadata.contract import (
 from walstream.metadata.rules import (
     ObjectRecord,
     all_ranges_dead,
+    basin_not_found,
+    check_basin_list_args,
+    check_basin_name,
     check_claim,
     check_data_loss_range,
     check_object_limit,
     check_prepare_args,
     check_stream_name,
+    decode_basin_config,
+    encode_basin_config,
     encode_wal_config,
     plan_commit,
     plan_data_loss,
@@ -74,6 +81,7 @@ class _MetadataVolume:
     data_loss: dict[int, dict[int, DataLossGap]] = field(default_factory=dict)
     """Stream id → recorded gaps by start offset."""
     deployment_id: bytes = field(default_factory=lambda: os.urandom(DEPLOYMENT_ID_BYTES))
+    basins: dict[str, BasinInfo] = field(default_factory=dict)
 
 
 _METADATA_VOLUMES: dict[str, _MetadataVolume] = {}
@@ -383,6 +391,36 @@ class MemoryMetadataStore(MetadataStore):
             for start in sorted(gaps)
             if gaps[start].end_offset > start_offset and (end_offset is None or start < end_offset)
         ]
+
+    # -- basins -----------------------------------------------------------------------------------
+
+    async def create_basin(self, name: str, config: dict[str, Any] | None = None) -> BasinInfo:
+        volume = self._state()
+        check_basin_name(name)
+        stored = decode_basin_config(encode_basin_config(config))  # a copy the caller cannot change
+        if name in volume.basins:
+            raise BasinExists(f"basin {name!r} already exists; use it, or delete it first")
+        basin = BasinInfo(name=name, config=stored, created_ms=self._clock.now_ms())
+        volume.basins[name] = basin
+        return basin
+
+    async def get_basin(self, name: str) -> BasinInfo:
+        basin = self._state().basins.get(name)
+        if basin is None:
+            raise basin_not_found(name)
+        return basin
+
+    async def list_basins(
+        self, prefix: str = "", start_after: str = "", limit: int = 1000
+    ) -> list[BasinInfo]:
+        check_basin_list_args(prefix, start_after, limit)
+        basins = self._state().basins
+        names = sorted(n for n in basins if n.startswith(prefix) and n > start_after)
+        return [basins[n] for n in names[:limit]]
+
+    async def delete_basin(self, name: str) -> None:
+        if self._state().basins.pop(name, None) is None:
+            raise basin_not_found(name)
 
     async def close(self) -> None:
         self._closed = True

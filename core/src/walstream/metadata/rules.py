@@ -11,11 +11,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from walstream.errors import (
+    BasinNotFound,
     FencedError,
     InvalidArgument,
     PreconditionFailed,
@@ -36,14 +38,21 @@ from walstream.metadata.contract import (
 from walstream.records import check_stream_name
 
 __all__ = [
+    "BASIN_NAME_RULE",
+    "MAX_BASIN_LIST",
     "CommitPlan",
     "ObjectRecord",
     "all_ranges_dead",
+    "basin_not_found",
+    "check_basin_list_args",
+    "check_basin_name",
     "check_claim",
     "check_data_loss_range",
     "check_object_limit",
     "check_prepare_args",
     "check_stream_name",
+    "decode_basin_config",
+    "encode_basin_config",
     "encode_wal_config",
     "plan_commit",
     "plan_data_loss",
@@ -411,3 +420,60 @@ def check_prepare_args(count: int, ttl_ms: int) -> None:
 def check_object_limit(limit: int) -> None:
     if limit < 1:
         raise InvalidArgument(f"get_objects: limit must be at least 1, got {limit}")
+
+
+# -- basins -------------------------------------------------------------------------------------
+
+#: The basin-name rule, as the S2 API states it (so names move between S2 and walstream as-is).
+BASIN_NAME_RULE = (
+    "8 to 48 characters of lowercase letters, digits and hyphens, not beginning or ending "
+    "with a hyphen (e.g. my-basin-1)"
+)
+_BASIN_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{6,46})[a-z0-9]")
+#: Most basins one :meth:`~walstream.metadata.MetadataStore.list_basins` call returns.
+MAX_BASIN_LIST = 1000
+
+
+def check_basin_name(name: Any) -> str:
+    """``name`` if it follows :data:`BASIN_NAME_RULE`, else :class:`InvalidArgument`."""
+    if not isinstance(name, str):
+        raise InvalidArgument(f"a basin name must be a string, got {type(name).__name__}")
+    if _BASIN_NAME.fullmatch(name) is None:
+        shown = name if len(name) <= 60 else name[:60] + "…"
+        raise InvalidArgument(f"basin name {shown!r} is not allowed: use {BASIN_NAME_RULE}")
+    return name
+
+
+def basin_not_found(name: str) -> BasinNotFound:
+    return BasinNotFound(
+        f"no basin named {name!r}; create it first (POST /v1/basins) or list the basins"
+    )
+
+
+def check_basin_list_args(prefix: str, start_after: str, limit: int) -> None:
+    if not isinstance(prefix, str) or not isinstance(start_after, str):
+        raise InvalidArgument("list_basins: prefix and start_after must be strings")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BASIN_LIST:
+        raise InvalidArgument(
+            f"list_basins: limit must be between 1 and {MAX_BASIN_LIST}, got {limit!r}"
+        )
+
+
+def encode_basin_config(config: Any) -> str:
+    """A basin's config as stored: a JSON object (``None`` is the empty object)."""
+    if config is None:
+        config = {}
+    if not isinstance(config, dict):
+        raise InvalidArgument(
+            f"a basin config must be a JSON object (dict), got {type(config).__name__}"
+        )
+    try:
+        return json.dumps(config, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise InvalidArgument(f"a basin config must hold only JSON values: {error}") from None
+
+
+def decode_basin_config(text: str) -> dict[str, Any]:
+    config = json.loads(text)
+    assert isinstance(config, dict)
+    return config

@@ -10,7 +10,8 @@
   rules in :mod:`walstream.metadata.rules`; this module loads the rows a call touches, asks the
   rule, and writes the result in the same transaction.
 * The schema, the row codecs and the per-transaction table access are in
-  :mod:`walstream.metadata.sqlite_tables`.
+  :mod:`walstream.metadata.sqlite_tables`; the basin methods in
+  :mod:`walstream.metadata.sqlite_basins`.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from walstream.metadata.rules import (
     require_stream_epoch,
     stream_not_found,
 )
+from walstream.metadata.sqlite_basins import SqliteBasins
 from walstream.metadata.sqlite_tables import (
     GAP_COLUMNS,
     MAX_OFFSET,
@@ -82,7 +84,7 @@ __all__ = ["SCHEMA_VERSION", "SQLITE_METADATA", "SqliteMetadataStore"]
 T = TypeVar("T")
 
 
-class SqliteMetadataStore(MetadataStore):
+class SqliteMetadataStore(SqliteBasins, MetadataStore):
     """Metadata in one SQLite file, shared safely by the processes of one machine."""
 
     def __init__(

@@ -60,7 +60,7 @@ __all__ = [
 T = TypeVar("T")
 
 #: Version of the tables below; bump it (and add a migration) whenever they change.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (
@@ -127,6 +127,14 @@ SCHEMA = (
         reason TEXT NOT NULL,
         recorded_ms INTEGER NOT NULL,
         PRIMARY KEY (stream_id, start_offset)
+    )""",
+    # -- version 3 --
+    # Basins: named namespaces of streams (the S2 API). A file of version 2 gains the empty
+    # table when it is opened; nothing else changes, so older files stay readable.
+    """CREATE TABLE IF NOT EXISTS basins (
+        name TEXT PRIMARY KEY,
+        config TEXT NOT NULL,
+        created_ms INTEGER NOT NULL
     )""",
 )
 

@@ -1,15 +1,15 @@
-"""The HTTP service (``walstream serve``).
+"""The HTTP service (``walstream serve``): S2's REST API v1 (s2.dev) over one node, so S2's
+SDKs and tools work against walstream.
 
-- :mod:`walstream.server.app`: the routes, their answers and error statuses (the service is
-  described there);
-- :mod:`walstream.server.codec`: request parsing, the JSON and binary forms of records, streams
-  and errors, and the error -> HTTP status mapping;
-- :mod:`walstream.server.limits`: timeouts and bounds (``ServerLimits``) and the listener's
-  connection guard;
+- :mod:`walstream.server.s2`: the ASGI application (routes, wire forms, errors, sessions,
+  the concept mapping, the OpenAPI document);
+- :mod:`walstream.server.hosting`: hypercorn on one port (HTTP/1.1 and h2c), the connection
+  bound, graceful shutdown;
+- :mod:`walstream.server.limits`: timeouts and bounds (``ServerLimits``);
 - :mod:`walstream.server.serve`: ``serve()`` and ``walstream serve`` (listen address, token,
   node lock, shutdown);
 - :mod:`walstream.engine.live`: the node lock and how commands reach a running server.
 
 This package imports nothing itself, so ``walstream.engine.live`` (used by every command) does
-not pull in aiohttp.
+not pull in the HTTP server.
 """

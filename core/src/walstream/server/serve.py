@@ -1,9 +1,11 @@
 """Running one node as an HTTP server: :func:`serve` opens the node of a deployment under its
-node lock (:mod:`walstream.engine.live`) and listens behind the connection guard of
-:mod:`walstream.server.limits`; :func:`run_until_signalled` is ``walstream serve``.
+node lock (:mod:`walstream.engine.live`) and serves the S2 API application
+(:mod:`walstream.server.s2`) with hypercorn (:mod:`walstream.server.hosting`);
+:func:`run_until_signalled` is ``walstream serve``.
 
-Shutdown (SIGTERM or SIGINT): stop accepting connections, answer waiting long polls with what
-they have, then close the client, which uploads and commits everything acknowledged.
+Shutdown (SIGTERM or SIGINT): answer waiting long polls with what they have and end read
+sessions, stop accepting connections, let requests in progress finish (up to 10 s), then close
+the client, which uploads and commits everything acknowledged.
 """
 
 from __future__ import annotations
@@ -18,18 +20,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
-
 from walstream.engine import live
 from walstream.errors import ConfigError
-from walstream.server.app import begin_shutdown, make_app
+from walstream.server.hosting import Listener, open_listener
 from walstream.server.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_WAIT_S,
-    ConnectionGuard,
     ServerLimits,
     limits_from_section,
 )
+from walstream.server.s2.app import S2App
 
 if TYPE_CHECKING:
     from walstream.engine.node import Client
@@ -45,8 +45,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = "127.0.0.1:7400"
-#: How long shutdown waits for requests still running after long polls were answered.
-SHUTDOWN_GRACE_S = 10.0
 TOKEN_ENVIRONMENT_VARIABLE = "WALSTREAM_TOKEN"
 
 
@@ -69,10 +67,10 @@ class RunningServer:
     host: str
     port: int
     token: str | None
-    app: web.Application
+    app: S2App
     limits: ServerLimits = field(default_factory=ServerLimits)
-    guard: ConnectionGuard | None = None
-    """Counts of the listener: ``open``, ``refused`` and ``timed_out`` connections."""
+    listener: Listener | None = None
+    """The listener: counts of ``open`` and ``refused`` connections."""
 
     @property
     def url(self) -> str:
@@ -145,10 +143,10 @@ async def serve(
         if node_lock is not None:
             node_lock.release()
         raise
-    runner: web.AppRunner | None = None
-    listener: asyncio.Server | None = None
+    listener: Listener | None = None
+    app: S2App | None = None
     try:
-        app = make_app(
+        app = S2App(
             client,
             token=chosen_token,
             render_metrics=render_metrics,
@@ -156,24 +154,20 @@ async def serve(
             max_wait_s=max_wait_s,
             limits=chosen_limits,
         )
-        runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_GRACE_S)
-        await runner.setup()
-        assert runner.server is not None
-        guard = ConnectionGuard(runner.server, chosen_limits)
-        listener = await asyncio.get_running_loop().create_server(guard, host, port)
-        bound_port = int(listener.sockets[0].getsockname()[1])
-        running = RunningServer(client, host, bound_port, chosen_token, app, chosen_limits, guard)
+        listener = await open_listener(app, host, port, chosen_limits)
+        running = RunningServer(
+            client, host, listener.port, chosen_token, app, chosen_limits, listener
+        )
         if node_lock is not None:
             # Where `walstream` commands on this deployment send their writes and live reads.
             node_lock.record(node_id=deployment.node_id, command="walstream serve", url=running.url)
         yield running
     finally:
         try:
+            if app is not None:
+                app.begin_shutdown()  # long polls answer now, read sessions end
             if listener is not None:
-                listener.close()  # stop accepting; open connections are shut down below
-            if runner is not None:
-                begin_shutdown(runner.app)
-                await runner.cleanup()
+                await listener.close()
         finally:
             try:
                 await client.close()

@@ -1,0 +1,174 @@
+"""How S2's concepts map onto walstream's, and the configurations this server accepts.
+
+**Names.** A basin is a :class:`walstream.metadata.BasinInfo` (S2's basin-name rule). Stream
+``S`` of basin ``B`` is the walstream stream named ``B.S`` (basin names hold no ``.``, so the
+first ``.`` separates the two). One more basin always exists, :data:`ROOT_BASIN`
+(``walstream``): its streams are all walstream streams under their own names, so streams made
+with the Python API or the CLI (``orders``, and ``B.S`` too) are reachable through the S2 API;
+it cannot be created or deleted. S2 allows any 1 to 512 bytes in a stream name; walstream stream
+names are ASCII letters, digits, ``.``, ``_`` and ``-`` and at most 255 characters, so an S2
+stream name must use only those characters and ``len(B) + 1 + len(S) <= 255``; any other name
+is refused with S2's ``invalid`` (422).
+
+**Records.** An S2 record's headers are the walstream record's headers (names are UTF-8 text
+in walstream: a header name that is not UTF-8 is refused with 422), its body is the value, its
+timestamp the record's ``timestamp_ms``. A walstream record's *key* (S2 has none) travels as
+the record's first header, named :data:`KEY_HEADER`; an appended record whose first header has
+that name stores it as the key again, so records cross between the two APIs unchanged.
+
+**Configurations.** walstream keeps every record until it is trimmed and has one storage class,
+so a stream's configuration is fixed: :func:`stream_config_json`. A create, ensure or
+reconfigure that asks for anything else (age-based retention, ``arrival`` or ``client-require``
+timestamping, ``uncapped`` timestamps, delete-on-empty, encryption) is refused with 422 naming
+the setting. Basin configurations are stored as given after the same check;
+``create_stream_on_append`` and ``create_stream_on_read`` are honoured.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from walstream.records import MAX_STREAM_NAME_LENGTH
+from walstream.server.s2.errors import S2Error
+
+__all__ = [
+    "KEY_HEADER",
+    "ROOT_BASIN",
+    "basin_config_json",
+    "basin_prefix",
+    "check_basin_config",
+    "check_stream_config",
+    "rfc3339",
+    "s2_stream_name",
+    "stream_config_json",
+    "walstream_stream_name",
+]
+
+#: The basin whose streams are all walstream streams, under their own names.
+ROOT_BASIN = "walstream"
+#: The header that carries a walstream record's key through the S2 API.
+KEY_HEADER = "walstream-key"
+_STREAM_CHARS = re.compile(r"[A-Za-z0-9._-]+")
+_MAX_S2_STREAM_NAME_BYTES = 512
+
+
+def walstream_stream_name(basin: str, stream: str) -> str:
+    """The walstream name of S2 stream ``stream`` in ``basin`` (422 if it has none)."""
+    if not 1 <= len(stream.encode("utf-8", "surrogatepass")) <= _MAX_S2_STREAM_NAME_BYTES:
+        raise S2Error(422, "invalid", "a stream name has 1 to 512 bytes")
+    if _STREAM_CHARS.fullmatch(stream) is None:
+        raise S2Error(
+            422,
+            "invalid",
+            f"stream name {stream[:80]!r} cannot be stored by walstream: use ASCII letters, "
+            "digits, '.', '_' and '-' only",
+        )
+    prefix = basin_prefix(basin)
+    longest = MAX_STREAM_NAME_LENGTH - len(prefix)
+    if len(stream) > longest:
+        raise S2Error(
+            422,
+            "invalid",
+            f"a stream name in basin {basin!r} has at most {longest} characters on this "
+            f"server (walstream stores '<basin>.<stream>' in at most {MAX_STREAM_NAME_LENGTH}), "
+            f"got {len(stream)}",
+        )
+    return prefix + stream
+
+
+def basin_prefix(basin: str) -> str:
+    """What the walstream names of ``basin``'s streams start with."""
+    return "" if basin == ROOT_BASIN else f"{basin}."
+
+
+def s2_stream_name(basin: str, walstream_name: str) -> str:
+    return walstream_name[len(basin_prefix(basin)) :]
+
+
+def rfc3339(milliseconds: int) -> str:
+    """RFC 3339 time (UTC) of milliseconds since 1970, as S2's ``created_at`` fields."""
+    moment = datetime.fromtimestamp(milliseconds / 1000, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def stream_config_json() -> dict[str, Any]:
+    """The configuration of every stream on this server (see the module docstring)."""
+    return {
+        "storage_class": "express",
+        "retention_policy": {"infinite": {}},
+        "timestamping": {"mode": "client-prefer", "uncapped": False},
+        "delete_on_empty": {"min_age_secs": 0},
+    }
+
+
+def _unsupported(setting: str, value: Any) -> S2Error:
+    return S2Error(
+        422,
+        "invalid",
+        f"{setting}={value!r} is not supported by walstream: streams keep records until "
+        "trimmed, take client timestamps capped at arrival (arrival time when absent), and "
+        "are neither encrypted nor deleted when empty; leave it unset",
+    )
+
+
+def check_stream_config(config: Any, what: str = "config") -> None:
+    """Refuse (422) a stream configuration this server cannot honour; null fields are fine."""
+    if config is None:
+        return
+    if not isinstance(config, dict):
+        raise S2Error(422, "invalid", f"{what}: expected a StreamConfig object")
+    for key, value in config.items():
+        if value is None:
+            continue
+        if key == "storage_class":
+            if value not in ("standard", "express"):
+                raise S2Error(422, "invalid", f"{what}.storage_class: standard or express")
+        elif key == "retention_policy":
+            if value != {"infinite": {}}:
+                raise _unsupported(f"{what}.retention_policy", value)
+        elif key == "timestamping":
+            if not isinstance(value, dict):
+                raise S2Error(422, "invalid", f"{what}.timestamping: expected an object")
+            if value.get("mode") not in (None, "client-prefer"):
+                raise _unsupported(f"{what}.timestamping.mode", value.get("mode"))
+            if value.get("uncapped") not in (None, False):
+                raise _unsupported(f"{what}.timestamping.uncapped", value.get("uncapped"))
+        elif key == "delete_on_empty":
+            if not isinstance(value, dict) or value.get("min_age_secs") not in (None, 0):
+                raise _unsupported(f"{what}.delete_on_empty", value)
+        else:
+            raise S2Error(422, "invalid", f"{what}: unknown field {key!r}")
+
+
+def check_basin_config(config: Any) -> dict[str, Any]:
+    """A basin configuration this server can honour, as stored (422 otherwise)."""
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise S2Error(422, "invalid", "config: expected a BasinConfig object")
+    stored: dict[str, Any] = {}
+    for key, value in config.items():
+        if value is None:
+            continue
+        if key in ("create_stream_on_append", "create_stream_on_read"):
+            if not isinstance(value, bool):
+                raise S2Error(422, "invalid", f"config.{key}: expected true or false")
+            stored[key] = value
+        elif key == "default_stream_config":
+            check_stream_config(value, "config.default_stream_config")
+        elif key == "stream_cipher":
+            raise _unsupported("config.stream_cipher", value)
+        else:
+            raise S2Error(422, "invalid", f"config: unknown field {key!r}")
+    return stored
+
+
+def basin_config_json(stored: dict[str, Any]) -> dict[str, Any]:
+    """A basin's ``BasinConfig`` answer."""
+    return {
+        "create_stream_on_append": bool(stored.get("create_stream_on_append", False)),
+        "create_stream_on_read": bool(stored.get("create_stream_on_read", False)),
+        "default_stream_config": stream_config_json(),
+    }

@@ -1,0 +1,277 @@
+"""Streaming sessions of the S2 API: read sessions as Server-Sent Events (``Accept:
+text/event-stream``) or S2S (``Content-Type: s2s/proto``), and S2S append sessions.
+
+**Read sessions** send batches from the start position on and follow the tail: a session ends
+when ``count`` or ``bytes`` (totals over the session) are reached, when ``until`` is reached,
+when ``wait`` seconds pass at the tail without a new record (no ``wait``: it follows until the
+client leaves), or when the server shuts down. While waiting at the tail a heartbeat goes out
+every :data:`HEARTBEAT_S` seconds: an SSE ``ping`` event, or an empty S2S ``ReadBatch`` carrying
+the tail. SSE batches carry ``id: <next seq_num>,<records so far>,<bytes so far>``; the last
+event is ``done``; an error becomes an ``error`` event (SSE) or a terminal message (S2S).
+
+**Append sessions** take a stream of ``AppendInput`` messages and answer one ``AppendAck`` per
+input, in order. Inputs are pipelined into the engine in arrival order (which keeps their
+order); an input after one that holds a command record waits for that one, so a ``fence``
+applies to the inputs after it. The first failure ends the session with a terminal message
+carrying S2's status and error body; inputs already handed to the engine may still land.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+from walstream.errors import WalstreamError
+from walstream.server.s2.errors import S2Error, from_walstream
+from walstream.server.s2.records import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_RECORDS,
+    ReadParams,
+    append_positions,
+    batch_tail,
+    metered_bytes,
+    open_for,
+    read_once,
+    resolve_start,
+    wants_base64,
+    wire,
+    wire_headers,
+)
+from walstream.server.s2.wire import (
+    FrameReader,
+    decode_append_input,
+    encode_append_ack,
+    encode_frame,
+    encode_read_batch,
+    encode_terminal,
+    json_read_batch,
+)
+
+if TYPE_CHECKING:
+    from walstream.server.s2.app import S2App
+    from walstream.server.s2.asgi import Request
+
+__all__ = ["HEARTBEAT_S", "append_session", "read_session"]
+
+log = logging.getLogger(__name__)
+
+#: Longest silence of a read session waiting at the tail.
+HEARTBEAT_S = 10.0
+#: Appends of one session in flight at once.
+MAX_PIPELINED_INPUTS = 256
+_S2S = b"s2s/proto"
+
+
+def _as_s2(error: BaseException) -> S2Error:
+    if isinstance(error, S2Error):
+        return error
+    if isinstance(error, WalstreamError):
+        return from_walstream(error)
+    return S2Error(500, "other", "internal error; the server log has the details")
+
+
+async def _first(work: asyncio.Future[Any], *others: asyncio.Future[Any]) -> bool:
+    """Wait until ``work`` or one of ``others`` is done; True when ``work`` is."""
+    done, _ = await asyncio.wait({work, *others}, return_when=asyncio.FIRST_COMPLETED)
+    return work in done
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client leaves (a read session has no request body to read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+# -- read sessions ------------------------------------------------------------------------------
+
+
+async def read_session(
+    app: S2App, request: Request, basin: str, name: str, params: ReadParams, sse: bool
+) -> None:
+    base64_format = wants_base64(request) if sse else False
+    stream = await open_for(app, basin, name, "create_stream_on_read")
+    start, timestamp = await resolve_start(app, stream, params, may_follow=True)
+    with app.long_poll():
+        if sse:
+            await request.start(200, b"text/event-stream", [(b"cache-control", b"no-cache")])
+        else:
+            await request.start(200, _S2S)
+        stopping = asyncio.ensure_future(app.stopping.wait())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await _follow(
+                app, request, stream, start, timestamp, params, sse, base64_format, stopping, gone
+            )
+        except Exception as error:  # the answer began: report in-band, then end it
+            s2_error = _as_s2(error)
+            if s2_error.status >= 500:
+                log.warning("a read session failed", exc_info=error)
+            if not gone.done():
+                with suppress(Exception):
+                    if sse:
+                        await request.write(b"event: error\ndata: " + s2_error.encoded() + b"\n\n")
+                    else:
+                        await request.write(encode_terminal(s2_error.status, s2_error.encoded()))
+        finally:
+            stopping.cancel()
+            gone.cancel()
+            with suppress(Exception):
+                await request.finish()
+
+
+async def _follow(
+    app: S2App,
+    request: Request,
+    stream: Any,
+    start: int | None,
+    timestamp: int | None,
+    params: ReadParams,
+    sse: bool,
+    base64_format: bool,
+    stopping: asyncio.Future[Any],
+    gone: asyncio.Future[Any],
+) -> None:
+    remaining_count = params.count or None
+    remaining_bytes = params.bytes or None
+    sent_count = sent_bytes = 0
+    deadline: float | None = None
+    loop = asyncio.get_running_loop()
+    while True:
+        count = min(remaining_count or MAX_BATCH_RECORDS, MAX_BATCH_RECORDS)
+        byte_limit = min(remaining_bytes or MAX_BATCH_BYTES, MAX_BATCH_BYTES)
+        wait = HEARTBEAT_S
+        if params.wait is not None:
+            if deadline is None:
+                deadline = loop.time() + params.wait
+            wait = max(0.0, min(wait, deadline - loop.time()))
+        reading = asyncio.ensure_future(
+            read_once(stream, start, timestamp, count, byte_limit, params.until, wait)
+        )
+        if not await _first(reading, stopping, gone):
+            reading.cancel()
+            with suppress(BaseException):
+                await reading
+            if stopping.done() and not gone.done() and sse:
+                await request.write(b"event: done\ndata: [DONE]\n\n")
+            return
+        records, tail, until_reached = reading.result()
+        timestamp = None
+        position = await batch_tail(app, stream, records, tail)
+        if records:
+            start = records[-1].offset + 1
+            size = sum(metered_bytes(wire_headers(r), r.value) for r in records)
+            sent_count += len(records)
+            sent_bytes += size
+            deadline = None  # a delivered batch renews the wait
+            if sse:
+                document = json_read_batch(wire(records), position, base64_format)
+                event = (
+                    b"event: batch\ndata: "
+                    + json.dumps(document, separators=(",", ":")).encode()
+                    + f"\nid: {start},{sent_count},{sent_bytes}\n\n".encode()
+                )
+                await request.write(event)
+            else:
+                await request.write(encode_frame(encode_read_batch(wire(records), position)))
+            if remaining_count is not None:
+                remaining_count -= len(records)
+            if remaining_bytes is not None:
+                remaining_bytes -= size
+            if (remaining_count is not None and remaining_count <= 0) or (
+                remaining_bytes is not None and remaining_bytes <= 0
+            ):
+                break
+        else:
+            start = tail if start is None or start < tail else start
+            if until_reached:
+                break
+            if params.wait is not None and deadline is not None and loop.time() >= deadline:
+                break
+            if sse:
+                ping = json.dumps({"timestamp": int(time.time() * 1000)}).encode()
+                await request.write(b"event: ping\ndata: " + ping + b"\n\n")
+            else:
+                await request.write(encode_frame(encode_read_batch([], position)))
+        if until_reached:
+            break
+    if sse:
+        await request.write(b"event: done\ndata: [DONE]\n\n")
+
+
+# -- append sessions ----------------------------------------------------------------------------
+
+
+async def append_session(app: S2App, request: Request, basin: str, name: str) -> None:
+    stream = await open_for(app, basin, name, "create_stream_on_append")
+    await request.start(200, _S2S)
+    frames = FrameReader(max_message_bytes=min(app.max_body_bytes, (1 << 24) - 1))
+    acks: asyncio.Queue[asyncio.Future[Any] | None] = asyncio.Queue(MAX_PIPELINED_INPUTS)
+
+    async def send_acks() -> None:
+        while True:
+            appended = await acks.get()
+            if appended is None:
+                return
+            start, end, tail = await appended
+            await request.write(encode_frame(encode_append_ack(start, end, tail)))
+
+    sender = asyncio.ensure_future(send_acks())
+    stopping = asyncio.ensure_future(app.stopping.wait())
+    submitted: list[asyncio.Future[Any]] = []
+    try:
+        barrier: asyncio.Future[Any] | None = None
+        while True:
+            chunk_read = asyncio.ensure_future(request.chunk())
+            if not await _first(chunk_read, sender, stopping):
+                chunk_read.cancel()
+                break
+            chunk = chunk_read.result()
+            if chunk is None:
+                break
+            for body in frames.feed(chunk):
+                parsed = decode_append_input(body)
+                if barrier is not None:
+                    await asyncio.wait({barrier})
+                    barrier = None
+                appended = asyncio.ensure_future(append_positions(app, stream, parsed))
+                appended.add_done_callback(_retrieve)
+                submitted.append(appended)
+                if any(any(not n for n, _ in r.headers) for r in parsed.records):
+                    barrier = appended
+                await acks.put(appended)
+            if sender.done():
+                break
+            submitted = [task for task in submitted if not task.done()]
+        if frames.pending and not sender.done() and not stopping.done():
+            raise S2Error(400, "bad_frame", "the session ended inside an S2S message")
+        if not sender.done():
+            await acks.put(None)
+        await sender
+    except Exception as error:
+        s2_error = _as_s2(error)
+        if s2_error.status >= 500:
+            log.warning("an append session failed", exc_info=error)
+        with suppress(Exception):
+            await request.write(encode_terminal(s2_error.status, s2_error.encoded()))
+        # Let the client's last frames arrive before the answer ends (see S2App._answer_error).
+        await request.drain()
+    finally:
+        stopping.cancel()
+        if not sender.done():
+            sender.cancel()
+        # Appends already handed to the engine finish on their own (their outcome is unknown
+        # to the client, which treats the session's tail as ambiguous).
+        submitted.clear()
+        with suppress(Exception):
+            await request.finish()
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
