@@ -93,6 +93,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             PRIMARY KEY (stream_id, start_offset)
         )""",
     ),
+    # -- version 2: basins (the S2 API's namespaces of streams) -----------------------------------
+    (
+        # COLLATE "C": names sort by bytes, as list_basins pages them in every store.
+        """CREATE TABLE basins (
+            name text COLLATE "C" PRIMARY KEY,
+            config text NOT NULL,
+            created_ms bigint NOT NULL
+        )""",
+    ),
 )
 
 #: The version this code writes and understands.

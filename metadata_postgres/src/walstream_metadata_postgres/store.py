@@ -64,6 +64,7 @@ from walstream.metadata.rules import (
 )
 from walstream.records import DEPLOYMENT_ID_BYTES
 
+from .basins import PostgresBasins
 from .errors import classify, translate
 from .schema import check_schema_name, migrate, quote_identifier
 from .tables import (
@@ -114,7 +115,7 @@ def redact(dsn: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
-class PostgresMetadataStore(MetadataStore):
+class PostgresMetadataStore(PostgresBasins, MetadataStore):
     """Metadata in a PostgreSQL schema, shared by every node of a deployment."""
 
     def __init__(
