@@ -76,7 +76,9 @@ MAX_BATCH_RECORDS = 1000
 MAX_BATCH_BYTES = 1 << 20
 MAX_FENCING_TOKEN_BYTES = 36
 MAX_UNARY_WAIT_S = 60
-PROTOBUF = b"application/x-protobuf"
+PROTOBUF_TYPES = frozenset({"application/protobuf", "application/x-protobuf"})
+"""The media types of the protobuf forms: S2's TypeScript SDK sends the first, its Python SDK the
+second; both name the same messages."""
 S2S = "s2s/proto"
 
 Wire = tuple[int, int, tuple[tuple[bytes, bytes], ...], bytes]
@@ -256,26 +258,42 @@ def _token_mismatch(stream: Stream) -> S2Error:
     )
 
 
+def media_type(value: str | None) -> str:
+    """The first media type of a ``Content-Type`` or ``Accept`` value, lower case, without its
+    parameters (``""`` when there is none): S2 reads only the first type of ``Accept``."""
+    return (value or "").split(",", 1)[0].split(";", 1)[0].strip().lower()
+
+
+def protobuf_answer(request: Request) -> bytes | None:
+    """The protobuf media type to answer with when the first type ``Accept`` names is one (the
+    type the client named), else None: the answer is JSON."""
+    accepted = media_type(request.header("accept"))
+    return accepted.encode() if accepted in PROTOBUF_TYPES else None
+
+
 async def _append_route(app: S2App, request: Request, basin: str, name: str) -> None:
-    content_type = (request.header("content-type") or "").split(";")[0].strip().lower()
+    content_type = media_type(request.header("content-type"))
     if content_type == S2S:
         from walstream.server.s2.sessions import append_session
 
         return await append_session(app, request, basin, name)
     body = await request.body()
     stream = await open_for(app, basin, name, "create_stream_on_append")
-    if content_type == PROTOBUF.decode():
-        positions = await append_positions(app, stream, decode_append_input(body))
-        start, end, tail = positions
-        answer = encode_append_ack(start, end, tail)
-        return await request.respond(200, answer, PROTOBUF)
-    # Any other content type is read as JSON (curl -d sends a form type).
-    try:
-        document = json.loads(body)
-    except (ValueError, RecursionError):
-        raise S2Error(400, "bad_json", "the body is not valid JSON") from None
-    parsed = json_append_input(document, wants_base64(request))
-    await request.respond_json(200, await append_once(app, stream, parsed))
+    # The body's form follows Content-Type, the answer's form follows Accept (as S2's own server).
+    if content_type in PROTOBUF_TYPES:
+        parsed = decode_append_input(body)
+    else:
+        # Any other content type is read as JSON (curl -d sends a form type).
+        try:
+            document = json.loads(body)
+        except (ValueError, RecursionError):
+            raise S2Error(400, "bad_json", "the body is not valid JSON") from None
+        parsed = json_append_input(document, wants_base64(request))
+    answer_type = protobuf_answer(request)
+    if answer_type is None:
+        return await request.respond_json(200, await append_once(app, stream, parsed))
+    start, end, tail = await append_positions(app, stream, parsed)
+    await request.respond(200, encode_append_ack(start, end, tail), answer_type)
 
 
 def wants_base64(request: Request) -> bool:
@@ -475,8 +493,9 @@ async def _read_route(app: S2App, request: Request, basin: str, name: str) -> No
             stream, start, timestamp, count, byte_limit, params.until, 0
         )
     position = await batch_tail(app, stream, records, tail)
-    if PROTOBUF.decode() in accept:
-        return await request.respond(200, encode_read_batch(wire(records), position), PROTOBUF)
+    answer_type = protobuf_answer(request)
+    if answer_type is not None:
+        return await request.respond(200, encode_read_batch(wire(records), position), answer_type)
     await request.respond_json(200, json_read_batch(wire(records), position, base64_format))
 
 

@@ -1,6 +1,6 @@
-"""The wire forms of the S2 API v1 records: protobuf (``application/x-protobuf``, the messages of
-S2's ``s2/v1/s2.proto``), the S2S session framing (``s2s/proto``) and JSON (``raw`` or
-``base64`` bytes, chosen by the ``s2-format`` header).
+"""The wire forms of the S2 API v1 records: protobuf (``application/protobuf`` or
+``application/x-protobuf``, the messages of S2's ``s2/v1/s2.proto``), the S2S session framing
+(``s2s/proto``) and JSON (``raw`` or ``base64`` bytes, chosen by the ``s2-format`` header).
 
 The protobuf codec is written out here for the six small messages the API uses (StreamPosition,
 Header, AppendRecord, AppendInput, AppendAck, SequencedRecord, ReadBatch): no generated code and
