@@ -18,6 +18,7 @@ from walstream_conformance.corruption import Outcome, classify_recovery, flip_bi
 from walstream_wal_ebs import EbsWal, inspect_wal
 from walstream_wal_ebs.layout import (
     BLOCK_BYTES,
+    FORMAT_VERSION,
     PADDING_MAGIC_V1,
     RECORD_AREA_START,
     RECORD_HEADER_BYTES,
@@ -399,7 +400,7 @@ async def test_old_version_file_is_opened_and_adopted(
     header = HeaderSlot.decode(wal_path.read_bytes()[: 2 * BLOCK_BYTES][-BLOCK_BYTES:])
     other = HeaderSlot.decode(wal_path.read_bytes()[:BLOCK_BYTES])
     newest = max(header, other, key=lambda slot: slot.sequence)
-    assert newest.version == 2 and newest.deployment_id == DEPLOYMENT_A
+    assert newest.version == FORMAT_VERSION and newest.deployment_id == DEPLOYMENT_A
     assert newest.home_node_id == 1
     wal, records = await start(wal_path, epoch=3)
     assert pairs(records) == [*zip(offsets, old, strict=True), (fresh, b"written by this release")]
