@@ -146,6 +146,9 @@ class WalDevice:
         # libaio ships no type information: its context and eventfd are untyped.
         self._context: Any = None
         self._eventfd: Any = None
+        self._read_buffers = BufferPool(max_pooled_bytes=1 << 20)
+        """Read buffers are reused: a header read (every fence check) would otherwise map and
+        unmap a fresh buffer, and unmapping is a costly system call."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -196,20 +199,28 @@ class WalDevice:
         """Read ``length`` bytes at ``position`` (both 4 KiB aligned) from the medium."""
         if position % BLOCK_BYTES or length % BLOCK_BYTES:
             raise ValueError("unaligned read")
-        buffer = aligned_buffer(length)
+        buffer = self._read_buffers.take(length)
+        view = memoryview(buffer)[:length]
         try:
             if self.direct:
-                (result,) = await self._submit([(buffer, position)], write=False)
+                (result,) = await self._submit([(view, position)], write=False)
             else:
                 loop = self._require_loop()
-                result = await loop.run_in_executor(
-                    None, _pread_or_errno, self.fd, buffer, position
-                )
+                result = await loop.run_in_executor(None, _pread_or_errno, self.fd, view, position)
+        except asyncio.CancelledError:
+            view.release()
+            raise  # the kernel may still write into the buffer: never reuse it
+        except BaseException:
+            view.release()
+            self._read_buffers.give_back(buffer)
+            raise
+        try:
             if result < 0:
                 raise BackendUnavailable(self._io_problem("read", position, length, result))
-            return bytes(buffer[:result]) + bytes(length - result)
+            return bytes(view[:result]) + bytes(length - result)
         finally:
-            buffer.close()
+            view.release()
+            self._read_buffers.give_back(buffer)
 
     def _require_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -251,6 +262,8 @@ class WalDevice:
             if write and submitted:
                 raise AmbiguousError(problem) from exc
             raise BackendUnavailable(problem) from exc
+        if len(futures) == 1:
+            return [await futures[0]]  # no gathering: one hop of the loop less
         return list(await asyncio.gather(*futures))
 
     def _reap(self) -> None:
@@ -286,7 +299,7 @@ def _pwrite_or_errno(fd: int, buffer: WriteBuffer, position: int) -> int:
         return -(exc.errno or errno.EIO)
 
 
-def _pread_or_errno(fd: int, buffer: mmap.mmap, position: int) -> int:
+def _pread_or_errno(fd: int, buffer: WriteBuffer, position: int) -> int:
     try:
         return os.preadv(fd, [buffer], position)
     except OSError as exc:
