@@ -503,3 +503,35 @@ async def test_restarted_writers_lost_first_group(
             (offset, data, None) for offset, data in earlier
         ]
     await wal.close()
+
+
+# -- large groups: written as chunks in flight at once ---------------------------------------------
+
+
+@pytest.mark.parametrize("lost_chunk", [None, "first", "second"])
+async def test_large_group_landing_in_part_is_a_torn_tail(
+    wal_path: Path, lost_chunk: str | None
+) -> None:
+    """A group of 1 MiB goes to the device as several writes at once; a crash may land some of
+    them only. Such a group was never acknowledged: recovery drops it as a torn tail, keeps
+    what came before, and reports no damage."""
+    wal, _ = await start(wal_path, capacity_bytes=8 << 20)
+    small = await wal.append(b"acknowledged before")
+    big_data = os.urandom(1 << 20)
+    big = await wal.append(big_data)
+    start_position = place(wal, big)
+    await abandon(wal)
+    image = bytearray(wal_path.read_bytes())
+    chunk = 256 << 10
+    lost = {"first": 0, "second": 1, None: None}[lost_chunk]
+    if lost is not None:
+        at = start_position + lost * chunk
+        image[at : at + chunk] = bytes(chunk)
+    wal_path.write_bytes(bytes(image))
+    wal, records = await start(wal_path, epoch=2, capacity_bytes=8 << 20)
+    expected = [(small, b"acknowledged before")]
+    if lost_chunk is None:
+        expected.append((big, big_data))
+    assert pairs(records) == expected
+    assert all(record.damage_before is None for record in records)
+    await wal.close()
