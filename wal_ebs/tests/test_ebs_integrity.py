@@ -505,16 +505,16 @@ async def test_restarted_writers_lost_first_group(
     await wal.close()
 
 
-# -- large groups: written as chunks in flight at once ---------------------------------------------
+# -- large groups landing in part -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("lost_chunk", [None, "first", "second"])
 async def test_large_group_landing_in_part_is_a_torn_tail(
     wal_path: Path, lost_chunk: str | None
 ) -> None:
-    """A group of 1 MiB goes to the device as several writes at once; a crash may land some of
-    them only. Such a group was never acknowledged: recovery drops it as a torn tail, keeps
-    what came before, and reports no damage."""
+    """A write of 1 MiB is not atomic: a crash may land some of its blocks only. Such a group
+    was never acknowledged: recovery drops it as a torn tail, keeps what came before, and
+    reports no damage."""
     wal, _ = await start(wal_path, capacity_bytes=8 << 20)
     small = await wal.append(b"acknowledged before")
     big_data = os.urandom(1 << 20)
