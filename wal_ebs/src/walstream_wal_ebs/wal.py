@@ -112,8 +112,6 @@ DEFAULT_FENCE_LEASE_S = 0.02
 docstring, *Fencing*): what a takeover waits, against one header read per lease instead of one
 per group."""
 _MAX_FENCE_LEASE_S = 10.0
-_WRITE_CHUNK_BYTES = 256 << 10
-"""A group of at least twice this is written as chunks of this size, all in flight at once."""
 _LEASE_MARGIN = 1.25
 """A taker waits this many leases (plus a millisecond): room for the two clocks' rates to differ."""
 _FORMAT_CHECK_BYTES = 1 << 20
@@ -489,16 +487,7 @@ class EbsWal(GroupCommitWal):
                 0,
                 self._seed,
             )
-        where = self._area_start + start % capacity
-        if span < 2 * _WRITE_CHUNK_BYTES:
-            writes.append((view, where))
-        else:
-            # A large group goes out as several writes in flight at once: the device works on
-            # them in parallel, and the group is durable (and acknowledged) once all are. Landing
-            # in part before a crash, it is a torn tail like any group in flight (scan.py).
-            for chunk in range(0, span, _WRITE_CHUNK_BYTES):
-                writes.append((view[chunk : chunk + _WRITE_CHUNK_BYTES], where + chunk))
-            view.release()
+        writes.append((view, self._area_start + start % capacity))
         if self._segments and self._segments[-1][1] == self._head:
             self._segments[-1][1] += total
         else:
