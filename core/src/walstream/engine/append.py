@@ -14,7 +14,7 @@ from typing import Any
 
 from walstream.clock import Clock
 from walstream.engine.cache import CachedBatch, LogCache
-from walstream.engine.events import EngineHooks, WalAppended
+from walstream.engine.events import EngineHooks, NullHooks, WalAppended
 from walstream.engine.streams import LocalStream, NodeGate
 from walstream.engine.upload import Uploader
 from walstream.errors import (
@@ -61,6 +61,8 @@ class StreamWriter:
         self._cache = cache
         self._gate = gate
         self._hooks = hooks
+        self._report_appends = not isinstance(hooks, NullHooks)
+        """Build a WalAppended event per acknowledgement only for hooks that listen."""
         self._clock = clock
         self._append_timeout_s = append_timeout_s
         self._node_epoch = -1
@@ -224,15 +226,16 @@ class StreamWriter:
         batch.block.settle_one()
         state.acked_tail = max(state.acked_tail, batch.end_offset)
         state.notify()
-        self._hooks.emit(
-            WalAppended(
-                self._gate.node_id,
-                state.info.stream_id,
-                count,
-                len(batch.data),
-                self._clock.monotonic() - started,
+        if self._report_appends:
+            self._hooks.emit(
+                WalAppended(
+                    self._gate.node_id,
+                    state.info.stream_id,
+                    count,
+                    len(batch.data),
+                    self._clock.monotonic() - started,
+                )
             )
-        )
 
     async def _wait_for_space(self, size: int) -> None:
         """Back-pressure: wait until the batch fits under the bound of bytes not yet uploaded."""
