@@ -24,7 +24,8 @@ import errno
 import mmap
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +180,15 @@ class WalDevice:
 
     # -- I/O -----------------------------------------------------------------------------------
 
+    def start_writes(self, writes: Sequence[tuple[WriteBuffer, int]]) -> Coroutine[Any, Any, None]:
+        """Submit ``writes`` now (direct mode: ``io_submit`` before returning) and return what
+        to await for :meth:`write_all`'s outcome: the writes are durable when it returns. The
+        result must be awaited (it is what reports a failed submission)."""
+        if not self.direct:
+            return self.write_all(writes)
+        issued = self._issue(writes, write=True)
+        return self._finish_writes(writes, self._complete(issued, write=True))
+
     async def write_all(self, writes: Sequence[tuple[WriteBuffer, int]]) -> None:
         """Write each ``(buffer, position)`` (4 KiB aligned) concurrently; durable on return."""
         if self.direct:
@@ -191,6 +201,14 @@ class WalDevice:
                     for buffer, position in writes
                 )
             )
+        self._check_writes(writes, results)
+
+    async def _finish_writes(
+        self, writes: Sequence[tuple[WriteBuffer, int]], completion: Awaitable[list[int]]
+    ) -> None:
+        self._check_writes(writes, await completion)
+
+    def _check_writes(self, writes: Sequence[tuple[WriteBuffer, int]], results: list[int]) -> None:
         for (buffer, position), result in zip(writes, results, strict=True):
             if result != len(buffer):
                 raise AmbiguousError(self._io_problem("write", position, len(buffer), result))
@@ -230,6 +248,10 @@ class WalDevice:
     async def _submit(
         self, requests: Sequence[tuple[WriteBuffer, int]], *, write: bool
     ) -> list[int]:
+        return await self._complete(self._issue(requests, write=write), write=write)
+
+    def _issue(self, requests: Sequence[tuple[WriteBuffer, int]], *, write: bool) -> _Issued:
+        """``io_submit`` the requests now; :meth:`_complete` waits for them."""
         import libaio
 
         loop = self._require_loop()
@@ -254,6 +276,12 @@ class WalDevice:
             while submitted < len(blocks):
                 submitted += self._context.submit(blocks[submitted:])
         except OSError as exc:
+            return _Issued(futures, submitted, exc)
+        return _Issued(futures, submitted, None)
+
+    async def _complete(self, issued: _Issued, *, write: bool) -> list[int]:
+        futures, submitted, exc = issued.futures, issued.submitted, issued.error
+        if exc is not None:
             action = "write" if write else "read"
             problem = f"io_submit of a {action} to {self.path} failed: {exc}"
             if submitted:
@@ -282,6 +310,16 @@ class WalDevice:
         else:
             reason = f"only {result} bytes transferred"
         return f"{action} of {length} bytes at {position} on {self.path} failed: {reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Issued:
+    """Requests handed to the kernel: a future per request (the first ``submitted`` of them
+    resolve), and the error that stopped the submission, if any."""
+
+    futures: list[asyncio.Future[int]]
+    submitted: int
+    error: OSError | None
 
 
 def _completer(future: asyncio.Future[int]):  # type: ignore[no-untyped-def]

@@ -58,7 +58,7 @@ import logging
 import math
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -495,14 +495,24 @@ class EbsWal(GroupCommitWal):
         self._head += total
         self._written_end = self._head
         self._used_bytes += total
-        return PreparedGroup(offsets, list(payloads), state=(writes, buffers))
+        return PreparedGroup(offsets, list(payloads), state=(writes, buffers, None))
+
+    def _start_write(self, group: PreparedGroup) -> None:
+        # Submit the group's writes now rather than when its write task first runs.
+        writes, buffers, _ = group.state
+        started: Coroutine[Any, Any, None]
+        try:
+            started = self._require_device().start_writes(writes)
+        except Exception as exc:  # _write_group reports it, as the contract wants
+            started = _raise(exc)
+        group.state = (writes, buffers, started)
 
     async def _write_group(self, group: PreparedGroup) -> None:
         device = self._require_device()
-        writes, buffers = group.state
+        writes, buffers, started = group.state
         group.state = None
         try:
-            await device.write_all(writes)
+            await (started if started is not None else device.write_all(writes))
         except asyncio.CancelledError:
             raise  # the kernel may still read the buffers: never reuse them
         except BaseException:
@@ -823,6 +833,10 @@ class EbsWal(GroupCommitWal):
             "fence_lease_s": self.fence_lease_s,
             "fence_reads": self.fence_reads,
         }
+
+
+async def _raise(exc: Exception) -> None:
+    raise exc
 
 
 def _merge(first: WalDamage, second: WalDamage) -> WalDamage:
