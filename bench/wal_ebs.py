@@ -6,10 +6,11 @@ fio gives the physical limit on the same file: QD1 4 KiB random writes with O_DI
 (the WAL's own durability mode) for latency, and 1 MiB sequential O_DIRECT + O_DSYNC writes at
 queue depth 1 and at the WAL's window (``max_inflight``) for bandwidth. Each measurement runs
 several times; the table shows medians and the ratios to fio. JSON goes to
-``bench/results/wal_ebs.json``.
+``bench/results/wal_ebs.json``, a plot to ``bench/results/wal_ebs.png`` (when matplotlib is
+installed).
 
     .venv/bin/python bench/wal_ebs.py            # 3 runs of 3 s each, 1 GiB file
-    .venv/bin/python bench/wal_ebs.py --quick    # 2 runs of 1 s each, 256 MiB file
+    .venv/bin/python bench/wal_ebs.py --quick    # 3 runs of 1 s each, 256 MiB file
 """
 
 from __future__ import annotations
@@ -88,14 +89,20 @@ async def measure_wal(
 
 def run_fio(path: Path, area_bytes: int, seconds: float, **job: Any) -> dict[str, Any]:
     command = [
-        "fio", "--name=walstream", f"--filename={path}", "--direct=1", "--sync=dsync",
-        f"--offset={RECORD_AREA_START}", f"--size={area_bytes}",
+        "fio",
+        "--name=walstream",
+        f"--filename={path}",
+        "--direct=1",
+        "--sync=dsync",
+        f"--offset={RECORD_AREA_START}",
+        f"--size={area_bytes}",
         *([f"--runtime={seconds}", "--time_based"] if seconds else []),
-        "--output-format=json", "--percentile_list=50:99:99.9",
+        "--output-format=json",
+        "--percentile_list=50:99:99.9",
         *(f"--{key}={value}" for key, value in job.items()),
     ]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    write = json.loads(output[output.index("{"):])["jobs"][0]["write"]
+    write = json.loads(output[output.index("{") :])["jobs"][0]["write"]
     percentiles = write["clat_ns"].get("percentile", {})
     return {
         "iops": write["iops"],
@@ -110,14 +117,47 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
+def plot(path: Path, wal: dict[str, dict[str, float]], fio: dict[str, dict[str, Any]]) -> bool:
+    """Latency at QD1 and bandwidth of 1 MiB appends next to fio's; False without matplotlib."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (latency, bandwidth) = plt.subplots(1, 2, figsize=(10, 4))
+    names = ["wal 1x4KiB", "fio 4k QD1"]
+    for index, metric in enumerate(("p50_us", "p99_us")):
+        values = [wal["1x4KiB"][metric], fio["lat_4k_qd1"][metric]]
+        latency.bar([x + index * 0.4 for x in range(2)], values, 0.4, label=metric[:3])
+    latency.set_xticks([0.2, 1.2], names)
+    latency.set_title("4 KiB durable append latency (us)")
+    latency.legend()
+    bandwidth.bar(
+        ["wal 1x1MiB", "fio 1m QD1", "wal 64x1MiB", f"fio 1m QD{MAX_INFLIGHT}"],
+        [
+            wal["1x1MiB"]["mb_per_s"],
+            fio["bw_1m_qd1"]["mb_per_s"],
+            wal["64x1MiB"]["mb_per_s"],
+            fio["bw_1m_qdN"]["mb_per_s"],
+        ],
+        color=["tab:blue", "tab:gray", "tab:blue", "tab:gray"],
+    )
+    bandwidth.set_title("1 MiB appends (MB/s)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 short runs on a smaller file")
+    parser.add_argument("--quick", action="store_true", help="3 short runs on a smaller file")
     parser.add_argument("--dir", default=tempfile.gettempdir(), help="folder for the test file")
     parser.add_argument("--runs", type=int)
     parser.add_argument("--seconds", type=float)
     args = parser.parse_args()
-    runs = args.runs or (2 if args.quick else 3)
+    runs = args.runs or 3
     seconds = args.seconds or (1.0 if args.quick else 3.0)
     file_bytes = (256 << 20) if args.quick else (1 << 30)
     logging.basicConfig(level=logging.WARNING)
@@ -137,16 +177,25 @@ def main() -> None:
         run_fio(path, area_bytes, 0, rw="write", bs="1m", iodepth=8, ioengine="libaio")
         for run in range(runs):
             fio_runs["lat_4k_qd1"].append(
-                run_fio(path, area_bytes, seconds, rw="randwrite", bs="4k", iodepth=1,
-                        ioengine="psync")
+                run_fio(
+                    path, area_bytes, seconds, rw="randwrite", bs="4k", iodepth=1, ioengine="psync"
+                )
             )
             fio_runs["bw_1m_qd1"].append(
-                run_fio(path, area_bytes, seconds, rw="write", bs="1m", iodepth=1,
-                        ioengine="libaio")
+                run_fio(
+                    path, area_bytes, seconds, rw="write", bs="1m", iodepth=1, ioengine="libaio"
+                )
             )
             fio_runs["bw_1m_qdN"].append(
-                run_fio(path, area_bytes, seconds, rw="write", bs="1m", iodepth=MAX_INFLIGHT,
-                        ioengine="libaio")
+                run_fio(
+                    path,
+                    area_bytes,
+                    seconds,
+                    rw="write",
+                    bs="1m",
+                    iodepth=MAX_INFLIGHT,
+                    ioengine="libaio",
+                )
             )
             for appenders in CONCURRENCY:
                 for size_name, size in SIZES.items():
@@ -173,34 +222,51 @@ def main() -> None:
         "closed_loop_bound_64_over_fio_p50": 64 / (fio["lat_4k_qd1"]["p50_us"] / 1e6),
     }
 
-    print(f"\nebs WAL on {args.dir} ({'quick' if args.quick else 'full'}: {runs} runs x "
-          f"{seconds:g} s, medians; max_inflight={MAX_INFLIGHT})")
+    print(
+        f"\nebs WAL on {args.dir} ({'quick' if args.quick else 'full'}: {runs} runs x "
+        f"{seconds:g} s, medians; max_inflight={MAX_INFLIGHT})"
+    )
     print(f"{'case':<22}{'p50 us':>10}{'p99 us':>10}{'p999 us':>10}{'rec/s':>12}{'MB/s':>10}")
     for name, row in wal.items():
-        print(f"{'wal ' + name:<22}{row['p50_us']:>10.0f}{row['p99_us']:>10.0f}"
-              f"{row['p999_us']:>10.0f}{row['records_per_s']:>12.0f}{row['mb_per_s']:>10.1f}")
+        print(
+            f"{'wal ' + name:<22}{row['p50_us']:>10.0f}{row['p99_us']:>10.0f}"
+            f"{row['p999_us']:>10.0f}{row['records_per_s']:>12.0f}{row['mb_per_s']:>10.1f}"
+        )
     for name, row in fio.items():
-        print(f"{'fio ' + name:<22}{row['p50_us']:>10.0f}{row['p99_us']:>10.0f}"
-              f"{row['p999_us']:>10.0f}{row['iops']:>12.0f}{row['mb_per_s']:>10.1f}")
+        print(
+            f"{'fio ' + name:<22}{row['p50_us']:>10.0f}{row['p99_us']:>10.0f}"
+            f"{row['p999_us']:>10.0f}{row['iops']:>12.0f}{row['mb_per_s']:>10.1f}"
+        )
     print("\nratios (targets: p99 <= 1.5x fio, bandwidth >= 0.8x fio, >= 100k rec/s)")
     for name, value in ratios.items():
         print(f"  {name:<36}{value:>12.2f}")
 
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "benchmark": "wal_ebs",
-        "quick": args.quick,
-        "runs": runs,
-        "seconds_per_measurement": seconds,
-        "max_inflight": MAX_INFLIGHT,
-        "host": {"machine": platform.machine(), "kernel": platform.release(),
-                 "cpus": os.cpu_count(), "folder": args.dir},
-        "wal": wal,
-        "fio": fio,
-        "ratios": ratios,
-        "raw": {"wal": wal_runs, "fio": fio_runs},
-    }, indent=2))
-    print(f"\nwrote {RESULTS}")
+    RESULTS.write_text(
+        json.dumps(
+            {
+                "benchmark": "wal_ebs",
+                "quick": args.quick,
+                "runs": runs,
+                "seconds_per_measurement": seconds,
+                "max_inflight": MAX_INFLIGHT,
+                "host": {
+                    "machine": platform.machine(),
+                    "kernel": platform.release(),
+                    "cpus": os.cpu_count(),
+                    "folder": args.dir,
+                },
+                "wal": wal,
+                "fio": fio,
+                "ratios": ratios,
+                "raw": {"wal": wal_runs, "fio": fio_runs},
+            },
+            indent=2,
+        )
+    )
+    png = RESULTS.with_suffix(".png")
+    drawn = plot(png, wal, fio)
+    print(f"\nwrote {RESULTS}" + (f" and {png}" if drawn else " (no PNG: matplotlib missing)"))
 
 
 if __name__ == "__main__":

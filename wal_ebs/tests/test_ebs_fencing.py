@@ -6,8 +6,10 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from walstream.clock import ManualClock
 from walstream.errors import FencedError, WalstreamError
 from walstream.wal import WalMode
+from walstream_wal_ebs.layout import BLOCK_BYTES, FORMAT_VERSION, HeaderSlot, pick_header
 
 
 async def test_zombie_gets_no_acknowledgement_after_failover(wal_path: Path, open_wal) -> None:
@@ -49,7 +51,9 @@ async def test_zombie_gets_no_acknowledgement_after_failover(wal_path: Path, ope
     with pytest.raises(WalstreamError):
         await zombie.append(b"after the fence")
     assert acked_after_fence == []
-    assert any(isinstance(exc, FencedError) for exc in failures), [repr(exc) for exc in failures][:3]
+    assert any(isinstance(exc, FencedError) for exc in failures), [repr(exc) for exc in failures][
+        :3
+    ]
     # Every record the zombie was acknowledged for is in the new owner's recovery.
     recovered_map = {record.offset: record.data for record in recovered}
     for offset, data in acknowledged.items():
@@ -79,3 +83,74 @@ async def test_zombie_trim_cannot_undo_the_fence(wal_path: Path, open_wal) -> No
         await open_wal(wal_path, epoch=1)
     await taker.close()
     await zombie.close()
+
+
+# -- the fence lease ------------------------------------------------------------------------------
+
+
+async def test_takeover_waits_out_the_fence_lease(wal_path: Path, open_wal) -> None:
+    # One clock for both: the taker's wait moves it past the zombie's lease.
+    clock = ManualClock()
+    zombie, _ = await open_wal(wal_path, epoch=1, clock=clock)
+    first = await zombie.append(b"acknowledged under the lease")
+    assert zombie.fence_reads == 1
+    started = clock.monotonic()
+    taker, recovered = await open_wal(wal_path, epoch=2, mode=WalMode.FAILOVER, clock=clock)
+    assert clock.monotonic() - started >= zombie.fence_lease_s
+    assert [(record.offset, record.data) for record in recovered] == [
+        (first, b"acknowledged under the lease")
+    ]
+    with pytest.raises(FencedError, match="taken over by node 1 epoch 2"):
+        await zombie.append(b"issued after the takeover")
+    await taker.close()
+    await zombie.close()
+
+
+async def test_write_after_the_lease_ran_out_reads_the_header(wal_path: Path, open_wal) -> None:
+    # Separate clocks: the taker's wait does not move the zombie's, so only the zombie's own
+    # lease check (its lease ran out) stands between it and an acknowledgement after the fence.
+    zombie_clock, taker_clock = ManualClock(), ManualClock()
+    zombie, _ = await open_wal(wal_path, epoch=1, clock=zombie_clock)
+    await zombie.append(b"under the lease")
+    zombie_clock.advance(zombie.fence_lease_s)
+    taker, _ = await open_wal(wal_path, epoch=2, mode=WalMode.FAILOVER, clock=taker_clock)
+    with pytest.raises(FencedError):
+        await zombie.append(b"after the lease ran out")
+    assert zombie.fence_reads == 2
+    await taker.close()
+    await zombie.close()
+
+
+async def test_lease_spares_header_reads_and_zero_reads_every_group(
+    wal_path: Path, open_wal
+) -> None:
+    clock = ManualClock()
+    wal, _ = await open_wal(wal_path, epoch=1, clock=clock)
+    for index in range(10):
+        await wal.append(b"record %d" % index)
+    assert wal.fence_reads == 1  # one read, then nine groups under its lease
+    await wal.close()
+    every, _ = await open_wal(wal_path, epoch=2, clock=clock, fence_lease_s=0)
+    for index in range(10):
+        await every.append(b"record %d" % index)
+    assert every.fence_reads == 10
+    await every.close()
+
+
+async def test_clean_close_gives_the_lease_back(wal_path: Path, open_wal) -> None:
+    clock = ManualClock()
+    owner, _ = await open_wal(wal_path, epoch=1, clock=clock)
+    await owner.append(b"x")
+    header = HeaderSlot.decode(wal_path.read_bytes()[:BLOCK_BYTES])
+    other = HeaderSlot.decode(wal_path.read_bytes()[BLOCK_BYTES : 2 * BLOCK_BYTES])
+    newest = max(header, other, key=lambda slot: slot.sequence)
+    assert (newest.version, newest.fence_lease_us) == (FORMAT_VERSION, 20_000)
+    await owner.close()
+    slots = wal_path.read_bytes()[: 2 * BLOCK_BYTES]
+    header, _ = pick_header([slots[:BLOCK_BYTES], slots[BLOCK_BYTES:]])
+    assert header is not None and header.fence_lease_us == 0
+    started = clock.monotonic()
+    successor, records = await open_wal(wal_path, epoch=2, clock=clock)
+    assert clock.monotonic() == started  # nothing to wait for
+    assert [record.data for record in records] == [b"x"]
+    await successor.close()

@@ -18,6 +18,7 @@ from walstream_conformance.corruption import Outcome, classify_recovery, flip_bi
 from walstream_wal_ebs import EbsWal, inspect_wal
 from walstream_wal_ebs.layout import (
     BLOCK_BYTES,
+    FORMAT_VERSION,
     PADDING_MAGIC_V1,
     RECORD_AREA_START,
     RECORD_HEADER_BYTES,
@@ -399,7 +400,7 @@ async def test_old_version_file_is_opened_and_adopted(
     header = HeaderSlot.decode(wal_path.read_bytes()[: 2 * BLOCK_BYTES][-BLOCK_BYTES:])
     other = HeaderSlot.decode(wal_path.read_bytes()[:BLOCK_BYTES])
     newest = max(header, other, key=lambda slot: slot.sequence)
-    assert newest.version == 2 and newest.deployment_id == DEPLOYMENT_A
+    assert newest.version == FORMAT_VERSION and newest.deployment_id == DEPLOYMENT_A
     assert newest.home_node_id == 1
     wal, records = await start(wal_path, epoch=3)
     assert pairs(records) == [*zip(offsets, old, strict=True), (fresh, b"written by this release")]
@@ -501,4 +502,36 @@ async def test_restarted_writers_lost_first_group(
         assert [(r.offset, r.data, r.damage_before) for r in records] == [
             (offset, data, None) for offset, data in earlier
         ]
+    await wal.close()
+
+
+# -- large groups landing in part -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lost_chunk", [None, "first", "second"])
+async def test_large_group_landing_in_part_is_a_torn_tail(
+    wal_path: Path, lost_chunk: str | None
+) -> None:
+    """A write of 1 MiB is not atomic: a crash may land some of its blocks only. Such a group
+    was never acknowledged: recovery drops it as a torn tail, keeps what came before, and
+    reports no damage."""
+    wal, _ = await start(wal_path, capacity_bytes=8 << 20)
+    small = await wal.append(b"acknowledged before")
+    big_data = os.urandom(1 << 20)
+    big = await wal.append(big_data)
+    start_position = place(wal, big)
+    await abandon(wal)
+    image = bytearray(wal_path.read_bytes())
+    chunk = 256 << 10
+    lost = {"first": 0, "second": 1, None: None}[lost_chunk]
+    if lost is not None:
+        at = start_position + lost * chunk
+        image[at : at + chunk] = bytes(chunk)
+    wal_path.write_bytes(bytes(image))
+    wal, records = await start(wal_path, epoch=2, capacity_bytes=8 << 20)
+    expected = [(small, b"acknowledged before")]
+    if lost_chunk is None:
+        expected.append((big, big_data))
+    assert pairs(records) == expected
+    assert all(record.damage_before is None for record in records)
     await wal.close()

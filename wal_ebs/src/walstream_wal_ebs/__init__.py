@@ -30,6 +30,7 @@ def _create(options: dict[str, Any], context: BuildContext) -> EbsWal:
         max_inflight=options["max_inflight"],
         max_group_bytes=options["max_group_bytes"],
         max_group_delay_s=options["max_group_delay"],
+        fence_lease_s=options["fence_lease"],
     )
 
 
@@ -78,6 +79,13 @@ EBS_WAL: BackendFactory[EbsWal] = BackendFactory(
             "duration",
             "longest a record waits for company while writes are in flight",
             default="500us",
+        ),
+        Option(
+            "fence_lease",
+            "duration",
+            "acknowledge without a header read this long after one showed this writer the "
+            "owner; a takeover waits it out (0: read the header after every group)",
+            default="20ms",
         ),
     ),
     create=_create,

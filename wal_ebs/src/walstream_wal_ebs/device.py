@@ -24,7 +24,8 @@ import errno
 import mmap
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,9 @@ class WalDevice:
         # libaio ships no type information: its context and eventfd are untyped.
         self._context: Any = None
         self._eventfd: Any = None
+        self._read_buffers = BufferPool(max_pooled_bytes=1 << 20)
+        """Read buffers are reused: a header read (every fence check) would otherwise map and
+        unmap a fresh buffer, and unmapping is a costly system call."""
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -176,6 +180,15 @@ class WalDevice:
 
     # -- I/O -----------------------------------------------------------------------------------
 
+    def start_writes(self, writes: Sequence[tuple[WriteBuffer, int]]) -> Coroutine[Any, Any, None]:
+        """Submit ``writes`` now (direct mode: ``io_submit`` before returning) and return what
+        to await for :meth:`write_all`'s outcome: the writes are durable when it returns. The
+        result must be awaited (it is what reports a failed submission)."""
+        if not self.direct:
+            return self.write_all(writes)
+        issued = self._issue(writes, write=True)
+        return self._finish_writes(writes, self._complete(issued, write=True))
+
     async def write_all(self, writes: Sequence[tuple[WriteBuffer, int]]) -> None:
         """Write each ``(buffer, position)`` (4 KiB aligned) concurrently; durable on return."""
         if self.direct:
@@ -188,6 +201,14 @@ class WalDevice:
                     for buffer, position in writes
                 )
             )
+        self._check_writes(writes, results)
+
+    async def _finish_writes(
+        self, writes: Sequence[tuple[WriteBuffer, int]], completion: Awaitable[list[int]]
+    ) -> None:
+        self._check_writes(writes, await completion)
+
+    def _check_writes(self, writes: Sequence[tuple[WriteBuffer, int]], results: list[int]) -> None:
         for (buffer, position), result in zip(writes, results, strict=True):
             if result != len(buffer):
                 raise AmbiguousError(self._io_problem("write", position, len(buffer), result))
@@ -196,20 +217,28 @@ class WalDevice:
         """Read ``length`` bytes at ``position`` (both 4 KiB aligned) from the medium."""
         if position % BLOCK_BYTES or length % BLOCK_BYTES:
             raise ValueError("unaligned read")
-        buffer = aligned_buffer(length)
+        buffer = self._read_buffers.take(length)
+        view = memoryview(buffer)[:length]
         try:
             if self.direct:
-                (result,) = await self._submit([(buffer, position)], write=False)
+                (result,) = await self._submit([(view, position)], write=False)
             else:
                 loop = self._require_loop()
-                result = await loop.run_in_executor(
-                    None, _pread_or_errno, self.fd, buffer, position
-                )
+                result = await loop.run_in_executor(None, _pread_or_errno, self.fd, view, position)
+        except asyncio.CancelledError:
+            view.release()
+            raise  # the kernel may still write into the buffer: never reuse it
+        except BaseException:
+            view.release()
+            self._read_buffers.give_back(buffer)
+            raise
+        try:
             if result < 0:
                 raise BackendUnavailable(self._io_problem("read", position, length, result))
-            return bytes(buffer[:result]) + bytes(length - result)
+            return bytes(view[:result]) + bytes(length - result)
         finally:
-            buffer.close()
+            view.release()
+            self._read_buffers.give_back(buffer)
 
     def _require_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -219,6 +248,10 @@ class WalDevice:
     async def _submit(
         self, requests: Sequence[tuple[WriteBuffer, int]], *, write: bool
     ) -> list[int]:
+        return await self._complete(self._issue(requests, write=write), write=write)
+
+    def _issue(self, requests: Sequence[tuple[WriteBuffer, int]], *, write: bool) -> _Issued:
+        """``io_submit`` the requests now; :meth:`_complete` waits for them."""
         import libaio
 
         loop = self._require_loop()
@@ -243,6 +276,12 @@ class WalDevice:
             while submitted < len(blocks):
                 submitted += self._context.submit(blocks[submitted:])
         except OSError as exc:
+            return _Issued(futures, submitted, exc)
+        return _Issued(futures, submitted, None)
+
+    async def _complete(self, issued: _Issued, *, write: bool) -> list[int]:
+        futures, submitted, exc = issued.futures, issued.submitted, issued.error
+        if exc is not None:
             action = "write" if write else "read"
             problem = f"io_submit of a {action} to {self.path} failed: {exc}"
             if submitted:
@@ -251,6 +290,8 @@ class WalDevice:
             if write and submitted:
                 raise AmbiguousError(problem) from exc
             raise BackendUnavailable(problem) from exc
+        if len(futures) == 1:
+            return [await futures[0]]  # no gathering: one hop of the loop less
         return list(await asyncio.gather(*futures))
 
     def _reap(self) -> None:
@@ -271,6 +312,16 @@ class WalDevice:
         return f"{action} of {length} bytes at {position} on {self.path} failed: {reason}"
 
 
+@dataclass(frozen=True, slots=True)
+class _Issued:
+    """Requests handed to the kernel: a future per request (the first ``submitted`` of them
+    resolve), and the error that stopped the submission, if any."""
+
+    futures: list[asyncio.Future[int]]
+    submitted: int
+    error: OSError | None
+
+
 def _completer(future: asyncio.Future[int]):  # type: ignore[no-untyped-def]
     def on_completion(_block: object, result: int, _result2: int) -> None:
         if not future.done():
@@ -286,7 +337,7 @@ def _pwrite_or_errno(fd: int, buffer: WriteBuffer, position: int) -> int:
         return -(exc.errno or errno.EIO)
 
 
-def _pread_or_errno(fd: int, buffer: mmap.mmap, position: int) -> int:
+def _pread_or_errno(fd: int, buffer: WriteBuffer, position: int) -> int:
     try:
         return os.preadv(fd, [buffer], position)
     except OSError as exc:

@@ -82,7 +82,7 @@ async def _inspect(
                 f"capacity={decoded.capacity_bytes} area_start={decoded.area_start} "
                 f"tail={decoded.tail_offset} trim={decoded.trim_offset} "
                 f"head_floor={decoded.head_floor} acked_through={decoded.acked_through} "
-                f"timestamp_ms={decoded.timestamp_ms} crc=ok{newest}"
+                f"fence_lease_us={decoded.fence_lease_us} timestamp_ms={decoded.timestamp_ms} crc=ok{newest}"
             )
         if header is None:
             raise CorruptionError(f"{path}: no valid header slot; the records cannot be located")

@@ -8,8 +8,13 @@
 sequence number one higher, so a torn header write leaves the other slot intact. The newest slot
 whose magic, version and CRC32C check out wins. Header format version 2 adds the WAL's identity
 (the deployment id and the node id it belongs to) and ``acked_through`` (every record below it was
-acknowledged; written by a clean close). Version 1 headers (no identity) are still read; the next
-header write turns them into version 2.
+acknowledged; written by a clean close). Version 3 puts the owner's *fence lease* (microseconds)
+in what version 2 kept as a reserved zero field: how long after a header read that showed it the
+owner the writer may still acknowledge writes without reading the header again; whoever takes the
+WAL over waits that long before reading the log. A release that reads only versions 1 and 2
+refuses a version-3 header ("upgrade walstream") instead of taking it over without waiting.
+Version 1 and 2 headers are still read (their writers hold no lease); the next header write turns
+them into version 3.
 
 **Records** live at ever-growing *logical* offsets; a record with logical offset ``o`` sits at
 ``area_start + o % capacity``. Each record is a header followed by its body (DESIGN §6). Record
@@ -64,9 +69,10 @@ BLOCK_BYTES = 4096
 """Unit of every write and of alignment (the common logical block size of NVMe and EBS)."""
 HEADER_SLOT_COUNT = 2
 RECORD_AREA_START = HEADER_SLOT_COUNT * BLOCK_BYTES
-FORMAT_VERSION = 2
-"""Header format: 1 = no identity; 2 = deployment id, home node and acked-through."""
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+"""Header format: 1 = no identity; 2 = deployment id, home node and acked-through; 3 = the
+owner's fence lease."""
+READABLE_VERSIONS = (1, 2, 3)
 
 HEADER_MAGIC = b"WSWH"
 RECORD_MAGIC_V1 = 0x57535752  # "WSWR"
@@ -127,6 +133,10 @@ class HeaderSlot:
     """The node this WAL belongs to, recorded with the deployment id (-1: none recorded)."""
     acked_through: int = 0
     """Every record at a logical offset below this was acknowledged (a clean close writes it)."""
+    fence_lease_us: int = 0
+    """Version 3: the owner may acknowledge a write up to this long after the start of a header
+    read that showed it the owner; a taker waits this long after fencing it (0: no lease, as
+    every version-1/2 writer and a cleanly closed one)."""
 
     @property
     def has_identity(self) -> bool:
@@ -152,7 +162,7 @@ class HeaderSlot:
             self.salt,
             self.node_id,
             self.node_epoch,
-            0,
+            self.fence_lease_us if self.version >= 3 else 0,
         )
         if self.version == 1:
             fields = _HEADER_V1.pack(*common)
@@ -196,7 +206,7 @@ class HeaderSlot:
             salt,
             node_id,
             node_epoch,
-            _reserved,
+            reserved,
         ) = values[:14]
         deployment_id, home_node_id, acked_through = (
             values[14:] if version >= 2 else (NO_DEPLOYMENT, -1, 0)
@@ -218,6 +228,7 @@ class HeaderSlot:
             deployment_id=bytes(deployment_id),
             home_node_id=home_node_id,
             acked_through=acked_through,
+            fence_lease_us=reserved if version >= 3 else 0,
         )
 
     def next(self, **changes: Any) -> HeaderSlot:

@@ -9,8 +9,19 @@ packs one group's records back to back into fresh 4 KiB blocks at the next logic
 record up to the block boundary, and — when the group would cross the end of the ring — first
 writes a padding record from the current position to the ring end and starts the group at the
 beginning of the ring. Groups never share a block, so in-flight groups never overlap.
-``_write_group`` writes the blocks and then re-reads the header slots: if another node id or epoch
-owns the WAL, the group fails with :class:`FencedError` before anything is acknowledged.
+``_write_group`` writes the blocks and then makes sure that no other node id or epoch owns the WAL
+before anything is acknowledged (else the group fails with :class:`FencedError`); see *Fencing*.
+
+Fencing. A header read that shows this writer the owner proves that no FAILOVER had fenced it when
+the read started. The writer holds a *fence lease* of ``fence_lease_s`` from the start of such a
+read: a group whose write is durable before the lease runs out is acknowledged without another
+read (a background read renews the lease while groups keep completing); a group durable after it
+waits for a header read that starts after the write. The lease is recorded in the header (format
+version 3), and whoever takes the WAL over (FAILOVER, or a restart with a higher epoch) waits it
+out — ``_LEASE_MARGIN`` times the lease plus a millisecond — after fencing the writer and before
+reading the log. So a write the old writer acknowledges was durable before the taker reads the
+log, exactly as when every group re-read the header. Both sides measure the lease on their
+:class:`~walstream.clock.Clock`, whose rate the margin assumes to agree within 20%.
 
 Every group carries a watermark (record format 2): the offset of the first record of the oldest
 group still in flight when it was issued (or the group's own start): everything below it was
@@ -44,9 +55,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,12 +101,19 @@ from .layout import (
 )
 from .scan import DEFAULT_RESYNC_SCAN_BYTES, walk_log
 
-__all__ = ["MIN_CAPACITY_BYTES", "EbsWal"]
+__all__ = ["DEFAULT_FENCE_LEASE_S", "MIN_CAPACITY_BYTES", "EbsWal"]
 
 log = logging.getLogger(__name__)
 
 MIN_CAPACITY_BYTES = RECORD_AREA_START + 16 * BLOCK_BYTES
 _MAX_RECORD_BYTES = 64 << 20
+DEFAULT_FENCE_LEASE_S = 0.02
+"""How long a header read showing this writer the owner lets it acknowledge writes (module
+docstring, *Fencing*): what a takeover waits, against one header read per lease instead of one
+per group."""
+_MAX_FENCE_LEASE_S = 10.0
+_LEASE_MARGIN = 1.25
+"""A taker waits this many leases (plus a millisecond): room for the two clocks' rates to differ."""
 _FORMAT_CHECK_BYTES = 1 << 20
 """How much of the record area must be zero (besides both header slots) for a medium without a
 valid header to be formatted: every format starts writing at ring position 0, so a medium that
@@ -117,7 +136,12 @@ class EbsWal(GroupCommitWal):
         capacity_wait_s: float = 5.0,
         clock: Clock | None = None,
         salt: int | None = None,
+        fence_lease_s: float = DEFAULT_FENCE_LEASE_S,
     ) -> None:
+        if not 0 <= fence_lease_s <= _MAX_FENCE_LEASE_S:
+            raise ConfigError(
+                f"wal.fence_lease: between 0 and {_MAX_FENCE_LEASE_S:g} s, got {fence_lease_s!r}"
+            )
         if capacity_bytes < MIN_CAPACITY_BYTES:
             raise ConfigError(
                 f"wal.capacity: at least {MIN_CAPACITY_BYTES} bytes, got {capacity_bytes}"
@@ -160,6 +184,11 @@ class EbsWal(GroupCommitWal):
         self._buffers = BufferPool()
         self._fence_waiters: list[asyncio.Future[None]] = []
         self._fence_task: asyncio.Task[None] | None = None
+        self.fence_lease_s = fence_lease_s
+        self._lease_until = -math.inf
+        """Clock time until which a durable write may be acknowledged without a header read."""
+        self.fence_reads = 0
+        """Header reads made to check the fence (for tests and ``describe``)."""
 
     @staticmethod
     def _capabilities_for(ring_bytes: int) -> WalCapabilities:
@@ -351,7 +380,7 @@ class EbsWal(GroupCommitWal):
                 f"{header.node_epoch}; this node (id {self.node_id}, epoch {self.node_epoch}) "
                 "must start with a higher epoch"
             )
-        await self._persist_header(take_over=True)
+        await self._outwait_lease(await self._persist_header(take_over=True))
 
     async def _take_over(self) -> None:
         """FAILOVER: fence the old writer by owning the header with a higher epoch.
@@ -367,7 +396,24 @@ class EbsWal(GroupCommitWal):
                 f"FAILOVER of the WAL {self.path} needs an epoch above its owner's "
                 f"({header.node_epoch}); got {self.node_epoch}"
             )
-        await self._persist_header(take_over=True)
+        await self._outwait_lease(await self._persist_header(take_over=True))
+
+    async def _outwait_lease(self, displaced: HeaderSlot) -> None:
+        """After fencing the owner of ``displaced``: wait until a write it acknowledges without
+        a header read must already be durable (module docstring, *Fencing*)."""
+        if not displaced.fence_lease_us:
+            return  # a version-1/2 writer, a clean close, or a FAILOVER reader: no lease held
+        if (displaced.node_id, displaced.node_epoch) == (self.node_id, self.node_epoch):
+            return  # the same owner again: nobody is fenced
+        wait_s = displaced.fence_lease_us / 1e6 * _LEASE_MARGIN + 0.001
+        log.info(
+            "WAL %s: waiting %.1f ms for the fence lease of node %d epoch %d to run out",
+            self.path,
+            wait_s * 1e3,
+            displaced.node_id,
+            displaced.node_epoch,
+        )
+        await self.clock.sleep(wait_s)
 
     def _prepare_group(self, payloads: Sequence[bytes]) -> PreparedGroup:
         capacity = self._capacity
@@ -449,20 +495,36 @@ class EbsWal(GroupCommitWal):
         self._head += total
         self._written_end = self._head
         self._used_bytes += total
-        return PreparedGroup(offsets, list(payloads), state=(writes, buffers))
+        return PreparedGroup(offsets, list(payloads), state=(writes, buffers, None))
+
+    def _start_write(self, group: PreparedGroup) -> None:
+        # Submit the group's writes now rather than when its write task first runs.
+        writes, buffers, _ = group.state
+        started: Coroutine[Any, Any, None]
+        try:
+            started = self._require_device().start_writes(writes)
+        except Exception as exc:  # _write_group reports it, as the contract wants
+            started = _raise(exc)
+        group.state = (writes, buffers, started)
 
     async def _write_group(self, group: PreparedGroup) -> None:
         device = self._require_device()
-        writes, buffers = group.state
+        writes, buffers, started = group.state
         group.state = None
         try:
-            await device.write_all(writes)
+            await (started if started is not None else device.write_all(writes))
         except asyncio.CancelledError:
             raise  # the kernel may still read the buffers: never reuse them
         except BaseException:
             self._recycle(writes, buffers)
             raise
         self._recycle(writes, buffers)
+        # The write is durable now: under the lease it may be acknowledged as it is.
+        now = self.clock.monotonic()
+        if now < self._lease_until:
+            if self._lease_until - now < self.fence_lease_s / 2:
+                self._start_fence_read()  # renew before it runs out; nobody waits for it
+            return
         await self._check_fence()
 
     def _recycle(self, writes: list[tuple[memoryview, int]], buffers: list[Any]) -> None:
@@ -604,6 +666,7 @@ class EbsWal(GroupCommitWal):
         self._used_bytes = 0
 
     async def _close(self) -> None:
+        self._lease_until = -math.inf
         if self._fence_task is not None:
             await asyncio.gather(self._fence_task, return_exceptions=True)
         await self._record_clean_close()
@@ -622,11 +685,15 @@ class EbsWal(GroupCommitWal):
             or self._failure is not None
             or self._device is None
             or header is None
-            or self._written_end <= header.acked_through
+            or (self._written_end <= header.acked_through and not header.fence_lease_us)
         ):
             return
         try:
-            await self._persist_header(acked_through=self._written_end)
+            # No more acknowledgements from this writer: it gives its lease back, so the next
+            # owner need not wait for it.
+            await self._persist_header(
+                acked_through=max(self._written_end, header.acked_through), fence_lease_us=0
+            )
         except (WalstreamError, OSError) as exc:
             log.warning("WAL %s: could not record the clean close: %s", self.path, exc)
 
@@ -664,9 +731,13 @@ class EbsWal(GroupCommitWal):
         finally:
             buffer.close()
 
-    async def _persist_header(self, *, take_over: bool = False, **changes: Any) -> None:
+    async def _persist_header(self, *, take_over: bool = False, **changes: Any) -> HeaderSlot:
         """Write the new header state to both slots, one after the other; unless taking over,
-        only while this node still owns the WAL (checked before each write).
+        only while this node still owns the WAL (checked before each write). Returns the header
+        found on the device before (whose owner a takeover fenced).
+
+        The header declares this writer's fence lease (none unless READ_WRITE) before any
+        write is acknowledged under it.
 
         Both slots: a slot that later fails its CRC (a flipped bit) then falls back to the same
         state, never to an older tail that would bring trimmed records back. A torn write of
@@ -682,6 +753,8 @@ class EbsWal(GroupCommitWal):
             else:
                 self._owner_check(on_device)
             assert self._header is not None
+            lease_us = round(self.fence_lease_s * 1e6) if self.mode is WalMode.READ_WRITE else 0
+            fields: dict[str, Any] = {"fence_lease_us": lease_us, **changes}
             new = dataclasses.replace(
                 self._header,
                 sequence=on_device.sequence + 1,
@@ -689,7 +762,7 @@ class EbsWal(GroupCommitWal):
                 timestamp_ms=self.clock.now_ms(),
                 node_id=self.node_id,
                 node_epoch=self.node_epoch,
-                **changes,
+                **fields,
             )
             await self._write_slot(new)
             self._header = new
@@ -698,26 +771,39 @@ class EbsWal(GroupCommitWal):
             second = new.next(timestamp_ms=self.clock.now_ms())
             await self._write_slot(second)
             self._header = second
+            return on_device
 
     async def _check_fence(self) -> None:
         """Wait for a header read that started after this call: it proves that no FAILOVER
         took the WAL before the caller's write was durable. Concurrent callers share reads."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._fence_waiters.append(waiter)
-        if self._fence_task is None or self._fence_task.done():
-            self._fence_task = asyncio.create_task(self._read_fences())
+        self._start_fence_read()
         await waiter
 
+    def _start_fence_read(self) -> None:
+        """Read the header now unless a read is under way (its loop serves later waiters)."""
+        if self._fence_task is None or self._fence_task.done():
+            self._fence_task = asyncio.create_task(self._read_fences())
+
     async def _read_fences(self) -> None:
-        while self._fence_waiters:
+        """One header read, then one more for as long as waiters arrived during the last one.
+        Each read that shows this writer the owner extends the lease from its start."""
+        while True:
             waiters, self._fence_waiters = self._fence_waiters, []
             problem: WalstreamError | None = None
+            started = self.clock.monotonic()
+            self.fence_reads += 1
             try:
                 self._owner_check(await self._read_header())
             except WalstreamError as exc:
                 problem = exc
             except OSError as exc:
                 problem = BackendUnavailable(f"reading the WAL header of {self.path}: {exc}")
+            if problem is None:
+                self._lease_until = max(self._lease_until, started + self.fence_lease_s)
+            else:
+                self._lease_until = -math.inf
             for waiter in waiters:
                 if waiter.done():
                     continue
@@ -725,6 +811,8 @@ class EbsWal(GroupCommitWal):
                     waiter.set_result(None)
                 else:
                     waiter.set_exception(problem)
+            if not self._fence_waiters:
+                return
 
     # -- description ---------------------------------------------------------------------------
 
@@ -742,7 +830,13 @@ class EbsWal(GroupCommitWal):
             "deployment_id": self._header.deployment_id.hex() if self._header else "",
             "home_node_id": self._header.home_node_id if self._header else -1,
             "format_version": self._header.version if self._header else 0,
+            "fence_lease_s": self.fence_lease_s,
+            "fence_reads": self.fence_reads,
         }
+
+
+async def _raise(exc: Exception) -> None:
+    raise exc
 
 
 def _merge(first: WalDamage, second: WalDamage) -> WalDamage:

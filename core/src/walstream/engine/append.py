@@ -14,7 +14,7 @@ from typing import Any
 
 from walstream.clock import Clock
 from walstream.engine.cache import CachedBatch, LogCache
-from walstream.engine.events import EngineHooks, WalAppended
+from walstream.engine.events import EngineHooks, NullHooks, WalAppended
 from walstream.engine.streams import LocalStream, NodeGate
 from walstream.engine.upload import Uploader
 from walstream.errors import (
@@ -61,6 +61,8 @@ class StreamWriter:
         self._cache = cache
         self._gate = gate
         self._hooks = hooks
+        self._report_appends = not isinstance(hooks, NullHooks)
+        """Build a WalAppended event per acknowledgement only for hooks that listen."""
         self._clock = clock
         self._append_timeout_s = append_timeout_s
         self._node_epoch = -1
@@ -109,20 +111,24 @@ class StreamWriter:
         match_tail: int | None,
         fencing_token: str | None,
     ) -> AppendAck:
-        self._gate.check_writable(state)
+        gate = self._gate
+        gate.check_writable(state)
         if not records:
             raise InvalidArgument("append needs at least one record")
         for record in records:
-            if not isinstance(record, Record):
+            if type(record) is not Record and not isinstance(record, Record):
                 raise InvalidArgument(
                     f"append takes walstream.Record objects, got {type(record).__name__}"
                 )
-        check_optional_int(match_tail, "match_tail")
-        check_optional_text(fencing_token, "fencing_token", MAX_FENCING_TOKEN_BYTES)
-        await self._claim(state)
+        if match_tail is not None:
+            check_optional_int(match_tail, "match_tail")
+        if fencing_token is not None:
+            check_optional_text(fencing_token, "fencing_token", MAX_FENCING_TOKEN_BYTES)
+        if not state.claimed:
+            await self._claim(state)
         started = self._clock.monotonic()
         async with state.lock:
-            self._gate.check_writable(state)
+            gate.check_writable(state)
             if fencing_token is not None and fencing_token != state.fencing_token:
                 raise FencedError(
                     f"fencing token {fencing_token!r} does not match the stream's current token; "
@@ -140,11 +146,15 @@ class StreamWriter:
             last = state.last_timestamp_ms
             for record in records:
                 timestamp = now_ms if record.timestamp_ms is None else record.timestamp_ms
-                last = max(last, timestamp)  # timestamps never go backwards within a stream
+                if timestamp > last:
+                    last = timestamp  # timestamps never go backwards within a stream
                 timestamps.append(last)
             base = state.next_offset
-            data = encode_batch(state.info.stream_id, state.epoch, base, records, timestamps)
-            if len(data) > self._wal.capabilities.max_record_bytes:
+            count = len(records)
+            stream_id = state.info.stream_id
+            data = encode_batch(stream_id, state.epoch, base, records, timestamps)
+            size = len(data)
+            if size > self._wal.capabilities.max_record_bytes:
                 limit = self._wal.capabilities.max_record_bytes
                 if len(records) == 1:
                     raise CapacityError(
@@ -156,18 +166,12 @@ class StreamWriter:
                     f"batch of {len(records)} records, {len(data)} bytes, exceeds the WAL's "
                     f"maximum record of {limit} bytes; append fewer records at once"
                 )
-            await self._wait_for_space(len(data))
-            self._gate.check_writable(state)
+            cache = self._cache
+            if cache.unuploaded_bytes + size > self._unuploaded_limit and cache.unuploaded_bytes:
+                await self._wait_for_space(size)
+                gate.check_writable(state)
             # No await between the cache insert and the WAL submission: WAL order = cache order.
-            batch = self._cache.add(
-                state.info.stream_id,
-                state.epoch,
-                base,
-                base + len(records),
-                data,
-                timestamps[0],
-                timestamps[-1],
-            )
+            batch = cache.add(stream_id, state.epoch, base, base + count, data, timestamps[0], last)
             try:
                 future = self._wal.append(data)
             except BaseException as refused:
@@ -177,27 +181,23 @@ class StreamWriter:
                 # and the next append cannot reuse its offsets.
                 batch.failed = True
                 batch.block.settle_one()
-                self._gate.latch(refused)
+                gate.latch(refused)
                 raise
             future.add_done_callback(
-                lambda done: self._on_wal_done(state, batch, done, len(records), started)
+                lambda done: self._on_wal_done(state, batch, done, count, started)
             )
-            state.next_offset = base + len(records)
+            state.next_offset = base + count
             state.last_timestamp_ms = last
             assert self._uploader is not None
             self._uploader.notify_added()
-        self._inflight.add(future)
+        inflight = self._inflight
+        inflight.add(future)
         try:
             await future
         finally:
-            self._inflight.discard(future)
-        return AppendAck(
-            base,
-            base + len(records),
-            max(state.acked_tail, base + len(records)),
-            timestamps[0],
-            timestamps[-1],
-        )
+            inflight.discard(future)
+        end = base + count
+        return AppendAck(base, end, max(state.acked_tail, end), timestamps[0], timestamps[-1])
 
     async def _wait_acked(self, state: LocalStream) -> None:
         while state.acked_tail < state.next_offset:
@@ -226,17 +226,19 @@ class StreamWriter:
         batch.block.settle_one()
         state.acked_tail = max(state.acked_tail, batch.end_offset)
         state.notify()
-        self._hooks.emit(
-            WalAppended(
-                self._gate.node_id,
-                state.info.stream_id,
-                count,
-                len(batch.data),
-                self._clock.monotonic() - started,
+        if self._report_appends:
+            self._hooks.emit(
+                WalAppended(
+                    self._gate.node_id,
+                    state.info.stream_id,
+                    count,
+                    len(batch.data),
+                    self._clock.monotonic() - started,
+                )
             )
-        )
 
     async def _wait_for_space(self, size: int) -> None:
+        """Back-pressure: wait until the batch fits under the bound of bytes not yet uploaded."""
         cache = self._cache
         if cache.unuploaded_bytes + size <= self._unuploaded_limit or cache.unuploaded_bytes == 0:
             return

@@ -84,7 +84,10 @@ class Stream:
         :class:`TailMismatchError` carrying the actual tail). ``fencing_token``: must equal the
         token set with :meth:`set_fencing_token` (else :class:`FencedError`).
         """
-        if isinstance(records, Record) or not isinstance(records, Iterable):
+        # A list (the common case) skips the abstract-class check, which is slow.
+        if type(records) is not list and (
+            isinstance(records, Record) or not isinstance(records, Iterable)
+        ):
             raise InvalidArgument(
                 f"append takes an iterable of walstream.Record (e.g. a list), got "
                 f"{describe(records)}"

@@ -69,6 +69,10 @@ class GroupCommitWal(WriteAheadLog):
       Raise :class:`CapacityError` when the records do not fit until a trim frees space.
     - ``async _write_group(group)``: make the group durable; groups may be written concurrently
       (up to ``max_inflight``); re-check the fence before returning; raise a walstream error.
+    - optionally ``_start_write(group)``: synchronous, called right after ``_prepare_group``
+      (in group order) and before ``_write_group`` runs in its own task: a medium can issue the
+      group's I/O here, a turn of the event loop earlier. It must not raise: a failure belongs
+      to ``_write_group``, which reports it.
     - ``_recover() -> AsyncIterator[WalRecord]``: the records after the trim point.
     - ``async _trim(offset)``, ``async _reset()``, ``async _close()``.
     """
@@ -189,6 +193,10 @@ class GroupCommitWal(WriteAheadLog):
     @abstractmethod
     async def _write_group(self, group: PreparedGroup) -> None: ...
 
+    def _start_write(self, group: PreparedGroup) -> None:
+        """Issue the group's I/O now (see the class docstring); by default nothing."""
+        return None
+
     @abstractmethod
     def _recover(self) -> AsyncIterator[WalRecord]: ...
 
@@ -297,6 +305,7 @@ class GroupCommitWal(WriteAheadLog):
                 return
         group = _Group(prepared, futures)
         self._inflight.append(group)
+        self._start_write(prepared)
         task = asyncio.create_task(self._run_write(group))
         self._write_tasks.add(task)
         task.add_done_callback(self._write_tasks.discard)
