@@ -10,7 +10,7 @@ at once: the store costs a dictionary operation, so a benchmark measures the WAL
 latency model, not a Python HTTP server. Everything above the botocore client (retries,
 timeouts, request counts) is the production code.
 
-Multipart uploads are not implemented (WAL objects and chunks are single PUTs).
+Multipart uploads keep their parts in memory until completed or aborted.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ _METHODS = {
     "list_objects_v2": "GET",
     "delete_objects": "POST",
     "create_bucket": "PUT",
+    "create_multipart_upload": "POST",
+    "upload_part": "PUT",
+    "complete_multipart_upload": "POST",
+    "abort_multipart_upload": "DELETE",
 }
 
 
@@ -73,6 +77,7 @@ class MemoryBucket:
     objects: dict[str, bytes] = field(default_factory=dict)
     keys: list[str] = field(default_factory=list)
     requests: dict[str, int] = field(default_factory=dict)
+    uploads: dict[str, dict[int, bytes]] = field(default_factory=dict)
 
     def __getattr__(self, operation: str) -> Any:
         if operation not in _METHODS:
@@ -158,6 +163,40 @@ class MemoryBucket:
             contents.append({"Key": key, "Size": len(self.objects[key])})
             index += 1
         return {"Contents": contents, "IsTruncated": False}
+
+    def _create_multipart_upload(self, *, Key: str, **_: Any) -> dict[str, Any]:
+        upload_id = f"upload-{len(self.uploads)}-{Key}"
+        self.uploads[upload_id] = {}
+        return {"UploadId": upload_id}
+
+    def _upload_part(
+        self, *, UploadId: str, PartNumber: int, Body: bytes, **_: Any
+    ) -> dict[str, Any]:
+        parts = self.uploads.get(UploadId)
+        if parts is None:
+            raise _error("UploadPart", 404, "NoSuchUpload", "The upload does not exist")
+        parts[PartNumber] = bytes(Body)
+        return {"ETag": f'"part-{PartNumber}"'}
+
+    def _complete_multipart_upload(
+        self, *, Key: str, UploadId: str, MultipartUpload: dict[str, Any], **params: Any
+    ) -> dict[str, Any]:
+        parts = self.uploads.get(UploadId)
+        if parts is None:
+            raise _error(
+                "CompleteMultipartUpload", 404, "NoSuchUpload", "The upload does not exist"
+            )
+        numbers = [part["PartNumber"] for part in MultipartUpload["Parts"]]
+        result = self._put_object(
+            Key=Key, Body=b"".join(parts[number] for number in numbers), **params
+        )
+        del self.uploads[UploadId]
+        return result
+
+    def _abort_multipart_upload(self, *, UploadId: str, **_: Any) -> dict[str, Any]:
+        if self.uploads.pop(UploadId, None) is None:
+            raise _error("AbortMultipartUpload", 404, "NoSuchUpload", "The upload does not exist")
+        return {}
 
     def _delete_objects(self, *, Delete: dict[str, Any], **_: Any) -> dict[str, Any]:
         for item in Delete["Objects"]:
