@@ -65,7 +65,14 @@ async def run_workload(
 async def bench_quorum(
     servers: list[ChunkServerProcess], epoch: int, args: argparse.Namespace
 ) -> dict[str, float]:
-    options = {"servers": [server.address for server in servers], "log_id": "bench"}
+    options: dict[str, Any] = {
+        "servers": [server.address for server in servers],
+        "log_id": "bench",
+    }
+    if args.max_chunk_delay is not None:
+        options["max_chunk_delay"] = args.max_chunk_delay
+    if args.max_inflight is not None:
+        options["max_inflight"] = args.max_inflight
     wal = NVME_QUORUM_WAL.build(options, BuildContext(node_id=1), "wal")
     await wal.start(1, epoch, WalMode.READ_WRITE)
     async for _ in wal.recover():
@@ -147,6 +154,12 @@ def cli() -> None:
     parser.add_argument("--records", type=int, default=None)
     parser.add_argument("--record-bytes", type=int, default=1024)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--max-chunk-delay", default=None, help="the WAL's max_chunk_delay (default: its own)"
+    )
+    parser.add_argument(
+        "--max-inflight", type=int, default=None, help="the WAL's max_inflight (default: its own)"
+    )
     parser.add_argument("--slow-ms", type=float, default=50.0)
     parser.add_argument("--dir", default=None, help="folder for data (default: system temp)")
     parser.add_argument("--out", type=Path, default=RESULTS)
