@@ -4,7 +4,8 @@ ranged-GET throughput of the same store, measured in the same run.
 The stream is written through the engine (memory WAL, memory metadata) into an in-memory S3
 bucket behind the production S3 client (``walstream_wal_s3.testing.memory_s3``); then a fresh
 reader with empty caches reads it from the start with ``walstream.engine.read.read_committed``
-(what ``walstream read`` and Spark executors do), while every GET waits a lognormal latency
+(what ``walstream read`` and Spark executors do) — with read-ahead pipelining and, for
+comparison, without (``(serial)`` rows) — while every GET waits a lognormal latency
 (p50 50 ms / p99 150 ms by default, ``walstream_wal_s3.testing.latency``). ``raw`` is the store
 alone: back-to-back ranged GETs of ``--raw-get-bytes`` over the same objects, by 1 and by
 ``--raw-concurrency`` readers. Requests are counted at the store: GETs, HEADs and LISTs per GiB
@@ -86,9 +87,22 @@ async def write_stream(bucket: MemoryBucket, total_bytes: int, record_bytes: int
         return metadata, stream.stream_id, written
 
 
-async def cold_read(bucket: MemoryBucket, metadata: Any, stream_id: int) -> dict[str, Any]:
+class _SerialReader(ObjectReader):
+    """The reader without read-ahead pipelining (every window fetched when needed), to show
+    what pipelining buys in the same run."""
+
+    def _prefetch_run(self, *_: Any) -> None:
+        return None
+
+    def _prefetch_object(self, *_: Any) -> None:
+        return None
+
+
+async def cold_read(
+    bucket: MemoryBucket, metadata: Any, stream_id: int, pipelined: bool = True
+) -> dict[str, Any]:
     store = store_on(bucket)
-    reader = ObjectReader(store, metadata)
+    reader = (ObjectReader if pipelined else _SerialReader)(store, metadata)
     before = dict(bucket.requests)
     records = size = 0
     started = time.perf_counter()
@@ -146,10 +160,14 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     model.methods = frozenset({"GET", "HEAD"})
     rows: list[dict[str, Any]] = []
     for _ in range(args.runs):
-        rows.append(
-            {"reader": "cold read_committed", **await cold_read(bucket, metadata, stream_id)}
-        )
-        print_row(rows[-1])
+        for pipelined in (True, False):
+            rows.append(
+                {
+                    "reader": "cold read_committed" + ("" if pipelined else " (serial)"),
+                    **await cold_read(bucket, metadata, stream_id, pipelined),
+                }
+            )
+            print_row(rows[-1])
     for concurrency in (1, args.raw_concurrency):
         rows.append(
             {
@@ -158,14 +176,16 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             }
         )
         print_row(rows[-1])
-    reads = sorted(row["mib_per_s"] for row in rows if row["reader"].startswith("cold"))
+    reads = sorted(row["mib_per_s"] for row in rows if row["reader"] == "cold read_committed")
+    serial = sorted(row["mib_per_s"] for row in rows if row["reader"].endswith("(serial)"))
     median = reads[len(reads) // 2]
     for row in rows:
         if row["reader"].startswith("raw"):
             row["cold_over_raw"] = round(median / row["mib_per_s"], 2)
     print(
         f"objects: {len(objects)} ({written / len(objects) / MiB:.1f} MiB each); upload: "
-        f"{upload['puts_per_gib']} PUT/GiB; cold read median {median} MiB/s = "
+        f"{upload['puts_per_gib']} PUT/GiB; cold read median {median} MiB/s (serial "
+        f"{serial[len(serial) // 2]}) = "
         + ", ".join(
             f"{row['cold_over_raw']}x {row['reader']}" for row in rows if "cold_over_raw" in row
         )

@@ -254,6 +254,7 @@ class ObjectReader:
             run = self._run_from(info, entries, position, window[0])
             run_bytes = sum(item.size for item in run)
             following = position + len(run)
+            ahead: list[IndexEntry] = []
             if (
                 window[0] > self.readahead_min_bytes
                 and run_bytes >= window[0]
@@ -261,10 +262,9 @@ class ObjectReader:
             ):
                 # A sequential scan: its next window is fetched while this one is decoded.
                 next_window = min(self.readahead_max_bytes, window[0] * 2)
-                self._prefetch_run(
-                    info, stream_id, self._run_from(info, entries, following, next_window)
-                )
-            for number, decoded in enumerate(await self._fetch_run(info, run, seed, stream_id)):
+                ahead = self._run_from(info, entries, following, next_window)
+            fetched = await self._fetch_run(info, run, seed, stream_id, ahead)
+            for number, decoded in enumerate(fetched):
                 if isinstance(decoded, CorruptionError):
                     if result or number > 0:
                         # Only read-ahead reached the bad block: serve what precedes it.
@@ -337,34 +337,51 @@ class ObjectReader:
 
         self._start_prefetch(stream_id, info, None, asyncio.create_task(load()))
 
-    async def _prefetched(
-        self, info: ObjectInfo, stream_id: int, first: int, last: int
-    ) -> bytes | None:
-        """The bytes ``[first, last)`` of ``info``'s object if a prefetch holds them (``None``
-        when none does, or when it failed: the caller fetches them itself)."""
+    def _claim_prefetch(self, info: ObjectInfo, stream_id: int, first: int) -> _Prefetch | None:
+        """Take the stream's prefetch of ``info``'s object if it may start at ``first``."""
         pending = self._prefetches.get((stream_id, info.object_id))
         if pending is None or pending.first not in (None, first):
             return None
         del self._prefetches[(stream_id, info.object_id)]
+        return pending
+
+    async def _use_prefetch(
+        self, pending: _Prefetch, info: ObjectInfo, first: int, last: int
+    ) -> bytes | None:
+        """The bytes ``[first, last)`` of ``info``'s object from ``pending``, or their start
+        from it and the rest fetched here; ``None`` when it holds another range or failed (the
+        caller fetches the range itself)."""
         # wait() neither raises the prefetch's error nor cancels it when this read is cancelled.
         await asyncio.wait({pending.task})
         if pending.task.cancelled() or pending.task.exception() is not None:
             return None
         loaded = pending.task.result()
-        if loaded is None or loaded[0] != first or loaded[1] < last:
-            return None
+        if loaded is None or loaded[0] != first or len(loaded[2]) != loaded[1] - first:
+            return None  # another range, or a short read: fetched afresh, checked as usual
+        if loaded[1] < last:
+            # The window grew since the prefetch started: fetch only the rest.
+            self.gets += 1
+            return loaded[2] + await self.objects.get(info.key, loaded[1], last)
         return loaded[2][: last - first]
 
     async def _fetch_run(
-        self, info: ObjectInfo, run: list[IndexEntry], seed: int, stream_id: int
+        self,
+        info: ObjectInfo,
+        run: list[IndexEntry],
+        seed: int,
+        stream_id: int,
+        ahead: list[IndexEntry] | None = None,
     ) -> list[list[SequencedRecord] | CorruptionError]:
         """Fetch the adjacent blocks of ``run`` with one ranged GET (or take them from the
-        stream's prefetch). Each block is checked on its own: a good block is cached and
-        returned decoded, a bad one is returned as its error (and not cached), so a bad block
-        never fails its neighbours."""
+        stream's prefetch), and start prefetching ``ahead`` meanwhile. Each block is checked on
+        its own: a good block is cached and returned decoded, a bad one is returned as its
+        error (and not cached), so a bad block never fails its neighbours."""
         first, last = run[0].position, run[-1].position + run[-1].size
         self.gets += 1
-        data = await self._prefetched(info, stream_id, first, last)
+        pending = self._claim_prefetch(info, stream_id, first)
+        if ahead:
+            self._prefetch_run(info, stream_id, ahead)
+        data = None if pending is None else await self._use_prefetch(pending, info, first, last)
         if data is None:
             data = await self.objects.get(info.key, first, last)
         else:
