@@ -8,10 +8,10 @@ Identity: every index read checks that the footer names this deployment and the 
 metadata gave (:class:`IdentityMismatch` otherwise), and the data-block CRCs of a version-2 object
 are seeded with that identity, so a block read from a replaced file fails its check too.
 
-Pipelining: a sequential scan keeps its next read-ahead window in flight while the current one
-is decoded and consumed (the next run of blocks of the same object, or the index and first run of
-the object that follows), so a catch-up read pays the store's latency about once per window
-pair instead of once per window. A prefetched range is only bytes: it is checked exactly like
+Pipelining: a sequential scan keeps its next read-ahead windows (up to ``_PREFETCH_DEPTH``) in
+flight while the current one is decoded and consumed (the next runs of blocks of the same object,
+or the index and first run of the object that follows), so a catch-up read overlaps the store's
+latency instead of paying it once per window. At most ``4 x readahead_max_bytes`` are held. A prefetched range is only bytes: it is checked exactly like
 a range fetched on demand, and a prefetch that failed is simply fetched again on demand, so errors
 surface on the read that needs the data, as without prefetching.
 
@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from walstream.engine.cache import BlockCache
 from walstream.engine.events import EngineHooks, NullHooks, ReadServed
@@ -59,9 +61,11 @@ log = logging.getLogger(__name__)
 
 _INDEX_CACHE_ENTRIES = 4096
 _MAX_STALE_RETRIES = 3
-_MAX_PREFETCHES = 32
-"""Read-ahead ranges in flight at once (each at most ``readahead_max_bytes``; the oldest is
-dropped when more are started)."""
+_PREFETCH_DEPTH = 3
+"""Windows of one sequential scan in flight beyond the one being read."""
+_PREFETCH_BUDGET_WINDOWS = 4
+"""Bytes held for read-ahead (in flight or fetched, not yet read), all streams together, in
+``readahead_max_bytes``: to start another, the oldest are dropped."""
 
 
 @dataclass
@@ -72,10 +76,11 @@ class _Sequential:
 
 @dataclass
 class _Prefetch:
-    """A read-ahead GET in flight: bytes ``[first, last)`` of an object (``first`` is ``None``
+    """A read-ahead GET in flight: about ``size`` bytes of an object from ``first`` (``None``
     until the object's index said where the stream's blocks start)."""
 
     first: int | None
+    size: int
     task: asyncio.Task[tuple[int, int, bytes] | None]
 
 
@@ -111,8 +116,9 @@ class ObjectReader:
         self.readahead_max_bytes = readahead_max_bytes
         self._sequential: dict[int, _Sequential] = {}
         self._hooks: EngineHooks = hooks or NullHooks()
-        self._prefetches: dict[tuple[int, int], _Prefetch] = {}
-        """(stream id, object id) → its read-ahead in flight."""
+        self._prefetches: dict[tuple[int, int, int | None], _Prefetch] = {}
+        """(stream id, object id, first byte or None) → a read-ahead in flight."""
+        self._prefetch_bytes = 0
         self.gets = 0
         self.prefetched_gets = 0
         """GETs whose bytes a read used from a prefetch (included in ``gets``)."""
@@ -233,8 +239,8 @@ class ObjectReader:
     ) -> list[list[SequencedRecord]]:
         """Decoded blocks of ``stream_id`` from ``start``; fetches at most one read-ahead
         window beyond what is cached. ``window[0]`` doubles after each GET of a sequential scan."""
-        pending = self._prefetches.get((stream_id, info.object_id))
-        if pending is not None and pending.first is None:
+        pending = self._prefetches.get((stream_id, info.object_id, None))
+        if pending is not None:
             # Its index is being read by the prefetch: wait for that instead of a second GET.
             await asyncio.wait({pending.task})
         index = await self.index(info)
@@ -254,15 +260,15 @@ class ObjectReader:
             run = self._run_from(info, entries, position, window[0])
             run_bytes = sum(item.size for item in run)
             following = position + len(run)
-            ahead: list[IndexEntry] = []
-            if (
-                window[0] > self.readahead_min_bytes
-                and run_bytes >= window[0]
-                and following < len(entries)
-            ):
-                # A sequential scan: its next window is fetched while this one is decoded.
-                next_window = min(self.readahead_max_bytes, window[0] * 2)
-                ahead = self._run_from(info, entries, following, next_window)
+            ahead: list[list[IndexEntry]] = []
+            if window[0] > self.readahead_min_bytes and run_bytes >= window[0]:
+                # A sequential scan: its next windows are fetched while this one is decoded
+                # (with the sizes the scan will ask for: the window doubles after each GET).
+                next_window = window[0]
+                while following < len(entries) and len(ahead) < _PREFETCH_DEPTH:
+                    next_window = min(self.readahead_max_bytes, next_window * 2)
+                    ahead.append(self._run_from(info, entries, following, next_window))
+                    following += len(ahead[-1])
             fetched = await self._fetch_run(info, run, seed, stream_id, ahead)
             for number, decoded in enumerate(fetched):
                 if isinstance(decoded, CorruptionError):
@@ -297,20 +303,29 @@ class ObjectReader:
 
     def _start_prefetch(
         self,
-        stream_id: int,
-        info: ObjectInfo,
-        first: int | None,
-        load: asyncio.Task[tuple[int, int, bytes] | None],
+        key: tuple[int, int, int | None],
+        size: int,
+        load: Callable[[], Coroutine[Any, Any, tuple[int, int, bytes] | None]],
     ) -> None:
+        if key in self._prefetches:
+            return
+        budget = _PREFETCH_BUDGET_WINDOWS * self.readahead_max_bytes
+        while self._prefetches and self._prefetch_bytes + size > budget:
+            # The oldest first: a scan that stopped leaves its prefetches unclaimed.
+            dropped = self._drop_prefetch(next(iter(self._prefetches)))
+            assert dropped is not None
+            dropped.task.cancel()
+        task = asyncio.create_task(load())
         # Nobody may await a prefetch: its failure is only logged (the read fetches again).
-        load.add_done_callback(_log_prefetch_failure)
-        previous = self._prefetches.pop((stream_id, info.object_id), None)
-        if previous is not None:
-            previous.task.cancel()
-        self._prefetches[(stream_id, info.object_id)] = _Prefetch(first, load)
-        while len(self._prefetches) > _MAX_PREFETCHES:
-            oldest = next(iter(self._prefetches))
-            self._prefetches.pop(oldest).task.cancel()
+        task.add_done_callback(_log_prefetch_failure)
+        self._prefetches[key] = _Prefetch(key[2], size, task)
+        self._prefetch_bytes += size
+
+    def _drop_prefetch(self, key: tuple[int, int, int | None]) -> _Prefetch | None:
+        pending = self._prefetches.pop(key, None)
+        if pending is not None:
+            self._prefetch_bytes -= pending.size
+        return pending
 
     def _prefetch_run(self, info: ObjectInfo, stream_id: int, run: list[IndexEntry]) -> None:
         first, last = run[0].position, run[-1].position + run[-1].size
@@ -318,14 +333,11 @@ class ObjectReader:
         async def load() -> tuple[int, int, bytes] | None:
             return first, last, await self.objects.get(info.key, first, last)
 
-        self._start_prefetch(stream_id, info, first, asyncio.create_task(load()))
+        self._start_prefetch((stream_id, info.object_id, first), last - first, load)
 
     def _prefetch_object(
         self, info: ObjectInfo, stream_id: int, start: int, end: int | None, window_bytes: int
     ) -> None:
-        if (stream_id, info.object_id) in self._prefetches:
-            return
-
         async def load() -> tuple[int, int, bytes] | None:
             index = await self.index(info)
             entries = index.blocks_for(stream_id, start, end)
@@ -335,15 +347,13 @@ class ObjectReader:
             first, last = run[0].position, run[-1].position + run[-1].size
             return first, last, await self.objects.get(info.key, first, last)
 
-        self._start_prefetch(stream_id, info, None, asyncio.create_task(load()))
+        self._start_prefetch((stream_id, info.object_id, None), window_bytes, load)
 
     def _claim_prefetch(self, info: ObjectInfo, stream_id: int, first: int) -> _Prefetch | None:
         """Take the stream's prefetch of ``info``'s object if it may start at ``first``."""
-        pending = self._prefetches.get((stream_id, info.object_id))
-        if pending is None or pending.first not in (None, first):
-            return None
-        del self._prefetches[(stream_id, info.object_id)]
-        return pending
+        return self._drop_prefetch((stream_id, info.object_id, first)) or self._drop_prefetch(
+            (stream_id, info.object_id, None)
+        )
 
     async def _use_prefetch(
         self, pending: _Prefetch, info: ObjectInfo, first: int, last: int
@@ -370,7 +380,7 @@ class ObjectReader:
         run: list[IndexEntry],
         seed: int,
         stream_id: int,
-        ahead: list[IndexEntry] | None = None,
+        ahead: list[list[IndexEntry]] | None = None,
     ) -> list[list[SequencedRecord] | CorruptionError]:
         """Fetch the adjacent blocks of ``run`` with one ranged GET (or take them from the
         stream's prefetch), and start prefetching ``ahead`` meanwhile. Each block is checked on
@@ -379,8 +389,8 @@ class ObjectReader:
         first, last = run[0].position, run[-1].position + run[-1].size
         self.gets += 1
         pending = self._claim_prefetch(info, stream_id, first)
-        if ahead:
-            self._prefetch_run(info, stream_id, ahead)
+        for following in ahead or ():
+            self._prefetch_run(info, stream_id, following)
         data = None if pending is None else await self._use_prefetch(pending, info, first, last)
         if data is None:
             data = await self.objects.get(info.key, first, last)
