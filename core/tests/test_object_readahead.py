@@ -93,6 +93,30 @@ async def test_sequential_cold_read_keeps_the_next_window_in_flight() -> None:
     ]
     assert store.most_in_flight >= 2
     assert reader.prefetched_gets > 0
+    assert reader.prefetch_bytes <= 4 * (256 << 10)
+
+
+async def test_read_ahead_holds_at_most_its_budget_across_abandoned_scans() -> None:
+    store = SlowStore()
+    metadata, stream_id, _ = await cold_stream(store)
+    reader = reader_for(store, metadata)
+    budget = 4 * (256 << 10)
+    # Scans that stop after a few reads leave prefetches nobody claims; later scans still get
+    # theirs, every read returns its records, and what is held stays within the budget.
+    used_by_first_scan = None
+    for start in range(0, RECORDS - 1500, 1500):
+        position = start
+        for _ in range(3):
+            batch = await reader.read(stream_id, position, None, 300, 1 << 30)
+            assert [record.value for record in batch] == [
+                value(offset) for offset in range(position, position + 300)
+            ]
+            position = batch[-1].offset + 1
+        assert reader.prefetch_bytes <= budget
+        if used_by_first_scan is None:
+            used_by_first_scan = reader.prefetched_gets
+    assert used_by_first_scan is not None
+    assert reader.prefetched_gets > used_by_first_scan
 
 
 async def test_a_failed_prefetch_is_fetched_again_by_the_read_that_needs_it() -> None:

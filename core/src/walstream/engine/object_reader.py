@@ -118,7 +118,8 @@ class ObjectReader:
         self._hooks: EngineHooks = hooks or NullHooks()
         self._prefetches: dict[tuple[int, int, int | None], _Prefetch] = {}
         """(stream id, object id, first byte or None) → a read-ahead in flight."""
-        self._prefetch_bytes = 0
+        self.prefetch_bytes = 0
+        """Bytes of the read-ahead ranges held (in flight or fetched, not yet read)."""
         self.gets = 0
         self.prefetched_gets = 0
         """GETs whose bytes a read used from a prefetch (included in ``gets``)."""
@@ -310,7 +311,7 @@ class ObjectReader:
         if key in self._prefetches:
             return
         budget = _PREFETCH_BUDGET_WINDOWS * self.readahead_max_bytes
-        while self._prefetches and self._prefetch_bytes + size > budget:
+        while self._prefetches and self.prefetch_bytes + size > budget:
             # The oldest first: a scan that stopped leaves its prefetches unclaimed.
             dropped = self._drop_prefetch(next(iter(self._prefetches)))
             assert dropped is not None
@@ -319,12 +320,12 @@ class ObjectReader:
         # Nobody may await a prefetch: its failure is only logged (the read fetches again).
         task.add_done_callback(_log_prefetch_failure)
         self._prefetches[key] = _Prefetch(key[2], size, task)
-        self._prefetch_bytes += size
+        self.prefetch_bytes += size
 
     def _drop_prefetch(self, key: tuple[int, int, int | None]) -> _Prefetch | None:
         pending = self._prefetches.pop(key, None)
         if pending is not None:
-            self._prefetch_bytes -= pending.size
+            self.prefetch_bytes -= pending.size
         return pending
 
     def _prefetch_run(self, info: ObjectInfo, stream_id: int, run: list[IndexEntry]) -> None:
