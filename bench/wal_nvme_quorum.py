@@ -3,7 +3,8 @@ one down — beside the ebs WAL on the same disk (when walstream_wal_ebs is inst
 
     .venv/bin/python bench/wal_nvme_quorum.py [--quick] [--records N] [--concurrency C]
 
-Prints a table and writes bench/results/wal_nvme_quorum.json. The acknowledgement latency is
+Prints a table and writes bench/results/wal_nvme_quorum.json (with the requests sent to the chunk
+servers per GiB appended, by operation). The acknowledgement latency is
 measured per append (from ``append`` to its acknowledgement) with C appenders running at once.
 """
 
@@ -65,16 +66,38 @@ async def run_workload(
 async def bench_quorum(
     servers: list[ChunkServerProcess], epoch: int, args: argparse.Namespace
 ) -> dict[str, float]:
-    options = {"servers": [server.address for server in servers], "log_id": "bench"}
+    options: dict[str, Any] = {
+        "servers": [server.address for server in servers],
+        "log_id": "bench",
+    }
+    if args.max_chunk_delay is not None:
+        options["max_chunk_delay"] = args.max_chunk_delay
+    if args.max_inflight is not None:
+        options["max_inflight"] = args.max_inflight
     wal = NVME_QUORUM_WAL.build(options, BuildContext(node_id=1), "wal")
     await wal.start(1, epoch, WalMode.READ_WRITE)
     async for _ in wal.recover():
         pass
     await wal.reset()
     await run_workload(wal, args.records // 10, args.record_bytes, args.concurrency)  # warm-up
+    before = request_counts(wal)
     result = await run_workload(wal, args.records, args.record_bytes, args.concurrency)
+    after = request_counts(wal)
     await wal.close()
+    appended = result["records"] * args.record_bytes
+    for operation in sorted(after):
+        sent = after[operation] - before.get(operation, 0)
+        result[f"{operation.lower()}_requests_per_gib"] = round(sent * (1 << 30) / appended)
     return result
+
+
+def request_counts(wal: WriteAheadLog) -> dict[str, int]:
+    """Requests sent to all chunk servers, by operation."""
+    totals: dict[str, int] = {}
+    for replica in getattr(wal, "replicas", ()):
+        for operation, count in replica.request_counts.items():
+            totals[operation] = totals.get(operation, 0) + count
+    return totals
 
 
 async def bench_ebs(folder: Path, args: argparse.Namespace) -> dict[str, float] | None:
@@ -133,11 +156,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(results: dict[str, Any]) -> None:
-    print(f"{'scenario':<26} {'p50 ms':>8} {'p99 ms':>8} {'rec/s':>9} {'MiB/s':>7}")
+    print(
+        f"{'scenario':<26} {'p50 ms':>8} {'p99 ms':>8} {'rec/s':>9} {'MiB/s':>7} {'writes/GiB':>11}"
+    )
     for name, row in results.items():
+        writes = row.get("write_requests_per_gib", "-")
         print(
             f"{name:<26} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
-            f"{row['records_per_s']:>9.0f} {row['mib_per_s']:>7.2f}"
+            f"{row['records_per_s']:>9.0f} {row['mib_per_s']:>7.2f} {writes!s:>11}"
         )
 
 
@@ -147,6 +173,12 @@ def cli() -> None:
     parser.add_argument("--records", type=int, default=None)
     parser.add_argument("--record-bytes", type=int, default=1024)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--max-chunk-delay", default=None, help="the WAL's max_chunk_delay (default: its own)"
+    )
+    parser.add_argument(
+        "--max-inflight", type=int, default=None, help="the WAL's max_inflight (default: its own)"
+    )
     parser.add_argument("--slow-ms", type=float, default=50.0)
     parser.add_argument("--dir", default=None, help="folder for data (default: system temp)")
     parser.add_argument("--out", type=Path, default=RESULTS)

@@ -1,15 +1,24 @@
-"""Benchmark of the s3 WAL: ack latency, throughput and S3 request cost.
+"""Benchmark of the s3 WAL: ack latency, throughput and S3 request cost, beside the rig's own
+raw PUT throughput measured in the same run.
 
-Two endpoints, both real HTTP on 127.0.0.1:
+Two stores:
 
-- ``latency-model``: a fault proxy in front of a moto S3 server adds a lognormal latency
-  (PUT p50 50 ms / p99 150 ms) to every WAL request (object PUTs and the fence LISTs);
-- ``moto``: straight against the moto server.
+- ``latency-model``: an in-memory bucket behind the production ``S3Client``
+  (``walstream_wal_s3.testing.memory_s3``: retries, error translation and request counting run,
+  the store itself costs a dict operation); every PUT, GET and LIST of a WAL key waits a
+  lognormal latency first (p50 50 ms / p99 150 ms, ``walstream_wal_s3.testing.latency``,
+  simulated in the event loop: the model costs no CPU, unlike a proxy process);
+- ``moto``: real HTTP to a moto S3 server on 127.0.0.1, no added latency (moto's own cost).
 
 Workloads: one appender with 4 KiB records (an idle WAL: every append is its own object) and
 64 concurrent appenders with 64 KiB records (grouping, many PUTs in flight). For each it reports
-ack latency p50/p99 (call to acknowledgement), throughput, and S3 PUTs/LISTs per GiB
-appended. A table is printed and JSON goes to ``bench/results/wal_s3.json``.
+ack latency p50/p99 (call to acknowledgement), throughput, and S3 PUTs/GETs/LISTs per GiB
+appended, counted at the client. The ``raw`` rows are the rig alone: plain PUTs of the same sizes
+by as many concurrent writers (and 8 writers of 4 MiB objects, the WAL's group size under load),
+through the same latency model; ``vs raw`` is the WAL's throughput over the raw PUTs of its
+shape (the wide workload, 1024 appenders, is compared with the 4 MiB PUTs its groups are made
+of). A table is printed, JSON goes to ``bench/results/wal_s3.json`` and a plot to
+``bench/results/wal_s3.png``.
 
     .venv/bin/python bench/wal_s3.py            # 10 s per measurement
     .venv/bin/python bench/wal_s3.py --quick    # 3 s per measurement
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import platform
@@ -29,13 +39,21 @@ from typing import Any
 
 from walstream.wal import WalMode
 from walstream_wal_s3 import S3ObjectStore, S3Settings, S3Wal
-from walstream_wal_s3.testing.moto import TEST_CREDENTIALS, FaultProxy, MotoServer
+from walstream_wal_s3.testing.latency import LatencyModel
+from walstream_wal_s3.testing.memory_s3 import MemoryBucket, MemoryS3Client
+from walstream_wal_s3.testing.moto import TEST_CREDENTIALS, MotoServer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wal_s3.json"
 BUCKET = "walstream-bench"
 PUT_P50_MS, PUT_P99_MS = 50.0, 150.0
 GiB = 1 << 30
+MiB = 1 << 20
 WORKLOADS = (("1 x 4KiB", 1, 4 << 10), ("64 x 64KiB", 64, 64 << 10))
+#: Enough appenders that the WAL's own window (8 PUTs of up to 8 MiB), not the appenders' wait
+#: for their acknowledgements, bounds throughput (latency model only).
+WIDE = ("1024 x 64KiB", 1024, 64 << 10)
+RAW_BIG = ("8 x 4MiB", 8, 4 << 20)
+TARGET_MIB_S = 200.0
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -43,29 +61,40 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-async def measure(
-    endpoint_url: str,
-    node_id: int,
-    appenders: int,
-    record_bytes: int,
-    seconds: float,
-    max_batch_bytes: int,
-    max_batch_interval_s: float,
-    max_inflight: int,
-) -> dict[str, Any]:
+def store_for(endpoint_url: str | None, model: LatencyModel | None) -> S3ObjectStore:
+    """A store on moto (``endpoint_url``) or, without one, on an in-memory bucket with ``model``."""
     settings = S3Settings(
         bucket=BUCKET,
-        endpoint_url=endpoint_url,
+        endpoint_url=endpoint_url or "http://memory.invalid",
         region="us-east-1",
         max_pool_connections=64,
         **TEST_CREDENTIALS,
     )
-    wal = S3Wal(
-        S3ObjectStore(settings),
-        max_batch_bytes=max_batch_bytes,
-        max_batch_interval_s=max_batch_interval_s,
-        max_inflight=max_inflight,
-    )
+    if endpoint_url is None:
+        return S3ObjectStore(settings, client=MemoryS3Client(settings, MemoryBucket(model)))
+    return S3ObjectStore(settings)
+
+
+def per_gib(counts: dict[str, int], appended: int) -> dict[str, int]:
+    def rate(*operations: str) -> int:
+        return round(sum(counts.get(op, 0) for op in operations) * GiB / max(1, appended))
+
+    return {
+        "puts_per_gib": rate("put_object"),
+        "gets_per_gib": rate("get_object", "head_object"),
+        "lists_per_gib": rate("list_objects_v2"),
+    }
+
+
+async def measure_wal(
+    endpoint_url: str | None,
+    model: LatencyModel | None,
+    node_id: int,
+    appenders: int,
+    record_bytes: int,
+    seconds: float,
+) -> dict[str, Any]:
+    wal = S3Wal(store_for(endpoint_url, model), max_batch_bytes=8 << 20, max_batch_interval_s=0.25)
     await wal.start(node_id, 1, WalMode.READ_WRITE)
     _ = [record async for record in wal.recover()]
     counts_before = dict(wal.store.client.request_counts)
@@ -91,41 +120,82 @@ async def measure(
     }
     objects = wal.objects_written
     await wal.close()
-    puts = counts.get("put_object", 0)
-    lists = counts.get("list_objects_v2", 0)
     return {
         "appends": len(latencies),
         "ack_p50_ms": round(percentile(latencies, 0.50) * 1000, 1),
         "ack_p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
         "ack_mean_ms": round(statistics.fmean(latencies) * 1000, 1),
-        "throughput_mib_s": round(appended / elapsed / (1 << 20), 1),
-        "wal_objects": objects,
+        "throughput_mib_s": round(appended / elapsed / MiB, 2),
         "avg_object_kib": round(appended / max(1, objects) / 1024, 1),
-        "puts_per_gib": round(puts * GiB / max(1, appended)),
-        "lists_per_gib": round(lists * GiB / max(1, appended)),
+        **per_gib(counts, appended),
     }
 
 
-async def run_all(moto: MotoServer, proxy: FaultProxy, seconds: float) -> list[dict[str, Any]]:
+async def measure_raw(
+    endpoint_url: str | None, model: LatencyModel | None, writers: int, size: int, seconds: float
+) -> dict[str, Any]:
+    """The rig alone: ``writers`` tasks PUT ``size``-byte objects back to back."""
+    store = store_for(endpoint_url, model)
+    body = b"r" * size
+    names = itertools.count()
+    latencies: list[float] = []
+    written = 0
+    stop_at = time.monotonic() + seconds
+
+    async def writer() -> None:
+        nonlocal written
+        while time.monotonic() < stop_at:
+            began = time.monotonic()
+            await store.put(f"raw/wal/{next(names):012d}", body)
+            latencies.append(time.monotonic() - began)
+            written += size
+
+    began = time.monotonic()
+    await asyncio.gather(*(writer() for _ in range(writers)))
+    elapsed = time.monotonic() - began
+    counts = dict(store.client.request_counts)
+    await store.close()
+    return {
+        "appends": len(latencies),
+        "ack_p50_ms": round(percentile(latencies, 0.50) * 1000, 1),
+        "ack_p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
+        "ack_mean_ms": round(statistics.fmean(latencies) * 1000, 1),
+        "throughput_mib_s": round(written / elapsed / MiB, 2),
+        "avg_object_kib": size // 1024,
+        **per_gib(counts, written),
+    }
+
+
+async def run_all(moto: MotoServer, seconds: float) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     node_id = 0
-    for endpoint_name, endpoint_url in (
-        ("latency-model", proxy.endpoint_url),
-        ("moto", moto.endpoint_url),
-    ):
-        for workload, appenders, record_bytes in WORKLOADS:
+    for endpoint_name, endpoint_url in (("latency-model", None), ("moto", moto.endpoint_url)):
+        shapes = (*WORKLOADS, RAW_BIG, WIDE) if endpoint_url is None else (*WORKLOADS, RAW_BIG)
+        for workload, appenders, record_bytes in shapes:
+            # A fresh model per measurement: the same seeded latency sequence for each.
+            def model(url: str | None = endpoint_url) -> LatencyModel | None:
+                if url is not None:
+                    return None
+                return LatencyModel(
+                    PUT_P50_MS, PUT_P99_MS, methods=frozenset({"PUT", "GET"}), url_contains="wal"
+                )
+
+            if (workload, appenders, record_bytes) == WIDE:
+                raw = next(row for row in results if row["workload"] == f"raw {RAW_BIG[0]}")
+            else:
+                raw = await measure_raw(endpoint_url, model(), appenders, record_bytes, seconds)
+                results.append({"endpoint": endpoint_name, "workload": f"raw {workload}", **raw})
+                print_row(results[-1])
+            if (workload, appenders, record_bytes) == RAW_BIG:
+                continue
             node_id += 1
-            result = await measure(
-                endpoint_url,
-                node_id,
-                appenders,
-                record_bytes,
-                seconds,
-                max_batch_bytes=8 << 20,
-                max_batch_interval_s=0.25,
-                max_inflight=8,
+            result = await measure_wal(
+                endpoint_url, model(), node_id, appenders, record_bytes, seconds
             )
-            results.append({"endpoint": endpoint_name, "workload": workload, **result})
+            result["vs_raw"] = round(
+                result["throughput_mib_s"] / max(raw["throughput_mib_s"], 1e-9), 2
+            )
+            results.append({"endpoint": endpoint_name, "workload": f"wal {workload}", **result})
             print_row(results[-1])
     return results
 
@@ -137,14 +207,43 @@ COLUMNS = (
     "ack_p50_ms",
     "ack_p99_ms",
     "throughput_mib_s",
+    "vs_raw",
     "avg_object_kib",
     "puts_per_gib",
+    "gets_per_gib",
     "lists_per_gib",
 )
 
 
 def print_row(row: dict[str, Any]) -> None:
-    print("  ".join(f"{row[column]!s:>{max(len(column), 14)}}" for column in COLUMNS), flush=True)
+    print(
+        "  ".join(f"{row.get(column, '')!s:>{max(len(column), 13)}}" for column in COLUMNS),
+        flush=True,
+    )
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        print("matplotlib is not installed: no plot")
+        return
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(9, 4))
+    labels = [f"{row['endpoint']}\n{row['workload']}" for row in results]
+    colors = ["tab:gray" if row["workload"].startswith("raw") else "tab:blue" for row in results]
+    axis.bar(range(len(results)), [row["throughput_mib_s"] for row in results], color=colors)
+    axis.axhline(TARGET_MIB_S, color="tab:red", linestyle="--", label="target 200 MiB/s")
+    axis.set_xticks(range(len(results)), labels, fontsize=6)
+    axis.set_ylabel("MiB/s")
+    axis.set_title("s3 WAL (blue) vs raw PUTs of the same shape (gray)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def main() -> None:
@@ -153,17 +252,10 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     seconds = 3.0 if args.quick else 10.0
-    with MotoServer() as moto, FaultProxy(moto.endpoint_url) as proxy:
+    with MotoServer() as moto:
         moto.create_bucket(BUCKET)
-        proxy.configure(
-            seed=1,
-            methods=["PUT", "GET"],
-            path_contains="wal",
-            latency_p50_ms=PUT_P50_MS,
-            latency_p99_ms=PUT_P99_MS,
-        )
-        print("  ".join(f"{column:>{max(len(column), 14)}}" for column in COLUMNS))
-        results = asyncio.run(run_all(moto, proxy, seconds))
+        print("  ".join(f"{column:>{max(len(column), 13)}}" for column in COLUMNS))
+        results = asyncio.run(run_all(moto, seconds))
     report = {
         "benchmark": "wal_s3",
         "quick": args.quick,
@@ -171,7 +263,7 @@ def main() -> None:
         "latency_model": {
             "put_p50_ms": PUT_P50_MS,
             "put_p99_ms": PUT_P99_MS,
-            "applies_to": "every WAL PUT and fence LIST through the proxy",
+            "applies_to": "every PUT, GET and LIST of a WAL key, in-memory bucket",
         },
         "wal": {"max_batch_bytes": 8 << 20, "max_batch_interval_ms": 250, "max_inflight": 8},
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
@@ -179,6 +271,7 @@ def main() -> None:
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    plot(results, RESULTS.with_suffix(".png"))
     print(f"wrote {RESULTS}")
 
 

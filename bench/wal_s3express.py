@@ -1,17 +1,22 @@
 """Benchmark of the s3express WAL: ack latency with all zones healthy, one zone slow, one down.
 
-Three zones, each a moto S3 server (``walstream_wal_s3express.testing.zones``) behind a fault proxy
-(``walstream_wal_s3.testing.moto.FaultProxy``) that adds a lognormal latency to every request
-(p50 5 ms / p99 10 ms: the S3 Express order of magnitude). Scenarios:
+Three zones, each an in-memory bucket behind the production S3 client
+(``walstream_wal_s3.testing.memory_s3``) whose every request first waits a lognormal latency
+(p50 5 ms / p99 10 ms: the S3 Express order of magnitude; ``walstream_wal_s3.testing.latency``,
+simulated in the event loop, so the model costs no CPU, unlike a proxy process). Scenarios:
 
 - ``healthy``: all three zones with the latency model;
 - ``one zone +50ms``: zone 3's requests take 50 ms longer;
-- ``one zone down``: zone 3's endpoint refuses connections.
+- ``one zone down``: zone 3's requests fail as refused connections.
+
+The ``raw PUT`` rows are the rig alone in the same run: one writer's 4 KiB PUTs to one zone, back
+to back; ``p50/p99 vs PUT`` divide the WAL's ack latency by the raw PUT's.
 
 Workloads: one appender with 4 KiB records (every append its own chunk) and 64 concurrent
 appenders with 16 KiB records (chunks fill up to 512 KiB). For each: ack latency p50/p99 (call to
 acknowledgement), throughput, and S3 PUTs per GiB appended (chunk PUTs in all zones, plus control
-state). A table is printed and JSON goes to ``bench/results/wal_s3express.json``.
+state). A table is printed, JSON goes to ``bench/results/wal_s3express.json`` and a plot to
+``bench/results/wal_s3express.png`` (when matplotlib is installed).
 
     .venv/bin/python bench/wal_s3express.py            # 10 s per measurement
     .venv/bin/python bench/wal_s3express.py --quick    # 3 s per measurement
@@ -21,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import platform
@@ -29,18 +33,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from walstream.config import BuildContext
+from walstream.config import validate_options
 from walstream.wal import WalMode
-from walstream_wal_s3.testing.moto import FaultProxy
-from walstream_wal_s3express import S3EXPRESS_WAL
-from walstream_wal_s3express.testing.zones import TEST_CREDENTIALS, zone_servers
+from walstream.wal.quorum import quorum_wal_options
+from walstream_wal_s3.client import S3Settings
+from walstream_wal_s3.testing.latency import LatencyModel
+from walstream_wal_s3.testing.memory_s3 import MemoryBucket, MemoryS3Client
+from walstream_wal_s3express import (
+    S3EXPRESS_WAL,
+    ZONE_CATCH_UP_PARALLELISM,
+    ZONE_RETRY,
+    S3ExpressWal,
+    ZonalBucketReplica,
+)
+from walstream_wal_s3express.testing.zones import TEST_CREDENTIALS
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wal_s3express.json"
 P50_MS, P99_MS = 5.0, 10.0
 SLOW_EXTRA_MS = 50.0
 GiB = 1 << 30
 WORKLOADS = (("1 x 4KiB", 1, 4 << 10), ("64 x 16KiB", 64, 16 << 10))
-ALL_METHODS = ["PUT", "GET", "POST", "DELETE", "HEAD"]
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -48,10 +60,70 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+ZONES = ("use1-az4", "use1-az5", "use1-az6")
+
+
+def zone_settings(zone: str, prefix: str = "") -> S3Settings:
+    return S3Settings(
+        bucket=f"walstream--{zone}--x-s3",
+        prefix=prefix,
+        endpoint_url="http://memory.invalid",
+        region="us-east-1",
+        read_timeout_s=1.0,
+        connect_timeout_s=1.0,
+        retry=ZONE_RETRY,
+        **TEST_CREDENTIALS,
+    )
+
+
+def build_wal(buckets: list[MemoryBucket], run: int) -> S3ExpressWal:
+    options = validate_options(
+        S3EXPRESS_WAL,
+        {"buckets": [zone_settings(zone).bucket for zone in ZONES], "request_timeout": "1s"},
+        Path.cwd(),
+        "wal",
+    )
+    replicas = [
+        ZonalBucketReplica(
+            MemoryS3Client(zone_settings(zone, f"bench-{run}/"), bucket), node_id=1, name=zone
+        )
+        for zone, bucket in zip(ZONES, buckets, strict=True)
+    ]
+    return S3ExpressWal(
+        replicas,
+        log_id="node-1",
+        write_quorum=2,
+        catch_up_parallelism=ZONE_CATCH_UP_PARALLELISM,
+        **quorum_wal_options(options),
+    )
+
+
+async def measure_raw_put(bucket: MemoryBucket, seconds: float) -> dict[str, Any]:
+    """The rig alone: one writer's 4 KiB PUTs to one zone, back to back."""
+    client = MemoryS3Client(zone_settings(ZONES[0], "raw/"), bucket)
+    body = b"r" * 4096
+    latencies: list[float] = []
+    stop_at = time.monotonic() + seconds
+    index = 0
+    while time.monotonic() < stop_at:
+        started = time.perf_counter()
+        await client.call("put_object", write=True, Key=f"raw/{index:012d}", Body=body)
+        latencies.append((time.perf_counter() - started) * 1000)
+        index += 1
+    return {
+        "appends": len(latencies),
+        "ack_p50_ms": round(percentile(latencies, 0.50), 2),
+        "ack_p99_ms": round(percentile(latencies, 0.99), 2),
+        "throughput_mib_s": round(len(latencies) * 4096 / seconds / (1 << 20), 2),
+        "puts_per_gib": 1 << 18,
+        "gets_lists_per_gib": 0,
+    }
+
+
 async def measure(
-    options: dict[str, Any], run: int, appenders: int, record_bytes: int, seconds: float
+    buckets: list[MemoryBucket], run: int, appenders: int, record_bytes: int, seconds: float
 ) -> dict[str, Any]:
-    wal = S3EXPRESS_WAL.build({**options, "prefix": f"bench-{run}"}, BuildContext(node_id=1), "wal")
+    wal = build_wal(buckets, run)
     await wal.start(1, 1, WalMode.READ_WRITE)
     _ = [record async for record in wal.recover()]
     before = wal.request_counts()
@@ -94,48 +166,64 @@ async def measure(
 
 async def run_all(seconds: float) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    with contextlib.ExitStack() as stack:
-        zones = stack.enter_context(zone_servers())
-        proxies = [stack.enter_context(FaultProxy(zone.endpoint_url)) for zone in zones]
-        options = {
-            "buckets": [zone.bucket for zone in zones],
-            "endpoint_urls": [proxy.endpoint_url for proxy in proxies],
-            "region": "us-east-1",
-            "request_timeout": "1s",
-            "max_pool_connections": 64,
-            **TEST_CREDENTIALS,
-        }
-
-        def latency(extra_ms: float = 0.0) -> dict[str, Any]:
-            return {
-                "methods": ALL_METHODS,
-                "latency_p50_ms": P50_MS + extra_ms,
-                "latency_p99_ms": P99_MS + extra_ms,
-            }
-
-        scenarios = [
-            ("healthy", [latency(), latency(), latency()]),
-            (f"one zone +{SLOW_EXTRA_MS:g}ms", [latency(), latency(), latency(SLOW_EXTRA_MS)]),
-            ("one zone down", [latency(), latency(), None]),
-        ]
-        run = 0
-        for scenario, configs in scenarios:
-            for proxy, config in zip(proxies, configs, strict=True):
-                if config is None:
-                    proxy.stop()
-                else:
-                    proxy.configure(**config)
-            for workload, appenders, record_bytes in WORKLOADS:
-                run += 1
-                result = await measure(options, run, appenders, record_bytes, seconds)
-                rows.append({"scenario": scenario, "workload": workload, **result})
-                print(
-                    f"{scenario:<16} {workload:<11} p50 {result['ack_p50_ms']:>7.2f} ms  "
-                    f"p99 {result['ack_p99_ms']:>7.2f} ms  {result['throughput_mib_s']:>7.2f} "
-                    f"MiB/s  {result['puts_per_gib']:>8} PUT/GiB",
-                    flush=True,
-                )
+    models = [LatencyModel(P50_MS, P99_MS, seed=zone) for zone in range(len(ZONES))]
+    buckets = [MemoryBucket(model) for model in models]
+    scenarios = [
+        ("healthy", [0.0, 0.0, 0.0], False),
+        (f"one zone +{SLOW_EXTRA_MS:g}ms", [0.0, 0.0, SLOW_EXTRA_MS], False),
+        ("one zone down", [0.0, 0.0, 0.0], True),
+    ]
+    raw = await measure_raw_put(MemoryBucket(LatencyModel(P50_MS, P99_MS, seed=99)), seconds)
+    rows.append({"scenario": "raw PUT", "workload": "1 x 4KiB", **raw})
+    print_row(rows[-1], raw)
+    run = 0
+    for scenario, extras, third_down in scenarios:
+        for model, extra in zip(models, extras, strict=True):
+            model.extra_ms = extra
+            model.down = False
+        models[2].down = third_down
+        for workload, appenders, record_bytes in WORKLOADS:
+            run += 1
+            result = await measure(buckets, run, appenders, record_bytes, seconds)
+            result["p50_vs_put"] = round(result["ack_p50_ms"] / raw["ack_p50_ms"], 2)
+            result["p99_vs_put"] = round(result["ack_p99_ms"] / raw["ack_p50_ms"], 2)
+            rows.append({"scenario": scenario, "workload": workload, **result})
+            print_row(rows[-1], raw)
     return rows
+
+
+def print_row(row: dict[str, Any], raw: dict[str, Any]) -> None:
+    print(
+        f"{row['scenario']:<16} {row['workload']:<11} p50 {row['ack_p50_ms']:>7.2f} ms  "
+        f"p99 {row['ack_p99_ms']:>7.2f} ms  ({row.get('p50_vs_put', 1.0):>5.2f}x / "
+        f"{row.get('p99_vs_put', raw['ack_p99_ms'] / raw['ack_p50_ms']):>5.2f}x PUT p50)  "
+        f"{row['throughput_mib_s']:>7.2f} MiB/s  {row['puts_per_gib']:>8} PUT/GiB  "
+        f"{row['gets_lists_per_gib']:>8} GET+LIST/GiB",
+        flush=True,
+    )
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        print("matplotlib is not installed: no plot")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(9, 4))
+    labels = [f"{row['scenario']}\n{row['workload']}" for row in rows]
+    positions = range(len(rows))
+    axis.bar([p - 0.2 for p in positions], [row["ack_p50_ms"] for row in rows], 0.4, label="p50")
+    axis.bar([p + 0.2 for p in positions], [row["ack_p99_ms"] for row in rows], 0.4, label="p99")
+    axis.set_xticks(list(positions), labels, fontsize=6)
+    axis.set_ylabel("ack latency (ms)")
+    axis.set_title("s3express WAL ack latency vs a raw PUT (first bars)")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
 
 
 def main() -> None:
@@ -149,6 +237,8 @@ def main() -> None:
     ratio = {}
     for workload, _, _ in WORKLOADS:
         by = {row["scenario"]: row for row in rows if row["workload"] == workload}
+        if "healthy" not in by:
+            continue
         healthy = by["healthy"]["ack_p99_ms"]
         slow = by[f"one zone +{SLOW_EXTRA_MS:g}ms"]["ack_p99_ms"]
         ratio[workload] = round(slow / healthy, 3) if healthy else None
@@ -161,7 +251,7 @@ def main() -> None:
                 "latency_model": {
                     "p50_ms": P50_MS,
                     "p99_ms": P99_MS,
-                    "methods": ALL_METHODS,
+                    "methods": "every request, in-memory zones",
                     "slow_zone_extra_ms": SLOW_EXTRA_MS,
                 },
                 "seconds_per_measurement": seconds,
@@ -173,6 +263,7 @@ def main() -> None:
         )
         + "\n"
     )
+    plot(rows, RESULTS.with_suffix(".png"))
     print(f"wrote {RESULTS}")
 
 

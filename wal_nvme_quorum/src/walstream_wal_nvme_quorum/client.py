@@ -101,6 +101,8 @@ class ChunkServerReplica:
         self._closed = False
         self._version_1_server = False
         """The server answered an identified request with "unknown operation"."""
+        self.request_counts: dict[str, int] = {}
+        """Requests sent per operation (cost accounting: chunk writes per GiB, ...)."""
 
     # -- connection management --------------------------------------------------------------------
 
@@ -210,6 +212,7 @@ class ChunkServerReplica:
 
     async def _request(self, op: Op, body: bytes) -> bytes:
         connection = await self._connect()
+        self.request_counts[op.name] = self.request_counts.get(op.name, 0) + 1
         status, reply = await self._send(connection, op, body)
         if status == Status.OK:
             return reply

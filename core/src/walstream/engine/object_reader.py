@@ -8,6 +8,13 @@ Identity: every index read checks that the footer names this deployment and the 
 metadata gave (:class:`IdentityMismatch` otherwise), and the data-block CRCs of a version-2 object
 are seeded with that identity, so a block read from a replaced file fails its check too.
 
+Pipelining: a sequential scan keeps its next read-ahead windows (up to ``_PREFETCH_DEPTH``) in
+flight while the current one is decoded and consumed (the next runs of blocks of the same object,
+or the index and first run of the object that follows), so a catch-up read overlaps the store's
+latency instead of paying it once per window. At most ``4 x readahead_max_bytes`` are held. A prefetched range is only bytes: it is checked exactly like
+a range fetched on demand, and a prefetch that failed is simply fetched again on demand, so errors
+surface on the read that needs the data, as without prefetching.
+
 Failure isolation: a block that fails its check fails only the reads whose records (within their
 limits) lie in it. Nothing is cached for it (the block cache holds decoded good blocks only; an
 index is cached only once it parsed), read-ahead never turns a bad following block into an error
@@ -16,8 +23,11 @@ of a read that ends before it, and the next read that reaches the bad block fetc
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from walstream.engine.cache import BlockCache
 from walstream.engine.events import EngineHooks, NullHooks, ReadServed
@@ -51,12 +61,27 @@ log = logging.getLogger(__name__)
 
 _INDEX_CACHE_ENTRIES = 4096
 _MAX_STALE_RETRIES = 3
+_PREFETCH_DEPTH = 3
+"""Windows of one sequential scan in flight beyond the one being read."""
+_PREFETCH_BUDGET_WINDOWS = 4
+"""Bytes held for read-ahead (in flight or fetched, not yet read), all streams together, in
+``readahead_max_bytes``: to start another, the oldest are dropped."""
 
 
 @dataclass
 class _Sequential:
     next_offset: int
     window_bytes: int
+
+
+@dataclass
+class _Prefetch:
+    """A read-ahead GET in flight: about ``size`` bytes of an object from ``first`` (``None``
+    until the object's index said where the stream's blocks start)."""
+
+    first: int | None
+    size: int
+    task: asyncio.Task[tuple[int, int, bytes] | None]
 
 
 class ObjectReader:
@@ -91,7 +116,13 @@ class ObjectReader:
         self.readahead_max_bytes = readahead_max_bytes
         self._sequential: dict[int, _Sequential] = {}
         self._hooks: EngineHooks = hooks or NullHooks()
+        self._prefetches: dict[tuple[int, int, int | None], _Prefetch] = {}
+        """(stream id, object id, first byte or None) → a read-ahead in flight."""
+        self.prefetch_bytes = 0
+        """Bytes of the read-ahead ranges held (in flight or fetched, not yet read)."""
         self.gets = 0
+        self.prefetched_gets = 0
+        """GETs whose bytes a read used from a prefetch (included in ``gets``)."""
 
     async def read(
         self,
@@ -121,12 +152,23 @@ class ObjectReader:
                 break
             before = position
             try:
-                for info in infos:
+                for number, info in enumerate(infos):
                     if info.ranges[0].start_offset > position:
                         break  # a hole (a data-loss gap): the next round reports it
                     range_end = info.ranges[0].end_offset
                     if end is not None:
                         range_end = min(range_end, end)
+                    if (
+                        number + 1 < len(infos)
+                        and window[0] > self.readahead_min_bytes
+                        and (end is None or range_end < end)
+                        and infos[number + 1].ranges[0].start_offset == range_end
+                    ):
+                        # A sequential scan will go on into the next object: start on its
+                        # index and first window now.
+                        self._prefetch_object(
+                            infos[number + 1], stream_id, range_end, end, window[0]
+                        )
                     # One object may take several read-ahead windows to consume.
                     while position < range_end and not self._full(
                         records, size, limit_records, limit_bytes
@@ -198,6 +240,10 @@ class ObjectReader:
     ) -> list[list[SequencedRecord]]:
         """Decoded blocks of ``stream_id`` from ``start``; fetches at most one read-ahead
         window beyond what is cached. ``window[0]`` doubles after each GET of a sequential scan."""
+        pending = self._prefetches.get((stream_id, info.object_id, None))
+        if pending is not None:
+            # Its index is being read by the prefetch: wait for that instead of a second GET.
+            await asyncio.wait({pending.task})
         index = await self.index(info)
         entries = index.blocks_for(stream_id, start, end)
         seed = index.block_crc_seed
@@ -212,17 +258,20 @@ class ObjectReader:
                 continue
             # Fetch this block and, within the read-ahead window, the physically following
             # blocks of the same stream with one ranged GET.
-            run = [entry]
-            run_bytes = entry.size
-            while (
-                position + len(run) < len(entries)
-                and run_bytes < window[0]
-                and entries[position + len(run)].position == run[-1].position + run[-1].size
-                and (info.object_id, entries[position + len(run)].position) not in self.blocks
-            ):
-                run.append(entries[position + len(run)])
-                run_bytes += run[-1].size
-            for number, decoded in enumerate(await self._fetch_run(info, run, seed)):
+            run = self._run_from(info, entries, position, window[0])
+            run_bytes = sum(item.size for item in run)
+            following = position + len(run)
+            ahead: list[list[IndexEntry]] = []
+            if window[0] > self.readahead_min_bytes and run_bytes >= window[0]:
+                # A sequential scan: its next windows are fetched while this one is decoded
+                # (with the sizes the scan will ask for: the window doubles after each GET).
+                next_window = window[0]
+                while following < len(entries) and len(ahead) < _PREFETCH_DEPTH:
+                    next_window = min(self.readahead_max_bytes, next_window * 2)
+                    ahead.append(self._run_from(info, entries, following, next_window))
+                    following += len(ahead[-1])
+            fetched = await self._fetch_run(info, run, seed, stream_id, ahead)
+            for number, decoded in enumerate(fetched):
                 if isinstance(decoded, CorruptionError):
                     if result or number > 0:
                         # Only read-ahead reached the bad block: serve what precedes it.
@@ -236,15 +285,118 @@ class ObjectReader:
                 break
         return result
 
+    def _run_from(
+        self, info: ObjectInfo, entries: list[IndexEntry], position: int, window_bytes: int
+    ) -> list[IndexEntry]:
+        """``entries[position]`` and the physically adjacent, uncached entries after it, up to
+        ``window_bytes`` (always at least the first)."""
+        run = [entries[position]]
+        run_bytes = run[0].size
+        while (
+            position + len(run) < len(entries)
+            and run_bytes < window_bytes
+            and entries[position + len(run)].position == run[-1].position + run[-1].size
+            and (info.object_id, entries[position + len(run)].position) not in self.blocks
+        ):
+            run.append(entries[position + len(run)])
+            run_bytes += run[-1].size
+        return run
+
+    def _start_prefetch(
+        self,
+        key: tuple[int, int, int | None],
+        size: int,
+        load: Callable[[], Coroutine[Any, Any, tuple[int, int, bytes] | None]],
+    ) -> None:
+        if key in self._prefetches:
+            return
+        budget = _PREFETCH_BUDGET_WINDOWS * self.readahead_max_bytes
+        while self._prefetches and self.prefetch_bytes + size > budget:
+            # The oldest first: a scan that stopped leaves its prefetches unclaimed.
+            dropped = self._drop_prefetch(next(iter(self._prefetches)))
+            assert dropped is not None
+            dropped.task.cancel()
+        task = asyncio.create_task(load())
+        # Nobody may await a prefetch: its failure is only logged (the read fetches again).
+        task.add_done_callback(_log_prefetch_failure)
+        self._prefetches[key] = _Prefetch(key[2], size, task)
+        self.prefetch_bytes += size
+
+    def _drop_prefetch(self, key: tuple[int, int, int | None]) -> _Prefetch | None:
+        pending = self._prefetches.pop(key, None)
+        if pending is not None:
+            self.prefetch_bytes -= pending.size
+        return pending
+
+    def _prefetch_run(self, info: ObjectInfo, stream_id: int, run: list[IndexEntry]) -> None:
+        first, last = run[0].position, run[-1].position + run[-1].size
+
+        async def load() -> tuple[int, int, bytes] | None:
+            return first, last, await self.objects.get(info.key, first, last)
+
+        self._start_prefetch((stream_id, info.object_id, first), last - first, load)
+
+    def _prefetch_object(
+        self, info: ObjectInfo, stream_id: int, start: int, end: int | None, window_bytes: int
+    ) -> None:
+        async def load() -> tuple[int, int, bytes] | None:
+            index = await self.index(info)
+            entries = index.blocks_for(stream_id, start, end)
+            if not entries or (info.object_id, entries[0].position) in self.blocks:
+                return None
+            run = self._run_from(info, entries, 0, window_bytes)
+            first, last = run[0].position, run[-1].position + run[-1].size
+            return first, last, await self.objects.get(info.key, first, last)
+
+        self._start_prefetch((stream_id, info.object_id, None), window_bytes, load)
+
+    def _claim_prefetch(self, info: ObjectInfo, stream_id: int, first: int) -> _Prefetch | None:
+        """Take the stream's prefetch of ``info``'s object if it may start at ``first``."""
+        return self._drop_prefetch((stream_id, info.object_id, first)) or self._drop_prefetch(
+            (stream_id, info.object_id, None)
+        )
+
+    async def _use_prefetch(
+        self, pending: _Prefetch, info: ObjectInfo, first: int, last: int
+    ) -> bytes | None:
+        """The bytes ``[first, last)`` of ``info``'s object from ``pending``, or their start
+        from it and the rest fetched here; ``None`` when it holds another range or failed (the
+        caller fetches the range itself)."""
+        # wait() neither raises the prefetch's error nor cancels it when this read is cancelled.
+        await asyncio.wait({pending.task})
+        if pending.task.cancelled() or pending.task.exception() is not None:
+            return None
+        loaded = pending.task.result()
+        if loaded is None or loaded[0] != first or len(loaded[2]) != loaded[1] - first:
+            return None  # another range, or a short read: fetched afresh, checked as usual
+        if loaded[1] < last:
+            # The window grew since the prefetch started: fetch only the rest.
+            self.gets += 1
+            return loaded[2] + await self.objects.get(info.key, loaded[1], last)
+        return loaded[2][: last - first]
+
     async def _fetch_run(
-        self, info: ObjectInfo, run: list[IndexEntry], seed: int
+        self,
+        info: ObjectInfo,
+        run: list[IndexEntry],
+        seed: int,
+        stream_id: int,
+        ahead: list[list[IndexEntry]] | None = None,
     ) -> list[list[SequencedRecord] | CorruptionError]:
-        """Fetch the adjacent blocks of ``run`` with one ranged GET. Each block is checked on
+        """Fetch the adjacent blocks of ``run`` with one ranged GET (or take them from the
+        stream's prefetch), and start prefetching ``ahead`` meanwhile. Each block is checked on
         its own: a good block is cached and returned decoded, a bad one is returned as its
         error (and not cached), so a bad block never fails its neighbours."""
         first, last = run[0].position, run[-1].position + run[-1].size
         self.gets += 1
-        data = await self.objects.get(info.key, first, last)
+        pending = self._claim_prefetch(info, stream_id, first)
+        for following in ahead or ():
+            self._prefetch_run(info, stream_id, following)
+        data = None if pending is None else await self._use_prefetch(pending, info, first, last)
+        if data is None:
+            data = await self.objects.get(info.key, first, last)
+        else:
+            self.prefetched_gets += 1
         decoded_run: list[list[SequencedRecord] | CorruptionError] = []
         for entry in run:
             if entry.position + entry.size - first > len(data):
@@ -312,6 +464,11 @@ class ObjectReader:
     def forget_objects(self, object_ids: set[int]) -> None:
         self.blocks.discard_if(lambda key: key[0] in object_ids)
         self._indexes.discard_if(lambda key: key in object_ids)
+
+
+def _log_prefetch_failure(task: asyncio.Task[tuple[int, int, bytes] | None]) -> None:
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.debug("read-ahead failed (the read fetches the range itself): %s", error)
 
 
 async def read_index(
