@@ -14,11 +14,11 @@ import asyncpg
 from walstream.clock import Clock
 from walstream.errors import BasinExists
 from walstream.metadata.contract import BasinInfo
+from walstream.metadata.rows import BASIN_COLUMNS, basin_of
 from walstream.metadata.rules import (
     basin_not_found,
     check_basin_list_args,
     check_basin_name,
-    decode_basin_config,
     encode_basin_config,
 )
 
@@ -28,11 +28,7 @@ __all__ = ["PostgresBasins"]
 
 T = TypeVar("T")
 
-_COLUMNS = "name, config, created_ms"
-
-
-def _basin_of(row: Any) -> BasinInfo:
-    return BasinInfo(str(row[0]), decode_basin_config(row[1]), int(row[2]))
+_COLUMNS = BASIN_COLUMNS
 
 
 def _exists(name: str) -> BasinExists:
@@ -68,7 +64,7 @@ class PostgresBasins:
                 raise _exists(name) from None
             if row is None:
                 raise _exists(name)
-            return _basin_of(row)
+            return basin_of(row)
 
         return await self._write(work)
 
@@ -77,7 +73,7 @@ class PostgresBasins:
             row = await tables.db.fetchrow(f"SELECT {_COLUMNS} FROM basins WHERE name = $1", name)
             if row is None:
                 raise basin_not_found(name)
-            return _basin_of(row)
+            return basin_of(row)
 
         return await self._read(work)
 
@@ -97,7 +93,7 @@ class PostgresBasins:
                 prefix,
                 limit,
             )
-            return [_basin_of(row) for row in rows]
+            return [basin_of(row) for row in rows]
 
         return await self._read(work)
 

@@ -12,20 +12,28 @@ change until this transaction ends, so the pure rules judge exactly the rows tha
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from walstream.metadata.contract import (
-    DataLossGap,
     NodeInfo,
-    NodeState,
     ObjectInfo,
     ObjectKind,
     ObjectState,
     StreamInfo,
-    StreamRange,
     StreamState,
+)
+from walstream.metadata.rows import (
+    GAP_COLUMNS,
+    MAX_OFFSET,
+    NODE_COLUMNS,
+    OBJECT_COLUMNS,
+    RANGE_COLUMNS,
+    STREAM_COLUMNS,
+    gap_of,
+    node_of,
+    range_of,
+    stream_of,
 )
 from walstream.metadata.rules import ObjectRecord, all_ranges_dead, stream_not_found
 
@@ -41,43 +49,8 @@ __all__ = [
     "stream_of",
 ]
 
-STREAM_COLUMNS = (
-    "stream_id, name, epoch, start_offset, committed_end, state, owner_node_id, fencing_token, "
-    "created_ms"
-)
-OBJECT_COLUMNS = "object_id, state, expires_ms, expired, key, kind, size, index_size, committed_ms"
-RANGE_COLUMNS = "stream_id, start_offset, end_offset, epoch, min_timestamp_ms, max_timestamp_ms"
-NODE_COLUMNS = "node_id, node_epoch, state, wal_config, updated_ms"
-GAP_COLUMNS = "stream_id, start_offset, end_offset, reason, recorded_ms"
 _OBJECT_COLUMNS_OF_O = ", ".join(f"o.{c.strip()}" for c in OBJECT_COLUMNS.split(","))
 _RANGE_COLUMNS_OF_R = ", ".join(f"r.{c.strip()}" for c in RANGE_COLUMNS.split(","))
-MAX_OFFSET = (1 << 63) - 1
-
-
-def stream_of(row: Sequence[Any]) -> StreamInfo:
-    return StreamInfo(
-        stream_id=row[0],
-        name=row[1],
-        epoch=row[2],
-        start_offset=row[3],
-        committed_end=row[4],
-        state=StreamState(row[5]),
-        owner_node_id=row[6],
-        fencing_token=row[7],
-        created_ms=row[8],
-    )
-
-
-def range_of(row: Sequence[Any]) -> StreamRange:
-    return StreamRange(row[0], row[1], row[2], row[3], row[4], row[5])
-
-
-def node_of(row: Sequence[Any]) -> NodeInfo:
-    return NodeInfo(row[0], row[1], NodeState(row[2]), json.loads(row[3]), row[4])
-
-
-def gap_of(row: Sequence[Any]) -> DataLossGap:
-    return DataLossGap(row[0], row[1], row[2], row[3], row[4])
 
 
 def _ids(values: Iterable[int]) -> list[int]:

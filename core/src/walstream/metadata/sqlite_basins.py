@@ -12,11 +12,11 @@ from typing import Any, TypeVar
 from walstream.clock import Clock
 from walstream.errors import BasinExists
 from walstream.metadata.contract import BasinInfo
+from walstream.metadata.rows import BASIN_COLUMNS, basin_of
 from walstream.metadata.rules import (
     basin_not_found,
     check_basin_list_args,
     check_basin_name,
-    decode_basin_config,
     encode_basin_config,
 )
 from walstream.metadata.sqlite_tables import Tables
@@ -25,11 +25,7 @@ __all__ = ["SqliteBasins"]
 
 T = TypeVar("T")
 
-_COLUMNS = "name, config, created_ms"
-
-
-def _basin_of(row: tuple[Any, ...]) -> BasinInfo:
-    return BasinInfo(str(row[0]), decode_basin_config(row[1]), int(row[2]))
+_COLUMNS = BASIN_COLUMNS
 
 
 class SqliteBasins:
@@ -55,7 +51,7 @@ class SqliteBasins:
             tables.db.execute(
                 f"INSERT INTO basins ({_COLUMNS}) VALUES (?, ?, ?)", (name, text, created_ms)
             )
-            return BasinInfo(name, decode_basin_config(text), created_ms)
+            return basin_of((name, text, created_ms))
 
         return await self._write(work)
 
@@ -66,7 +62,7 @@ class SqliteBasins:
             ).fetchone()
             if row is None:
                 raise basin_not_found(name)
-            return _basin_of(row)
+            return basin_of(row)
 
         return await self._read(work)
 
@@ -83,7 +79,7 @@ class SqliteBasins:
             found: list[BasinInfo] = []
             for row in rows:
                 if str(row[0]).startswith(prefix):
-                    found.append(_basin_of(row))
+                    found.append(basin_of(row))
                     if len(found) == limit:
                         break
             return found
