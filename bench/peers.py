@@ -99,8 +99,16 @@ def workload_name(clients: int, batch: int) -> str:
 # -- walstream over HTTP ------------------------------------------------------------------------
 
 
-def walstream_serve_command() -> list[str]:
-    return [sys.executable, "-m", "walstream.cli", "serve", "--listen", "127.0.0.1:0"]
+def walstream_serve_command(workdir: Path, http_stack: str | None) -> list[str]:
+    """``walstream serve`` on the embedded default deployment (rooted in ``workdir``), with
+    ``server.http_stack`` set when ``http_stack`` is given."""
+    command = [sys.executable, "-m", "walstream.cli", "serve", "--listen", "127.0.0.1:0"]
+    if http_stack is None:
+        return command
+    deployment = dict(embedded_deployment(workdir / "walstream-data"))
+    deployment["server"] = {"http_stack": http_stack}
+    (workdir / "deploy.json").write_text(json.dumps(deployment))
+    return [*command, "-c", str(workdir / "deploy.json")]
 
 
 async def detect_api(port: int) -> str:
@@ -165,11 +173,18 @@ def http_factory(port: int, api: str, connections: list[Any], http_version: str 
 
 @contextlib.asynccontextmanager
 async def walstream_http(
-    workdir: Path, api_choice: str, info: dict[str, Any], http_version: str = "1.1"
+    workdir: Path,
+    api_choice: str,
+    info: dict[str, Any],
+    http_version: str = "1.1",
+    http_stack: str | None = None,
 ) -> AsyncIterator[Any]:
     server = ServerProcess(
-        walstream_serve_command(), r"listening on http://127\.0\.0\.1:(\d+)", cwd=workdir
+        walstream_serve_command(workdir, http_stack),
+        r"listening on http://127\.0\.0\.1:(\d+)",
+        cwd=workdir,
     )
+    info["walstream_http_stack"] = http_stack or "default"
     connections: list[Any] = []
     try:
         api = await detect_api(server.port) if api_choice == "auto" else api_choice
@@ -309,9 +324,9 @@ async def nats_peer(workdir: Path, api_choice: str, info: dict[str, Any]) -> Asy
         server.stop()
 
 
-def peer_context(name: str, http_version: str) -> Callable[..., Any]:
+def peer_context(name: str, http_version: str, http_stack: str | None) -> Callable[..., Any]:
     if name == "walstream-http":
-        return lambda *args: walstream_http(*args, http_version=http_version)
+        return lambda *args: walstream_http(*args, http_version=http_version, http_stack=http_stack)
     if name == "redis-nofsync":
         return lambda *args: redis_peer(*args, fsync="no")
     return {
@@ -334,7 +349,7 @@ async def measure_peer(
     workdir = Path(tempfile.mkdtemp(prefix=f"peers-{name}-"))
     try:
         seconds, runs = args.seconds, args.runs
-        async with peer_context(name, args.http)(workdir, args.api, info) as make:
+        async with peer_context(name, args.http, args.http_stack)(workdir, args.api, info) as make:
             for clients, batch in WORKLOADS:
                 operation = await make(clients, batch)
                 await closed_loop(operation, clients, min(0.2, seconds))  # warm up
@@ -522,6 +537,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("1.1", "2"),
         default="1.1",
         help="HTTP version to walstream serve: 1.1 keep-alive (default) or 2 (h2c prior knowledge)",
+    )
+    parser.add_argument(
+        "--http-stack",
+        choices=("granian", "hypercorn"),
+        default=None,
+        help="walstream serve's server.http_stack (default: walstream's default)",
     )
     parser.add_argument("--only", nargs="+", choices=PEERS, metavar="PEER", help=", ".join(PEERS))
     parser.add_argument("--json", type=Path, default=None, help="default bench/results/peers.json")
