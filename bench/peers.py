@@ -8,6 +8,8 @@ Peers (each server is started by this script on 127.0.0.1 at a free port in a te
   S2's REST API v1 when the server answers it (``POST /v1/streams/{stream}/records`` with the
   ``s2-basin`` header, JSON ``{"records": [{"body": ...}]}``), else the previous walstream API
   (``{"records": [{"value_text": ...}]}``); ``--api`` forces one. The JSON says which ran.
+- ``walstream-http-hypercorn``: the same, with ``server.http_stack: hypercorn`` (the HTTP server
+  walstream served with before granian; ``walstream-http`` runs walstream's default, granian).
 - ``walstream-inproc``: the same deployment through ``walstream.open`` in this process (no HTTP).
 - ``redis``: Redis Streams, ``XADD``; ``appendonly yes``, ``appendfsync always`` (the AOF is
   fsynced before a reply is sent: Redis fsyncs once per event-loop turn, so concurrent clients
@@ -81,7 +83,15 @@ RECORD_BYTES = 1024
 BATCH = 100
 CLIENTS = (1, 64)
 WORKLOADS = [(clients, batch) for batch in (1, BATCH) for clients in CLIENTS]
-PEERS = ["walstream-http", "walstream-inproc", "redis", "nats", "http-noop", "redis-nofsync"]
+PEERS = [
+    "walstream-http",
+    "walstream-http-hypercorn",
+    "walstream-inproc",
+    "redis",
+    "nats",
+    "http-noop",
+    "redis-nofsync",
+]
 BASIN = "walstream-bench"
 STREAM = "bench"
 
@@ -184,7 +194,7 @@ async def walstream_http(
         r"listening on http://127\.0\.0\.1:(\d+)",
         cwd=workdir,
     )
-    info["walstream_http_stack"] = http_stack or "default"
+    info.setdefault("walstream_http_stacks", []).append(http_stack or "default")
     connections: list[Any] = []
     try:
         api = await detect_api(server.port) if api_choice == "auto" else api_choice
@@ -327,6 +337,10 @@ async def nats_peer(workdir: Path, api_choice: str, info: dict[str, Any]) -> Asy
 def peer_context(name: str, http_version: str, http_stack: str | None) -> Callable[..., Any]:
     if name == "walstream-http":
         return lambda *args: walstream_http(*args, http_version=http_version, http_stack=http_stack)
+    if name == "walstream-http-hypercorn":
+        return lambda *args: walstream_http(
+            *args, http_version=http_version, http_stack="hypercorn"
+        )
     if name == "redis-nofsync":
         return lambda *args: redis_peer(*args, fsync="no")
     return {
@@ -403,7 +417,7 @@ def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
 
 def ratios(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for peer in ("walstream-http", "walstream-inproc"):
+    for peer in ("walstream-http", "walstream-http-hypercorn", "walstream-inproc"):
         for workload, cell in summary.get(peer, {}).items():
             redis = summary.get("redis", {}).get(workload)
             if redis:

@@ -52,7 +52,7 @@ DEFAULT_LISTEN = "127.0.0.1:7400"
 TOKEN_ENVIRONMENT_VARIABLE = "WALSTREAM_TOKEN"
 #: The HTTP servers ``server.http_stack`` chooses from (README "HTTP service" has the numbers).
 HTTP_STACKS = ("granian", "hypercorn")
-#: granian: 1.75x hypercorn's requests/s at 64 clients of single-record appends (README).
+#: granian: 2x hypercorn's requests/s at 64 clients of single-record appends (README).
 DEFAULT_HTTP_STACK = "granian"
 
 
