@@ -8,6 +8,8 @@ Peers (each server is started by this script on 127.0.0.1 at a free port in a te
   S2's REST API v1 when the server answers it (``POST /v1/streams/{stream}/records`` with the
   ``s2-basin`` header, JSON ``{"records": [{"body": ...}]}``), else the previous walstream API
   (``{"records": [{"value_text": ...}]}``); ``--api`` forces one. The JSON says which ran.
+- ``walstream-http-hypercorn``: the same, with ``server.http_stack: hypercorn`` (the HTTP server
+  walstream served with before granian; ``walstream-http`` runs walstream's default, granian).
 - ``walstream-inproc``: the same deployment through ``walstream.open`` in this process (no HTTP).
 - ``redis``: Redis Streams, ``XADD``; ``appendonly yes``, ``appendfsync always`` (the AOF is
   fsynced before a reply is sent: Redis fsyncs once per event-loop turn, so concurrent clients
@@ -81,7 +83,15 @@ RECORD_BYTES = 1024
 BATCH = 100
 CLIENTS = (1, 64)
 WORKLOADS = [(clients, batch) for batch in (1, BATCH) for clients in CLIENTS]
-PEERS = ["walstream-http", "walstream-inproc", "redis", "nats", "http-noop", "redis-nofsync"]
+PEERS = [
+    "walstream-http",
+    "walstream-http-hypercorn",
+    "walstream-inproc",
+    "redis",
+    "nats",
+    "http-noop",
+    "redis-nofsync",
+]
 BASIN = "walstream-bench"
 STREAM = "bench"
 
@@ -99,8 +109,16 @@ def workload_name(clients: int, batch: int) -> str:
 # -- walstream over HTTP ------------------------------------------------------------------------
 
 
-def walstream_serve_command() -> list[str]:
-    return [sys.executable, "-m", "walstream.cli", "serve", "--listen", "127.0.0.1:0"]
+def walstream_serve_command(workdir: Path, http_stack: str | None) -> list[str]:
+    """``walstream serve`` on the embedded default deployment (rooted in ``workdir``), with
+    ``server.http_stack`` set when ``http_stack`` is given."""
+    command = [sys.executable, "-m", "walstream.cli", "serve", "--listen", "127.0.0.1:0"]
+    if http_stack is None:
+        return command
+    deployment = dict(embedded_deployment(workdir / "walstream-data"))
+    deployment["server"] = {"http_stack": http_stack}
+    (workdir / "deploy.json").write_text(json.dumps(deployment))
+    return [*command, "-c", str(workdir / "deploy.json")]
 
 
 async def detect_api(port: int) -> str:
@@ -165,11 +183,18 @@ def http_factory(port: int, api: str, connections: list[Any], http_version: str 
 
 @contextlib.asynccontextmanager
 async def walstream_http(
-    workdir: Path, api_choice: str, info: dict[str, Any], http_version: str = "1.1"
+    workdir: Path,
+    api_choice: str,
+    info: dict[str, Any],
+    http_version: str = "1.1",
+    http_stack: str | None = None,
 ) -> AsyncIterator[Any]:
     server = ServerProcess(
-        walstream_serve_command(), r"listening on http://127\.0\.0\.1:(\d+)", cwd=workdir
+        walstream_serve_command(workdir, http_stack),
+        r"listening on http://127\.0\.0\.1:(\d+)",
+        cwd=workdir,
     )
+    info.setdefault("walstream_http_stacks", []).append(http_stack or "default")
     connections: list[Any] = []
     try:
         api = await detect_api(server.port) if api_choice == "auto" else api_choice
@@ -309,9 +334,13 @@ async def nats_peer(workdir: Path, api_choice: str, info: dict[str, Any]) -> Asy
         server.stop()
 
 
-def peer_context(name: str, http_version: str) -> Callable[..., Any]:
+def peer_context(name: str, http_version: str, http_stack: str | None) -> Callable[..., Any]:
     if name == "walstream-http":
-        return lambda *args: walstream_http(*args, http_version=http_version)
+        return lambda *args: walstream_http(*args, http_version=http_version, http_stack=http_stack)
+    if name == "walstream-http-hypercorn":
+        return lambda *args: walstream_http(
+            *args, http_version=http_version, http_stack="hypercorn"
+        )
     if name == "redis-nofsync":
         return lambda *args: redis_peer(*args, fsync="no")
     return {
@@ -334,7 +363,7 @@ async def measure_peer(
     workdir = Path(tempfile.mkdtemp(prefix=f"peers-{name}-"))
     try:
         seconds, runs = args.seconds, args.runs
-        async with peer_context(name, args.http)(workdir, args.api, info) as make:
+        async with peer_context(name, args.http, args.http_stack)(workdir, args.api, info) as make:
             for clients, batch in WORKLOADS:
                 operation = await make(clients, batch)
                 await closed_loop(operation, clients, min(0.2, seconds))  # warm up
@@ -388,7 +417,7 @@ def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
 
 def ratios(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for peer in ("walstream-http", "walstream-inproc"):
+    for peer in ("walstream-http", "walstream-http-hypercorn", "walstream-inproc"):
         for workload, cell in summary.get(peer, {}).items():
             redis = summary.get("redis", {}).get(workload)
             if redis:
@@ -522,6 +551,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("1.1", "2"),
         default="1.1",
         help="HTTP version to walstream serve: 1.1 keep-alive (default) or 2 (h2c prior knowledge)",
+    )
+    parser.add_argument(
+        "--http-stack",
+        choices=("granian", "hypercorn"),
+        default=None,
+        help="walstream serve's server.http_stack (default: walstream's default)",
     )
     parser.add_argument("--only", nargs="+", choices=PEERS, metavar="PEER", help=", ".join(PEERS))
     parser.add_argument("--json", type=Path, default=None, help="default bench/results/peers.json")

@@ -24,6 +24,7 @@ import pytest
 import yarl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from walstream.errors import ConfigError
 from walstream.server.limits import ServerLimits
 from walstream.server.serve import RunningServer, serve
 
@@ -49,16 +50,20 @@ def write_deployment(folder: Path) -> Path:
 
 
 def start(
-    folder: Path, limits: ServerLimits = LIMITS
+    folder: Path,
+    limits: ServerLimits = LIMITS,
+    http_stack: str | None = None,
+    listen: str = "127.0.0.1:0",
 ) -> AbstractAsyncContextManager[RunningServer]:
     return serve(
         write_deployment(folder),
-        listen="127.0.0.1:0",
+        listen=listen,
         token=TOKEN,
         max_body_bytes=MAX_BODY_BYTES,
         max_wait_s=10.0,
         limits=limits,
         environ={},
+        http_stack=http_stack,
     )
 
 
@@ -572,8 +577,9 @@ async def test_a_slow_second_head_on_a_kept_alive_connection_is_closed(
 
 
 async def test_connections_over_the_bound_get_503(tmp_path: Path) -> None:
+    """hypercorn: a connection over ``max_connections`` is answered 503 and closed."""
     limits = ServerLimits(header_timeout_s=10.0, max_connections=4)
-    async with start(tmp_path, limits) as running:
+    async with start(tmp_path, limits, http_stack="hypercorn") as running:
         idle = [await asyncio.open_connection("127.0.0.1", running.port) for _ in range(4)]
         await asyncio.sleep(0.2)
         assert running.listener is not None and running.listener.open == 4
@@ -590,6 +596,52 @@ async def test_connections_over_the_bound_get_503(tmp_path: Path) -> None:
         async with aiohttp.ClientSession(headers=AUTH, timeout=TIMEOUT) as session:
             status, health = await answer(session, "GET", running.url + "/health")
         assert (status, health["status"]) == (200, "ok")
+
+
+async def test_with_granian_connections_over_the_bound_wait_for_a_free_one(
+    tmp_path: Path,
+) -> None:
+    """granian: a connection over ``max_connections`` is not served until one closes."""
+    limits = ServerLimits(header_timeout_s=10.0, max_connections=4)
+    async with start(tmp_path, limits, http_stack="granian") as running:
+        assert running.http_stack == "granian"
+        idle = [await asyncio.open_connection("127.0.0.1", running.port) for _ in range(4)]
+        await asyncio.sleep(0.2)
+        reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(reader.read(1), 0.5)
+        idle[0][1].close()
+        status, health = parse_raw(await asyncio.wait_for(reader.read(), 5))
+        assert (status, health["status"]) == (200, "ok")
+        writer.close()
+        for _, other in idle[1:]:
+            other.close()
+
+
+@pytest.mark.parametrize("http_stack", ["granian", "hypercorn"])
+async def test_a_busy_listen_address_is_refused(tmp_path: Path, http_stack: str) -> None:
+    """A second server on a port in use fails instead of sharing it (granian binds with
+    SO_REUSEPORT, which would let both listen)."""
+    first, second = tmp_path / f"{http_stack}-first", tmp_path / f"{http_stack}-second"
+    first.mkdir()
+    second.mkdir()
+    async with start(first, http_stack=http_stack) as running:
+        with pytest.raises(ConfigError, match="already in use"):
+            async with start(second, http_stack=http_stack, listen=running.url[7:]):
+                pass
+        async with aiohttp.ClientSession(headers=AUTH, timeout=TIMEOUT) as session:
+            status, health = await answer(session, "GET", running.url + "/health")
+        assert (status, health["status"]) == (200, "ok")
+
+
+async def test_an_unknown_http_stack_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(
+        ConfigError, match=r"server\.http_stack: expected one of granian, hypercorn"
+    ):
+        async with start(tmp_path, http_stack="uvicorn"):
+            pass
 
 
 async def test_long_polls_over_the_bound_get_429(

@@ -521,11 +521,17 @@ async def test_sse_read_session_sends_batches_pings_and_done(http: aiohttp.Clien
     assert events[-1] == "event: done\ndata: [DONE]"
 
 
+@pytest.mark.parametrize("http_stack", ["granian", "hypercorn"])
 async def test_shutdown_answers_waiting_long_polls_and_uploads_everything(
-    deployment: Path,
+    deployment: Path, http_stack: str
 ) -> None:
     async with aiohttp.ClientSession(timeout=REQUEST_TIMEOUT, headers=IN_BASIN) as session:
-        async with serve(deployment, listen="127.0.0.1:0", max_wait_s=30, environ={}) as running:
+        async with serve(
+            deployment, listen="127.0.0.1:0", max_wait_s=30, environ={}, http_stack=http_stack
+        ) as running:
+            assert running.http_stack == http_stack
+            # An idle keep-alive HTTP/1.1 connection does not hold shutdown up either.
+            _, idle = await asyncio.open_connection(running.host, running.port)
             url = running.url
             await call(session, "POST", f"{url}/v1/basins", 201, json={"basin": BASIN})
             await call(session, "POST", f"{url}/v1/streams", 201, json={"stream": "orders"})
@@ -550,6 +556,7 @@ async def test_shutdown_answers_waiting_long_polls_and_uploads_everything(
             shutdown_started = time.monotonic()
         # Leaving serve() stopped the server: the waiting poll did not hold it for 30 s.
         assert time.monotonic() - shutdown_started < 15
+        idle.close()
         result = await asyncio.wait_for(waiting, 1)
         assert result["records"] == [] and result["tail"]["seq_num"] == 2
 

@@ -121,6 +121,7 @@ def test_every_engine_section_maps_onto_engine_config(write_yaml: WriteYaml) -> 
         "body_timeout": 60.0,
         "max_connections": 512,
         "max_long_polls": 256,
+        "http_stack": None,
     }
     assert deployment.disabled_hooks == ("metrics",)
 

@@ -110,6 +110,13 @@ _SERVER_OPTIONS = (
         default=256,
         minimum=1,
     ),
+    Option(
+        "http_stack",
+        "str",
+        "the HTTP server: granian or hypercorn (both serve HTTP/1.1 and h2c on one port; "
+        "unset: walstream's default, see HTTP service)",
+        choices=("granian", "hypercorn"),
+    ),
 )
 _HOOKS_OPTIONS = (
     Option(
@@ -317,9 +324,7 @@ def _expand_string(value: str, key: str, environ: Mapping[str, str]) -> str:
     return _ENV_REFERENCE.sub(substitute, value)
 
 
-def expand_environment(
-    value: Any, key: str = "", environ: Mapping[str, str] | None = None
-) -> Any:
+def expand_environment(value: Any, key: str = "", environ: Mapping[str, str] | None = None) -> Any:
     """``value`` (a YAML document or part of one) with every ``${VAR}`` / ``${VAR:-default}`` in
     its strings expanded from ``environ`` (default: the process environment) and ``$${`` turned
     into a literal ``${``; a missing variable raises ConfigError naming ``key`` and the variable.

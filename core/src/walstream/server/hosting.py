@@ -2,9 +2,9 @@
 HTTP/2 with prior knowledge (h2c, what S2's SDKs speak) on the same port, behind the bounds of
 :class:`~walstream.server.limits.ServerLimits`.
 
-This is the only module that knows the ASGI server; the application
-(:class:`walstream.server.s2.app.S2App`) is plain ASGI, so another server (granian, uvicorn)
-replaces this module alone. hypercorn's connection handler is driven directly (instead of
+This module and :mod:`walstream.server.hosting_granian` are the only ones that know an ASGI
+server (``server.http_stack: hypercorn`` chooses this one); the application
+(:class:`walstream.server.s2.app.S2App`) is plain ASGI. hypercorn's connection handler is driven directly (instead of
 ``hypercorn.asyncio.serve``) so the listener can bound the connections open at once: one more
 is answered ``503`` and closed.
 

@@ -1,6 +1,6 @@
 """Bounds that keep a slow or greedy client from holding the node's connections, tasks and
 memory: :class:`ServerLimits` (the ``server:`` section of a deployment). The listener
-(:mod:`walstream.server.hosting`) enforces the connection bound and the request-head timeout;
+(:mod:`walstream.server.hosting_granian` or :mod:`walstream.server.hosting`) enforces the connection bound and the request-head timeout;
 the application (:mod:`walstream.server.s2`) the body size, the body timeout and the long-poll
 bound.
 """

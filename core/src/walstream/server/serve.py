@@ -1,6 +1,7 @@
 """Running one node as an HTTP server: :func:`serve` opens the node of a deployment under its
 node lock (:mod:`walstream.engine.live`) and serves the S2 API application
-(:mod:`walstream.server.s2`) with hypercorn (:mod:`walstream.server.hosting`);
+(:mod:`walstream.server.s2`) with granian (:mod:`walstream.server.hosting_granian`) or
+hypercorn (:mod:`walstream.server.hosting`), as ``server.http_stack`` says;
 :func:`run_until_signalled` is ``walstream serve``.
 
 Shutdown (SIGTERM or SIGINT): answer waiting long polls with what they have and end read
@@ -11,6 +12,7 @@ the client, which uploads and commits everything acknowledged.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -18,11 +20,10 @@ import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from walstream.engine import live
 from walstream.errors import ConfigError
-from walstream.server.hosting import Listener, open_listener
 from walstream.server.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_WAIT_S,
@@ -35,7 +36,10 @@ if TYPE_CHECKING:
     from walstream.engine.node import Client
 
 __all__ = [
+    "DEFAULT_HTTP_STACK",
     "DEFAULT_LISTEN",
+    "HTTP_STACKS",
+    "Listener",
     "RunningServer",
     "parse_listen",
     "run_until_signalled",
@@ -46,6 +50,52 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = "127.0.0.1:7400"
 TOKEN_ENVIRONMENT_VARIABLE = "WALSTREAM_TOKEN"
+#: The HTTP servers ``server.http_stack`` chooses from (README "HTTP service" has the numbers).
+HTTP_STACKS = ("granian", "hypercorn")
+#: granian: 2x hypercorn's requests/s at 64 clients of single-record appends (README).
+DEFAULT_HTTP_STACK = "granian"
+
+
+class Listener(Protocol):
+    """What serve() needs of a hosting: the bound port and a graceful close."""
+
+    port: int
+    refused: int
+
+    async def close(self, grace_s: float = ...) -> None: ...
+
+
+def choose_http_stack(value: str | None) -> str:
+    """``server.http_stack`` (None: :data:`DEFAULT_HTTP_STACK`), checked."""
+    if value is None:
+        return DEFAULT_HTTP_STACK
+    if value not in HTTP_STACKS:
+        raise ConfigError(
+            f"server.http_stack: expected one of {', '.join(HTTP_STACKS)}, got {value!r}"
+        )
+    return value
+
+
+async def open_listener(
+    stack: str, app: S2App, host: str, port: int, limits: ServerLimits
+) -> Listener:
+    """Serve ``app`` on ``host:port`` with the HTTP server ``stack`` (imported only when
+    chosen, so the other one need not be installed). A port in use is a ConfigError."""
+    try:
+        if stack == "granian":
+            from walstream.server import hosting_granian
+
+            return await hosting_granian.open_listener(app, host, port, limits)
+        from walstream.server import hosting
+
+        return await hosting.open_listener(app, host, port, limits)
+    except OSError as failure:
+        if failure.errno != errno.EADDRINUSE:
+            raise
+        raise ConfigError(
+            f"listen: {host}:{port} is already in use; stop the other server or choose "
+            "another port (server.listen, --listen)"
+        ) from None
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -70,7 +120,9 @@ class RunningServer:
     app: S2App
     limits: ServerLimits = field(default_factory=ServerLimits)
     listener: Listener | None = None
-    """The listener: counts of ``open`` and ``refused`` connections."""
+    """The listener (hypercorn's counts ``open`` and ``refused`` connections)."""
+    http_stack: str = DEFAULT_HTTP_STACK
+    """The HTTP server serving it: ``granian`` or ``hypercorn``."""
 
     @property
     def url(self) -> str:
@@ -98,13 +150,15 @@ async def serve(
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
     limits: ServerLimits | None = None,
     environ: Mapping[str, str] | None = None,
+    http_stack: str | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Open the node of ``config`` (a deployment YAML path, mapping, Deployment, or None for
     the embedded default) and serve it over HTTP until the context exits; then stop accepting,
     answer long polls, and close the client (which uploads everything acknowledged).
 
-    ``listen``, ``token`` and ``limits`` override the deployment's ``server`` section (port 0:
-    any free port, see :attr:`RunningServer.port`).
+    ``listen``, ``token``, ``limits`` and ``http_stack`` (``granian`` or ``hypercorn``) override
+    the deployment's ``server`` section (port 0: any free port, see :attr:`RunningServer.port`).
+    Raises :class:`~walstream.errors.ConfigError` for an unknown ``http_stack``.
 
     While serving, the process holds the node lock of the deployment (:mod:`walstream.engine.live`)
     with its URL in it, so `walstream` commands on the same deployment use this server instead
@@ -119,6 +173,7 @@ async def serve(
     server_section = deployment.sections["server"]
     host, port = parse_listen(listen or server_section["listen"] or DEFAULT_LISTEN)
     chosen_limits = limits or limits_from_section(server_section)
+    stack = choose_http_stack(http_stack or server_section.get("http_stack"))
     chosen_token = _choose_token(
         token, server_section.get("token"), os.environ if environ is None else environ
     )
@@ -154,9 +209,9 @@ async def serve(
             max_wait_s=max_wait_s,
             limits=chosen_limits,
         )
-        listener = await open_listener(app, host, port, chosen_limits)
+        listener = await open_listener(stack, app, host, port, chosen_limits)
         running = RunningServer(
-            client, host, listener.port, chosen_token, app, chosen_limits, listener
+            client, host, listener.port, chosen_token, app, chosen_limits, listener, stack
         )
         if node_lock is not None:
             # Where `walstream` commands on this deployment send their writes and live reads.
