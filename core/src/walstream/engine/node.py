@@ -69,6 +69,11 @@ class Stream:
     def name(self) -> str | None:
         return self._state.info.name
 
+    @property
+    def writing(self) -> bool:
+        """True once this node claimed the stream for writing (it owns it until it stops)."""
+        return self._state.claimed
+
     def __repr__(self) -> str:
         return f"Stream(id={self.stream_id}, name={self.name!r})"
 

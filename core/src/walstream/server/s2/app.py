@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from walstream.errors import (
     BasinNotFound,
     ConfigError,
+    FencedError,
     InvalidArgument,
     StreamNotFound,
     WalstreamError,
@@ -47,7 +48,7 @@ from walstream.errors import (
 from walstream.metadata.rules import check_basin_name
 from walstream.records import check_text, parse_int_text
 from walstream.server.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAIT_S, ServerLimits
-from walstream.server.s2 import records
+from walstream.server.s2 import records, routing
 from walstream.server.s2.asgi import Receive, Request, Scope, Send
 from walstream.server.s2.errors import S2Error, from_walstream
 from walstream.server.s2.model import (
@@ -105,6 +106,8 @@ class S2App:
         """stream id -> a fence command in progress (appends wait for its token)."""
         self.tail_timestamps: dict[int, tuple[int, int]] = {}
         """stream id -> (tail, timestamp of the record before it), as last seen."""
+        self.router = routing.Router(client)
+        """Which other node owns a stream (requests for it are forwarded there)."""
 
     @contextmanager
     def long_poll(self) -> Iterator[None]:
@@ -390,6 +393,30 @@ class S2App:
                 return await request.respond_json(201, await self._stream_info(basin, name))
             raise _not_allowed(method)
         name = walstream_stream_name(basin, rest[0])
+        if await routing.forward_if_elsewhere(self, request, basin, name):
+            return None
+        if self.stopping.is_set() and method == "POST" and rest[1:] == ["records"]:
+            # Draining: what is acknowledged gets uploaded and the streams released; a client
+            # retries elsewhere (or here until the stream is claimed by another node).
+            raise S2Error(
+                503,
+                "server_draining",
+                f"node {self.client.node_id} is shutting down; retry on another node",
+            )
+        try:
+            return await self._stream_route(request, method, basin, name, rest)
+        except FencedError:
+            # The claim was refused: another node took the stream meanwhile, or its owner is
+            # not reachable yet (not live, not failed over). A retry is routed afresh.
+            stream = await self.open_stream(name)
+            if stream.writing:
+                raise
+            owner = await self.router.owner_elsewhere(stream.stream_id, fresh=True)
+            raise routing.not_owner_here(owner, self.client.node_id) from None
+
+    async def _stream_route(
+        self, request: Request, method: str, basin: str, name: str, rest: list[str]
+    ) -> None:
         if len(rest) == 2 and rest[1] == "records":
             return await records.records_route(self, request, basin, name)
         if len(rest) == 3 and rest[1:] == ["records", "tail"] and method == "GET":

@@ -43,6 +43,7 @@ class Request:
         "send",
         "started",
         "status",
+        "target",
     )
 
     def __init__(
@@ -56,6 +57,9 @@ class Request:
         self.method: str = scope["method"]
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
         path = raw_path.split(b"?", 1)[0].decode("latin-1")
+        query_string: bytes = scope.get("query_string", b"")
+        self.target = path + ("?" + query_string.decode("latin-1") if query_string else "")
+        """The request target as sent (path and query, still percent-encoded)."""
         self.error: S2Error | None = None
         """Why the path or query cannot be read (raised when the request is dispatched)."""
         self.segments: list[str] = []

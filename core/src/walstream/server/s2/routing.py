@@ -1,0 +1,145 @@
+"""Any node serves any stream: which node a stream request goes to.
+
+Placement rule: a stream is written by the node that owns it in metadata. A stream without a
+live owner (never written, released by a node that stopped or drained, or failed over) is
+claimed by the first node that receives a write for it. A request for a stream owned by another
+live node is forwarded to that node's advertised address (``node.advertise``) and its answer is
+relayed (:mod:`walstream.server.s2.forward`). Reads go to the owner too, so that a read sees
+every acknowledged record and the tail the writer reports; a stream nobody owns is read here,
+straight from object storage.
+
+A node is *live* when it is RUNNING, advertises an address, and its lease (when it holds one)
+has not expired on the metadata store's clock. A forwarded request that reaches a node which
+does not own its stream is answered 503 ``unavailable`` with a retry hint, never forwarded again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from walstream.errors import StreamNotFound
+from walstream.metadata.contract import NodeState
+from walstream.server.s2.errors import S2Error
+from walstream.server.s2.forward import FORWARDED_HEADER, OwnerUnreachable, relay
+
+if TYPE_CHECKING:
+    from walstream.engine.node import Client
+    from walstream.server.s2.app import S2App
+    from walstream.server.s2.asgi import Request
+
+__all__ = ["Owner", "Router", "forward_if_elsewhere", "not_owner_here"]
+
+#: How long a stream's owner, once looked up, is trusted before it is looked up again. A stale
+#: owner costs one 503 (the old owner refuses a stream it no longer owns), never a wrong write.
+OWNER_CACHE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The live node that owns a stream, and where it is reached."""
+
+    node_id: int
+    address: str
+
+
+class Router:
+    """Looks up, and briefly remembers, which other live node owns a stream."""
+
+    def __init__(self, client: Client, cache_s: float = OWNER_CACHE_S) -> None:
+        self.client = client
+        self.cache_s = cache_s
+        self._owners: dict[int, tuple[float, Owner]] = {}
+        self.forwarded = 0
+        """Requests relayed to another node (for tests and metrics)."""
+
+    def forget(self, stream_id: int) -> None:
+        """Drop what is remembered about ``stream_id``'s owner (it did not answer)."""
+        self._owners.pop(stream_id, None)
+
+    async def owner_elsewhere(self, stream_id: int, *, fresh: bool = False) -> Owner | None:
+        """The other live node that owns ``stream_id``, or None when this node may serve it
+        (it owns it, nobody owns it, or its owner is not live)."""
+        now = time.monotonic()
+        remembered = self._owners.get(stream_id)
+        if remembered is not None and not fresh and remembered[0] > now:
+            return remembered[1]
+        self._owners.pop(stream_id, None)
+        metadata = self.client.metadata
+        info = (await metadata.get_streams([stream_id])).get(stream_id)
+        owner_id = None if info is None else info.owner_node_id
+        if owner_id is None or owner_id == self.client.node_id:
+            return None
+        node = await metadata.get_node(owner_id)
+        if node is None or node.state is not NodeState.RUNNING:
+            return None
+        address = _advertised(node)
+        if not address or await _lease_expired(metadata, node):
+            return None
+        owner = Owner(owner_id, address)
+        self._owners[stream_id] = (now + self.cache_s, owner)
+        return owner
+
+
+def _advertised(node: Any) -> str | None:
+    """The node's advertised base URL (``NodeInfo.address``; None when it advertises none)."""
+    address = getattr(node, "address", None)
+    return address if isinstance(address, str) and address else None
+
+
+async def _lease_expired(metadata: Any, node: Any) -> bool:
+    """True when the node holds a lease that has expired on the store's clock."""
+    expires = getattr(node, "lease_expires_ms", 0)
+    store_time = getattr(metadata, "store_time_ms", None)
+    if not isinstance(expires, int) or expires <= 0 or store_time is None:
+        return False
+    now_ms = await store_time()
+    return bool(expires <= now_ms)
+
+
+def not_owner_here(owner: Owner | None, node_id: int, *, forwarded: bool = False) -> S2Error:
+    """503 for a stream request this node cannot serve: it was forwarded here on a stale view of
+    who owns the stream, or the stream's owner is not live yet not failed over."""
+    if forwarded:
+        where = "another node" if owner is None else f"node {owner.node_id} at {owner.address}"
+        message = (
+            f"node {node_id} does not own this stream ({where} does) and does not forward a "
+            "forwarded request again; retry, the next attempt is routed afresh"
+        )
+    else:
+        message = (
+            f"node {node_id} cannot write this stream: another node owns it and is not "
+            "reachable (not live, or not failed over yet); retry shortly"
+        )
+    return S2Error(503, "unavailable", message)
+
+
+async def forward_if_elsewhere(app: S2App, request: Request, basin: str, name: str) -> bool:
+    """Relay ``request`` to the owner of stream ``name`` when another live node owns it (True);
+    False when this node serves it. A forwarded request for a stream owned elsewhere is 503."""
+    try:
+        stream = await app.open_stream(name)
+    except StreamNotFound:
+        return False  # this node answers 404, or creates it on append
+    if stream.writing:
+        return False
+    owner = await app.router.owner_elsewhere(stream.stream_id)
+    if owner is None:
+        return False
+    if request.header(FORWARDED_HEADER) is not None:
+        raise not_owner_here(owner, app.client.node_id, forwarded=True)
+    try:
+        await relay(
+            request,
+            owner.address,
+            owner_id=owner.node_id,
+            from_node_id=app.client.node_id,
+            basin=basin,
+            header_timeout_s=app.max_wait_s + app.limits.body_timeout_s + 10.0,
+        )
+    except OwnerUnreachable:
+        app.router.forget(stream.stream_id)
+        raise
+    app.router.forwarded += 1
+    return True

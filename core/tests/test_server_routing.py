@@ -1,0 +1,200 @@
+"""Any node serves any stream: two ``walstream serve`` nodes (in-process, HTTP/1.1) on one
+SQLite metadata file and one object store, each with its own WAL. A request for a stream owned
+by the other node is forwarded there and its answer relayed; a forwarded request is never
+forwarded again; a stream without a live owner is claimed by the node that receives a write."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from walstream.server.s2 import routing
+from walstream.server.s2.forward import FORWARDED_HEADER
+from walstream.server.serve import RunningServer, serve
+
+BASIN = "routed-basin"
+HEADERS = {"s2-basin": BASIN}
+TIMEOUT = aiohttp.ClientTimeout(total=20)
+
+
+def deployment(folder: Path, node_id: int) -> Path:
+    path = folder / f"node{node_id}.yaml"
+    path.write_text(
+        f"node: {{id: {node_id}}}\n"
+        f"wal: {{type: memory, name: routing-{folder.name}-{node_id}}}\n"
+        "object_store: {type: local, root: data/objects, fsync: false}\n"
+        "metadata: {type: sqlite, path: data/meta.db}\n"
+        "upload: {max_bytes: 256KiB, max_interval: 50ms}\n"
+    )
+    return path
+
+
+class Cluster:
+    """Nodes by id, with the addresses they advertise (set per test)."""
+
+    def __init__(self, folder: Path, stack: AsyncExitStack) -> None:
+        self.folder = folder
+        self.stack = stack
+        self.nodes: dict[int, RunningServer] = {}
+        self.addresses: dict[int, str] = {}
+
+    async def start(self, node_id: int) -> RunningServer:
+        running = await self.stack.enter_async_context(
+            serve(deployment(self.folder, node_id), listen="127.0.0.1:0", environ={})
+        )
+        self.nodes[node_id] = running
+        self.addresses[node_id] = running.url
+        return running
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Cluster]:
+    async with AsyncExitStack() as stack:
+        nodes = Cluster(tmp_path, stack)
+
+        def advertised(node: Any) -> str | None:
+            return nodes.addresses.get(node.node_id)
+
+        monkeypatch.setattr(routing, "_advertised", advertised)
+        await nodes.start(1)
+        await nodes.start(2)
+        yield nodes
+
+
+async def call(
+    url: str, method: str, path: str, expect: int, **kwargs: Any
+) -> tuple[Any, dict[str, str]]:
+    headers = {**HEADERS, **kwargs.pop("headers", {})}
+    async with aiohttp.ClientSession(base_url=url, timeout=TIMEOUT) as session:
+        async with session.request(method, path, headers=headers, **kwargs) as response:
+            text = await response.text()
+            assert response.status == expect, (response.status, text)
+            return (json.loads(text) if text else None), dict(response.headers)
+
+
+async def append(url: str, stream: str, *texts: str, expect: int = 200) -> Any:
+    body, _ = await call(
+        url,
+        "POST",
+        f"/v1/streams/{stream}/records",
+        expect,
+        json={"records": [{"body": text} for text in texts]},
+    )
+    return body
+
+
+async def read_all(url: str, stream: str) -> list[str]:
+    body, _ = await call(url, "GET", f"/v1/streams/{stream}/records?seq_num=0", 200)
+    return [record["body"] for record in body["records"]]
+
+
+async def setup_stream(cluster: Cluster, stream: str) -> None:
+    a = cluster.nodes[1].url
+    await call(a, "POST", "/v1/basins", 201, json={"basin": BASIN})
+    await call(a, "POST", "/v1/streams", 201, json={"stream": stream})
+
+
+async def test_a_write_through_another_node_is_forwarded_to_the_owner(cluster: Cluster) -> None:
+    a, b = cluster.nodes[1], cluster.nodes[2]
+    await setup_stream(cluster, "s")
+    first = await append(a.url, "s", "a0", "a1")  # node 1 claims the stream
+    assert (first["start"]["seq_num"], first["end"]["seq_num"]) == (0, 2)
+
+    second = await append(b.url, "s", "b0")
+    assert (second["start"]["seq_num"], second["end"]["seq_num"]) == (2, 3)
+    assert b.app.router.forwarded == 1
+    assert await read_all(b.url, "s") == ["a0", "a1", "b0"]
+    tail, _ = await call(b.url, "GET", "/v1/streams/s/records/tail", 200)
+    assert tail["tail"]["seq_num"] == 3
+    # Node 2 never wrote: the owner in metadata is still node 1.
+    info = await a.client.metadata.get_stream(f"{BASIN}.s")
+    assert info.owner_node_id == 1
+    # A condition is checked by the owner, and its 412 body relayed as is.
+    body, _ = await call(
+        b.url,
+        "POST",
+        "/v1/streams/s/records",
+        412,
+        json={"records": [{"body": "x"}], "match_seq_num": 0},
+    )
+    assert body == {"seq_num_mismatch": 3}
+
+
+async def test_a_long_poll_is_relayed_when_the_record_arrives(cluster: Cluster) -> None:
+    a, b = cluster.nodes[1], cluster.nodes[2]
+    await setup_stream(cluster, "poll")
+    await append(a.url, "poll", "first")
+    waiting = asyncio.ensure_future(
+        call(b.url, "GET", "/v1/streams/poll/records?seq_num=1&wait=10", 200)
+    )
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    await append(a.url, "poll", "second")
+    body, _ = await asyncio.wait_for(waiting, 10)
+    assert [record["body"] for record in body["records"]] == ["second"]
+
+
+async def test_a_forwarded_request_is_never_forwarded_again(cluster: Cluster) -> None:
+    a, b = cluster.nodes[1], cluster.nodes[2]
+    await setup_stream(cluster, "loop")
+    await append(a.url, "loop", "a0")
+    body, headers = await call(
+        b.url,
+        "POST",
+        "/v1/streams/loop/records",
+        503,
+        json={"records": [{"body": "x"}]},
+        headers={FORWARDED_HEADER: "1"},
+    )
+    assert body["code"] == "unavailable"
+    assert "does not forward a forwarded request again" in body["message"]
+    assert headers["retry-after-ms"] == "1000"
+    assert b.app.router.forwarded == 0
+    assert await read_all(a.url, "loop") == ["a0"]
+
+
+async def test_an_unreachable_owner_is_503_with_a_retry_hint(cluster: Cluster) -> None:
+    a, b = cluster.nodes[1], cluster.nodes[2]
+    await setup_stream(cluster, "gone")
+    await append(a.url, "gone", "a0")
+    cluster.addresses[1] = "http://127.0.0.1:9"  # nothing listens there
+    body, headers = await call(
+        b.url, "POST", "/v1/streams/gone/records", 503, json={"records": [{"body": "x"}]}
+    )
+    assert body["code"] == "unavailable"
+    assert "cannot be reached" in body["message"]
+    assert headers["retry-after-ms"] == "1000"
+    # An owner that advertises no address: node 2's claim is refused, which is 503 (not 409).
+    del cluster.addresses[1]
+    body, _ = await call(
+        b.url, "POST", "/v1/streams/gone/records", 503, json={"records": [{"body": "x"}]}
+    )
+    assert "another node owns it" in body["message"]
+    assert await read_all(a.url, "gone") == ["a0"]
+
+
+async def test_a_stream_released_by_a_stopped_node_is_claimed_by_the_next_writer(
+    cluster: Cluster,
+) -> None:
+    a, b = cluster.nodes[1], cluster.nodes[2]
+    await setup_stream(cluster, "moved")
+    await append(a.url, "moved", "a0", "a1")
+    a.app.begin_shutdown()
+    body, headers = await call(
+        a.url, "POST", "/v1/streams/moved/records", 503, json={"records": [{"body": "x"}]}
+    )
+    assert body["code"] == "server_draining"
+    assert headers["retry-after-ms"] == "1000"
+    await a.client.close()  # uploads what node 1 acknowledged and releases its streams
+    assert (await b.client.metadata.get_stream(f"{BASIN}.moved")).owner_node_id is None
+    ack = await append(b.url, "moved", "b0")
+    assert ack["start"]["seq_num"] == 2
+    assert b.app.router.forwarded == 0
+    assert (await b.client.metadata.get_stream(f"{BASIN}.moved")).owner_node_id == 2
+    assert await read_all(b.url, "moved") == ["a0", "a1", "b0"]
