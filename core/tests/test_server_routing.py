@@ -198,3 +198,40 @@ async def test_a_stream_released_by_a_stopped_node_is_claimed_by_the_next_writer
     assert b.app.router.forwarded == 0
     assert (await b.client.metadata.get_stream(f"{BASIN}.moved")).owner_node_id == 2
     assert await read_all(b.url, "moved") == ["a0", "a1", "b0"]
+
+
+async def test_the_s2_sdk_appends_and_reads_through_a_node_that_does_not_own_the_stream(
+    cluster: Cluster,
+) -> None:
+    s2_sdk = pytest.importorskip("s2_sdk")
+    a, b = cluster.nodes[1], cluster.nodes[2]
+    await setup_stream(cluster, "sdk")
+    await append(a.url, "sdk", "a0")  # node 1 owns the stream
+    client = s2_sdk.S2("unused-token", endpoints=s2_sdk.Endpoints(account=b.url, basin=b.url))
+    try:
+        stream = client.basin(BASIN).stream("sdk")
+        ack = await stream.append(
+            s2_sdk.AppendInput(records=[s2_sdk.Record(body=b"b0")], match_seq_num=1)
+        )
+        assert (ack.start.seq_num, ack.end.seq_num) == (1, 2)
+        with pytest.raises(s2_sdk.SeqNumMismatchError) as mismatch:
+            await stream.append(
+                s2_sdk.AppendInput(records=[s2_sdk.Record(body=b"x")], match_seq_num=0)
+            )
+        assert mismatch.value.expected_seq_num == 2
+        # The S2S producer session streams its body through node 2 to node 1.
+        async with stream.producer() as producer:
+            tickets = [await producer.submit(s2_sdk.Record(body=b"p%d" % i)) for i in range(20)]
+            acks = [await ticket for ticket in tickets]
+        assert [ack.seq_num for ack in acks] == list(range(2, 22))
+        read: list[bytes] = []
+        async for batch in stream.read_session(
+            start=s2_sdk.SeqNum(0), limit=s2_sdk.ReadLimit(count=22)
+        ):
+            read += [record.body for record in batch.records]
+        assert read == [b"a0", b"b0", *(b"p%d" % i for i in range(20))]
+        assert (await stream.check_tail()).seq_num == 22
+    finally:
+        await client.close()
+    assert b.app.router.forwarded >= 5
+    assert (await a.client.metadata.get_stream(f"{BASIN}.sdk")).owner_node_id == 1
