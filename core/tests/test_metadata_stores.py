@@ -608,7 +608,43 @@ async def test_sqlite_version_2_file_gains_basins(tmp_path: Path) -> None:
         (version,) = connection.execute(
             "SELECT value FROM meta WHERE key = 'schema_version'"
         ).fetchone()
-    assert version == SCHEMA_VERSION == 3
+    assert version == SCHEMA_VERSION == 4
+
+
+async def test_sqlite_version_3_file_gains_node_leases(tmp_path: Path) -> None:
+    """A file of schema version 3 (nodes without address and lease) is upgraded in place: its
+    nodes keep their epochs and WAL configs, hold no lease, and can renew one afterwards."""
+    path = tmp_path / "meta.db"
+    with sqlite3.connect(path) as connection:  # the nodes table as version 3 wrote it
+        connection.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+        connection.execute(
+            "CREATE TABLE nodes (node_id INTEGER PRIMARY KEY, node_epoch INTEGER NOT NULL, "
+            "state TEXT NOT NULL, wal_config TEXT NOT NULL, updated_ms INTEGER NOT NULL)"
+        )
+        connection.execute("INSERT INTO nodes VALUES (7, 5, 'running', '{\"path\": \"/w\"}', 1)")
+        connection.execute("INSERT INTO meta VALUES ('schema_version', 3)")
+        connection.execute("INSERT INTO meta VALUES ('last_stream_id', 0)")
+        connection.execute("INSERT INTO meta VALUES ('last_object_id', 0)")
+    upgraded = SqliteMetadataStore(path)
+    node = await upgraded.get_node(7)
+    assert node is not None
+    assert (node.node_epoch, node.wal_config, node.address, node.lease_expires_ms) == (
+        5,
+        {"path": "/w"},
+        None,
+        0,
+    )
+    renewed = await upgraded.renew_lease(7, 5, 10_000)
+    assert renewed.lease_expires_ms >= await upgraded.store_time_ms()
+    await upgraded.close()
+    reopened = SqliteMetadataStore(path)
+    assert (await reopened.get_node(7)) == renewed
+    await reopened.close()
+    with sqlite3.connect(path) as connection:
+        (version,) = connection.execute(
+            "SELECT value FROM meta WHERE key = 'schema_version'"
+        ).fetchone()
+    assert version == SCHEMA_VERSION
 
 
 async def test_sqlite_damaged_file(tmp_path: Path) -> None:

@@ -102,6 +102,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             created_ms bigint NOT NULL
         )""",
     ),
+    # -- version 3: node leases (the advertised address; the lease expiry, server clock) -------
+    (
+        "ALTER TABLE nodes ADD COLUMN address text",
+        "ALTER TABLE nodes ADD COLUMN lease_expires_ms bigint NOT NULL DEFAULT 0",
+    ),
 )
 
 #: The version this code writes and understands.

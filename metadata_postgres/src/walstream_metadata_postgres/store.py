@@ -39,8 +39,6 @@ from walstream.errors import (
 from walstream.metadata.contract import (
     DataLossGap,
     MetadataStore,
-    NodeInfo,
-    NodeState,
     ObjectCommit,
     ObjectInfo,
     ObjectKind,
@@ -54,7 +52,6 @@ from walstream.metadata.rules import (
     check_object_limit,
     check_prepare_args,
     check_stream_name,
-    encode_wal_config,
     plan_commit,
     plan_data_loss,
     plan_replace,
@@ -66,15 +63,14 @@ from walstream.records import DEPLOYMENT_ID_BYTES
 
 from .basins import PostgresBasins
 from .errors import classify, translate
+from .nodes import PostgresNodes
 from .schema import check_schema_name, migrate, quote_identifier
 from .tables import (
     GAP_COLUMNS,
     MAX_OFFSET,
-    NODE_COLUMNS,
     STREAM_COLUMNS,
     Tables,
     gap_of,
-    node_of,
     range_of,
     stream_of,
 )
@@ -115,7 +111,7 @@ def redact(dsn: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
-class PostgresMetadataStore(PostgresBasins, MetadataStore):
+class PostgresMetadataStore(PostgresNodes, PostgresBasins, MetadataStore):
     """Metadata in a PostgreSQL schema, shared by every node of a deployment."""
 
     def __init__(
@@ -566,69 +562,6 @@ class PostgresMetadataStore(PostgresBasins, MetadataStore):
 
         if ids:
             await self._write(work)
-
-    # -- nodes ------------------------------------------------------------------------------------
-
-    async def register_node(self, node_id: int, wal_config: dict[str, Any]) -> NodeInfo:
-        encoded = encode_wal_config(wal_config)
-        now_ms = self._clock.now_ms()
-
-        async def work(tables: Tables) -> NodeInfo:
-            row = await tables.db.fetchrow(
-                f"INSERT INTO nodes ({NODE_COLUMNS}) VALUES ($1, 1, 'running', $2, $3) "
-                "ON CONFLICT (node_id) DO UPDATE SET node_epoch = nodes.node_epoch + 1, "
-                "state = 'running', wal_config = excluded.wal_config, "
-                f"updated_ms = excluded.updated_ms RETURNING {NODE_COLUMNS}",
-                node_id,
-                encoded,
-                now_ms,
-            )
-            return node_of(row)
-
-        return await self._write(work)
-
-    async def get_node(self, node_id: int) -> NodeInfo | None:
-        async def work(tables: Tables) -> NodeInfo | None:
-            return await tables.node(node_id)
-
-        return await self._read(work)
-
-    async def list_nodes(self) -> list[NodeInfo]:
-        async def work(tables: Tables) -> list[NodeInfo]:
-            rows = await tables.db.fetch(f"SELECT {NODE_COLUMNS} FROM nodes ORDER BY node_id")
-            return [node_of(row) for row in rows]
-
-        return await self._read(work)
-
-    async def set_node_state(self, node_id: int, node_epoch: int, state: NodeState) -> None:
-        now_ms = self._clock.now_ms()
-
-        async def work(tables: Tables) -> None:
-            require_node_epoch(await tables.node(node_id, "FOR UPDATE"), node_id, node_epoch)
-            await tables.db.execute(
-                "UPDATE nodes SET state = $1, updated_ms = $2 WHERE node_id = $3",
-                state.value,
-                now_ms,
-                node_id,
-            )
-
-        await self._write(work)
-
-    async def begin_failover(self, node_id: int) -> NodeInfo:
-        now_ms = self._clock.now_ms()
-
-        async def work(tables: Tables) -> NodeInfo:
-            row = await tables.db.fetchrow(
-                "UPDATE nodes SET node_epoch = node_epoch + 1, state = 'failing_over', "
-                f"updated_ms = $2 WHERE node_id = $1 RETURNING {NODE_COLUMNS}",
-                node_id,
-                now_ms,
-            )
-            if row is None:
-                raise InvalidArgument(f"begin_failover: node {node_id} was never registered")
-            return node_of(row)
-
-        return await self._write(work)
 
     # -- data loss --------------------------------------------------------------------------------
 

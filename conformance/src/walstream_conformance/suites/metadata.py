@@ -110,6 +110,14 @@ async def _writer(kit: MetadataKit, store: MetadataStore, label: str) -> _Writer
     return _Writer(store, node_id, node.node_epoch, stream.stream_id, claimed.epoch)
 
 
+async def _wait_for_store_time(store: MetadataStore, past_ms: int) -> None:
+    """Wait until the store's clock reads later than ``past_ms`` (at most a few seconds)."""
+    deadline = time.monotonic() + 5.0
+    while await store.store_time_ms() <= past_ms:
+        assert time.monotonic() < deadline, "the store's clock did not move for 5 s"
+        await asyncio.sleep(0.005)
+
+
 class MetadataSuite:
     """Subclass with one line next to a ``walstream_metadata_factory`` fixture."""
 
@@ -481,6 +489,93 @@ class MetadataSuite:
         for name in names:
             await reopened.delete_basin(name)
         assert await reopened.list_basins(prefix) == []
+
+    # 14 -----------------------------------------------------------------------------------------
+    async def test_lease_renew(self, walstream_metadata_kit: MetadataKit) -> None:
+        """A renewal extends the lease on the store's clock; a stale epoch's renewal is fenced."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        node_id = kit.node_id()
+        address = "http://127.0.0.1:7400"
+        first = await store.register_node(node_id, {"type": "conformance"}, address=address)
+        assert (first.address, first.lease_expires_ms, first.state) == (
+            address,
+            0,
+            NodeState.RUNNING,
+        )
+        before = await store.store_time_ms()
+        renewed = await store.renew_lease(node_id, first.node_epoch, 60_000)
+        after = await store.store_time_ms()
+        assert before + 60_000 <= renewed.lease_expires_ms <= after + 60_000, (
+            f"lease {renewed.lease_expires_ms} is not store time {before}..{after} + 60000"
+        )
+        assert renewed.node_epoch == first.node_epoch and renewed.live(after)
+        seen = await kit.open().get_node(node_id)
+        assert seen is not None and (seen.address, seen.lease_expires_ms) == (
+            address,
+            renewed.lease_expires_ms,
+        ), "another instance does not see the address and lease"
+        with pytest.raises(InvalidArgument):
+            await store.renew_lease(node_id, first.node_epoch, 0)
+        with pytest.raises(InvalidArgument):
+            await store.register_node(node_id, {}, address="not a url")
+        second = await store.register_node(node_id, {"type": "conformance"})
+        assert second.node_epoch > first.node_epoch
+        assert (second.lease_expires_ms, second.address) == (0, None), "a restart kept the lease"
+        with pytest.raises(FencedError):
+            await store.renew_lease(node_id, first.node_epoch, 60_000)
+        with pytest.raises(FencedError):
+            await store.renew_lease(kit.node_id(1), 1, 60_000)  # never registered
+
+    async def test_lease_claim_of_live_node(self, walstream_metadata_kit: MetadataKit) -> None:
+        """No claim succeeds while the node holds a live lease, or holds none, or is unknown."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        node_id = kit.node_id()
+        by = kit.node_id(1)
+        node = await store.register_node(node_id, {"type": "conformance"})
+        assert await store.claim_failover(node_id, node.node_epoch, by) is None, (
+            "a node that never took a lease was claimed"
+        )
+        await store.renew_lease(node_id, node.node_epoch, 60_000)
+        assert await store.claim_failover(node_id, node.node_epoch, by) is None, (
+            "a live node was claimed"
+        )
+        assert await store.claim_failover(kit.node_id(2), 1, by) is None
+        after = await store.get_node(node_id)
+        assert after is not None and after.node_epoch == node.node_epoch
+        assert after.live(await store.store_time_ms())
+        renewed = await store.renew_lease(node_id, node.node_epoch, 60_000)
+        assert renewed.node_epoch == node.node_epoch
+
+    async def test_lease_claim_expired(self, walstream_metadata_kit: MetadataKit) -> None:
+        """Of two concurrent claims of an expired lease exactly one wins; it fences the node's
+        renewals, and a new registration starts it again with a newer epoch."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        node_id = kit.node_id()
+        node = await store.register_node(node_id, {"path": "/wal"}, address="http://10.0.0.5:7400")
+        leased = await store.renew_lease(node_id, node.node_epoch, 1)
+        await _wait_for_store_time(store, leased.lease_expires_ms)
+        claims = await asyncio.gather(
+            kit.open().claim_failover(node_id, node.node_epoch, kit.node_id(1)),
+            kit.open().claim_failover(node_id, node.node_epoch, kit.node_id(2)),
+        )
+        winners = [claim for claim in claims if claim is not None]
+        assert len(winners) == 1, f"{len(winners)} of 2 concurrent failover claims won"
+        (claimed,) = winners
+        assert claimed.node_epoch == node.node_epoch + 1
+        assert (claimed.state, claimed.lease_expires_ms) == (NodeState.FAILING_OVER, 0)
+        assert claimed.wal_config == {"path": "/wal"}
+        assert await store.claim_failover(node_id, node.node_epoch, kit.node_id(3)) is None
+        with pytest.raises(FencedError):
+            await store.renew_lease(node_id, node.node_epoch, 60_000)
+        with pytest.raises(FencedError):  # the new epoch belongs to the failover, not a lease
+            await store.renew_lease(node_id, claimed.node_epoch, 60_000)
+        again = await store.register_node(node_id, {"path": "/wal"})
+        assert again.node_epoch > claimed.node_epoch and again.state is NodeState.RUNNING
+        assert again.lease_expires_ms == 0
+        await store.renew_lease(node_id, again.node_epoch, 60_000)
 
     # durability -----------------------------------------------------------------------------------
     async def test_reopen_keeps_state(self, walstream_metadata_kit: MetadataKit) -> None:

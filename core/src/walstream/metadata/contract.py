@@ -111,6 +111,16 @@ class NodeInfo:
     state: NodeState
     wal_config: dict[str, Any] = field(default_factory=dict)
     updated_ms: int = 0
+    address: str | None = None
+    """The node's advertised base URL (``node.advertise``), or None: not reachable by others."""
+    lease_expires_ms: int = 0
+    """When the node's lease ends, on the store's clock (:meth:`MetadataStore.store_time_ms`);
+    0: the node holds no lease (it never renewed one, or a failover or restart ended it)."""
+
+    def live(self, store_now_ms: int) -> bool:
+        """Whether the node is *live* at ``store_now_ms`` (a :meth:`MetadataStore.store_time_ms`
+        reading): RUNNING and its lease not yet expired."""
+        return self.state is NodeState.RUNNING and self.lease_expires_ms > store_now_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +185,11 @@ class MetadataStore(ABC):
         that breaks the basin-name rule (:class:`InvalidArgument`); :meth:`get_basin`,
         :meth:`list_basins` (by name) and :meth:`delete_basin` see exactly the basins created
         and not deleted, across reopens.
+    14. **leases** — :meth:`renew_lease` with a stale epoch, or of a node that is not RUNNING,
+        raises :class:`FencedError`; :meth:`claim_failover` of a live node, or of a node holding
+        no lease, returns None; of two concurrent claims of one expired node exactly one wins;
+        once claimed, the old epoch's renewals are fenced and :meth:`register_node` starts the
+        node again with a newer epoch and no lease.
     """
 
     # -- identity -----------------------------------------------------------------------------------
@@ -274,8 +289,45 @@ class MetadataStore(ABC):
     # -- nodes --------------------------------------------------------------------------------------
 
     @abstractmethod
-    async def register_node(self, node_id: int, wal_config: dict[str, Any]) -> NodeInfo:
-        """Start a node: bump its epoch, state RUNNING, remember its WAL config."""
+    async def register_node(
+        self, node_id: int, wal_config: dict[str, Any], address: str | None = None
+    ) -> NodeInfo:
+        """Start a node: bump its epoch, state RUNNING, remember its WAL config and its
+        advertised ``address`` (None: not reachable by other nodes); ``lease_expires_ms`` is 0
+        until the first :meth:`renew_lease`. A malformed address is :class:`InvalidArgument`."""
+
+    @abstractmethod
+    async def renew_lease(self, node_id: int, node_epoch: int, lease_ms: int) -> NodeInfo:
+        """Extend the node's lease to ``store_time_ms() + lease_ms`` (one conditional write).
+
+        ``node_epoch`` must be the node's current epoch and its state RUNNING, else
+        :class:`FencedError` (a failover or a newer process replaced it: stop acknowledging and
+        restart). ``lease_ms`` must be positive (else :class:`InvalidArgument`). Returns the node
+        afterwards. The expiry is computed on the store's clock, so every node compares it
+        against the same clock; the caller must measure its own view of the lease from the
+        moment it *sent* this call, since the store may have applied it at any point until the
+        answer arrived.
+        """
+
+    @abstractmethod
+    async def claim_failover(
+        self, node_id: int, node_epoch: int, by_node_id: int
+    ) -> NodeInfo | None:
+        """Claim the failover of ``node_id`` for ``by_node_id``, in ONE conditional write.
+
+        If ``node_epoch`` is the node's current epoch, its state RUNNING and its lease expired
+        (``0 < lease_expires_ms < store_time_ms()``): bump the epoch (fencing the old process),
+        set FAILING_OVER and ``lease_expires_ms = 0``, and return the new info — the caller now
+        replays the node's WAL. Otherwise return None: another node claimed it first, it renewed,
+        it holds no lease (a node that never took a lease is never failed over automatically),
+        or it is unknown. Of concurrent claims of one expiry exactly one gets the info.
+        """
+
+    @abstractmethod
+    async def store_time_ms(self) -> int:
+        """The store's clock in Unix milliseconds: the clock lease expiries are written and
+        compared on. PostgreSQL reads the server's clock, so every node uses one clock; the
+        SQLite and memory stores read their :class:`~walstream.clock.Clock`."""
 
     @abstractmethod
     async def get_node(self, node_id: int) -> NodeInfo | None: ...

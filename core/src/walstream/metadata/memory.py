@@ -40,6 +40,7 @@ from walstream.metadata.rules import (
     ObjectRecord,
     all_ranges_dead,
     basin_not_found,
+    check_address,
     check_basin_list_args,
     check_basin_name,
     check_claim,
@@ -52,6 +53,8 @@ from walstream.metadata.rules import (
     encode_wal_config,
     plan_commit,
     plan_data_loss,
+    plan_failover_claim,
+    plan_renewal,
     plan_replace,
     require_node_epoch,
     require_stream_epoch,
@@ -322,18 +325,43 @@ class MemoryMetadataStore(MetadataStore):
 
     # -- nodes ------------------------------------------------------------------------------------
 
-    async def register_node(self, node_id: int, wal_config: dict[str, Any]) -> NodeInfo:
+    async def register_node(
+        self, node_id: int, wal_config: dict[str, Any], address: str | None = None
+    ) -> NodeInfo:
+        config = json.loads(encode_wal_config(wal_config))
+        address = check_address(address)
         volume = self._state()
         previous = volume.nodes.get(node_id)
         node = NodeInfo(
             node_id=node_id,
             node_epoch=(previous.node_epoch if previous else 0) + 1,
             state=NodeState.RUNNING,
-            wal_config=json.loads(encode_wal_config(wal_config)),
+            wal_config=config,
             updated_ms=self._clock.now_ms(),
+            address=address,
         )
         volume.nodes[node_id] = node
         return node
+
+    async def renew_lease(self, node_id: int, node_epoch: int, lease_ms: int) -> NodeInfo:
+        volume = self._state()
+        renewed = plan_renewal(
+            volume.nodes.get(node_id), node_id, node_epoch, lease_ms, self._clock.now_ms()
+        )
+        volume.nodes[node_id] = renewed
+        return renewed
+
+    async def claim_failover(
+        self, node_id: int, node_epoch: int, by_node_id: int
+    ) -> NodeInfo | None:
+        volume = self._state()
+        claimed = plan_failover_claim(volume.nodes.get(node_id), node_epoch, self._clock.now_ms())
+        if claimed is not None:
+            volume.nodes[node_id] = claimed
+        return claimed
+
+    async def store_time_ms(self) -> int:
+        return self._clock.now_ms()
 
     async def get_node(self, node_id: int) -> NodeInfo | None:
         return self._state().nodes.get(node_id)
@@ -359,6 +387,7 @@ class MemoryMetadataStore(MetadataStore):
             node_epoch=node.node_epoch + 1,
             state=NodeState.FAILING_OVER,
             updated_ms=self._clock.now_ms(),
+            lease_expires_ms=0,
         )
         volume.nodes[node_id] = failing
         return failing

@@ -43,7 +43,7 @@ STREAM_COLUMNS = (
 )
 OBJECT_COLUMNS = "object_id, state, expires_ms, expired, key, kind, size, index_size, committed_ms"
 RANGE_COLUMNS = "stream_id, start_offset, end_offset, epoch, min_timestamp_ms, max_timestamp_ms"
-NODE_COLUMNS = "node_id, node_epoch, state, wal_config, updated_ms"
+NODE_COLUMNS = "node_id, node_epoch, state, wal_config, updated_ms, address, lease_expires_ms"
 GAP_COLUMNS = "stream_id, start_offset, end_offset, reason, recorded_ms"
 BASIN_COLUMNS = "name, config, created_ms"
 #: The largest offset a stored range may end at (a signed 64-bit column).
@@ -69,7 +69,9 @@ def range_of(row: Sequence[Any]) -> StreamRange:
 
 
 def node_of(row: Sequence[Any]) -> NodeInfo:
-    return NodeInfo(row[0], row[1], NodeState(row[2]), json.loads(row[3]), row[4])
+    return NodeInfo(
+        row[0], row[1], NodeState(row[2]), json.loads(row[3]), row[4], row[5], int(row[6])
+    )
 
 
 def gap_of(row: Sequence[Any]) -> DataLossGap:

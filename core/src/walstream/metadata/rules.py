@@ -44,10 +44,12 @@ __all__ = [
     "ObjectRecord",
     "all_ranges_dead",
     "basin_not_found",
+    "check_address",
     "check_basin_list_args",
     "check_basin_name",
     "check_claim",
     "check_data_loss_range",
+    "check_lease_ms",
     "check_object_limit",
     "check_prepare_args",
     "check_stream_name",
@@ -56,6 +58,8 @@ __all__ = [
     "encode_wal_config",
     "plan_commit",
     "plan_data_loss",
+    "plan_failover_claim",
+    "plan_renewal",
     "plan_replace",
     "range_is_dead",
     "require_node_epoch",
@@ -477,3 +481,64 @@ def decode_basin_config(text: str) -> dict[str, Any]:
     config = json.loads(text)
     assert isinstance(config, dict)
     return config
+
+
+# -- leases -------------------------------------------------------------------------------------
+
+#: Longest advertised address a store keeps (a base URL; far longer is a configuration mistake).
+MAX_ADDRESS_LENGTH = 2048
+
+
+def check_address(address: Any) -> str | None:
+    """``address`` if it is None or an ``http://`` / ``https://`` base URL with a host."""
+    if address is None:
+        return None
+    if not isinstance(address, str) or len(address) > MAX_ADDRESS_LENGTH:
+        raise InvalidArgument(
+            f"register_node: address must be a base URL string of at most {MAX_ADDRESS_LENGTH} "
+            f"characters, got {type(address).__name__}"
+        )
+    match = re.fullmatch(r"(https?)://([^/\s?#]+)(/[^\s?#]*)?", address)
+    if match is None:
+        raise InvalidArgument(
+            f"register_node: address {address!r} is not a base URL like http://10.0.0.5:7400 "
+            "(node.advertise: scheme http or https, a host, an optional port and path)"
+        )
+    return address
+
+
+def check_lease_ms(lease_ms: Any) -> int:
+    if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms <= 0:
+        raise InvalidArgument(f"renew_lease: lease_ms must be a positive integer, got {lease_ms!r}")
+    return lease_ms
+
+
+def plan_renewal(
+    node: NodeInfo | None, node_id: int, node_epoch: int, lease_ms: int, now_ms: int
+) -> NodeInfo:
+    """The node after renewing its lease at store time ``now_ms`` (or :class:`FencedError`)."""
+    check_lease_ms(lease_ms)
+    current = require_node_epoch(node, node_id, node_epoch)
+    if current.state is not NodeState.RUNNING:
+        raise FencedError(
+            f"node {node_id} epoch {node_epoch} is {current.state.value}, not running: its lease "
+            "was lost and another node may have failed it over; stop acknowledging and restart "
+            "this node (it registers with a new epoch)"
+        )
+    return dataclasses.replace(current, lease_expires_ms=now_ms + lease_ms, updated_ms=now_ms)
+
+
+def plan_failover_claim(node: NodeInfo | None, node_epoch: int, now_ms: int) -> NodeInfo | None:
+    """The node after a successful failover claim at store time ``now_ms``, or None when the
+    claim must not happen (epoch moved on, not RUNNING, no lease, or the lease still runs)."""
+    if node is None or node.node_epoch != node_epoch or node.state is not NodeState.RUNNING:
+        return None
+    if not 0 < node.lease_expires_ms < now_ms:
+        return None
+    return dataclasses.replace(
+        node,
+        node_epoch=node.node_epoch + 1,
+        state=NodeState.FAILING_OVER,
+        lease_expires_ms=0,
+        updated_ms=now_ms,
+    )

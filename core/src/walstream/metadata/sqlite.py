@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -36,8 +35,6 @@ from walstream.errors import (
 from walstream.metadata.contract import (
     DataLossGap,
     MetadataStore,
-    NodeInfo,
-    NodeState,
     ObjectCommit,
     ObjectInfo,
     ObjectKind,
@@ -51,7 +48,6 @@ from walstream.metadata.rules import (
     check_object_limit,
     check_prepare_args,
     check_stream_name,
-    encode_wal_config,
     plan_commit,
     plan_data_loss,
     plan_replace,
@@ -60,16 +56,15 @@ from walstream.metadata.rules import (
     stream_not_found,
 )
 from walstream.metadata.sqlite_basins import SqliteBasins
+from walstream.metadata.sqlite_nodes import SqliteNodes
 from walstream.metadata.sqlite_tables import (
     GAP_COLUMNS,
     MAX_OFFSET,
-    NODE_COLUMNS,
     SCHEMA_VERSION,
     STREAM_COLUMNS,
     Tables,
     gap_of,
     id_chunks,
-    node_of,
     open_connection,
     placeholders,
     range_of,
@@ -84,7 +79,7 @@ __all__ = ["SCHEMA_VERSION", "SQLITE_METADATA", "SqliteMetadataStore"]
 T = TypeVar("T")
 
 
-class SqliteMetadataStore(SqliteBasins, MetadataStore):
+class SqliteMetadataStore(SqliteNodes, SqliteBasins, MetadataStore):
     """Metadata in one SQLite file, shared safely by the processes of one machine."""
 
     def __init__(
@@ -453,55 +448,6 @@ class SqliteMetadataStore(SqliteBasins, MetadataStore):
                     )
 
         await self._write(work)
-
-    # -- nodes ------------------------------------------------------------------------------------
-
-    async def register_node(self, node_id: int, wal_config: dict[str, Any]) -> NodeInfo:
-        config = json.loads(encode_wal_config(wal_config))
-        now_ms = self._clock.now_ms()
-
-        def work(tables: Tables) -> NodeInfo:
-            previous = tables.node(node_id)
-            epoch = (previous.node_epoch if previous else 0) + 1
-            node = NodeInfo(node_id, epoch, NodeState.RUNNING, config, now_ms)
-            tables.put_node(node)
-            return node
-
-        return await self._write(work)
-
-    async def get_node(self, node_id: int) -> NodeInfo | None:
-        return await self._read(lambda tables: tables.node(node_id))
-
-    async def list_nodes(self) -> list[NodeInfo]:
-        def work(tables: Tables) -> list[NodeInfo]:
-            rows = tables.db.execute(f"SELECT {NODE_COLUMNS} FROM nodes ORDER BY node_id")
-            return [node_of(row) for row in rows]
-
-        return await self._read(work)
-
-    async def set_node_state(self, node_id: int, node_epoch: int, state: NodeState) -> None:
-        now_ms = self._clock.now_ms()
-
-        def work(tables: Tables) -> None:
-            node = require_node_epoch(tables.node(node_id), node_id, node_epoch)
-            tables.put_node(NodeInfo(node_id, node.node_epoch, state, node.wal_config, now_ms))
-
-        await self._write(work)
-
-    async def begin_failover(self, node_id: int) -> NodeInfo:
-        now_ms = self._clock.now_ms()
-
-        def work(tables: Tables) -> NodeInfo:
-            node = tables.node(node_id)
-            if node is None:
-                raise InvalidArgument(f"begin_failover: node {node_id} was never registered")
-            failing = NodeInfo(
-                node_id, node.node_epoch + 1, NodeState.FAILING_OVER, node.wal_config, now_ms
-            )
-            tables.put_node(failing)
-            return failing
-
-        return await self._write(work)
 
     # -- data loss --------------------------------------------------------------------------------
 

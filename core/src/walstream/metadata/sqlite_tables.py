@@ -69,7 +69,7 @@ __all__ = [
 T = TypeVar("T")
 
 #: Version of the tables below; bump it (and add a migration) whenever they change.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 SCHEMA = (
     """CREATE TABLE IF NOT EXISTS meta (
@@ -145,6 +145,15 @@ SCHEMA = (
         config TEXT NOT NULL,
         created_ms INTEGER NOT NULL
     )""",
+)
+
+#: Columns added to existing tables after version 1, as (table, column, declaration, version).
+#: SQLite has no ``ADD COLUMN IF NOT EXISTS``: :func:`ensure_schema` adds the ones a file lacks,
+#: so an older file is upgraded in place and keeps every row (the defaults describe old rows).
+ADDED_COLUMNS = (
+    # -- version 4 -- node leases: the advertised address and the lease expiry (store clock).
+    ("nodes", "address", "TEXT", 4),
+    ("nodes", "lease_expires_ms", "INTEGER NOT NULL DEFAULT 0", 4),
 )
 
 _IN_CHUNK = 500  # stays far below SQLite's bound on parameters per statement
@@ -319,13 +328,15 @@ class Tables:
 
     def put_node(self, node: NodeInfo) -> None:
         self.db.execute(
-            f"INSERT OR REPLACE INTO nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+            f"INSERT OR REPLACE INTO nodes ({NODE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 node.node_id,
                 node.node_epoch,
                 node.state.value,
                 encode_wal_config(node.wal_config),
                 node.updated_ms,
+                node.address,
+                node.lease_expires_ms,
             ),
         )
 
@@ -398,6 +409,10 @@ def ensure_schema(tables: Tables, path: Path) -> None:
         return
     for statement in SCHEMA[1:]:
         tables.db.execute(statement)
+    for table, column, declaration, _version in ADDED_COLUMNS:
+        present = {row[1] for row in tables.db.execute(f"PRAGMA table_info({table})")}
+        if column not in present:
+            tables.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
     tables.set_meta("schema_version", SCHEMA_VERSION)
     if tables.meta("last_stream_id") is None:
         tables.set_meta("last_stream_id", 0)
