@@ -235,3 +235,23 @@ async def test_the_s2_sdk_appends_and_reads_through_a_node_that_does_not_own_the
         await client.close()
     assert b.app.router.forwarded >= 5
     assert (await a.client.metadata.get_stream(f"{BASIN}.sdk")).owner_node_id == 1
+
+
+async def test_an_owner_whose_lease_expired_is_not_forwarded_to(cluster: Cluster) -> None:
+    a, b = cluster.nodes[1], cluster.nodes[2]
+    await setup_stream(cluster, "lease")
+    await append(a.url, "lease", "a0")
+    metadata = b.client.metadata
+    await metadata.renew_lease(1, a.client.node_epoch, 1)
+    while (await metadata.get_node(1)).live(await metadata.store_time_ms()):  # type: ignore[union-attr]
+        await asyncio.sleep(0.01)
+    # Node 1 still answers, but its lease expired: node 2 does not forward (a paused owner
+    # would hold the request), and its own claim is refused until node 1 is failed over.
+    body, headers = await call(
+        b.url, "POST", "/v1/streams/lease/records", 503, json={"records": [{"body": "x"}]}
+    )
+    assert body["code"] == "unavailable" and headers["retry-after-ms"] == "1000"
+    assert b.app.router.forwarded == 0
+    await metadata.renew_lease(1, a.client.node_epoch, 60_000)
+    assert (await append(b.url, "lease", "b0"))["start"]["seq_num"] == 1
+    assert b.app.router.forwarded == 1

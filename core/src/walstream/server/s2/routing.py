@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from walstream.errors import StreamNotFound
-from walstream.metadata.contract import NodeState
+from walstream.metadata.contract import MetadataStore, NodeInfo, NodeState
 from walstream.server.s2.errors import S2Error
 from walstream.server.s2.forward import FORWARDED_HEADER, OwnerUnreachable, relay
 
@@ -82,20 +82,18 @@ class Router:
         return owner
 
 
-def _advertised(node: Any) -> str | None:
-    """The node's advertised base URL (``NodeInfo.address``; None when it advertises none)."""
-    address = getattr(node, "address", None)
-    return address if isinstance(address, str) and address else None
+def _advertised(node: NodeInfo) -> str | None:
+    """The node's advertised base URL (None when it advertises none)."""
+    return node.address or None
 
 
-async def _lease_expired(metadata: Any, node: Any) -> bool:
-    """True when the node holds a lease that has expired on the store's clock."""
-    expires = getattr(node, "lease_expires_ms", 0)
-    store_time = getattr(metadata, "store_time_ms", None)
-    if not isinstance(expires, int) or expires <= 0 or store_time is None:
+async def _lease_expired(metadata: MetadataStore, node: NodeInfo) -> bool:
+    """True when the node holds a lease that has expired on the store's clock. A RUNNING node
+    with no lease yet (it registered and has not renewed, or runs without heartbeats) counts as
+    reachable: if it is gone, forwarding fails fast with 503 and the client retries."""
+    if node.lease_expires_ms <= 0:
         return False
-    now_ms = await store_time()
-    return bool(expires <= now_ms)
+    return not node.live(await metadata.store_time_ms())
 
 
 def not_owner_here(owner: Owner | None, node_id: int, *, forwarded: bool = False) -> S2Error:
