@@ -246,11 +246,15 @@ async def test_an_owner_whose_lease_expired_is_not_forwarded_to(cluster: Cluster
     while (await metadata.get_node(1)).live(await metadata.store_time_ms()):  # type: ignore[union-attr]
         await asyncio.sleep(0.01)
     # Node 1 still answers, but its lease expired: node 2 does not forward (a paused owner
-    # would hold the request), and its own claim is refused until node 1 is failed over.
+    # would hold the request), nor write, nor read what is committed (node 1's WAL may hold
+    # acknowledged records): 503 until node 1 is failed over.
     body, headers = await call(
         b.url, "POST", "/v1/streams/lease/records", 503, json={"records": [{"body": "x"}]}
     )
     assert body["code"] == "unavailable" and headers["retry-after-ms"] == "1000"
+    assert "not live" in body["message"]
+    body, _ = await call(b.url, "GET", "/v1/streams/lease/records?seq_num=0", 503)
+    assert body["code"] == "unavailable"
     assert b.app.router.forwarded == 0
     await metadata.renew_lease(1, a.client.node_epoch, 60_000)
     assert (await append(b.url, "lease", "b0"))["start"]["seq_num"] == 1

@@ -38,10 +38,12 @@ OWNER_CACHE_S = 1.0
 
 @dataclass(frozen=True, slots=True)
 class Owner:
-    """The live node that owns a stream, and where it is reached."""
+    """The other node that owns a stream, and where it is reached: ``address`` None when it is
+    not live (lease expired, or being failed over) and nobody may serve the stream until it is
+    failed over (its WAL may hold acknowledged records no other node can read yet)."""
 
     node_id: int
-    address: str
+    address: str | None
 
 
 class Router:
@@ -59,8 +61,10 @@ class Router:
         self._owners.pop(stream_id, None)
 
     async def owner_elsewhere(self, stream_id: int, *, fresh: bool = False) -> Owner | None:
-        """The other live node that owns ``stream_id``, or None when this node may serve it
-        (it owns it, nobody owns it, or its owner is not live)."""
+        """The other node that owns ``stream_id``, or None when this node may serve it: it owns
+        it, nobody owns it, its owner stopped or was failed over (it released its streams), or
+        its owner is RUNNING but advertises no address (reads here see what is committed;
+        writes are refused by the claim)."""
         now = time.monotonic()
         remembered = self._owners.get(stream_id)
         if remembered is not None and not fresh and remembered[0] > now:
@@ -72,10 +76,12 @@ class Router:
         if owner_id is None or owner_id == self.client.node_id:
             return None
         node = await metadata.get_node(owner_id)
-        if node is None or node.state is not NodeState.RUNNING:
+        if node is None or node.state in (NodeState.STOPPED, NodeState.FAILED_OVER):
             return None
+        if node.state is not NodeState.RUNNING or await _lease_expired(metadata, node):
+            return Owner(owner_id, None)
         address = _advertised(node)
-        if not address or await _lease_expired(metadata, node):
+        if address is None:
             return None
         owner = Owner(owner_id, address)
         self._owners[stream_id] = (now + self.cache_s, owner)
@@ -125,6 +131,14 @@ async def forward_if_elsewhere(app: S2App, request: Request, basin: str, name: s
     owner = await app.router.owner_elsewhere(stream.stream_id)
     if owner is None:
         return False
+    if owner.address is None:
+        raise S2Error(
+            503,
+            "unavailable",
+            f"the stream's owner, node {owner.node_id}, is not live (its lease expired or it is "
+            "being failed over); its acknowledged records are served once it is failed over, "
+            "retry shortly",
+        )
     if request.header(FORWARDED_HEADER) is not None:
         raise not_owner_here(owner, app.client.node_id, forwarded=True)
     try:
