@@ -259,3 +259,44 @@ async def test_an_owner_whose_lease_expired_is_not_forwarded_to(cluster: Cluster
     await metadata.renew_lease(1, a.client.node_epoch, 60_000)
     assert (await append(b.url, "lease", "b0"))["start"]["seq_num"] == 1
     assert b.app.router.forwarded == 1
+
+
+async def test_a_stream_moves_live_and_held_appends_retry_at_the_new_owner(
+    cluster: Cluster,
+) -> None:
+    a, b = cluster.nodes[1], cluster.nodes[2]
+    await setup_stream(cluster, "mv")
+    await append(a.url, "mv", "a0", "a1")
+    stream_id = (await a.client.metadata.get_stream(f"{BASIN}.mv")).stream_id
+    # Appends keep coming through node 2 (forwarded to node 1) while the stream moves.
+    acked: list[str] = []
+
+    async def writer() -> None:
+        for i in range(40):
+            text = f"w{i}"
+            while True:
+                async with aiohttp.ClientSession(base_url=b.url, timeout=TIMEOUT) as session:
+                    async with session.post(
+                        "/v1/streams/mv/records",
+                        headers=HEADERS,
+                        json={"records": [{"body": text}], "match_seq_num": 2 + i},
+                    ) as response:
+                        if response.status == 200:
+                            acked.append(text)
+                            break
+                        assert response.status == 503, await response.text()
+                await asyncio.sleep(0.02)
+
+    writing = asyncio.ensure_future(writer())
+    await asyncio.sleep(0.1)
+    body, _ = await call(a.url, "POST", f"/cluster/v1/streams/{stream_id}/move?to=2", 200)
+    assert body == {"stream_id": stream_id, "owner_node_id": 2}
+    assert (await a.client.metadata.get_stream(stream_id)).owner_node_id == 2
+    await asyncio.wait_for(writing, 30)
+    assert await read_all(a.url, "mv") == ["a0", "a1", *acked]
+    assert acked == [f"w{i}" for i in range(40)]
+    # Moving it to where it is, or to a node that does not exist, is refused or a no-op.
+    body, _ = await call(b.url, "POST", f"/cluster/v1/streams/{stream_id}/move?to=2", 200)
+    assert body["owner_node_id"] == 2
+    body, _ = await call(b.url, "POST", f"/cluster/v1/streams/{stream_id}/move?to=9", 422)
+    assert "node 9 is not a running node" in body["message"]

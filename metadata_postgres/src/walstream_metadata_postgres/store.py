@@ -51,6 +51,7 @@ from walstream.metadata.rules import (
     check_data_loss_range,
     check_object_limit,
     check_prepare_args,
+    check_release,
     check_stream_name,
     plan_commit,
     plan_data_loss,
@@ -363,6 +364,16 @@ class PostgresMetadataStore(PostgresNodes, PostgresBasins, MetadataStore):
             claimed = check_claim(stream, node, owner, node_id, node_epoch)
             await tables.put_stream(claimed)
             return claimed
+
+        return await self._write(work)
+
+    async def release_stream(self, stream_id: int, node_id: int, node_epoch: int) -> StreamInfo:
+        async def work(tables: Tables) -> StreamInfo:
+            node = await tables.node(node_id, "FOR SHARE")
+            stream = await tables.active_stream(stream_id, "FOR UPDATE")
+            released = check_release(stream, node, node_id, node_epoch)
+            await tables.put_stream(released)
+            return released
 
         return await self._write(work)
 

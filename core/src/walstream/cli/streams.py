@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from walstream.cli.arguments import add_command, add_format, at_least
+from walstream.cli.moves import add_move_command
 from walstream.cli.output import PROG, NoProgress, format_record, out, plural, progress_bar, table
 from walstream.cli.remote import READ_PAGE_RECORDS, open_client
 from walstream.cli.runner import EXIT_OK, EXIT_USAGE
@@ -282,9 +283,9 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     # streams
     streams = commands.add_parser(
         "streams",
-        help="create, list and delete streams",
+        help="create, list, delete and move streams",
         parents=[common],
-        description="Create, list and delete streams.",
+        description="Create, list, delete and move streams.",
         epilog="examples:\n  walstream streams create orders\n  walstream streams list "
         "--prefix ord\n  walstream streams delete orders",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -324,6 +325,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "example:\n  walstream streams delete orders",
     )
     delete.add_argument("name", help="stream name (or #ID)")
+    add_move_command(streams_commands, common)
 
     # append
     append = add_command(

@@ -10,6 +10,7 @@ sealed cache blocks to object storage; when too much is not yet uploaded, append
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from walstream.clock import Clock
@@ -129,6 +130,11 @@ class StreamWriter:
         started = self._clock.monotonic()
         async with state.lock:
             gate.check_writable(state)
+            if not state.claimed:
+                raise FencedError(
+                    f"stream {state.info.stream_id} was moved off node {gate.node_id} while this "
+                    "append waited; retry through the stream's new owner"
+                )
             if fencing_token is not None and fencing_token != state.fencing_token:
                 raise FencedError(
                     f"fencing token {fencing_token!r} does not match the stream's current token; "
@@ -279,3 +285,28 @@ class StreamWriter:
         async with state.lock:
             await self._metadata.set_fencing_token(state.info.stream_id, state.epoch, token)
             state.fencing_token = token
+
+    async def release(
+        self, state: LocalStream, handoff: Callable[[], Awaitable[None]] | None
+    ) -> bool:
+        """Stop writing ``state``'s stream here: with its appends held, upload and commit
+        everything acknowledged, release it in metadata, then run ``handoff`` (the new owner
+        claims it) before appends waiting here fail with :class:`FencedError`. False when this
+        node was not writing the stream."""
+        if not state.claimed:
+            return False
+        async with state.lock:
+            if not state.claimed:
+                return False
+            await self._wait_acked(state)
+            assert self._uploader is not None
+            await self._uploader.flush()
+            self._gate.raise_if_failed()
+            info = await self._metadata.release_stream(
+                state.info.stream_id, self._gate.node_id, self._node_epoch
+            )
+            state.claimed = False
+            state.info = info
+            if handoff is not None:
+                await handoff()
+        return True

@@ -9,7 +9,7 @@ the write path (:mod:`walstream.engine.append`) and the read path
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from walstream.clock import Clock, Rng, SystemClock, make_rng
@@ -404,6 +404,24 @@ class Client:
 
     async def open_stream(self, name_or_id: str | int) -> Stream:
         return Stream(self, await self._streams.open(name_or_id))
+
+    async def claim_stream(self, name_or_id: str | int) -> Stream:
+        """Become the stream's writer now (as the first append would): the target of a move."""
+        stream = await self.open_stream(name_or_id)
+        self._gate.check_writable(stream._state)
+        await self._writer._claim(stream._state)
+        return stream
+
+    async def release_stream(
+        self, name_or_id: str | int, handoff: Callable[[], Awaitable[None]] | None = None
+    ) -> bool:
+        """Move a stream off this node: hold its appends, upload and commit everything
+        acknowledged, release it in metadata (the next writer anywhere claims it), and run
+        ``handoff`` (e.g. the target node claims it) before held appends fail with
+        :class:`~walstream.errors.FencedError`. False when this node was not writing it."""
+        self._gate.check_open()
+        state = await self._streams.open(name_or_id)
+        return await self._writer.release(state, handoff)
 
     async def list_streams(self, prefix: str = "") -> list[StreamInfo]:
         return await self._streams.list(prefix)

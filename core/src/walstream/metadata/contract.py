@@ -237,6 +237,12 @@ class MetadataStore(ABC):
         """Clear ``owner_node_id`` of every stream owned by ``node_id``."""
 
     @abstractmethod
+    async def release_stream(self, stream_id: int, node_id: int, node_epoch: int) -> StreamInfo:
+        """Clear ``owner_node_id`` of one stream owned by ``node_id`` (a stream move: the owner
+        committed what it holds for it first). No owner: unchanged. ``node_epoch`` must be
+        current and no other node may own it, else :class:`FencedError`."""
+
+    @abstractmethod
     async def trim_stream(self, stream_id: int, epoch: int, new_start: int) -> StreamInfo:
         """Move ``start_offset`` forward (never back); ``epoch`` must be the stream's epoch."""
 

@@ -47,6 +47,7 @@ from walstream.metadata.rules import (
     check_data_loss_range,
     check_object_limit,
     check_prepare_args,
+    check_release,
     check_stream_name,
     decode_basin_config,
     encode_basin_config,
@@ -200,6 +201,14 @@ class MemoryMetadataStore(MetadataStore):
         claimed = check_claim(stream, volume.nodes.get(node_id), owner, node_id, node_epoch)
         volume.streams[stream_id] = claimed
         return claimed
+
+    async def release_stream(self, stream_id: int, node_id: int, node_epoch: int) -> StreamInfo:
+        volume = self._state()
+        released = check_release(
+            self._active(stream_id), volume.nodes.get(node_id), node_id, node_epoch
+        )
+        volume.streams[stream_id] = released
+        return released
 
     async def release_streams(self, node_id: int, node_epoch: int) -> None:
         volume = self._state()

@@ -52,6 +52,7 @@ __all__ = [
     "check_lease_ms",
     "check_object_limit",
     "check_prepare_args",
+    "check_release",
     "check_stream_name",
     "decode_basin_config",
     "encode_basin_config",
@@ -542,3 +543,17 @@ def plan_failover_claim(node: NodeInfo | None, node_epoch: int, now_ms: int) -> 
         lease_expires_ms=0,
         updated_ms=now_ms,
     )
+
+
+def check_release(
+    stream: StreamInfo, node: NodeInfo | None, node_id: int, node_epoch: int
+) -> StreamInfo:
+    """The stream after ``node_id`` releases it (no owner; the next writer claims it), or
+    :class:`FencedError` when the node's epoch is stale or another node owns the stream."""
+    require_node_epoch(node, node_id, node_epoch)
+    if stream.owner_node_id not in (None, node_id):
+        raise FencedError(
+            f"stream {stream.stream_id} is owned by node {stream.owner_node_id}, not node "
+            f"{node_id}; only its owner releases it"
+        )
+    return dataclasses.replace(stream, owner_node_id=None)

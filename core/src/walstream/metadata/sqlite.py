@@ -47,6 +47,7 @@ from walstream.metadata.rules import (
     check_data_loss_range,
     check_object_limit,
     check_prepare_args,
+    check_release,
     check_stream_name,
     plan_commit,
     plan_data_loss,
@@ -233,6 +234,15 @@ class SqliteMetadataStore(SqliteNodes, SqliteBasins, MetadataStore):
             claimed = check_claim(stream, tables.node(node_id), owner, node_id, node_epoch)
             tables.put_stream(claimed)
             return claimed
+
+        return await self._write(work)
+
+    async def release_stream(self, stream_id: int, node_id: int, node_epoch: int) -> StreamInfo:
+        def work(tables: Tables) -> StreamInfo:
+            stream = tables.active_stream(stream_id)
+            released = check_release(stream, tables.node(node_id), node_id, node_epoch)
+            tables.put_stream(released)
+            return released
 
         return await self._write(work)
 

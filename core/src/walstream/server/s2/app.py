@@ -205,6 +205,8 @@ class S2App:
         self._check_token(request)
         if parts == ["metrics"] and method == "GET":
             return await self.metrics(request)
+        if parts[:1] == ["cluster"]:
+            return await routing.cluster_route(self, request, parts[1:])
         if len(parts) < 2 or parts[0] != "v1":
             raise S2Error(404, "bad_path", f"no route {'/' + '/'.join(parts)}")
         resource, rest = parts[1], parts[2:]

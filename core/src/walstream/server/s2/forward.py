@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from walstream.server.s2.asgi import Request
 from walstream.server.s2.errors import S2Error
 
-__all__ = ["FORWARDED_HEADER", "OwnerUnreachable", "relay"]
+__all__ = ["FORWARDED_HEADER", "OwnerUnreachable", "call", "relay"]
 
 FORWARDED_HEADER = "s2-walstream-forwarded"
 """Set on a forwarded request to the id of the node that forwarded it (the loop guard)."""
@@ -211,3 +211,35 @@ async def _relay_answer(
             while data := await reader.read(_CHUNK):
                 await request.write(data)
     await request.finish()
+
+
+async def call(
+    address: str, method: str, target: str, headers: dict[str, str], timeout_s: float = 30.0
+) -> tuple[int, bytes]:
+    """One small request without a body to the node at ``address``: (status, body). Raises
+    :class:`OwnerUnreachable` when it cannot be reached, TimeoutError past ``timeout_s``."""
+    parts = urlsplit(address)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        async with asyncio.timeout(_CONNECT_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(
+                parts.hostname,
+                port,
+                ssl=ssl.create_default_context() if parts.scheme == "https" else None,
+            )
+    except (OSError, TimeoutError) as failure:
+        raise OwnerUnreachable(f"node at {address} cannot be reached ({failure})") from None
+    try:
+        lines = [f"{method} {target} HTTP/1.1", f"host: {parts.netloc}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        lines += ["content-length: 0", "connection: close"]
+        writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        async with asyncio.timeout(timeout_s):
+            status, answer_headers = await _read_head(reader)
+            length = dict(answer_headers).get("content-length")
+            body = await (reader.readexactly(int(length)) if length else reader.read())
+        return status, body
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
