@@ -195,3 +195,57 @@ async def test_sigterm_drains_a_node_and_the_next_append_claims_its_stream_elsew
             read += [record["body"] for record in records]
         assert read == expected
     a.stop()
+
+
+async def test_streams_move_moves_a_stream_between_running_nodes(
+    nodes: tuple[Node, Node], tmp_path: Path
+) -> None:
+    a, b = nodes
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
+        async with http.post(f"{a.url}/v1/basins", json={"basin": BASIN}) as created:
+            assert created.status == 201, await created.text()
+        async with http.post(f"{a.url}/v1/streams", headers=HEADERS, json={"stream": "s"}) as made:
+            assert made.status == 201, await made.text()
+        for seq in range(5):
+            await append_exactly_once(http, b.url, seq, f"b{seq}")  # node B claims it
+
+        async def writer() -> None:
+            for seq in range(5, 85):
+                await append_exactly_once(http, b.url, seq, f"w{seq}")
+                await asyncio.sleep(0.005)
+
+        writing = asyncio.ensure_future(writer())
+        await asyncio.sleep(0.2)
+        moved = await asyncio.to_thread(
+            subprocess.run,
+            [WALSTREAM, "--config", "node1.yaml", "streams", "move", f"{BASIN}.s", "--to", "1"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert moved.returncode == 0, moved.stderr
+        assert f"moved stream '{BASIN}.s'" in moved.stdout and "from node 2 to node 1" in (
+            moved.stdout
+        )
+        await asyncio.wait_for(writing, 60)
+        metadata = SqliteMetadataStore(str(tmp_path / "meta.db"))
+        try:
+            assert (await metadata.get_stream(f"{BASIN}.s")).owner_node_id == 1
+        finally:
+            await metadata.close()
+        async with http.get(f"{b.url}/v1/streams/s/records?seq_num=0", headers=HEADERS) as read:
+            bodies = [record["body"] for record in (await read.json())["records"]]
+        assert bodies == [f"b{i}" for i in range(5)] + [f"w{i}" for i in range(5, 85)]
+        # A node that does not exist is refused with the reason.
+        refused = await asyncio.to_thread(
+            subprocess.run,
+            [WALSTREAM, "--config", "node1.yaml", "streams", "move", f"{BASIN}.s", "--to", "7"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode != 0 and "--to 7: not a running node" in refused.stderr
+    b.stop()
+    a.stop()
