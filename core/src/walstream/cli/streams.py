@@ -287,7 +287,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         description="Create, list, delete and move streams.",
         epilog="examples:\n  walstream streams create orders\n  walstream streams list "
-        "--prefix ord\n  walstream streams delete orders",
+        "--prefix ord\n  walstream streams delete orders\n"
+        "  walstream streams move orders --to 2",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     streams_commands = streams.add_subparsers(
