@@ -300,3 +300,27 @@ async def test_a_stream_moves_live_and_held_appends_retry_at_the_new_owner(
     assert body["owner_node_id"] == 2
     body, _ = await call(b.url, "POST", f"/cluster/v1/streams/{stream_id}/move?to=9", 422)
     assert "node 9 is not a running node" in body["message"]
+
+
+async def test_reads_of_committed_data_are_served_by_any_node(cluster: Cluster) -> None:
+    a, b = cluster.nodes[1], cluster.nodes[2]
+    await setup_stream(cluster, "history")
+    await append(a.url, "history", *(f"r{i}" for i in range(10)))
+    await a.client.flush()  # r0..r9 are committed to object storage
+    await append(a.url, "history", "fresh")  # acknowledged by node 1, perhaps not committed
+    body, _ = await call(b.url, "GET", "/v1/streams/history/records?seq_num=2&count=3", 200)
+    assert [record["body"] for record in body["records"]] == ["r2", "r3", "r4"]
+    assert body.get("tail") is None  # as node 1 answers: the batch does not end at the tail
+    assert (b.app.router.served_committed, b.app.router.forwarded) == (1, 0)
+    # A read that reaches the committed end needs the owner (it knows the acknowledged tail).
+    body, _ = await call(b.url, "GET", "/v1/streams/history/records?seq_num=8", 200)
+    assert [record["body"] for record in body["records"]] == ["r8", "r9", "fresh"]
+    assert body["tail"]["seq_num"] == 11
+    assert (b.app.router.served_committed, b.app.router.forwarded) == (1, 1)
+    # While the owner is not live, committed data is still read here; the rest is 503.
+    await b.client.metadata.renew_lease(1, a.client.node_epoch, 1)
+    await asyncio.sleep(0.05)
+    b.app.router.forget((await a.client.metadata.get_stream(f"{BASIN}.history")).stream_id)
+    body, _ = await call(b.url, "GET", "/v1/streams/history/records?seq_num=0&count=2", 200)
+    assert [record["body"] for record in body["records"]] == ["r0", "r1"]
+    await call(b.url, "GET", "/v1/streams/history/records?seq_num=9", 503)

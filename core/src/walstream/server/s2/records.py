@@ -65,6 +65,7 @@ __all__ = [
     "append_once",
     "check_tail",
     "open_for",
+    "read_committed_here",
     "read_once",
     "records_route",
     "resolve_start",
@@ -497,6 +498,43 @@ async def _read_route(app: S2App, request: Request, basin: str, name: str) -> No
     if answer_type is not None:
         return await request.respond(200, encode_read_batch(wire(records), position), answer_type)
     await request.respond_json(200, json_read_batch(wire(records), position, base64_format))
+
+
+async def read_committed_here(app: S2App, request: Request, stream: Stream) -> bool:
+    """Answer a unary read of a stream another node writes from what is committed (object
+    storage), when the answer cannot differ from the owner's: it starts at a sequence number or
+    a timestamp and its batch ends before the committed end, so it carries no tail (records
+    below the committed end never change). False: the owner must answer (tails, sessions,
+    reads that reach the committed end)."""
+    accept = (request.header("accept") or "").lower()
+    content_type = (request.header("content-type") or "").lower()
+    if content_type.startswith(S2S) or "text/event-stream" in accept:
+        return False
+    try:
+        params = parse_read_params(request.query)
+    except S2Error:
+        return False  # the owner answers the error
+    if params.seq_num is None and params.timestamp is None:
+        return False
+    committed_end = await stream.check_tail()
+    if params.seq_num is not None and params.seq_num >= committed_end:
+        return False
+    count = min(params.count or MAX_BATCH_RECORDS, MAX_BATCH_RECORDS)
+    byte_limit = min(params.bytes or MAX_BATCH_BYTES, MAX_BATCH_BYTES)
+    try:
+        records, _, _ = await read_once(
+            stream, params.seq_num, params.timestamp, count, byte_limit, params.until, 0
+        )
+    except OutOfRangeError:
+        return False
+    if not records or records[-1].offset + 1 >= committed_end:
+        return False
+    answer_type = protobuf_answer(request)
+    if answer_type is not None:
+        await request.respond(200, encode_read_batch(wire(records), None), answer_type)
+    else:
+        await request.respond_json(200, json_read_batch(wire(records), None, wants_base64(request)))
+    return True
 
 
 async def _long_poll(

@@ -4,9 +4,10 @@ Placement rule: a stream is written by the node that owns it in metadata. A stre
 live owner (never written, released by a node that stopped or drained, or failed over) is
 claimed by the first node that receives a write for it. A request for a stream owned by another
 live node is forwarded to that node's advertised address (``node.advertise``) and its answer is
-relayed (:mod:`walstream.server.s2.forward`). Reads go to the owner too, so that a read sees
-every acknowledged record and the tail the writer reports; a stream nobody owns is read here,
-straight from object storage.
+relayed (:mod:`walstream.server.s2.forward`). A read whose answer lies wholly in committed
+data is answered here from object storage (:func:`walstream.server.s2.records.read_committed_here`);
+other reads go to the owner, so that a read sees every acknowledged record and the tail the
+writer reports. A stream nobody owns is read here, straight from object storage.
 
 A node is *live* when it is RUNNING, advertises an address, and its lease (when it holds one)
 has not expired on the metadata store's clock. A forwarded request that reaches a node which
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 from walstream.errors import FencedError, InvalidArgument, StreamNotFound
 from walstream.metadata.contract import MetadataStore, NodeInfo, NodeState
 from walstream.records import parse_int_text
+from walstream.server.s2 import records
 from walstream.server.s2.errors import S2Error
 from walstream.server.s2.forward import FORWARDED_HEADER, OwnerUnreachable, call, relay
 
@@ -56,6 +58,8 @@ class Router:
         self._owners: dict[int, tuple[float, Owner]] = {}
         self.forwarded = 0
         """Requests relayed to another node (for tests and metrics)."""
+        self.served_committed = 0
+        """Reads of streams other nodes write answered here from committed data."""
 
     def forget(self, stream_id: int) -> None:
         """Drop what is remembered about ``stream_id``'s owner (it did not answer)."""
@@ -132,6 +136,13 @@ async def forward_if_elsewhere(app: S2App, request: Request, basin: str, name: s
     owner = await app.router.owner_elsewhere(stream.stream_id)
     if owner is None:
         return False
+    if (
+        request.method == "GET"
+        and request.segments[-1] == "records"
+        and await records.read_committed_here(app, request, stream)
+    ):
+        app.router.served_committed += 1
+        return True
     if owner.address is None:
         raise S2Error(
             503,
