@@ -324,3 +324,23 @@ async def test_reads_of_committed_data_are_served_by_any_node(cluster: Cluster) 
     body, _ = await call(b.url, "GET", "/v1/streams/history/records?seq_num=0&count=2", 200)
     assert [record["body"] for record in body["records"]] == ["r0", "r1"]
     await call(b.url, "GET", "/v1/streams/history/records?seq_num=9", 503)
+
+
+async def test_an_sse_read_session_is_relayed_as_it_streams(cluster: Cluster) -> None:
+    a, b = cluster.nodes[1], cluster.nodes[2]
+    await setup_stream(cluster, "sse")
+    await append(a.url, "sse", "e0")
+    async with aiohttp.ClientSession(base_url=b.url, timeout=TIMEOUT) as session:
+        async with session.get(
+            "/v1/streams/sse/records?seq_num=0&count=2&wait=10",
+            headers={**HEADERS, "accept": "text/event-stream"},
+        ) as response:
+            assert response.status == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            first = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 10)
+            while b'"e0"' not in first:
+                first += await asyncio.wait_for(response.content.readuntil(b"\n\n"), 10)
+            await append(a.url, "sse", "e1")  # arrives while the relayed session waits
+            rest = await asyncio.wait_for(response.content.read(), 10)
+    assert b'"e1"' in rest
+    assert b.app.router.forwarded == 1
