@@ -190,10 +190,11 @@ async def test_a_dead_node_is_failed_over_by_exactly_one_survivor() -> None:
     store = MemoryMetadataStore(name)
 
     async def failed_over() -> bool:
-        info = await store.get_node(1)
-        return info is not None and info.state is NodeState.FAILED_OVER
+        return any(c.cluster.stats.failovers_done for c in (second, third) if c.cluster)
 
     await _wait_until(failed_over)
+    info = await store.get_node(1)
+    assert info is not None and info.state is NodeState.FAILED_OVER
     claims = [c.cluster.stats.failovers_claimed for c in (second, third) if c.cluster]
     assert sorted(claims) == [0, 1], f"failover claims per survivor: {claims}"
     assert (await store.get_stream("orders")).owner_node_id is None
@@ -210,3 +211,85 @@ async def test_a_dead_node_is_failed_over_by_exactly_one_survivor() -> None:
     assert info is not None and info.state is NodeState.RUNNING and info.lease_expires_ms > 0
     for client in (restarted, second, third):
         await client.close()
+
+
+CHILD = """
+import asyncio, sys, walstream
+
+async def main():
+    client = await walstream.open(sys.argv[1])
+    stream = await client.create_stream("killed")
+    for i in range(int(sys.argv[2])):
+        ack = await stream.append([walstream.Record(b"record-%d" % i)])
+        print("ACKED", ack.start, flush=True)
+    print("DONE", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def _deployment(root: Any, node_id: int) -> Any:
+    path = root / f"node{node_id}.yaml"
+    path.write_text(
+        f"node: {{id: {node_id}, advertise: 'http://127.0.0.1:{7400 + node_id}'}}\n"
+        f"wal: {{type: ebs, path: wal{node_id}.img, capacity: 64MiB}}\n"
+        "object_store: {type: local, root: objects}\n"
+        "metadata: {type: sqlite, path: meta.db}\n"
+        "upload: {max_interval: 10s}\n"  # node 1 dies with its records only in its WAL
+        "compaction: {enabled: false}\n"
+        "cluster: {lease_duration: 1s, heartbeat_interval: 200ms}\n"
+    )
+    return path
+
+
+async def test_kill_9_of_a_node_is_failed_over_automatically(tmp_path: Any) -> None:
+    """Two processes on one SQLite file with file WALs: node 1 is killed with SIGKILL after
+    acknowledging 40 records; node 2 notices the expired lease, rebuilds node 1's WAL from its
+    registered config, replays it, and every acknowledged record is readable through node 2."""
+    import sys
+
+    import walstream
+
+    survivor = await walstream.open(_deployment(tmp_path, 2))
+    # asyncio's subprocess: the survivor's heartbeats run while the test waits for the child.
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CHILD,
+        str(_deployment(tmp_path, 1)),
+        "40",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        acked = []
+        while line := (await asyncio.wait_for(child.stdout.readline(), 60)).decode():
+            if line.startswith("ACKED"):
+                acked.append(int(line.split()[1]))
+            if line.startswith("DONE"):
+                break
+        assert acked == list(range(40)), (await child.stderr.read()).decode()
+        child.kill()
+        await child.wait()
+        member = survivor.cluster
+        assert member is not None
+
+        async def failed_over() -> bool:
+            return member.stats.failovers_done + member.stats.failovers_failed > 0
+
+        await _wait_until(failed_over, timeout=20)
+        assert (member.stats.failovers_done, member.stats.failovers_failed) == (1, 0)
+        info = await survivor.metadata.get_node(1)
+        assert info is not None and info.state is NodeState.FAILED_OVER
+        stream = await survivor.open_stream("killed")
+        result = await stream.read(start=0, limit_records=100)
+        assert [r.value for r in result.records] == [b"record-%d" % i for i in range(40)]
+        await stream.append([Record(b"after")])
+        assert await stream.check_tail() == 41
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+        await survivor.close()
