@@ -82,13 +82,12 @@ class RecoveryConfig:
 class ClusterConfig:
     """The ``cluster:`` section: this node holds a lease in the metadata store.
 
-    Defaults from a measurement of ``renew_lease`` (README, "Cluster"; 3 runs of 300 renewals on
-    this project's 2-core test machine): PostgreSQL p50 0.7-1.0 ms, p99 3-8 ms, max 12 ms;
-    SQLite (fsync on) p50 0.6 ms, p99 4-5 ms, max 13 ms. A renewal every 500 ms is therefore
-    cheap (well under 1% of a store connection), and a 3 s lease leaves five renewals before
-    the node fences itself at 2.7 s, so a store stall of over 2 s — two hundred times the worst
-    renewal measured — is needed to fence a healthy node. Detection of a dead node takes at most
-    the lease plus one heartbeat of a watcher (3.5 s), inside the 5 s recovery target."""
+    Defaults from a measurement of ``renew_lease`` (``bench/lease_renew.py``, README
+    "Cluster"): PostgreSQL p50 1.1 ms, p99 8.5 ms, max 13 ms; SQLite (fsync on) p50 0.6 ms,
+    p99 4 ms, max 8 ms. A renewal every 500 ms is therefore cheap, and a 3 s lease leaves five
+    renewals before the node fences itself at 2.7 s: only a store stall over 80 times the
+    slowest renewal measured fences a healthy node. A dead node is detected within the lease
+    plus one heartbeat of a watcher (3.5 s), inside the 5 s recovery target."""
 
     lease_duration_s: float = 3.0
     """How long a renewal keeps the node's lease; another node may fail it over after that."""
