@@ -293,3 +293,41 @@ async def test_kill_9_of_a_node_is_failed_over_automatically(tmp_path: Any) -> N
             child.kill()
             await child.wait()
         await survivor.close()
+
+
+async def test_a_failover_that_cannot_rebuild_the_wal_is_reported_and_keeps_the_streams() -> None:
+    name = f"unreachable-{os.urandom(4).hex()}"
+    objects = MemoryObjectStore(name)
+    clients = []
+    for node_id in (1, 2):
+        client = Client(
+            wal=MemoryWal(name=f"{name}-wal{node_id}"),
+            objects=objects,
+            metadata=MemoryMetadataStore(name),
+            config=config(node_id, 0.4, 0.05),
+        )
+
+        def unreachable(info: NodeInfo) -> MemoryWal:
+            raise ConfigError(f"the WAL of node {info.node_id} is not reachable from here")
+
+        client.wal_factory = unreachable
+        await client.start()
+        clients.append(client)
+    first, second = clients
+    stream = await first.create_stream("kept")
+    await stream.append([Record(b"acked")])
+    assert first.cluster is not None and second.cluster is not None
+    await first.cluster.stop()
+    member = second.cluster
+
+    async def reported() -> bool:
+        return member.stats.failovers_failed > 0
+
+    await _wait_until(reported)
+    store = MemoryMetadataStore(name)
+    info = await store.get_node(1)
+    assert info is not None and info.state is NodeState.FAILING_OVER
+    assert (await store.get_stream("kept")).owner_node_id == 1, "streams released unreplayed"
+    assert member.stats.failovers_done == 0
+    for client in clients:
+        await client.close()

@@ -201,8 +201,9 @@ class ClusterMember:
         except Exception as error:  # reported; the node stays FAILING_OVER for an operator
             self.stats.failovers_failed += 1
             log.error(
-                "node %d: failover of node %d failed (%s: %s); it stays failing_over: run "
-                "`walstream recover` for it once the cause is fixed",
+                "node %d: failover of node %d failed (%s: %s); it stays failing_over and "
+                "keeps its streams: once the cause is fixed, restart that node or run "
+                "`walstream recover -c <its deployment>` (either replays its WAL)",
                 self._node_id,
                 node.node_id,
                 type(error).__name__,
