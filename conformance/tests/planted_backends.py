@@ -4,6 +4,7 @@ one of them (see test_conformance_planted.py). Loaded by file path, also in chil
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 from collections.abc import AsyncIterator, Awaitable
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from walstream.errors import PreconditionFailed
-from walstream.metadata import ObjectCommit
+from walstream.metadata import NodeInfo, NodeState, ObjectCommit
 from walstream.metadata.memory import MemoryMetadataStore
 from walstream.objects.memory import MemoryObjectStore
 from walstream.wal import PreparedGroup, WalMode, WalOffset, WalRecord, WriteAheadLog
@@ -100,6 +101,37 @@ class StaleEpochMetadata(MemoryMetadataStore):
         node = await self.get_node(node_id)
         current = node.node_epoch if node is not None else node_epoch
         await super().commit_objects(node_id, current, list[ObjectCommit](objects))
+
+
+class RacyFailoverClaim(MemoryMetadataStore):
+    """``claim_failover`` reads the node, then writes: two concurrent claimers can both win."""
+
+    async def claim_failover(
+        self, node_id: int, node_epoch: int, by_node_id: int
+    ) -> NodeInfo | None:
+        node = await self.get_node(node_id)
+        await asyncio.sleep(0)  # e.g. a SELECT then an UPDATE without a condition
+        if node is None or node.node_epoch != node_epoch or node.state is not NodeState.RUNNING:
+            return None
+        if not 0 < node.lease_expires_ms < await self.store_time_ms():
+            return None
+        claimed = dataclasses.replace(
+            node, node_epoch=node_epoch + 1, state=NodeState.FAILING_OVER, lease_expires_ms=0
+        )
+        self._state().nodes[node_id] = claimed
+        return claimed
+
+
+class LeaseBlindClaim(MemoryMetadataStore):
+    """``claim_failover`` ignores the lease: a live node is taken over."""
+
+    async def claim_failover(
+        self, node_id: int, node_epoch: int, by_node_id: int
+    ) -> NodeInfo | None:
+        node = await self.get_node(node_id)
+        if node is None or node.node_epoch != node_epoch:
+            return None
+        return await self.begin_failover(node_id)
 
 
 class RacyConditionalStore(MemoryObjectStore):

@@ -140,6 +140,29 @@ async def test_metadata_accepting_a_stale_epoch_is_caught(planted: ModuleType) -
         await sound.aclose()
 
 
+@pytest.mark.parametrize(
+    ("planted_class", "test_name", "message"),
+    [
+        ("RacyFailoverClaim", "test_lease_claim_expired", "2 of 2 concurrent failover claims"),
+        ("LeaseBlindClaim", "test_lease_claim_of_live_node", "was claimed"),
+    ],
+)
+async def test_metadata_failover_claims_that_break_the_lease_are_caught(
+    planted: ModuleType, planted_class: str, test_name: str, message: str
+) -> None:
+    volume = _volume()
+    kit = MetadataKit(lambda: getattr(planted, planted_class)(volume))
+    sound_volume = _volume()
+    sound = MetadataKit(lambda: MemoryMetadataStore(sound_volume))
+    try:
+        with pytest.raises(CAUGHT, match=message):
+            await getattr(MetadataSuite(), test_name)(kit)
+        await getattr(MetadataSuite(), test_name)(sound)
+    finally:
+        await kit.aclose()
+        await sound.aclose()
+
+
 async def test_object_store_with_unconditional_put_if_absent_is_caught(planted: ModuleType) -> None:
     with pytest.raises(CAUGHT, match="concurrent put_if_absent"):
         await ObjectStoreSuite().test_put_if_absent(planted.RacyConditionalStore())

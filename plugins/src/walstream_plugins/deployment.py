@@ -45,7 +45,12 @@ from walstream.config import (
     Option,
     validate_options,
 )
-from walstream.config.engine import APPEND_TIMEOUT, ENGINE_SECTIONS, engine_config_from_sections
+from walstream.config.engine import (
+    APPEND_TIMEOUT,
+    CLUSTER_OPTIONS,
+    ENGINE_SECTIONS,
+    engine_config_from_sections,
+)
 from walstream.errors import ConfigError, WalstreamError
 from walstream.metadata import MetadataStore
 from walstream.objects import ObjectStore
@@ -143,6 +148,7 @@ TOP_LEVEL_KEYS: tuple[str, ...] = (
     "append_timeout",
     "server",
     "hooks",
+    "cluster",
 )
 
 _SECRET_WORDS = ("token", "secret", "password", "credential", "access_key")
@@ -462,6 +468,13 @@ def _from_mapping(
         else APPEND_TIMEOUT.parse(timeout_raw, "append_timeout", base_dir)
     )
     sections["append_timeout"] = append_timeout_s
+    # cluster: optional; present (even empty) means the node holds a lease, absent means None.
+    cluster = document.get("cluster")
+    sections["cluster"] = (
+        None
+        if "cluster" not in document
+        else _validate_section("cluster", cluster, CLUSTER_OPTIONS, base_dir)
+    )
     _check_listen(sections["server"]["listen"])
     _check_disabled_hooks(sections["hooks"]["disable"])
     cache = sections["cache"]

@@ -17,6 +17,13 @@ A stream has one writer at a time (its owner node). Tasks writing the same strea
 a task waits (up to ``ownershipTimeout``, default 300 s) while another *running* node owns the
 stream. Do not keep a long-running walstream node writing the same stream as a Spark job.
 
+Writer nodes hold a lease (the deployment's ``cluster:`` section, or its defaults: 3 s, renewed
+every 500 ms), so a killed executor does not hold its stream for ``ownershipTimeout``: once the
+lease of the owner has expired, a waiting task claims the owner's failover (one conditional
+write in the metadata store), marks it FAILED_OVER and releases its streams. A writer's WAL is
+in memory: a dead writer has nothing to replay, and nothing it wrote was reported as success
+(a task succeeds only once its records are committed), so releasing its streams loses no row.
+
 Retries do not duplicate
 ------------------------
 The last record of every appended batch carries two headers: ``walstream.spark.writer``
@@ -57,6 +64,7 @@ from pyspark import TaskContext
 from pyspark.sql import Row
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
+from walstream.config.engine import ClusterConfig
 from walstream.engine.node import Client, Stream
 from walstream.engine.read import read_committed
 from walstream.errors import ConfigError, FencedError, InvalidArgument, StreamExists
@@ -340,14 +348,24 @@ def _append_rows(
     )
 
 
+_WRITER_WAL_PREFIX = "spark-writer-"
+
+
 async def _open_client(backends: DeploymentBackends, node_id: int) -> Client:
     base = backends.engine_config
     config = dataclasses.replace(
-        base, node_id=node_id, compaction=dataclasses.replace(base.compaction, enabled=False)
+        base,
+        node_id=node_id,
+        compaction=dataclasses.replace(base.compaction, enabled=False),
+        cluster=base.cluster or ClusterConfig(),
+        advertise=None,
     )
     client = Client(
         wal=MemoryWal(), objects=backends.objects, metadata=backends.metadata, config=config
     )
+    # What any node failing this writer over rebuilds: a memory WAL of a name no process has,
+    # so it replays nothing (the writer's records live only in its own, dead, process).
+    client.wal_section = {"type": "memory", "name": f"{_WRITER_WAL_PREFIX}{uuid.uuid4().hex}"}
     return await client.start()
 
 
@@ -363,6 +381,8 @@ async def _append_owned(
             owner = await _running_owner(client, stream.stream_id)
             if owner is None or owner == client.node_id:
                 raise
+            if await _release_if_lease_expired(client, owner):
+                continue  # the dead owner's streams are released: claim the stream now
             if time.monotonic() > deadline:
                 raise FencedError(
                     f"stream {stream.name!r} stayed owned by running node {owner}; stop that "
@@ -370,6 +390,31 @@ async def _append_owned(
                 ) from None
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
+
+
+async def _release_if_lease_expired(client: Client, owner: int) -> bool:
+    """Claim the failover of ``owner`` if its lease expired and release its streams; True when
+    they are released (by this task, or already by the node that won the claim)."""
+    node = await client.metadata.get_node(owner)
+    if node is None or node.state is not NodeState.RUNNING or node.lease_expires_ms == 0:
+        return node is not None and node.state is NodeState.FAILED_OVER
+    if not _is_writer_wal(node.wal_config) or node.live(await client.metadata.store_time_ms()):
+        return False  # a node with a real WAL is failed over by a walstream node that replays it
+    claimed = await client.metadata.claim_failover(owner, node.node_epoch, client.node_id)
+    if claimed is None:
+        return False  # another node claimed it first (it releases the streams), or it renewed
+    await client.metadata.set_node_state(owner, claimed.node_epoch, NodeState.FAILED_OVER)
+    await client.metadata.release_streams(owner, claimed.node_epoch)
+    return True
+
+
+def _is_writer_wal(wal_config: Mapping[str, Any]) -> bool:
+    name = wal_config.get("name")
+    return (
+        wal_config.get("type") == "memory"
+        and isinstance(name, str)
+        and name.startswith(_WRITER_WAL_PREFIX)
+    )
 
 
 async def _running_owner(client: Client, stream_id: int) -> int | None:

@@ -21,7 +21,7 @@ import argparse
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from walstream.cli import inspect, node, streams
+from walstream.cli import cluster, inspect, node, streams
 from walstream.cli.arguments import common_options
 from walstream.cli.deployments import set_command_name
 from walstream.cli.extensions import add_extra_commands, run_extra_command
@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     streams.add_commands(commands, common)  # streams, append, read, tail, trim
     node.add_recover(commands, common)
     inspect.add_commands(commands, common)  # plugins, inspect
+    cluster.add_commands(commands, common)  # cluster status
     add_extra_commands(commands, BUILTIN_COMMANDS)  # conformance, and what others install
     node.add_commands(commands, common)  # demo, serve, bench
     return parser

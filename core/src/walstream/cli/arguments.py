@@ -38,7 +38,7 @@ def common_options(suppress_defaults: bool) -> argparse.ArgumentParser:
         metavar="FILE",
         default=default,
         help="deployment YAML (sections node, wal, object_store, metadata, cache, upload, "
-        "compaction, server, hooks, and the key append_timeout); default: the embedded "
+        "compaction, server, hooks, cluster, and the key append_timeout); default: the embedded "
         "deployment in ./walstream-data",
     )
     parser.add_argument(

@@ -202,6 +202,8 @@ class StreamWriter:
             await future
         finally:
             inflight.discard(future)
+        if gate.lease_deadline is not None:
+            gate.raise_if_failed()  # the lease ran out while the WAL wrote: no acknowledgement
         end = base + count
         return AppendAck(base, end, max(state.acked_tail, end), timestamps[0], timestamps[-1])
 
@@ -219,6 +221,12 @@ class StreamWriter:
         started: float,
     ) -> None:
         # Runs in WAL order (the WAL completes futures in order; callbacks are FIFO).
+        if self._gate.lease_deadline is not None and self._gate.lease_lost():
+            # Past this node's lease another node may be replaying the WAL already: a batch the
+            # WAL confirms now must not become readable or acknowledged here.
+            batch.failed = True
+            batch.block.settle_one()
+            return
         if future.cancelled() or future.exception() is not None:
             batch.failed = True
             batch.block.settle_one()

@@ -16,6 +16,7 @@ from walstream.clock import Clock, Rng, SystemClock, make_rng
 from walstream.config.engine import EngineConfig
 from walstream.engine.append import StreamWriter
 from walstream.engine.cache import LogCache
+from walstream.engine.cluster import ClusterMember
 from walstream.engine.compaction import Compactor
 from walstream.engine.events import EngineHooks, NullHooks, Recovered
 from walstream.engine.live import NodeLock
@@ -31,7 +32,7 @@ from walstream.engine.recovery import (
 from walstream.engine.streams import LocalStream, NodeGate, StreamRegistry
 from walstream.engine.upload import Uploader
 from walstream.errors import FencedError, InvalidArgument, WalstreamError
-from walstream.metadata.contract import MetadataStore, NodeState, StreamInfo
+from walstream.metadata.contract import MetadataStore, NodeInfo, NodeState, StreamInfo
 from walstream.objects.contract import ObjectStore
 from walstream.records import (
     MAX_FENCING_TOKEN_BYTES,
@@ -224,6 +225,16 @@ class Client:
         )
         self._uploader: Uploader | None = None
         self._compactor: Compactor | None = None
+        self.wal_section: dict[str, Any] | None = None
+        """With a ``cluster:`` section, the WAL config this node registers (set by
+        :func:`walstream.open` from the deployment's ``wal`` section, secrets left out): what
+        another node rebuilds this node's WAL from to fail it over. None: ``wal.describe()``."""
+        self.wal_factory: Callable[[NodeInfo], WriteAheadLog] | None = None
+        """With a ``cluster:`` section: builds a dead node's WAL from its registered config for
+        an automatic failover (set by :func:`walstream.open`). None: this node never claims
+        another node's failover."""
+        self.cluster: ClusterMember | None = None
+        """This node's lease and watch (``config.cluster``), started by :meth:`start`."""
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -233,8 +244,25 @@ class Client:
         self._gate.started = True
         self.deployment_id = await self.metadata.deployment_id()
         await self.objects.check()
-        node = await self.metadata.register_node(self.node_id, self.wal.describe())
+        cluster = self.config.cluster
+        registered = self.wal.describe()
+        if cluster is not None and self.wal_section is not None:
+            registered = self.wal_section
+        node = await self.metadata.register_node(
+            self.node_id, registered, self.config.advertise if cluster is not None else None
+        )
         self.node_epoch = node.node_epoch
+        if cluster is not None:
+            # The lease comes first: nothing is acknowledged, replayed or uploaded without it.
+            self.cluster = ClusterMember(
+                metadata=self.metadata,
+                config=cluster,
+                node_id=self.node_id,
+                gate=self._gate,
+                clock=self.clock,
+                take_over=self._take_over if self.wal_factory is not None else None,
+            )
+            await self.cluster.start(self.node_epoch)
         self.wal.bind_deployment(self.deployment_id)
         await self.wal.start(self.node_id, self.node_epoch, WalMode.READ_WRITE)
         self._uploader = Uploader(
@@ -344,6 +372,10 @@ class Client:
                 clean = False
                 log.error("final upload failed; the WAL keeps the data for recovery: %s", exc)
         await self.wal.close()
+        if self.cluster is not None:
+            # Renewals went on through the final upload; STOPPED (below) ends the lease's use.
+            await self.cluster.stop()
+            clean = clean and self._gate.failure is None
         if clean and self._uploader is not None and self._uploader.failure is None:
             try:
                 await self.metadata.release_streams(self.node_id, self.node_epoch)
@@ -393,6 +425,22 @@ class Client:
             hooks=self.hooks,
             clock=self.clock,
             rng=self._rng,
+        )
+
+    async def _take_over(self, claimed: NodeInfo) -> None:
+        """Fail over a node whose failover this node's :class:`ClusterMember` claimed."""
+        assert self.wal_factory is not None
+        wal = self.wal_factory(claimed)
+        await failover_node(
+            dead_node_id=claimed.node_id,
+            wal=wal,
+            objects=self.objects,
+            metadata=self.metadata,
+            config=self.config,
+            hooks=self.hooks,
+            clock=self.clock,
+            rng=self._rng,
+            claimed=claimed,
         )
 
     # -- streams ---------------------------------------------------------------------------------

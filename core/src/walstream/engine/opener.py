@@ -16,10 +16,13 @@ from typing import Any
 
 from walstream.clock import Clock
 from walstream.config.engine import EngineConfig, RecoveryConfig
+from walstream.config.factory import BuildContext
 from walstream.config.host import find_host
 from walstream.engine import live
 from walstream.engine.events import EngineHooks
 from walstream.engine.node import Client
+from walstream.errors import ConfigError
+from walstream.metadata.contract import NodeInfo
 
 __all__ = ["OpenClient", "open"]
 
@@ -71,6 +74,8 @@ def _build_client(
     )
     client.owns_backends = True
     client.node_lock = lock
+    if client.config.cluster is not None:
+        _join_cluster(client, deployment)
     if config is None:
         folder = shlex.quote(os.getcwd())  # the embedded deployment lives in ./walstream-data
         client.accept_loss_command = f"cd {folder} && walstream recover --accept-loss"
@@ -78,6 +83,48 @@ def _build_client(
         path = shlex.quote(str(Path(config).absolute()))
         client.accept_loss_command = f"walstream recover --accept-loss -c {path}"
     return client
+
+
+_SECRET_WORDS = ("token", "secret", "password", "credential", "access_key")
+
+
+def _registered_wal(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The deployment's ``wal`` section as a node registers it: JSON values, secrets left out
+    (the node failing it over supplies its own credentials, from its environment)."""
+    registered: dict[str, Any] = {}
+    for key, value in section.items():
+        if value is None or any(word in key.lower() for word in _SECRET_WORDS):
+            continue
+        if isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        registered[key] = value
+    return registered
+
+
+def _join_cluster(client: Client, deployment: Any) -> None:
+    """Register the WAL section (so any node can rebuild this node's WAL) and let this node
+    rebuild the WAL of a dead node from what that node registered, through the plugin host."""
+    section = deployment.sections.get("wal")
+    if not isinstance(section, Mapping) or "type" not in section:
+        return
+    client.wal_section = _registered_wal(section)
+    base_dir = Path(deployment.base_dir)
+
+    def build_wal(node: NodeInfo) -> Any:
+        host = find_host("an automatic failover rebuilds the dead node's WAL")
+        kind = node.wal_config.get("type")
+        if not isinstance(kind, str):
+            raise ConfigError(
+                f"node {node.node_id} registered no WAL type ({node.wal_config!r}); it cannot "
+                "be failed over automatically: run `walstream recover` on its own deployment"
+            )
+        options = {key: value for key, value in node.wal_config.items() if key != "type"}
+        factory = host.load_factory("wal", kind)
+        return factory.build(options, BuildContext(base_dir=base_dir, node_id=node.node_id), "wal")
+
+    client.wal_factory = build_wal
 
 
 class OpenClient:

@@ -53,6 +53,7 @@ from walstream.format.batch import BATCH_HEADER, decode_batch
 from walstream.metadata.contract import (
     DataLossGap,
     MetadataStore,
+    NodeInfo,
     NodeState,
     StreamInfo,
     StreamState,
@@ -383,8 +384,13 @@ async def failover_node(
     clock: Clock,
     rng: Rng,
     accept_loss: bool | None = None,
+    claimed: NodeInfo | None = None,
 ) -> RecoveryStats:
     """Take over ``dead_node_id``'s WAL: fence it, upload what it acknowledged, release it.
+
+    ``claimed``: the node as a won :meth:`~walstream.metadata.MetadataStore.claim_failover`
+    returned it (already fenced and FAILING_OVER); without it the node is fenced here with
+    :meth:`~walstream.metadata.MetadataStore.begin_failover`.
 
     The loss rule applies (module docstring): when the WAL shows that acknowledged records may
     be lost and ``accept_loss`` (default: ``config.recovery.accept_loss``) is false, this raises
@@ -394,7 +400,7 @@ async def failover_node(
     """
     if accept_loss is None:
         accept_loss = config.recovery.accept_loss
-    node = await metadata.begin_failover(dead_node_id)
+    node = claimed if claimed is not None else await metadata.begin_failover(dead_node_id)
     wal.bind_deployment(await metadata.deployment_id())
     await wal.start(dead_node_id, node.node_epoch, WalMode.FAILOVER)
     cache = LogCache(config.cache.log_cache_bytes, clock)

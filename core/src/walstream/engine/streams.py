@@ -12,6 +12,7 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+from walstream.clock import Clock
 from walstream.engine.cache import LogCache
 from walstream.errors import BackendUnavailable, FencedError, InvalidArgument, StreamNotFound
 from walstream.metadata.contract import MetadataStore, StreamInfo, StreamState
@@ -55,6 +56,27 @@ class NodeGate:
         self.closed = False
         self.failure: BaseException | None = None
         """The first fatal error; once set, the node accepts no more writes."""
+        self.lease_deadline: float | None = None
+        """With a ``cluster:`` section: the monotonic time this node's own view of its lease
+        ends (set by :class:`walstream.engine.cluster.ClusterMember`); None: no lease."""
+        self.lease_clock: Clock | None = None
+
+    def lease_lost(self) -> bool:
+        """True (and the failure latched) once this node's view of its lease has run out: from
+        then on it acknowledges nothing, before another node may claim its failover."""
+        deadline = self.lease_deadline
+        if deadline is None or self.lease_clock is None:
+            return False
+        if self.lease_clock.monotonic() < deadline:
+            return False
+        self.latch(
+            FencedError(
+                f"node {self.node_id} lost its lease: no renewal reached the metadata store "
+                "in time, so it stopped acknowledging before another node could fail it over; "
+                "restart it once the metadata store is reachable (it registers with a new epoch)"
+            )
+        )
+        return True
 
     def latch(self, error: BaseException) -> None:
         """Record a fatal error (the first one wins) and stop accepting writes."""
@@ -63,6 +85,8 @@ class NodeGate:
             log.error("node %d stopped accepting writes: %s", self.node_id, error)
 
     def raise_if_failed(self) -> None:
+        if self.lease_deadline is not None:
+            self.lease_lost()
         if self.failure is not None:
             if isinstance(self.failure, FencedError):
                 raise FencedError(f"node {self.node_id} was fenced: {self.failure}")

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from walstream.engine import live
 from walstream.errors import ConfigError
+from walstream.server.cluster_status import with_cluster_metrics
 from walstream.server.limits import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_WAIT_S,
@@ -204,7 +205,7 @@ async def serve(
         app = S2App(
             client,
             token=chosen_token,
-            render_metrics=render_metrics,
+            render_metrics=with_cluster_metrics(render_metrics, client),
             max_body_bytes=max_body_bytes,
             max_wait_s=max_wait_s,
             limits=chosen_limits,

@@ -47,6 +47,7 @@ from walstream.errors import (
 )
 from walstream.metadata.rules import check_basin_name
 from walstream.records import check_text, parse_int_text
+from walstream.server.cluster_status import cluster_health
 from walstream.server.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAIT_S, ServerLimits
 from walstream.server.s2 import records, routing
 from walstream.server.s2.asgi import Receive, Request, Scope, Send
@@ -241,6 +242,9 @@ class S2App:
             "node_id": self.client.node_id,
             "node_epoch": self.client.node_epoch,
         }
+        cluster = cluster_health(self.client)
+        if cluster is not None:
+            body["cluster"] = cluster
         failure = self.client.failure
         if failure is not None:
             body.update(status="failed", error=type(failure).__name__, message=str(failure))

@@ -1,0 +1,85 @@
+"""What ``/health`` and ``/metrics`` of ``walstream serve`` report of the cluster: this node's
+lease and its view of the membership, from the last heartbeat (no metadata call per request)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from walstream.engine.node import Client
+
+__all__ = ["cluster_health", "cluster_metrics", "with_cluster_metrics"]
+
+
+def cluster_health(client: Client) -> dict[str, Any] | None:
+    """The ``cluster`` object of ``/health`` (None: the node runs without a ``cluster:``
+    section). ``nodes`` lists every node as of this node's last watch."""
+    member = client.cluster
+    if member is None:
+        return None
+    stats = member.stats
+    remaining = member.lease_remaining_s
+    return {
+        "lease_remaining_s": None if remaining is None else round(remaining, 3),
+        "lease_duration_s": member.config.lease_duration_s,
+        "nodes_live": stats.nodes_live,
+        "nodes_total": stats.nodes_total,
+        "failovers_done": stats.failovers_done,
+        "failovers_failed": stats.failovers_failed,
+        "nodes": [
+            {
+                "node_id": node.node_id,
+                "epoch": node.node_epoch,
+                "state": node.state.value,
+                "address": node.address,
+            }
+            for node in member.nodes
+        ],
+    }
+
+
+def cluster_metrics(client: Client) -> str:
+    """Prometheus text of this node's lease and the failovers it ran ('' without a lease)."""
+    member = client.cluster
+    if member is None:
+        return ""
+    stats = member.stats
+    remaining = member.lease_remaining_s
+    lines = [
+        "# HELP walstream_cluster_nodes Nodes in the metadata store at this node's last watch.",
+        "# TYPE walstream_cluster_nodes gauge",
+        f"walstream_cluster_nodes {stats.nodes_total}",
+        "# HELP walstream_cluster_nodes_live Nodes running with an unexpired lease.",
+        "# TYPE walstream_cluster_nodes_live gauge",
+        f"walstream_cluster_nodes_live {stats.nodes_live}",
+        "# HELP walstream_cluster_lease_remaining_seconds This node's own view of its lease.",
+        "# TYPE walstream_cluster_lease_remaining_seconds gauge",
+        f"walstream_cluster_lease_remaining_seconds {0.0 if remaining is None else remaining}",
+        "# HELP walstream_cluster_lease_renewals_total Lease renewals by outcome.",
+        "# TYPE walstream_cluster_lease_renewals_total counter",
+        f'walstream_cluster_lease_renewals_total{{outcome="ok"}} {stats.renewals}',
+        f'walstream_cluster_lease_renewals_total{{outcome="failed"}} {stats.renew_failures}',
+        "# HELP walstream_cluster_lease_renew_seconds Round trip of the last renewal.",
+        "# TYPE walstream_cluster_lease_renew_seconds gauge",
+        f"walstream_cluster_lease_renew_seconds {stats.last_renew_ms / 1000}",
+        "# HELP walstream_cluster_failovers_total Failovers of other nodes this node claimed.",
+        "# TYPE walstream_cluster_failovers_total counter",
+        f'walstream_cluster_failovers_total{{outcome="claimed"}} {stats.failovers_claimed}',
+        f'walstream_cluster_failovers_total{{outcome="done"}} {stats.failovers_done}',
+        f'walstream_cluster_failovers_total{{outcome="failed"}} {stats.failovers_failed}',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def with_cluster_metrics(
+    render: Callable[[], str] | None, client: Client
+) -> Callable[[], str] | None:
+    """``render`` followed by :func:`cluster_metrics` (None stays None: metrics disabled)."""
+    if render is None:
+        return None
+    inner = render
+
+    def rendered() -> str:
+        return inner() + cluster_metrics(client)
+
+    return rendered
