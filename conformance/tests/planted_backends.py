@@ -107,7 +107,7 @@ class RacyFailoverClaim(MemoryMetadataStore):
     """``claim_failover`` reads the node, then writes: two concurrent claimers can both win."""
 
     async def claim_failover(
-        self, node_id: int, node_epoch: int, by_node_id: int
+        self, node_id: int, node_epoch: int, by_node_id: int, lease_ms: int
     ) -> NodeInfo | None:
         node = await self.get_node(node_id)
         await asyncio.sleep(0)  # e.g. a SELECT then an UPDATE without a condition
@@ -116,7 +116,10 @@ class RacyFailoverClaim(MemoryMetadataStore):
         if not 0 < node.lease_expires_ms < await self.store_time_ms():
             return None
         claimed = dataclasses.replace(
-            node, node_epoch=node_epoch + 1, state=NodeState.FAILING_OVER, lease_expires_ms=0
+            node,
+            node_epoch=node_epoch + 1,
+            state=NodeState.FAILING_OVER,
+            lease_expires_ms=await self.store_time_ms() + lease_ms,
         )
         self._state().nodes[node_id] = claimed
         return claimed
@@ -126,12 +129,39 @@ class LeaseBlindClaim(MemoryMetadataStore):
     """``claim_failover`` ignores the lease: a live node is taken over."""
 
     async def claim_failover(
-        self, node_id: int, node_epoch: int, by_node_id: int
+        self, node_id: int, node_epoch: int, by_node_id: int, lease_ms: int
     ) -> NodeInfo | None:
         node = await self.get_node(node_id)
         if node is None or node.node_epoch != node_epoch:
             return None
         return await self.begin_failover(node_id)
+
+
+class NoFailoverReclaim(MemoryMetadataStore):
+    """``claim_failover`` takes only RUNNING nodes: a failover whose claimer stopped halfway
+    stays FAILING_OVER for ever."""
+
+    async def claim_failover(
+        self, node_id: int, node_epoch: int, by_node_id: int, lease_ms: int
+    ) -> NodeInfo | None:
+        node = await self.get_node(node_id)
+        if node is None or node.state is not NodeState.RUNNING:
+            return None
+        return await super().claim_failover(node_id, node_epoch, by_node_id, lease_ms)
+
+
+class FailoverLeaseBlindClaim(MemoryMetadataStore):
+    """``claim_failover`` of a FAILING_OVER node ignores the claimer's failover lease: a
+    failover that is still running is taken over."""
+
+    async def claim_failover(
+        self, node_id: int, node_epoch: int, by_node_id: int, lease_ms: int
+    ) -> NodeInfo | None:
+        node = await self.get_node(node_id)
+        if node is not None and node.state is NodeState.FAILING_OVER:
+            node = dataclasses.replace(node, lease_expires_ms=1)
+            self._state().nodes[node_id] = node
+        return await super().claim_failover(node_id, node_epoch, by_node_id, lease_ms)
 
 
 class RacyConditionalStore(MemoryObjectStore):

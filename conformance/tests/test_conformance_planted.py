@@ -145,6 +145,8 @@ async def test_metadata_accepting_a_stale_epoch_is_caught(planted: ModuleType) -
     [
         ("RacyFailoverClaim", "test_lease_claim_expired", "2 of 2 concurrent failover claims"),
         ("LeaseBlindClaim", "test_lease_claim_of_live_node", "was claimed"),
+        ("NoFailoverReclaim", "test_lease_failover_reclaim_expired", "0 of 2 concurrent claims"),
+        ("FailoverLeaseBlindClaim", "test_lease_failover_lease_holds", "was claimed again"),
     ],
 )
 async def test_metadata_failover_claims_that_break_the_lease_are_caught(

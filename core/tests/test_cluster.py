@@ -70,7 +70,7 @@ async def test_a_node_stops_acknowledging_before_another_may_claim_it() -> None:
         ack = await stream.append([Record(b"%.2f" % clock.monotonic())])
         assert ack.end > ack.start
         # While the node acknowledges, the store does not let anyone claim it.
-        assert await store.claim_failover(1, registered.node_epoch, 2) is None
+        assert await store.claim_failover(1, registered.node_epoch, 2, 3000) is None
     clock.advance(deadline - clock.monotonic())
     with pytest.raises(FencedError, match="lost its lease"):
         await stream.append([Record(b"after")])
@@ -78,9 +78,9 @@ async def test_a_node_stops_acknowledging_before_another_may_claim_it() -> None:
     # The store's expiry is still ahead: the node fenced itself `margin` before anyone may claim.
     assert await store.store_time_ms() < expiry_ms
     assert expiry_ms - await store.store_time_ms() >= margin * 1000 - 1
-    assert await store.claim_failover(1, registered.node_epoch, 2) is None
+    assert await store.claim_failover(1, registered.node_epoch, 2, 3000) is None
     clock.advance(margin + 0.001)
-    claimed = await store.claim_failover(1, registered.node_epoch, 2)
+    claimed = await store.claim_failover(1, registered.node_epoch, 2, 3000)
     assert claimed is not None and claimed.state is NodeState.FAILING_OVER
     with pytest.raises(FencedError):
         await stream.append([Record(b"zombie")])

@@ -5,8 +5,8 @@ which supplies the transactions (``_read``/``_write``) and the clock.
 
 Leases run on the **server's** clock (:data:`SERVER_NOW_MS`): nodes on several machines compare
 one expiry against one clock, so a node whose own clock drifts cannot take over a live node or
-keep a dead one alive. :meth:`renew_lease` and :meth:`claim_failover` are each one conditional
-``UPDATE``: at READ COMMITTED, a second claim that waited for the first one's row lock re-checks
+keep a dead one alive. :meth:`renew_lease`, :meth:`claim_failover` and :meth:`renew_failover`
+are each one conditional ``UPDATE``: at READ COMMITTED, a second claim that waited for the first one's row lock re-checks
 its ``WHERE`` against the row the first one wrote (its epoch moved on), so it updates nothing and
 exactly one claim of an expiry wins.
 """
@@ -23,6 +23,7 @@ from walstream.metadata.rules import (
     check_address,
     check_lease_ms,
     encode_wal_config,
+    plan_failover_renewal,
     plan_renewal,
     require_node_epoch,
 )
@@ -140,19 +141,47 @@ class PostgresNodes:
         return await self._write(work)
 
     async def claim_failover(
-        self, node_id: int, node_epoch: int, by_node_id: int
+        self, node_id: int, node_epoch: int, by_node_id: int, lease_ms: int
     ) -> NodeInfo | None:
+        check_lease_ms(lease_ms, "claim_failover")
+
         async def work(tables: Tables) -> NodeInfo | None:
+            # A RUNNING node whose lease expired, or a FAILING_OVER node whose claimer's
+            # failover lease expired (that claimer stopped halfway): the rule of
+            # failover_claimable, as one conditional UPDATE on the server's clock.
             row = await tables.db.fetchrow(
                 "UPDATE nodes SET node_epoch = node_epoch + 1, state = 'failing_over', "
-                f"lease_expires_ms = 0, updated_ms = {SERVER_NOW_MS} "
-                "WHERE node_id = $1 AND node_epoch = $2 AND state = 'running' "
+                f"lease_expires_ms = {SERVER_NOW_MS} + $3, updated_ms = {SERVER_NOW_MS} "
+                "WHERE node_id = $1 AND node_epoch = $2 "
+                "AND state IN ('running', 'failing_over') "
                 f"AND lease_expires_ms > 0 AND lease_expires_ms < {SERVER_NOW_MS} "
                 f"RETURNING {NODE_COLUMNS}",
                 node_id,
                 node_epoch,
+                lease_ms,
             )
             return None if row is None else node_of(row)
+
+        return await self._write(work)
+
+    async def renew_failover(self, node_id: int, node_epoch: int, lease_ms: int) -> NodeInfo:
+        check_lease_ms(lease_ms, "renew_failover")
+
+        async def work(tables: Tables) -> NodeInfo:
+            row = await tables.db.fetchrow(
+                f"UPDATE nodes SET lease_expires_ms = {SERVER_NOW_MS} + $3, "
+                f"updated_ms = {SERVER_NOW_MS} "
+                "WHERE node_id = $1 AND node_epoch = $2 AND state = 'failing_over' "
+                f"RETURNING {NODE_COLUMNS}",
+                node_id,
+                node_epoch,
+                lease_ms,
+            )
+            if row is not None:
+                return node_of(row)
+            current = await tables.node(node_id)
+            plan_failover_renewal(current, node_id, node_epoch, lease_ms, 0)
+            raise FencedError(f"failover of node {node_id} epoch {node_epoch} was taken over")
 
         return await self._write(work)
 

@@ -69,6 +69,7 @@ from walstream.engine.node import Client, Stream
 from walstream.engine.read import read_committed
 from walstream.errors import ConfigError, FencedError, InvalidArgument, StreamExists
 from walstream.metadata import NodeState
+from walstream.metadata.rules import failover_claimable
 from walstream.records import Record, SequencedRecord
 from walstream.wal.memory import MemoryWal
 
@@ -396,13 +397,20 @@ async def _release_if_lease_expired(client: Client, owner: int) -> bool:
     """Claim the failover of ``owner`` if its lease expired and release its streams; True when
     they are released (by this task, or already by the node that won the claim)."""
     node = await client.metadata.get_node(owner)
-    if node is None or node.state is not NodeState.RUNNING or node.lease_expires_ms == 0:
+    if node is None or node.lease_expires_ms == 0:
         return node is not None and node.state is NodeState.FAILED_OVER
-    if not _is_writer_wal(node.wal_config) or node.live(await client.metadata.store_time_ms()):
+    if node.state not in (NodeState.RUNNING, NodeState.FAILING_OVER):
+        return node.state is NodeState.FAILED_OVER
+    if not _is_writer_wal(node.wal_config):
         return False  # a node with a real WAL is failed over by a walstream node that replays it
-    claimed = await client.metadata.claim_failover(owner, node.node_epoch, client.node_id)
+    if not failover_claimable(node, await client.metadata.store_time_ms()):
+        return False  # it renewed, or another writer's claim (its failover lease) still runs
+    # A writer's WAL holds nothing to replay, so the failover lease only has to outlast the two
+    # writes below; a writer killed between them leaves it to expire and be claimed again.
+    lease_ms = int((client.config.cluster or ClusterConfig()).lease_duration_s * 1000)
+    claimed = await client.metadata.claim_failover(owner, node.node_epoch, client.node_id, lease_ms)
     if claimed is None:
-        return False  # another node claimed it first (it releases the streams), or it renewed
+        return False  # another writer claimed it first (it releases the streams), or it renewed
     await client.metadata.set_node_state(owner, claimed.node_epoch, NodeState.FAILED_OVER)
     await client.metadata.release_streams(owner, claimed.node_epoch)
     return True

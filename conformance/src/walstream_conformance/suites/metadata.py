@@ -534,14 +534,14 @@ class MetadataSuite:
         node_id = kit.node_id()
         by = kit.node_id(1)
         node = await store.register_node(node_id, {"type": "conformance"})
-        assert await store.claim_failover(node_id, node.node_epoch, by) is None, (
+        assert await store.claim_failover(node_id, node.node_epoch, by, 60_000) is None, (
             "a node that never took a lease was claimed"
         )
         await store.renew_lease(node_id, node.node_epoch, 60_000)
-        assert await store.claim_failover(node_id, node.node_epoch, by) is None, (
+        assert await store.claim_failover(node_id, node.node_epoch, by, 60_000) is None, (
             "a live node was claimed"
         )
-        assert await store.claim_failover(kit.node_id(2), 1, by) is None
+        assert await store.claim_failover(kit.node_id(2), 1, by, 60_000) is None
         after = await store.get_node(node_id)
         assert after is not None and after.node_epoch == node.node_epoch
         assert after.live(await store.store_time_ms())
@@ -558,16 +558,19 @@ class MetadataSuite:
         leased = await store.renew_lease(node_id, node.node_epoch, 1)
         await _wait_for_store_time(store, leased.lease_expires_ms)
         claims = await asyncio.gather(
-            kit.open().claim_failover(node_id, node.node_epoch, kit.node_id(1)),
-            kit.open().claim_failover(node_id, node.node_epoch, kit.node_id(2)),
+            kit.open().claim_failover(node_id, node.node_epoch, kit.node_id(1), 60_000),
+            kit.open().claim_failover(node_id, node.node_epoch, kit.node_id(2), 60_000),
         )
         winners = [claim for claim in claims if claim is not None]
         assert len(winners) == 1, f"{len(winners)} of 2 concurrent failover claims won"
         (claimed,) = winners
         assert claimed.node_epoch == node.node_epoch + 1
-        assert (claimed.state, claimed.lease_expires_ms) == (NodeState.FAILING_OVER, 0)
+        assert claimed.state is NodeState.FAILING_OVER
+        assert claimed.lease_expires_ms >= leased.lease_expires_ms + 60_000, (
+            "the claim did not give the claimer a failover lease of lease_ms"
+        )
         assert claimed.wal_config == {"path": "/wal"}
-        assert await store.claim_failover(node_id, node.node_epoch, kit.node_id(3)) is None
+        assert await store.claim_failover(node_id, node.node_epoch, kit.node_id(3), 60_000) is None
         with pytest.raises(FencedError):
             await store.renew_lease(node_id, node.node_epoch, 60_000)
         with pytest.raises(FencedError):  # the new epoch belongs to the failover, not a lease
@@ -576,6 +579,77 @@ class MetadataSuite:
         assert again.node_epoch > claimed.node_epoch and again.state is NodeState.RUNNING
         assert again.lease_expires_ms == 0
         await store.renew_lease(node_id, again.node_epoch, 60_000)
+
+    async def test_lease_failover_lease_holds(self, walstream_metadata_kit: MetadataKit) -> None:
+        """While the claimer's failover lease runs nobody else can claim the failover; the
+        claimer extends it with renew_failover, which needs the claimed epoch and FAILING_OVER."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        node_id = kit.node_id()
+        node = await store.register_node(node_id, {"path": "/wal"})
+        with pytest.raises(FencedError):  # a running node is not failing over
+            await store.renew_failover(node_id, node.node_epoch, 60_000)
+        leased = await store.renew_lease(node_id, node.node_epoch, 1)
+        await _wait_for_store_time(store, leased.lease_expires_ms)
+        with pytest.raises(InvalidArgument):
+            await store.claim_failover(node_id, node.node_epoch, kit.node_id(1), 0)
+        claimed = await store.claim_failover(node_id, node.node_epoch, kit.node_id(1), 60_000)
+        assert claimed is not None and claimed.state is NodeState.FAILING_OVER
+        assert (
+            await kit.open().claim_failover(node_id, claimed.node_epoch, kit.node_id(2), 60_000)
+            is None
+        ), "a failover whose failover lease still runs was claimed again"
+        with pytest.raises(InvalidArgument):
+            await store.renew_failover(node_id, claimed.node_epoch, 0)
+        renewed = await store.renew_failover(node_id, claimed.node_epoch, 120_000)
+        assert renewed.node_epoch == claimed.node_epoch
+        assert renewed.state is NodeState.FAILING_OVER
+        assert renewed.lease_expires_ms >= claimed.lease_expires_ms
+        with pytest.raises(FencedError):  # the node's own epoch was fenced by the claim
+            await store.renew_failover(node_id, node.node_epoch, 60_000)
+        await store.set_node_state(node_id, claimed.node_epoch, NodeState.FAILED_OVER)
+        with pytest.raises(FencedError):  # finished: nothing left to hold
+            await store.renew_failover(node_id, claimed.node_epoch, 60_000)
+        with pytest.raises(FencedError):
+            await store.renew_failover(kit.node_id(2), 1, 60_000)  # never registered
+
+    async def test_lease_failover_reclaim_expired(
+        self, walstream_metadata_kit: MetadataKit
+    ) -> None:
+        """A failover whose claimer stopped halfway is claimed again once its failover lease
+        expires: of two concurrent claims exactly one wins, with a newer epoch that fences the
+        earlier claimer (its renew_failover and epoch-checked writes fail)."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        node_id = kit.node_id()
+        node = await store.register_node(node_id, {"path": "/wal"})
+        leased = await store.renew_lease(node_id, node.node_epoch, 1)
+        await _wait_for_store_time(store, leased.lease_expires_ms)
+        first = await store.claim_failover(node_id, node.node_epoch, kit.node_id(1), 1)
+        assert first is not None
+        await _wait_for_store_time(store, first.lease_expires_ms)
+        claims = await asyncio.gather(
+            kit.open().claim_failover(node_id, first.node_epoch, kit.node_id(2), 60_000),
+            kit.open().claim_failover(node_id, first.node_epoch, kit.node_id(3), 60_000),
+        )
+        winners = [claim for claim in claims if claim is not None]
+        assert len(winners) == 1, (
+            f"{len(winners)} of 2 concurrent claims of an expired failover lease won"
+        )
+        (second,) = winners
+        assert second.node_epoch == first.node_epoch + 1
+        assert second.state is NodeState.FAILING_OVER and second.wal_config == {"path": "/wal"}
+        assert second.lease_expires_ms > first.lease_expires_ms
+        with pytest.raises(FencedError):
+            await store.renew_failover(node_id, first.node_epoch, 60_000)
+        with pytest.raises(FencedError):
+            await store.set_node_state(node_id, first.node_epoch, NodeState.FAILED_OVER)
+        shortened = await store.renew_failover(node_id, second.node_epoch, 1)
+        await store.set_node_state(node_id, second.node_epoch, NodeState.FAILED_OVER)
+        await _wait_for_store_time(store, shortened.lease_expires_ms)
+        assert await store.claim_failover(node_id, second.node_epoch, kit.node_id(1), 1) is None, (
+            "a finished failover was claimed again"
+        )
 
     # durability -----------------------------------------------------------------------------------
     async def test_reopen_keeps_state(self, walstream_metadata_kit: MetadataKit) -> None:

@@ -15,6 +15,16 @@ A node with a ``cluster:`` section holds a lease in the metadata store
   store's clock, it tries :meth:`~walstream.metadata.MetadataStore.claim_failover` (one
   conditional write: exactly one claimer wins) and the winner runs the failover (``take_over``)
   in a task of its own, so the winner's heartbeats go on during a long replay.
+* **Failover leases.** The claim gives the winner a failover lease of ``lease_duration``, which
+  it renews every ``heartbeat_interval`` while the replay runs
+  (:meth:`~walstream.metadata.MetadataStore.renew_failover`). A failover that stops halfway —
+  the claimer crashed, could not rebuild or read the WAL, or never learned that its claim
+  committed — keeps no renewal going, so its failover lease expires and any live node (this one
+  included) claims it again, with a newer epoch that fences the earlier claimer's commits. A
+  node retries a failover that failed on it only after a backoff (``lease_duration`` doubling
+  per failure, at most :data:`MAX_RETRY_BACKOFF_S`), so a WAL that cannot be read does not
+  make it spin; a claimer whose failover lease renewal is fenced, or whose own view of the
+  failover lease runs out, stops its replay.
 
 Time goes through the injected :class:`~walstream.clock.Clock` only.
 """
@@ -23,16 +33,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from walstream.clock import Clock
 from walstream.config.engine import ClusterConfig
 from walstream.engine.streams import NodeGate
 from walstream.errors import FencedError, WalstreamError
 from walstream.metadata.contract import MetadataStore, NodeInfo, NodeState
+from walstream.metadata.rules import failover_claimable
 
-__all__ = ["ClusterMember", "ClusterStats"]
+__all__ = ["MAX_RETRY_BACKOFF_S", "ClusterMember", "ClusterStats"]
+
+MAX_RETRY_BACKOFF_S = 60.0
+"""The longest a node waits before claiming again a failover that failed on it."""
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +62,12 @@ class ClusterStats:
     """Failovers of other nodes this node won the claim of."""
     failovers_done: int = 0
     failovers_failed: int = 0
+    """Failovers this node claimed that raised (the failover lease then expires: retried)."""
+    failovers_retried: int = 0
+    """Claims won of a FAILING_OVER node whose earlier claimer stopped halfway."""
+    failovers_fenced: int = 0
+    """Failovers this node stopped because another node claimed them again (or its own view of
+    the failover lease ran out)."""
     last_renew_ms: float = 0.0
     """Round trip of the last successful renewal, in milliseconds."""
     nodes_live: int = 0
@@ -65,7 +86,7 @@ class ClusterMember:
         node_id: int,
         gate: NodeGate,
         clock: Clock,
-        take_over: Callable[[NodeInfo], Awaitable[None]] | None,
+        take_over: Callable[[NodeInfo], Coroutine[Any, Any, None]] | None,
     ) -> None:
         self._metadata = metadata
         self.config = config
@@ -78,6 +99,12 @@ class ClusterMember:
         self._node_epoch = -1
         self._task: asyncio.Task[None] | None = None
         self._failovers: set[asyncio.Task[None]] = set()
+        self._replaying: set[int] = set()
+        """Nodes whose failover this member is running now: never claimed again from here."""
+        self._attempts: dict[int, int] = {}
+        """Failures in a row of this member's failovers, by node (the backoff grows with it)."""
+        self._retry_at: dict[int, float] = {}
+        """Monotonic time before which this member does not claim that node again."""
         self.stats = ClusterStats()
         self.nodes: list[NodeInfo] = []
         """The nodes at the last watch."""
@@ -161,8 +188,10 @@ class ClusterMember:
         self.stats.last_renew_ms = (self._clock.monotonic() - sent) * 1000
 
     async def watch(self) -> list[NodeInfo]:
-        """List the nodes and claim the failover of every RUNNING node whose lease expired;
-        each claim won starts ``take_over`` in its own task. Returns the nodes claimed."""
+        """List the nodes and claim the failover of every node whose lease expired (RUNNING)
+        or whose claimer's failover lease expired (FAILING_OVER: that failover stopped
+        halfway); each claim won starts ``take_over`` in its own task. Returns the nodes
+        claimed."""
         nodes = await self._metadata.list_nodes()
         now_ms = await self._metadata.store_time_ms()
         self.nodes = nodes
@@ -171,22 +200,32 @@ class ClusterMember:
         claimed: list[NodeInfo] = []
         if self._take_over is None:
             return claimed
+        lease_ms = int(self.config.lease_duration_s * 1000)
         for node in nodes:
-            if node.node_id == self._node_id or node.live(now_ms) or node.lease_expires_ms == 0:
+            if node.node_id == self._node_id or not failover_claimable(node, now_ms):
                 continue
-            if node.state is not NodeState.RUNNING:
-                continue
-            won = await self._metadata.claim_failover(node.node_id, node.node_epoch, self._node_id)
+            if node.node_id in self._replaying:
+                continue  # this member's own failover of it still runs (and renews its lease)
+            if self._clock.monotonic() < self._retry_at.get(node.node_id, 0.0):
+                continue  # it failed here recently: back off (another node may claim it)
+            won = await self._metadata.claim_failover(
+                node.node_id, node.node_epoch, self._node_id, lease_ms
+            )
             if won is None:
                 continue  # another node claimed it first, or it renewed meanwhile
+            retried = node.state is NodeState.FAILING_OVER
             log.warning(
-                "node %d: the lease of node %d expired; this node won its failover (epoch %d)",
+                "node %d: the %s of node %d expired; this node won its failover (epoch %d)",
                 self._node_id,
+                "failover lease of the node failing over" if retried else "lease",
                 node.node_id,
                 won.node_epoch,
             )
             self.stats.failovers_claimed += 1
+            if retried:
+                self.stats.failovers_retried += 1
             claimed.append(won)
+            self._replaying.add(node.node_id)
             task = asyncio.create_task(
                 self._run_failover(won), name=f"walstream-failover-{node.node_id}"
             )
@@ -196,18 +235,94 @@ class ClusterMember:
 
     async def _run_failover(self, node: NodeInfo) -> None:
         assert self._take_over is not None
+        replay = asyncio.create_task(
+            self._take_over(node), name=f"walstream-replay-{node.node_id}-{node.node_epoch}"
+        )
+        lost: list[FencedError] = []
+        holder = asyncio.create_task(
+            self._hold_failover(node, replay, lost),
+            name=f"walstream-failover-lease-{node.node_id}",
+        )
         try:
-            await self._take_over(node)
-        except Exception as error:  # reported; the node stays FAILING_OVER for an operator
+            await replay
+        except asyncio.CancelledError:
+            if not lost:
+                raise  # this task itself was cancelled
+            self.stats.failovers_fenced += 1
+            log.warning(
+                "node %d: stopped the failover of node %d (epoch %d): %s",
+                self._node_id,
+                node.node_id,
+                node.node_epoch,
+                lost[0],
+            )
+            return
+        except Exception as error:
             self.stats.failovers_failed += 1
+            failures = self._attempts.get(node.node_id, 0) + 1
+            self._attempts[node.node_id] = failures
+            backoff = min(self.config.lease_duration_s * 2 ** (failures - 1), MAX_RETRY_BACKOFF_S)
+            self._retry_at[node.node_id] = self._clock.monotonic() + backoff
             log.error(
-                "node %d: failover of node %d failed (%s: %s); it stays failing_over and "
-                "keeps its streams: once the cause is fixed, restart that node or run "
-                "`walstream recover -c <its deployment>` (either replays its WAL)",
+                "node %d: failover of node %d failed (%s: %s); it stays failing_over and keeps "
+                "its streams until a live node finishes it: its failover lease expires within "
+                "%.1fs and any live node claims it again (this one after %.1fs). If it keeps "
+                "failing, fix the cause (e.g. make its WAL reachable) or run "
+                "`walstream recover -c <its deployment>`",
                 self._node_id,
                 node.node_id,
                 type(error).__name__,
                 error,
+                self.config.lease_duration_s,
+                backoff,
             )
             return
+        finally:
+            holder.cancel()
+            await asyncio.gather(holder, return_exceptions=True)
+            self._replaying.discard(node.node_id)
+        self._attempts.pop(node.node_id, None)
+        self._retry_at.pop(node.node_id, None)
         self.stats.failovers_done += 1
+
+    async def _hold_failover(
+        self, node: NodeInfo, replay: asyncio.Task[None], lost: list[FencedError]
+    ) -> None:
+        """Renew the failover lease of ``node`` while ``replay`` runs; cancel the replay when
+        another node claimed the failover again (the renewal is fenced) or when this node's
+        own view of the failover lease runs out (another node may claim it any moment)."""
+        lease_s = self.config.lease_duration_s
+        lease_ms = int(lease_s * 1000)
+        # The claim was sent before now: the failover lease is measured from here at the latest.
+        deadline = self._clock.monotonic() + lease_s - self.config.fence_margin_s
+        while not replay.done():
+            await self._clock.sleep(self.config.heartbeat_interval_s)
+            if replay.done():
+                return
+            sent = self._clock.monotonic()
+            try:
+                await self._clock.wait_for(
+                    self._metadata.renew_failover(node.node_id, node.node_epoch, lease_ms),
+                    lease_s,
+                )
+            except FencedError as error:
+                lost.append(error)
+                replay.cancel()
+                return
+            except (WalstreamError, TimeoutError) as error:
+                if self._clock.monotonic() >= deadline:
+                    lost.append(
+                        FencedError(
+                            f"its failover lease ran out without a renewal (last error: {error})"
+                        )
+                    )
+                    replay.cancel()
+                    return
+                log.warning(
+                    "node %d could not renew its failover lease of node %d: %s",
+                    self._node_id,
+                    node.node_id,
+                    error,
+                )
+                continue
+            deadline = max(deadline, sent + lease_s - self.config.fence_margin_s)

@@ -186,10 +186,11 @@ class MetadataStore(ABC):
         :meth:`list_basins` (by name) and :meth:`delete_basin` see exactly the basins created
         and not deleted, across reopens.
     14. **leases** — :meth:`renew_lease` with a stale epoch, or of a node that is not RUNNING,
-        raises :class:`FencedError`; :meth:`claim_failover` of a live node, or of a node holding
-        no lease, returns None; of two concurrent claims of one expired node exactly one wins;
-        once claimed, the old epoch's renewals are fenced and :meth:`register_node` starts the
-        node again with a newer epoch and no lease.
+        raises :class:`FencedError`; :meth:`claim_failover` of a live node, of a node holding
+        no lease, or of a FAILING_OVER node whose failover lease still runs, returns None; of two
+        concurrent claims of one expired lease or failover lease exactly one wins; once claimed,
+        the old epoch's renewals (:meth:`renew_lease`, :meth:`renew_failover`) are fenced and
+        :meth:`register_node` starts the node again with a newer epoch and no lease.
     """
 
     # -- identity -----------------------------------------------------------------------------------
@@ -317,16 +318,34 @@ class MetadataStore(ABC):
 
     @abstractmethod
     async def claim_failover(
-        self, node_id: int, node_epoch: int, by_node_id: int
+        self, node_id: int, node_epoch: int, by_node_id: int, lease_ms: int
     ) -> NodeInfo | None:
         """Claim the failover of ``node_id`` for ``by_node_id``, in ONE conditional write.
 
-        If ``node_epoch`` is the node's current epoch, its state RUNNING and its lease expired
-        (``0 < lease_expires_ms < store_time_ms()``): bump the epoch (fencing the old process),
-        set FAILING_OVER and ``lease_expires_ms = 0``, and return the new info — the caller now
-        replays the node's WAL. Otherwise return None: another node claimed it first, it renewed,
-        it holds no lease (a node that never took a lease is never failed over automatically),
+        Claimable when ``node_epoch`` is the node's current epoch and either its state is
+        RUNNING and its lease expired, or its state is FAILING_OVER and the failover lease of
+        the node that claimed it before expired (that claimer stopped halfway) — in both cases
+        ``0 < lease_expires_ms < store_time_ms()``. The claim bumps the epoch (fencing the old
+        process and any earlier claimer: their commits under the older epoch fail), sets
+        FAILING_OVER and gives the claimer a *failover lease*, ``lease_expires_ms =
+        store_time_ms() + lease_ms``, which it extends with :meth:`renew_failover` while it
+        replays; it returns the new info. Otherwise it returns None: another node claimed it
+        first, it renewed, the failover lease still runs, it holds no lease (a node that never
+        took a lease, or one fenced by :meth:`begin_failover`, is never claimed automatically),
         or it is unknown. Of concurrent claims of one expiry exactly one gets the info.
+        ``lease_ms`` must be positive (else :class:`InvalidArgument`).
+        """
+
+    @abstractmethod
+    async def renew_failover(self, node_id: int, node_epoch: int, lease_ms: int) -> NodeInfo:
+        """Extend the failover lease of a claimed node to ``store_time_ms() + lease_ms`` (one
+        conditional write), as :meth:`renew_lease` does for a running node.
+
+        ``node_epoch`` must be the epoch :meth:`claim_failover` returned, still current, and
+        the state FAILING_OVER, else :class:`FencedError` (another node re-claimed the
+        failover after this claimer's failover lease expired, or it is finished: stop
+        replaying). ``lease_ms`` must be positive (else :class:`InvalidArgument`). Returns the
+        node afterwards.
         """
 
     @abstractmethod

@@ -55,6 +55,7 @@ from walstream.metadata.rules import (
     plan_commit,
     plan_data_loss,
     plan_failover_claim,
+    plan_failover_renewal,
     plan_renewal,
     plan_replace,
     require_node_epoch,
@@ -361,13 +362,23 @@ class MemoryMetadataStore(MetadataStore):
         return renewed
 
     async def claim_failover(
-        self, node_id: int, node_epoch: int, by_node_id: int
+        self, node_id: int, node_epoch: int, by_node_id: int, lease_ms: int
     ) -> NodeInfo | None:
         volume = self._state()
-        claimed = plan_failover_claim(volume.nodes.get(node_id), node_epoch, self._clock.now_ms())
+        claimed = plan_failover_claim(
+            volume.nodes.get(node_id), node_epoch, lease_ms, self._clock.now_ms()
+        )
         if claimed is not None:
             volume.nodes[node_id] = claimed
         return claimed
+
+    async def renew_failover(self, node_id: int, node_epoch: int, lease_ms: int) -> NodeInfo:
+        volume = self._state()
+        renewed = plan_failover_renewal(
+            volume.nodes.get(node_id), node_id, node_epoch, lease_ms, self._clock.now_ms()
+        )
+        volume.nodes[node_id] = renewed
+        return renewed
 
     async def store_time_ms(self) -> int:
         return self._clock.now_ms()

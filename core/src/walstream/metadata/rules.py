@@ -57,9 +57,11 @@ __all__ = [
     "decode_basin_config",
     "encode_basin_config",
     "encode_wal_config",
+    "failover_claimable",
     "plan_commit",
     "plan_data_loss",
     "plan_failover_claim",
+    "plan_failover_renewal",
     "plan_renewal",
     "plan_replace",
     "range_is_dead",
@@ -508,9 +510,9 @@ def check_address(address: Any) -> str | None:
     return address
 
 
-def check_lease_ms(lease_ms: Any) -> int:
+def check_lease_ms(lease_ms: Any, action: str = "renew_lease") -> int:
     if isinstance(lease_ms, bool) or not isinstance(lease_ms, int) or lease_ms <= 0:
-        raise InvalidArgument(f"renew_lease: lease_ms must be a positive integer, got {lease_ms!r}")
+        raise InvalidArgument(f"{action}: lease_ms must be a positive integer, got {lease_ms!r}")
     return lease_ms
 
 
@@ -529,18 +531,46 @@ def plan_renewal(
     return dataclasses.replace(current, lease_expires_ms=now_ms + lease_ms, updated_ms=now_ms)
 
 
-def plan_failover_claim(node: NodeInfo | None, node_epoch: int, now_ms: int) -> NodeInfo | None:
+def plan_failover_renewal(
+    node: NodeInfo | None, node_id: int, node_epoch: int, lease_ms: int, now_ms: int
+) -> NodeInfo:
+    """The node after its claimer extended the failover lease at store time ``now_ms``, or
+    :class:`FencedError` when ``node_epoch`` is no longer the claimed epoch (another node
+    re-claimed the failover) or the node is no longer FAILING_OVER."""
+    check_lease_ms(lease_ms, "renew_failover")
+    current = require_node_epoch(node, node_id, node_epoch)
+    if current.state is not NodeState.FAILING_OVER:
+        raise FencedError(
+            f"failover of node {node_id} epoch {node_epoch}: the node is "
+            f"{current.state.value}, not failing_over; stop replaying its WAL"
+        )
+    return dataclasses.replace(current, lease_expires_ms=now_ms + lease_ms, updated_ms=now_ms)
+
+
+def failover_claimable(node: NodeInfo, now_ms: int) -> bool:
+    """Whether a failover claim of ``node`` may happen at store time ``now_ms``: a RUNNING node
+    whose lease expired, or a FAILING_OVER node whose claimer's failover lease expired (the
+    claimer stopped halfway). A node holding no lease (0) is never claimed automatically."""
+    if node.state not in (NodeState.RUNNING, NodeState.FAILING_OVER):
+        return False
+    return 0 < node.lease_expires_ms < now_ms
+
+
+def plan_failover_claim(
+    node: NodeInfo | None, node_epoch: int, lease_ms: int, now_ms: int
+) -> NodeInfo | None:
     """The node after a successful failover claim at store time ``now_ms``, or None when the
-    claim must not happen (epoch moved on, not RUNNING, no lease, or the lease still runs)."""
-    if node is None or node.node_epoch != node_epoch or node.state is not NodeState.RUNNING:
-        return None
-    if not 0 < node.lease_expires_ms < now_ms:
+    claim must not happen (epoch moved on, no lease, or the lease or failover lease still
+    runs). The claim bumps the epoch (fencing the node and any earlier claimer) and gives the
+    claimer a failover lease until ``now_ms + lease_ms``."""
+    check_lease_ms(lease_ms, "claim_failover")
+    if node is None or node.node_epoch != node_epoch or not failover_claimable(node, now_ms):
         return None
     return dataclasses.replace(
         node,
         node_epoch=node.node_epoch + 1,
         state=NodeState.FAILING_OVER,
-        lease_expires_ms=0,
+        lease_expires_ms=now_ms + lease_ms,
         updated_ms=now_ms,
     )
 

@@ -23,6 +23,7 @@ from walstream.metadata.rules import (
     check_lease_ms,
     encode_wal_config,
     plan_failover_claim,
+    plan_failover_renewal,
     plan_renewal,
     require_node_epoch,
 )
@@ -113,13 +114,29 @@ class SqliteNodes:
         return await self._write(work)
 
     async def claim_failover(
-        self, node_id: int, node_epoch: int, by_node_id: int
+        self, node_id: int, node_epoch: int, by_node_id: int, lease_ms: int
     ) -> NodeInfo | None:
+        check_lease_ms(lease_ms, "claim_failover")
+
         def work(tables: Tables) -> NodeInfo | None:
-            claimed = plan_failover_claim(tables.node(node_id), node_epoch, self._clock.now_ms())
+            claimed = plan_failover_claim(
+                tables.node(node_id), node_epoch, lease_ms, self._clock.now_ms()
+            )
             if claimed is not None:
                 tables.put_node(claimed)
             return claimed
+
+        return await self._write(work)
+
+    async def renew_failover(self, node_id: int, node_epoch: int, lease_ms: int) -> NodeInfo:
+        check_lease_ms(lease_ms, "renew_failover")
+
+        def work(tables: Tables) -> NodeInfo:
+            renewed = plan_failover_renewal(
+                tables.node(node_id), node_id, node_epoch, lease_ms, self._clock.now_ms()
+            )
+            tables.put_node(renewed)
+            return renewed
 
         return await self._write(work)
 

@@ -26,6 +26,8 @@ def cluster_health(client: Client) -> dict[str, Any] | None:
         "nodes_total": stats.nodes_total,
         "failovers_done": stats.failovers_done,
         "failovers_failed": stats.failovers_failed,
+        "failovers_retried": stats.failovers_retried,
+        "failovers_fenced": stats.failovers_fenced,
         "nodes": [
             {
                 "node_id": node.node_id,
@@ -67,6 +69,8 @@ def cluster_metrics(client: Client) -> str:
         f'walstream_cluster_failovers_total{{outcome="claimed"}} {stats.failovers_claimed}',
         f'walstream_cluster_failovers_total{{outcome="done"}} {stats.failovers_done}',
         f'walstream_cluster_failovers_total{{outcome="failed"}} {stats.failovers_failed}',
+        f'walstream_cluster_failovers_total{{outcome="retried"}} {stats.failovers_retried}',
+        f'walstream_cluster_failovers_total{{outcome="fenced"}} {stats.failovers_fenced}',
     ]
     return "\n".join(lines) + "\n"
 
