@@ -215,10 +215,11 @@ class ClusterMember:
                 continue  # another node claimed it first, or it renewed meanwhile
             retried = node.state is NodeState.FAILING_OVER
             log.warning(
-                "node %d: the %s of node %d expired; this node won its failover (epoch %d)",
+                "node %d: %s; this node won its failover (epoch %d)",
                 self._node_id,
-                "failover lease of the node failing over" if retried else "lease",
-                node.node_id,
+                f"the failover of node {node.node_id} stopped halfway (its failover lease expired)"
+                if retried
+                else f"the lease of node {node.node_id} expired",
                 won.node_epoch,
             )
             self.stats.failovers_claimed += 1
@@ -249,20 +250,20 @@ class ClusterMember:
             if not lost:
                 raise  # this task itself was cancelled
             self.stats.failovers_fenced += 1
+            backoff = self._back_off(node.node_id)
             log.warning(
-                "node %d: stopped the failover of node %d (epoch %d): %s",
+                "node %d: stopped the failover of node %d (epoch %d): %s; this node claims it "
+                "again after %.1fs if no other node finished it",
                 self._node_id,
                 node.node_id,
                 node.node_epoch,
                 lost[0],
+                backoff,
             )
             return
         except Exception as error:
             self.stats.failovers_failed += 1
-            failures = self._attempts.get(node.node_id, 0) + 1
-            self._attempts[node.node_id] = failures
-            backoff = min(self.config.lease_duration_s * 2 ** (failures - 1), MAX_RETRY_BACKOFF_S)
-            self._retry_at[node.node_id] = self._clock.monotonic() + backoff
+            backoff = self._back_off(node.node_id)
             log.error(
                 "node %d: failover of node %d failed (%s: %s); it stays failing_over and keeps "
                 "its streams until a live node finishes it: its failover lease expires within "
@@ -285,6 +286,15 @@ class ClusterMember:
         self._retry_at.pop(node.node_id, None)
         self.stats.failovers_done += 1
 
+    def _back_off(self, node_id: int) -> float:
+        """Count a failover of ``node_id`` that did not finish here; the seconds this node
+        waits before claiming it again (``lease_duration`` doubling per failure in a row)."""
+        failures = self._attempts.get(node_id, 0) + 1
+        self._attempts[node_id] = failures
+        backoff = min(self.config.lease_duration_s * 2.0 ** (failures - 1), MAX_RETRY_BACKOFF_S)
+        self._retry_at[node_id] = self._clock.monotonic() + backoff
+        return backoff
+
     async def _hold_failover(
         self, node: NodeInfo, replay: asyncio.Task[None], lost: list[FencedError]
     ) -> None:
@@ -301,9 +311,11 @@ class ClusterMember:
                 return
             sent = self._clock.monotonic()
             try:
+                # Waiting past the deadline is pointless: the replay stops there (before the
+                # store's expiry, from which on another node may claim the failover).
                 await self._clock.wait_for(
                     self._metadata.renew_failover(node.node_id, node.node_epoch, lease_ms),
-                    lease_s,
+                    max(deadline - sent, 0.001),
                 )
             except FencedError as error:
                 lost.append(error)
@@ -313,7 +325,8 @@ class ClusterMember:
                 if self._clock.monotonic() >= deadline:
                     lost.append(
                         FencedError(
-                            f"its failover lease ran out without a renewal (last error: {error})"
+                            "its failover lease ran out without a renewal (last error: "
+                            f"{type(error).__name__}: {error})"
                         )
                     )
                     replay.cancel()
