@@ -48,3 +48,45 @@ def test_a_killed_writers_stream_is_released_after_one_lease(tmp_path: Path) -> 
     finally:
         run(survivor.close())
         run(dead.close())
+
+
+def test_a_writers_failover_left_halfway_is_finished_by_the_next_writer(tmp_path: Path) -> None:
+    """A writer that claimed a dead writer's failover is killed before it released the streams:
+    once its failover lease expires, the next writer claims the failover again and finishes it."""
+    config = tmp_path / "deploy.yaml"
+    config.write_text(
+        "node: {id: 1}\n"
+        "wal: {type: memory}\n"
+        "object_store: {type: local, root: objects}\n"
+        "metadata: {type: sqlite, path: meta.db}\n"
+        "cluster: {lease_duration: 600ms, heartbeat_interval: 100ms}\n"
+    )
+    backends = backends_for(str(config))
+    dead = run(_open_client(backends, 900_011))
+    stream = run(dead.create_stream("halfway"))
+    run(stream.append([Record(b"from the dead writer")]))
+    run(dead.flush())
+    assert dead.cluster is not None
+    run(dead.cluster.stop())
+    node = run(backends.metadata.get_node(900_011))
+    assert node is not None
+    while run(backends.metadata.store_time_ms()) <= node.lease_expires_ms:
+        time.sleep(0.02)
+    # Another writer wins the claim and is killed before it marks the node or releases a stream.
+    halfway = run(backends.metadata.claim_failover(900_011, node.node_epoch, 900_012, 600))
+    assert halfway is not None and halfway.state is NodeState.FAILING_OVER
+    survivor = run(_open_client(backends, 900_013))
+    try:
+        mine = run(survivor.open_stream("halfway"))
+        started = time.monotonic()
+        ack = run(_append_owned(survivor, mine, [Record(b"survivor")], started + 5))
+        assert ack.start == 1
+        info = run(backends.metadata.get_node(900_011))
+        assert info is not None and info.state is NodeState.FAILED_OVER
+        assert info.node_epoch == halfway.node_epoch + 1, "the halfway claim was not fenced"
+        run(survivor.flush())
+        result = run(mine.read(start=0))
+        assert [r.value for r in result.records] == [b"from the dead writer", b"survivor"]
+    finally:
+        run(survivor.close())
+        run(dead.close())

@@ -386,8 +386,8 @@ async def _append_owned(
                 continue  # the dead owner's streams are released: claim the stream now
             if time.monotonic() > deadline:
                 raise FencedError(
-                    f"stream {stream.name!r} stayed owned by running node {owner}; stop that "
-                    "writer or raise the ownershipTimeout option"
+                    f"stream {stream.name!r} stayed owned by node {owner} (running, or failing "
+                    "over); stop that writer or raise the ownershipTimeout option"
                 ) from None
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
@@ -430,7 +430,9 @@ async def _running_owner(client: Client, stream_id: int) -> int | None:
     if info is None or info.owner_node_id is None:
         return None
     node = await client.metadata.get_node(info.owner_node_id)
-    if node is None or node.state is not NodeState.RUNNING:
+    # A FAILING_OVER owner is waited for too: its failover finishes, or is claimed again here
+    # once the failover lease of the writer that claimed it expires.
+    if node is None or node.state not in (NodeState.RUNNING, NodeState.FAILING_OVER):
         return None
     return info.owner_node_id
 
