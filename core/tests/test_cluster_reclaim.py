@@ -17,7 +17,7 @@ from walstream.config import CompactionConfig, UploadConfig
 from walstream.config.engine import ClusterConfig
 from walstream.engine.events import NullHooks
 from walstream.engine.recovery import failover_node
-from walstream.errors import ConfigError
+from walstream.errors import AmbiguousError, ConfigError
 from walstream.metadata import NodeInfo, NodeState, ObjectCommit
 from walstream.metadata.memory import MemoryMetadataStore
 from walstream.objects.memory import MemoryObjectStore
@@ -59,6 +59,21 @@ class HeldCommits(MemoryMetadataStore):
         self.waiting.set()
         await self.release.wait()
         await super().commit_objects(node_id, node_epoch, objects)
+
+
+class AmbiguousFirstClaim(MemoryMetadataStore):
+    """The first failover claim is applied, but its answer is lost (an ambiguous COMMIT)."""
+
+    lost_answers = 0
+
+    async def claim_failover(
+        self, node_id: int, node_epoch: int, by_node_id: int, lease_ms: int
+    ) -> NodeInfo | None:
+        claimed = await super().claim_failover(node_id, node_epoch, by_node_id, lease_ms)
+        if claimed is not None and AmbiguousFirstClaim.lost_answers == 0:
+            AmbiguousFirstClaim.lost_answers += 1
+            raise AmbiguousError("the connection dropped during COMMIT; the claim may be applied")
+        return claimed
 
 
 class FrozenFailoverRenewals(MemoryMetadataStore):
@@ -241,6 +256,67 @@ async def test_a_claimer_that_cannot_renew_its_failover_lease_stops_and_another_
     retried = member.stats.failovers_retried + third.cluster.stats.failovers_retried
     assert retried == 1, f"the stopped failover was claimed again {retried} times"
     assert member.stats.failovers_done + member.stats.failovers_failed <= 1
+    assert await read_all(third) == acked
+    for client in (second, third):
+        await client.close()
+
+
+async def test_a_claim_whose_commit_was_ambiguous_is_claimed_again_after_its_lease() -> None:
+    """The claim was applied but the claimer never learned it: nobody replays, the failover
+    lease expires, and the failover is claimed again and finished."""
+    name = f"ambiguous-{os.urandom(4).hex()}"
+    objects = MemoryObjectStore(name)
+    acked = await dead_node_with_acked_records(name, objects)
+    AmbiguousFirstClaim.lost_answers = 0
+    second = survivor(name, objects, 2, metadata=AmbiguousFirstClaim(name))
+    await second.start()
+    member = second.cluster
+    assert member is not None
+
+    async def finished() -> bool:
+        return member.stats.failovers_done > 0
+
+    await wait_until(finished)
+    assert AmbiguousFirstClaim.lost_answers == 1
+    assert (member.stats.failovers_claimed, member.stats.failovers_retried) == (1, 1)
+    info = await second.metadata.get_node(1)
+    assert info is not None and info.state is NodeState.FAILED_OVER
+    assert info.node_epoch == 3, "expected: registered 1, lost claim 2, retried claim 3"
+    assert await read_all(second) == acked
+    await second.close()
+
+
+async def test_a_replay_longer_than_the_lease_keeps_its_failover_lease() -> None:
+    """The claimer renews its failover lease while a replay outlasts several leases: no other
+    live node claims the failover meanwhile, and the claimer finishes it."""
+    name = f"long-{os.urandom(4).hex()}"
+    objects = MemoryObjectStore(name)
+    acked = await dead_node_with_acked_records(name, objects)
+
+    class SlowWal(MemoryWal):
+        async def start(self, *args: Any, **kwargs: Any) -> None:
+            await asyncio.sleep(LEASE * 3)
+            await super().start(*args, **kwargs)
+
+    second = survivor(name, objects, 2, wal_factory=lambda info: SlowWal(name=f"{name}-wal1"))
+    await second.start()
+    assert second.cluster is not None
+    member = second.cluster
+
+    async def claimed() -> bool:
+        return member.stats.failovers_claimed > 0
+
+    await wait_until(claimed)
+    third = survivor(name, objects, 3)
+    await third.start()
+    assert third.cluster is not None
+
+    async def finished() -> bool:
+        return member.stats.failovers_done > 0
+
+    await wait_until(finished)
+    assert third.cluster.stats.failovers_claimed == 0, "a renewed failover was claimed again"
+    assert member.stats.failovers_fenced == 0
     assert await read_all(third) == acked
     for client in (second, third):
         await client.close()
