@@ -115,7 +115,9 @@ class NodeInfo:
     """The node's advertised base URL (``node.advertise``), or None: not reachable by others."""
     lease_expires_ms: int = 0
     """When the node's lease ends, on the store's clock (:meth:`MetadataStore.store_time_ms`);
-    0: the node holds no lease (it never renewed one, or a failover or restart ended it)."""
+    while FAILING_OVER, when the failover lease of the node replaying it ends (then the failover
+    may be claimed again); 0: no lease (it never renewed one, a restart ended it, or the failover
+    was begun by hand with :meth:`MetadataStore.begin_failover`)."""
 
     def live(self, store_now_ms: int) -> bool:
         """Whether the node is *live* at ``store_now_ms`` (a :meth:`MetadataStore.store_time_ms`
