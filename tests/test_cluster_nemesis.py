@@ -38,8 +38,8 @@ def postgres_binaries() -> None:
 
 @pytest.mark.skipif(
     not cluster_features_available(),
-    reason="this walstream has no node leases (NodeInfo.lease_expires_ms): no automatic "
-    "failover or forwarding to test",
+    reason="this walstream has no node leases (NodeInfo.lease_expires_ms, node.advertise, cluster:): "
+    "no automatic failover or forwarding to test",
 )
 async def test_nemesis_keeps_every_acknowledged_record_once(
     soak: bool, postgres_binaries: None

@@ -70,12 +70,27 @@ _LISTENING = re.compile(r"listening on http://[^\s:]+:(\d+)")
 
 
 def cluster_features_available() -> bool:
-    """True when the installed walstream has node leases (``NodeInfo.lease_expires_ms``), i.e.
-    automatic failover, ``node.advertise`` and the ``cluster:`` section."""
+    """True when the installed walstream has node leases (``NodeInfo.lease_expires_ms``) and
+    accepts ``node.advertise`` and the ``cluster:`` section, i.e. automatic failover."""
+    from walstream.config.host import find_host
+    from walstream.errors import ConfigError
     from walstream.metadata import contract
 
     fields = {field.name for field in dataclasses.fields(contract.NodeInfo)}
-    return "lease_expires_ms" in fields
+    if "lease_expires_ms" not in fields:
+        return False
+    probe = {
+        "node": {"id": 1, "advertise": "http://127.0.0.1:7400"},
+        "wal": {"type": "memory", "name": "probe"},
+        "object_store": {"type": "memory"},
+        "metadata": {"type": "memory"},
+        "cluster": {},
+    }
+    try:
+        find_host("the cluster rig checks the deployment keys").load_deployment(probe)
+    except ConfigError:
+        return False
+    return True
 
 
 def free_port() -> int:
