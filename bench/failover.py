@@ -220,6 +220,7 @@ def plot(document: dict[str, Any], path: Path) -> None:
     left.set_xlabel("kill")
     left.set_ylabel("recovery time (s)")
     left.set_title("recovery time of each stream, per kill")
+    left.set_ylim(bottom=0)
     values = sorted(v for _, v in samples)
     right.plot(values, [(i + 1) / len(values) for i in range(len(values))], drawstyle="steps-post")
     for x, label in (
