@@ -51,6 +51,8 @@ class NemesisPlan:
 
     seed: int = 1
     faults: int = 6
+    faults_per_batch: int = 10
+    """Fresh streams every this many faults (keeps each history short for the checker)."""
     kinds: tuple[FaultKind, ...] = FAULT_KINDS
     streams: int = 3
     writers_per_stream: int = 2
@@ -72,6 +74,8 @@ class NemesisResult:
     """What happened and what the checks found (``violations`` empty: a clean run)."""
 
     faults: list[str] = field(default_factory=list)
+    healed: list[str] = field(default_factory=list)
+    """Nodes the heal step had to restart because they stayed unhealthy after the faults."""
     acknowledged: int = 0
     ambiguous: int = 0
     operations: int = 0
@@ -81,6 +85,7 @@ class NemesisResult:
     def summary(self) -> dict[str, Any]:
         return {
             "faults": len(self.faults),
+            "healed_by_restart": len(self.healed),
             "acknowledged": self.acknowledged,
             "ambiguous": self.ambiguous,
             "operations": self.operations,
@@ -188,9 +193,12 @@ def _choose(cluster: Cluster, stream: StreamUnderNemesis, rng: random.Random) ->
     return cluster.url(stream.home or rng.choice(sorted(cluster.nodes)))
 
 
-async def _nemesis(cluster: Cluster, plan: NemesisPlan, rng: random.Random, log: list[str]) -> None:
+async def _nemesis(
+    cluster: Cluster, plan: NemesisPlan, count: int, rng: random.Random, log: list[str]
+) -> None:
     node_ids = sorted(cluster.nodes)
-    for number in range(plan.faults):
+    for _ in range(count):
+        number = len(log)
         kind = rng.choice(plan.kinds)
         target = rng.choice(node_ids)
         if kind == "kill":
@@ -217,12 +225,19 @@ async def _nemesis(cluster: Cluster, plan: NemesisPlan, rng: random.Random, log:
         await asyncio.sleep(rng.uniform(*plan.gap_s))
 
 
-async def _heal(cluster: Cluster) -> None:
+async def _heal(cluster: Cluster, log: list[str]) -> None:
+    """Resume every node and start the dead ones; a node that stays unhealthy for 20 s (e.g. one
+    that stopped accepting writes after its WAL failed and wants a restart) is restarted, and
+    that is logged: the run judges safety, not availability."""
     for node_id in sorted(cluster.nodes):
         cluster.resume(node_id)
         if not cluster.running(node_id):
             await asyncio.to_thread(cluster.start_node, node_id)
-        await asyncio.to_thread(cluster.wait_healthy, node_id)
+        try:
+            await asyncio.to_thread(cluster.wait_healthy, node_id, 20.0)
+        except BackendUnavailable as unhealthy:
+            log.append(f"heal: node {node_id} unhealthy, restarted ({str(unhealthy)[-300:]})")
+            await asyncio.to_thread(cluster.restart, node_id)
 
 
 async def _final(
@@ -285,42 +300,56 @@ def judge(stream: StreamUnderNemesis, final: list[str]) -> list[str]:
 
 
 async def run_nemesis(cluster: Cluster, plan: NemesisPlan) -> NemesisResult:
-    """Run the workload and the nemesis on a started cluster; heal it; judge the histories."""
+    """Run the workload and the nemesis on a started cluster; heal it; judge the histories.
+
+    The faults come in batches of ``plan.faults_per_batch``, each on fresh streams, so every
+    history stays short enough for the linearizability checker (streams are independent)."""
     rng = random.Random(plan.seed)
     node_ids = sorted(cluster.nodes)
-    streams = [
-        StreamUnderNemesis(
-            f"nemesis-{index}",
-            node_ids[index % len(node_ids)] if plan.route == "home" else 0,
-        )
-        for index in range(plan.streams)
-    ]
     result = NemesisResult()
-    stop = asyncio.Event()
+    streams: list[StreamUnderNemesis] = []
+    nemesis_rng = random.Random(rng.random())
     async with S2Http(cluster.settings.token, BASIN, timeout_s=plan.request_timeout_s) as client:
         await client.ensure_basin(cluster.url(node_ids[0]))
-        for stream in streams:
-            await client.ensure_stream(cluster.url(stream.home or node_ids[0]), stream.name)
-        clients: list[asyncio.Task[None]] = []
-        for stream in streams:
-            for index in range(plan.writers_per_stream):
-                client_rng = random.Random(rng.random())
-                clients.append(
-                    asyncio.create_task(_writer(client, cluster, stream, index, client_rng, stop))
+        remaining, batch = plan.faults, 0
+        while remaining > 0 or batch == 0:
+            count = min(remaining, plan.faults_per_batch)
+            remaining -= count
+            batch_streams = [
+                StreamUnderNemesis(
+                    f"nemesis-{batch}-{index}",
+                    node_ids[index % len(node_ids)] if plan.route == "home" else 0,
                 )
-            for index in range(plan.readers_per_stream):
-                client_rng = random.Random(rng.random())
-                clients.append(
-                    asyncio.create_task(
-                        _reader(client, cluster, stream, 100 + index, client_rng, stop)
+                for index in range(plan.streams)
+            ]
+            batch += 1
+            streams.extend(batch_streams)
+            for stream in batch_streams:
+                url = cluster.url(stream.home or rng.choice(node_ids))
+                await _retry_setup(client.ensure_stream, url, stream.name)
+            stop = asyncio.Event()
+            clients: list[asyncio.Task[None]] = []
+            for stream in batch_streams:
+                for index in range(plan.writers_per_stream):
+                    client_rng = random.Random(rng.random())
+                    clients.append(
+                        asyncio.create_task(
+                            _writer(client, cluster, stream, index, client_rng, stop)
+                        )
                     )
-                )
-        try:
-            await _nemesis(cluster, plan, random.Random(rng.random()), result.faults)
-        finally:
-            stop.set()
-            await asyncio.gather(*clients, return_exceptions=True)
-            await _heal(cluster)
+                for index in range(plan.readers_per_stream):
+                    client_rng = random.Random(rng.random())
+                    clients.append(
+                        asyncio.create_task(
+                            _reader(client, cluster, stream, 100 + index, client_rng, stop)
+                        )
+                    )
+            try:
+                await _nemesis(cluster, plan, count, nemesis_rng, result.faults)
+            finally:
+                stop.set()
+                await asyncio.gather(*clients, return_exceptions=True)
+                await _heal(cluster, result.healed)
         for stream in streams:
             final, problems = await _final(client, cluster, stream, plan.settle_s)
             result.final[stream.name] = final
@@ -332,3 +361,15 @@ async def run_nemesis(cluster: Cluster, plan: NemesisPlan) -> NemesisResult:
             )
             result.operations += len(stream.history.operations)
     return result
+
+
+async def _retry_setup(call: Any, *args: Any) -> None:
+    """Stream creation between batches: the cluster may still be settling after a fault."""
+    for attempt in range(100):
+        try:
+            await call(*args)
+            return
+        except RuntimeError:
+            if attempt == 99:
+                raise
+            await asyncio.sleep(0.2)
