@@ -127,6 +127,14 @@ class ServeNode(ChildServer):
             f"127.0.0.1:{self.port}",
         ]
 
+    def environment(self) -> dict[str, str]:
+        # The AWS credential chain of a node: a node failing over another one opens that node's
+        # s3 WAL from the configuration it registered, which carries no secrets.
+        return {
+            "AWS_ACCESS_KEY_ID": TEST_CREDENTIALS["access_key_id"],
+            "AWS_SECRET_ACCESS_KEY": TEST_CREDENTIALS["secret_access_key"],
+        }
+
     def parse_port(self, line: str) -> int | None:
         match = _LISTENING.search(line)
         return int(match.group(1)) if match else None
