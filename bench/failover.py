@@ -71,6 +71,8 @@ class StreamRun:
     name: str
     acknowledged: list[str] = field(default_factory=list)
     ack_times: list[float] = field(default_factory=list)
+    sent_times: list[float] = field(default_factory=list)
+    """When the call that got each acknowledgement began (retries included)."""
     attempts: int = 0
 
 
@@ -97,11 +99,13 @@ async def client_loop(
         seq_num = len(stream.acknowledged)
         body = f"{stream.name}/{seq_num}"
         stream.attempts += 1
+        sent = time.monotonic()
         answer = await client.append_retrying(url, stream.name, body, seq_num, give_up_s=give_up_s)
         if answer.status != "ok":
             raise RuntimeError(f"{stream.name}: append at {seq_num} never acknowledged: {answer}")
         stream.acknowledged.append(body)
         stream.ack_times.append(time.monotonic())
+        stream.sent_times.append(sent)
 
 
 async def one_round(
@@ -117,6 +121,7 @@ async def one_round(
             raise RuntimeError(f"{stream.name}: first append through node {OWNER} failed: {first}")
         stream.acknowledged.append(f"{stream.name}/0")
         stream.ack_times.append(time.monotonic())
+        stream.sent_times.append(stream.ack_times[-1])
     stop = asyncio.Event()
     tasks = [
         asyncio.create_task(client_loop(client, entry_url, stream, stop, args.give_up))
@@ -135,7 +140,13 @@ async def one_round(
     while time.monotonic() < deadline:
         for stream in streams:
             if stream.name not in recovery:
-                after = [moment for moment in stream.ack_times if moment > killed_at]
+                # An answer already on its way when node 1 died is not a recovery: count acks
+                # of calls begun after the kill, or arriving well after it.
+                after = [
+                    acked
+                    for acked, sent in zip(stream.ack_times, stream.sent_times, strict=True)
+                    if acked > killed_at and (sent >= killed_at or acked > killed_at + 0.2)
+                ]
                 if after:
                     recovery[stream.name] = after[0] - killed_at
         failed = [task for task in tasks if task.done() and task.exception() is not None]
