@@ -54,6 +54,10 @@ class ChildServer:
         """The child's command line; ``self.port`` is 0 on the first start, then its port."""
         raise NotImplementedError
 
+    def environment(self) -> dict[str, str]:
+        """Variables added to this process's environment for the child (default: none)."""
+        return {}
+
     def parse_port(self, line: str) -> int | None:
         """The port named by the child's first stdout line, or None if it is not that line."""
         if line.startswith("PORT "):
@@ -94,7 +98,7 @@ class ChildServer:
                 stdout=subprocess.PIPE,
                 stderr=self._log,
                 text=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.environment()},
             )
             self.process = process
             assert process.stdout is not None

@@ -72,9 +72,12 @@ class GranianListener:
 def _reserve_port(host: str, port: int) -> int:
     """Check that ``host:port`` is free and resolve port 0 to a free port. granian binds with
     SO_REUSEPORT, so without this check a second server on a busy port would share it
-    silently instead of failing."""
+    silently instead of failing. SO_REUSEADDR, as granian's own socket: connections of a killed
+    server left in TIME_WAIT must not keep its restart off its port (a listening socket still
+    refuses the bind)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind((host, port))  # OSError EADDRINUSE when taken
         return int(probe.getsockname()[1])
 

@@ -1,0 +1,377 @@
+"""Failover recovery time of a three-node walstream cluster: kill -9 the owner, time until the
+client's appends through another node are acknowledged again.
+
+The cluster (``walstream_metadata_postgres.testing.cluster``): one PostgreSQL (metadata), one moto
+S3 (objects and every node's s3 WAL, each node its own prefix), three ``walstream serve``
+processes with ``node.advertise`` and the ``cluster:`` section at walstream's defaults unless
+``--lease`` / ``--heartbeat`` say otherwise.
+
+Each round:
+
+1. ``--streams`` fresh streams get their first append through node 1, which claims them
+   (a stream without a live owner is claimed by the node that receives a write);
+2. one client per stream appends one record at a time through node 2 with ``match_seq_num``
+   (S2's REST API, ``POST /v1/streams/{s}/records``), retrying idempotently: an ambiguous answer
+   is retried at the same seq num, and a ``412`` whose record at that seq num is ours means an
+   earlier attempt landed;
+3. after ``--warmup`` seconds node 1 gets SIGKILL. A stream's **recovery time** is from the kill
+   to the first append of that stream acknowledged after it (through node 2, served by a
+   surviving node once node 1's lease expired and its streams were failed over);
+4. once every stream recovered, the client stops, node 1 is restarted, and every stream is read
+   through node 3: it must hold exactly the acknowledged records, once each, in order.
+
+Side by side: the target of the issue (p99 at most 5 s), AutoMQ's session timeout (9 s of
+detection alone) and the lease duration (the floor: nobody may take over before the lease
+expires), each as a ratio.
+
+    .venv/bin/python bench/failover.py            # 20 kills
+    .venv/bin/python bench/failover.py --quick    # 3 kills
+    .venv/bin/python bench/failover.py --kills 50 --lease 2s --heartbeat 300ms
+    .venv/bin/python bench/failover.py --restart-owner   # baseline: restart instead of failover
+
+``--restart-owner`` is the baseline without failover: the client appends through node 1 itself
+and node 1 is restarted at once after each kill (a supervisor's restart plus WAL replay).
+
+Writes ``bench/results/failover.json`` and ``bench/results/failover.png`` (recovery time per
+kill and its CDF). Exits 1 when an acknowledged record is lost or duplicated, or a stream did
+not recover within ``--give-up`` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from walstream_metadata_postgres.testing.cluster import (
+    Cluster,
+    ClusterSettings,
+    cluster_features_available,
+)
+from walstream_metadata_postgres.testing.s2client import S2Http
+
+RESULTS = Path(__file__).resolve().parent / "results"
+BASIN = "failover-bench"
+TARGET_P99_S = 5.0
+AUTOMQ_DETECTION_S = 9.0
+OWNER, ENTRY, CHECKER = 1, 2, 3
+
+
+@dataclass
+class StreamRun:
+    """One stream of one round: what the client had acknowledged and when."""
+
+    name: str
+    acknowledged: list[str] = field(default_factory=list)
+    ack_times: list[float] = field(default_factory=list)
+    sent_times: list[float] = field(default_factory=list)
+    """When the call that got each acknowledgement began (retries included)."""
+    attempts: int = 0
+
+
+def parse_duration(text: str) -> float:
+    """``3s``, ``500ms`` or a plain number of seconds."""
+    if text.endswith("ms"):
+        return float(text[:-2]) / 1000
+    return float(text.removesuffix("s"))
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
+    return ordered[index]
+
+
+async def client_loop(
+    client: S2Http, url: str, stream: StreamRun, stop: asyncio.Event, give_up_s: float
+) -> None:
+    """Append ``<stream>/<n>`` one at a time at the next seq num until ``stop``."""
+    while not stop.is_set():
+        seq_num = len(stream.acknowledged)
+        body = f"{stream.name}/{seq_num}"
+        stream.attempts += 1
+        sent = time.monotonic()
+        answer = await client.append_retrying(url, stream.name, body, seq_num, give_up_s=give_up_s)
+        if answer.status != "ok":
+            raise RuntimeError(f"{stream.name}: append at {seq_num} never acknowledged: {answer}")
+        stream.acknowledged.append(body)
+        stream.ack_times.append(time.monotonic())
+        stream.sent_times.append(sent)
+
+
+async def one_round(
+    cluster: Cluster, client: S2Http, number: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    streams = [StreamRun(f"round-{number}-stream-{index}") for index in range(args.streams)]
+    owner_url = cluster.url(OWNER)
+    entry_url = owner_url if args.restart_owner else cluster.url(ENTRY)
+    for stream in streams:
+        await client.ensure_stream(owner_url, stream.name)
+        first = await client.append_retrying(owner_url, stream.name, f"{stream.name}/0", 0)
+        if first.status != "ok":
+            raise RuntimeError(f"{stream.name}: first append through node {OWNER} failed: {first}")
+        stream.acknowledged.append(f"{stream.name}/0")
+        stream.ack_times.append(time.monotonic())
+        stream.sent_times.append(stream.ack_times[-1])
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(client_loop(client, entry_url, stream, stop, args.give_up))
+        for stream in streams
+    ]
+    await asyncio.sleep(args.warmup)
+    killed_at = time.monotonic()
+    await asyncio.to_thread(cluster.kill, OWNER)
+    restarting = (
+        asyncio.create_task(asyncio.to_thread(cluster.start_node, OWNER))
+        if args.restart_owner
+        else None
+    )
+    recovery: dict[str, float | None] = {}
+    deadline = killed_at + args.give_up
+    while time.monotonic() < deadline:
+        for stream in streams:
+            if stream.name not in recovery:
+                # An answer already on its way when node 1 died is not a recovery: count acks
+                # of calls begun after the kill, or arriving well after it.
+                after = [
+                    acked
+                    for acked, sent in zip(stream.ack_times, stream.sent_times, strict=True)
+                    if acked > killed_at and (sent >= killed_at or acked > killed_at + 0.2)
+                ]
+                if after:
+                    recovery[stream.name] = after[0] - killed_at
+        failed = [task for task in tasks if task.done() and task.exception() is not None]
+        if len(recovery) == len(streams) or failed:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)  # a few appends after recovery
+    stop.set()
+    errors = [str(outcome) for outcome in await asyncio.gather(*tasks, return_exceptions=True)]
+    errors = [error for error in errors if error != "None"]
+    for stream in streams:
+        recovery.setdefault(stream.name, None)
+    if restarting is not None:
+        await restarting
+    await asyncio.to_thread(cluster.start_node, OWNER)  # no-op when already restarted
+    lost = duplicated = extra = 0
+    for stream in streams:
+        final = await settled_read(client, cluster.url(CHECKER), stream, args.give_up)
+        present = set(final)
+        lost += sum(1 for body in stream.acknowledged if body not in present)
+        duplicated += len(final) - len(present)
+        extra += len(present - set(stream.acknowledged))
+        if final != stream.acknowledged and not (lost or duplicated or extra):
+            errors.append(f"{stream.name}: records out of order")
+    return {
+        "round": number,
+        "recovery_s": recovery,
+        "acknowledged": sum(len(stream.acknowledged) for stream in streams),
+        "lost": lost,
+        "duplicated": duplicated,
+        "unacknowledged_extra": extra,
+        "errors": errors,
+    }
+
+
+async def settled_read(client: S2Http, url: str, stream: StreamRun, settle_s: float) -> list[str]:
+    """The stream as ``url`` reads it, once it holds as many records as were acknowledged (a
+    node that does not own the stream reads what is committed to object storage, which trails
+    the acknowledgements by up to an upload interval), or after ``settle_s``."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        final = await client.read_all(url, stream.name)
+        if len(final) >= len(stream.acknowledged) or time.monotonic() > deadline:
+            return final
+        await asyncio.sleep(0.1)
+
+
+def table(document: dict[str, Any]) -> str:
+    summary = document["summary"]
+    lease = document["settings"]["lease_s"]
+    rows = [
+        f"{'':28}{'seconds':>10}{'/ target 5 s':>14}{'/ AutoMQ 9 s':>14}{'/ lease':>10}",
+    ]
+    for name in ("p50", "p99", "max"):
+        value = summary[f"recovery_{name}_s"]
+        rows.append(
+            f"{'recovery ' + name:28}{value:>10.2f}{value / TARGET_P99_S:>14.2f}"
+            f"{value / AUTOMQ_DETECTION_S:>14.2f}{value / lease if lease else float('nan'):>10.2f}"
+        )
+    rows.append(
+        f"kills {summary['kills']}, streams recovered {summary['recovered']}/{summary['samples']}, "
+        f"acknowledged {summary['acknowledged']}, lost {summary['lost']}, duplicated "
+        f"{summary['duplicated']}, unacknowledged extra {summary['unacknowledged_extra']}"
+    )
+    return "\n".join(rows)
+
+
+def plot(document: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samples = [
+        (entry["round"], value)
+        for entry in document["rounds"]
+        for value in entry["recovery_s"].values()
+        if value is not None
+    ]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.scatter([r for r, _ in samples], [v for _, v in samples], s=12)
+    left.set_xlabel("kill")
+    left.set_ylabel("recovery time (s)")
+    left.set_title("recovery time of each stream, per kill")
+    left.set_ylim(bottom=0)
+    values = sorted(v for _, v in samples)
+    right.plot(values, [(i + 1) / len(values) for i in range(len(values))], drawstyle="steps-post")
+    for x, label in (
+        (TARGET_P99_S, "target p99 5 s"),
+        (AUTOMQ_DETECTION_S, "AutoMQ detection 9 s"),
+        (document["settings"]["lease_s"], "lease"),
+    ):
+        right.axvline(x, linestyle="--", linewidth=1)
+        right.text(x, 0.05, label, rotation=90, fontsize=8)
+    right.set_xlabel("recovery time (s)")
+    right.set_ylabel("fraction of streams")
+    right.set_title("CDF")
+    mode = document["settings"]["mode"]
+    figure.suptitle(f"walstream {mode}: kill -9 of the owner, 3 nodes, s3 WAL")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+async def run(args: argparse.Namespace) -> int:
+    if not args.restart_owner and not cluster_features_available():
+        print(
+            "bench/failover.py: this walstream has no node leases (node.advertise, cluster:): "
+            "nothing fails over",
+            file=sys.stderr,
+        )
+        return 2
+    settings = ClusterSettings(
+        nodes=3,
+        lease_duration=args.lease,
+        heartbeat_interval=args.heartbeat,
+        extra={"upload": {"max_interval": "100ms"}},
+    )
+    rounds: list[dict[str, Any]] = []
+    started = time.monotonic()
+    with Cluster(settings) as cluster:
+        lease_s = parse_duration(args.lease) if args.lease else probe_lease(cluster)
+        async with S2Http(settings.token, BASIN, timeout_s=args.request_timeout) as client:
+            await client.ensure_basin(cluster.url(OWNER))
+            for number in range(1, args.kills + 1):
+                entry = await one_round(cluster, client, number, args)
+                rounds.append(entry)
+                times = [v for v in entry["recovery_s"].values() if v is not None]
+                print(
+                    f"kill {number:>3}: recovery {', '.join(f'{v:.2f}' for v in times)} s; "
+                    f"lost {entry['lost']} duplicated {entry['duplicated']}"
+                    + (f"; errors: {entry['errors']}" if entry["errors"] else ""),
+                    flush=True,
+                )
+    samples = [v for entry in rounds for v in entry["recovery_s"].values()]
+    recovered = [v for v in samples if v is not None]
+    document = {
+        "benchmark": "failover",
+        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+        "settings": {
+            "nodes": 3,
+            "wal": "s3",
+            "mode": "restart-owner" if args.restart_owner else "failover",
+            "lease": args.lease or "default",
+            "heartbeat": args.heartbeat or "default",
+            "lease_s": lease_s,
+            "streams_per_kill": args.streams,
+            "warmup_s": args.warmup,
+        },
+        "summary": {
+            "kills": len(rounds),
+            "samples": len(samples),
+            "recovered": len(recovered),
+            "recovery_p50_s": statistics.median(recovered) if recovered else float("nan"),
+            "recovery_p99_s": percentile(recovered, 0.99),
+            "recovery_max_s": max(recovered, default=float("nan")),
+            "acknowledged": sum(entry["acknowledged"] for entry in rounds),
+            "lost": sum(entry["lost"] for entry in rounds),
+            "duplicated": sum(entry["duplicated"] for entry in rounds),
+            "unacknowledged_extra": sum(entry["unacknowledged_extra"] for entry in rounds),
+            "wall_s": time.monotonic() - started,
+        },
+        "rounds": rounds,
+    }
+    print(table(document))
+    out = args.json or RESULTS / "failover.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    plot(document, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    summary = document["summary"]
+    broken = summary["lost"] or summary["duplicated"] or summary["recovered"] < summary["samples"]
+    broken = broken or any(entry["errors"] for entry in rounds)
+    return 1 if broken else 0
+
+
+def probe_lease(cluster: Cluster) -> float:
+    """The default lease duration, as the node's engine config reports it (3 s if unknown)."""
+    try:
+        from walstream.config.host import find_host
+
+        deployment = find_host("bench/failover.py reads the lease duration").load_deployment(
+            str(cluster.nodes[OWNER].config_path)
+        )
+        value = deployment.sections.get("cluster", {}).get("lease_duration")
+        if isinstance(value, int | float):
+            return float(value)
+        if isinstance(value, str):
+            return parse_duration(value)
+    except Exception:  # the value only labels the plot
+        pass
+    return 3.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kills", type=int, default=20, help="kills of node 1 (default 20)")
+    parser.add_argument("--quick", action="store_true", help="3 kills, 2 streams")
+    parser.add_argument("--streams", type=int, default=4, help="streams owned by node 1 per kill")
+    parser.add_argument(
+        "--warmup", type=float, default=1.0, help="seconds of appends before a kill"
+    )
+    parser.add_argument(
+        "--lease", default=None, help="cluster.lease_duration (default: walstream's)"
+    )
+    parser.add_argument(
+        "--heartbeat", default=None, help="cluster.heartbeat_interval (default: walstream's)"
+    )
+    parser.add_argument(
+        "--restart-owner",
+        action="store_true",
+        help="the baseline without failover: the client appends through node 1, which is "
+        "restarted at once after each kill (recovery by restart and WAL replay)",
+    )
+    parser.add_argument("--request-timeout", type=float, default=5.0, help="seconds per request")
+    parser.add_argument(
+        "--give-up", type=float, default=60.0, help="seconds a stream may take to recover"
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="default bench/results/failover.json"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.kills, args.streams = min(args.kills, 3), 2
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
