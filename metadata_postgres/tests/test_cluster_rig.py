@@ -13,7 +13,11 @@ from walstream_metadata_postgres.testing.s2client import S2Http
 
 
 async def test_nodes_survive_kill_pause_and_service_restarts() -> None:
-    settings = ClusterSettings(nodes=2, extra={"upload": {"max_interval": "50ms"}})
+    # A lease longer than any outage this test makes (a paused node, a PostgreSQL restart on a
+    # loaded machine): the rig is under test here, not failover, so no node may lose its lease.
+    settings = ClusterSettings(
+        nodes=2, lease_duration="20s", extra={"upload": {"max_interval": "50ms"}}
+    )
     with Cluster(settings) as cluster:
         assert {cluster.health(1)["node_id"], cluster.health(2)["node_id"]} == {1, 2}
         home = cluster.url(1)
