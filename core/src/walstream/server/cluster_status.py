@@ -11,9 +11,10 @@ from walstream.engine.node import Client
 __all__ = ["cluster_health", "cluster_metrics", "with_cluster_metrics"]
 
 
-def cluster_health(client: Client) -> dict[str, Any] | None:
+def cluster_health(client: Client, rejoins: int = 0) -> dict[str, Any] | None:
     """The ``cluster`` object of ``/health`` (None: the node runs without a ``cluster:``
-    section). ``nodes`` lists every node as of this node's last watch."""
+    section). ``nodes`` lists every node as of this node's last watch; ``rejoins`` counts the
+    times this server replaced a fenced client by a new epoch."""
     member = client.cluster
     if member is None:
         return None
@@ -28,6 +29,7 @@ def cluster_health(client: Client) -> dict[str, Any] | None:
         "failovers_failed": stats.failovers_failed,
         "failovers_retried": stats.failovers_retried,
         "failovers_fenced": stats.failovers_fenced,
+        "rejoins": rejoins,
         "nodes": [
             {
                 "node_id": node.node_id,
@@ -40,7 +42,7 @@ def cluster_health(client: Client) -> dict[str, Any] | None:
     }
 
 
-def cluster_metrics(client: Client) -> str:
+def cluster_metrics(client: Client, rejoins: int = 0) -> str:
     """Prometheus text of this node's lease and the failovers it ran ('' without a lease)."""
     member = client.cluster
     if member is None:
@@ -71,19 +73,27 @@ def cluster_metrics(client: Client) -> str:
         f'walstream_cluster_failovers_total{{outcome="failed"}} {stats.failovers_failed}',
         f'walstream_cluster_failovers_total{{outcome="retried"}} {stats.failovers_retried}',
         f'walstream_cluster_failovers_total{{outcome="fenced"}} {stats.failovers_fenced}',
+        "# HELP walstream_cluster_rejoins_total Fenced clients replaced by a new epoch.",
+        "# TYPE walstream_cluster_rejoins_total counter",
+        f"walstream_cluster_rejoins_total {rejoins}",
     ]
     return "\n".join(lines) + "\n"
 
 
 def with_cluster_metrics(
-    render: Callable[[], str] | None, client: Client
+    render: Callable[[], str] | None, client: Client | Callable[[], tuple[Client, int]]
 ) -> Callable[[], str] | None:
-    """``render`` followed by :func:`cluster_metrics` (None stays None: metrics disabled)."""
+    """``render`` followed by :func:`cluster_metrics` (None stays None: metrics disabled).
+    ``client`` is the client, or a function giving the current client and its rejoin count
+    (a server that replaces its client after a fence)."""
     if render is None:
         return None
     inner = render
 
     def rendered() -> str:
-        return inner() + cluster_metrics(client)
+        if isinstance(client, Client):
+            return inner() + cluster_metrics(client)
+        current, rejoins = client()
+        return inner() + cluster_metrics(current, rejoins)
 
     return rendered

@@ -4,6 +4,12 @@ node lock (:mod:`walstream.engine.live`) and serves the S2 API application
 hypercorn (:mod:`walstream.server.hosting`), as ``server.http_stack`` says;
 :func:`run_until_signalled` is ``walstream serve``.
 
+Rejoin: with a ``cluster:`` section, a node that lost its lease or was failed over is fenced
+(its client latches :class:`~walstream.errors.FencedError` and writes nothing more). The server
+then opens a new client of the same node, exactly as a restart would (a new epoch, its WAL
+recovered), serves it, and closes the fenced one, retrying with backoff while the metadata
+store is unreachable. Other failures (a broken WAL device, a failed upload) are not retried.
+
 Shutdown (SIGTERM or SIGINT): answer waiting long polls with what they have and end read
 sessions, stop accepting connections, let requests in progress finish (up to 10 s), then close
 the client, which uploads and commits everything acknowledged.
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from walstream.engine import live
-from walstream.errors import ConfigError
+from walstream.errors import ConfigError, FencedError
 from walstream.server.cluster_status import with_cluster_metrics
 from walstream.server.limits import (
     DEFAULT_MAX_BODY_BYTES,
@@ -40,6 +46,7 @@ __all__ = [
     "DEFAULT_HTTP_STACK",
     "DEFAULT_LISTEN",
     "HTTP_STACKS",
+    "REJOIN_CHECK_S",
     "Listener",
     "RunningServer",
     "parse_listen",
@@ -55,6 +62,13 @@ TOKEN_ENVIRONMENT_VARIABLE = "WALSTREAM_TOKEN"
 HTTP_STACKS = ("granian", "hypercorn")
 #: granian: 2x hypercorn's requests/s at 64 clients of single-record appends (README).
 DEFAULT_HTTP_STACK = "granian"
+#: How often the server looks for a fenced client to replace (the check reads one attribute).
+REJOIN_CHECK_S = 0.2
+#: Backoff between attempts to open a new epoch while the metadata store is unreachable.
+REJOIN_BACKOFF_S = (0.2, 5.0)
+#: How long closing a fenced client may take: it uploads nothing as the old epoch, but a WAL or
+#: object store that hangs must not keep the old client (and its tasks) forever.
+FENCED_CLOSE_S = 10.0
 
 
 class Listener(Protocol):
@@ -131,6 +145,76 @@ class RunningServer:
         return f"http://{host}:{self.port}"
 
 
+def rejoinable(client: Client) -> bool:
+    """True when ``client`` stopped because this node lost its lease or was failed over: it
+    runs in a cluster and its latched failure is a :class:`FencedError`. Only a new epoch
+    (what a restart registers) can write again; other failures need an operator."""
+    return client.cluster is not None and isinstance(client.failure, FencedError)
+
+
+async def close_fenced(client: Client, timeout_s: float = FENCED_CLOSE_S) -> None:
+    """Close a replaced client, waiting at most ``timeout_s``: a fenced client aborts its
+    uploads (its streams belong to the new epoch or the node that failed it over)."""
+    try:
+        await asyncio.wait_for(client.close(), timeout_s)
+    except TimeoutError:
+        log.warning(
+            "closing the fenced client of node %d (epoch %d) took over %.0f s; abandoned it",
+            client.node_id,
+            client.node_epoch,
+            timeout_s,
+        )
+    except Exception as error:  # the old epoch is gone either way; say why it closed badly
+        log.warning(
+            "closing the fenced client of node %d (epoch %d) failed: %s",
+            client.node_id,
+            client.node_epoch,
+            error,
+        )
+
+
+async def keep_joined(
+    app: S2App, reopen: Callable[[], Any], check_s: float = REJOIN_CHECK_S
+) -> None:
+    """Until cancelled: whenever the client ``app`` serves is fenced (:func:`rejoinable`),
+    open a new one with ``reopen()`` (retrying with backoff, each failure logged at WARNING),
+    swap it into ``app`` and close the old one."""
+    while True:
+        await asyncio.sleep(check_s)
+        old = app.client
+        if not rejoinable(old):
+            continue
+        log.warning(
+            "node %d (epoch %d) is fenced (%s); opening a new epoch",
+            old.node_id,
+            old.node_epoch,
+            old.failure,
+        )
+        delay, longest = REJOIN_BACKOFF_S
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                new: Client = await reopen()
+                break
+            except Exception as error:  # metadata store unreachable, WAL busy: try again
+                log.warning(
+                    "node %d: rejoin attempt %d failed (%s: %s); retrying in %.1f s",
+                    old.node_id,
+                    attempt,
+                    type(error).__name__,
+                    error,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, longest)
+        app.replace_client(new)
+        log.warning(
+            "node %d rejoined with epoch %d (was %d)", new.node_id, new.node_epoch, old.node_epoch
+        )
+        await close_fenced(old)
+
+
 def _choose_token(
     explicit: str | None, configured: str | None, environ: Mapping[str, str]
 ) -> str | None:
@@ -201,15 +285,25 @@ async def serve(
         raise
     listener: Listener | None = None
     app: S2App | None = None
+    rejoin: asyncio.Task[None] | None = None
     try:
         app = S2App(
             client,
             token=chosen_token,
-            render_metrics=with_cluster_metrics(render_metrics, client),
+            render_metrics=None,
             max_body_bytes=max_body_bytes,
             max_wait_s=max_wait_s,
             limits=chosen_limits,
         )
+        served = app
+        app.render_metrics = with_cluster_metrics(
+            render_metrics, lambda: (served.client, served.rejoins)
+        )
+        if client.cluster is not None:
+            rejoin = asyncio.create_task(
+                keep_joined(app, lambda: walstream.open(deployment, hooks=hooks)),
+                name="walstream-serve-rejoin",
+            )
         listener = await open_listener(stack, app, host, port, chosen_limits)
         running = RunningServer(
             client, host, listener.port, chosen_token, app, chosen_limits, listener, stack
@@ -219,6 +313,14 @@ async def serve(
             node_lock.record(node_id=deployment.node_id, command="walstream serve", url=running.url)
         yield running
     finally:
+        if rejoin is not None:
+            rejoin.cancel()
+            try:
+                await rejoin
+            except asyncio.CancelledError:
+                pass
+        if app is not None:
+            client = app.client
         try:
             if app is not None:
                 app.begin_shutdown()  # long polls answer now, read sessions end

@@ -109,6 +109,21 @@ class S2App:
         """stream id -> (tail, timestamp of the record before it), as last seen."""
         self.router = routing.Router(client)
         """Which other node owns a stream (requests for it are forwarded there)."""
+        self.rejoins = 0
+        """Times :meth:`replace_client` swapped in a new client (a fenced node rejoined)."""
+
+    def replace_client(self, client: Client) -> Client:
+        """Serve ``client`` from now on and return the one it replaces (the caller closes it).
+
+        Used when the served client was fenced and a new epoch of the same node was opened.
+        Requests that start after this call use ``client``; requests in progress finish (or
+        fail fenced) on the old one. Caches that describe the old epoch are dropped."""
+        old = self.client
+        self.client = client
+        self.router.rebind(client)
+        self.tail_timestamps.clear()
+        self.rejoins += 1
+        return old
 
     @contextmanager
     def long_poll(self) -> Iterator[None]:
@@ -242,7 +257,7 @@ class S2App:
             "node_id": self.client.node_id,
             "node_epoch": self.client.node_epoch,
         }
-        cluster = cluster_health(self.client)
+        cluster = cluster_health(self.client, self.rejoins)
         if cluster is not None:
             body["cluster"] = cluster
         failure = self.client.failure

@@ -61,6 +61,12 @@ class Router:
         self.served_committed = 0
         """Reads of streams other nodes write answered here from committed data."""
 
+    def rebind(self, client: Client) -> None:
+        """Look owners up through ``client`` from now on (a rejoined node's new epoch); what
+        was remembered through the old client is dropped."""
+        self.client = client
+        self._owners.clear()
+
     def forget(self, stream_id: int) -> None:
         """Drop what is remembered about ``stream_id``'s owner (it did not answer)."""
         self._owners.pop(stream_id, None)
