@@ -170,3 +170,25 @@ async def test_only_a_fenced_cluster_node_is_rejoined() -> None:
     assert not rejoinable(client(member, BackendUnavailable("WAL device failed")))
     assert not rejoinable(client(member, None))
     assert not rejoinable(client(None, FencedError("a newer process took the WAL")))
+
+
+async def test_a_node_registered_again_by_another_live_process_is_not_taken_back() -> None:
+    # Two processes started with one node.id fence each other; the fenced one must not rejoin
+    # (it would take the node back, and the other would in turn), unless the newer epoch is no
+    # longer live (failed over, or its lease ran out).
+    from types import SimpleNamespace
+
+    from walstream.metadata.memory import MemoryMetadataStore
+    from walstream.server.serve import held_by_another_process
+
+    store = MemoryMetadataStore()
+    first = await store.register_node(1, {"type": "memory"})
+    fenced: Any = SimpleNamespace(metadata=store, node_id=1, node_epoch=first.node_epoch)
+    await store.renew_lease(1, first.node_epoch, 60_000)
+    assert not await held_by_another_process(fenced)  # its own epoch: a lost lease, rejoin
+    second = await store.register_node(1, {"type": "memory"})
+    assert not await held_by_another_process(fenced)  # the newer epoch holds no lease yet
+    await store.renew_lease(1, second.node_epoch, 60_000)
+    assert await held_by_another_process(fenced)  # another live process holds the node
+    await store.set_node_state(1, second.node_epoch, NodeState.FAILED_OVER)
+    assert not await held_by_another_process(fenced)  # that process was failed over in turn

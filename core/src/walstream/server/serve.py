@@ -173,16 +173,41 @@ async def close_fenced(client: Client, timeout_s: float = FENCED_CLOSE_S) -> Non
         )
 
 
+async def held_by_another_process(client: Client) -> bool:
+    """True when a newer epoch of this node is running with a live lease: a second process
+    started with the same ``node.id`` registered it; no failover fenced this one. Rejoining would
+    take the node back from that process, which would then take it back in turn."""
+    try:
+        node = await client.metadata.get_node(client.node_id)
+        now_ms = await client.metadata.store_time_ms()
+    except Exception:  # unknown: the reopen's own errors say what is wrong
+        return False
+    return node is not None and node.node_epoch > client.node_epoch and node.live(now_ms)
+
+
 async def keep_joined(
     app: S2App, reopen: Callable[[], Any], check_s: float = REJOIN_CHECK_S
 ) -> None:
     """Until cancelled: whenever the client ``app`` serves is fenced (:func:`rejoinable`),
     open a new one with ``reopen()`` (retrying with backoff, each failure logged at WARNING),
-    swap it into ``app`` and close the old one."""
+    swap it into ``app`` and close the old one. A node that another live process registered
+    again (:func:`held_by_another_process`) is left fenced and reported once."""
+    reported: Client | None = None
     while True:
         await asyncio.sleep(check_s)
         old = app.client
         if not rejoinable(old):
+            continue
+        if await held_by_another_process(old):
+            if old is not reported:
+                reported = old
+                log.error(
+                    "node %d (epoch %d) is fenced by another live process registered as node "
+                    "%d; not rejoining: give each process its own node.id",
+                    old.node_id,
+                    old.node_epoch,
+                    old.node_id,
+                )
             continue
         log.warning(
             "node %d (epoch %d) is fenced (%s); opening a new epoch",
