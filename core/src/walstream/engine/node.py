@@ -1,9 +1,10 @@
 """The engine: a node's :class:`Client` and its :class:`Stream` handles (DESIGN §3–5, §8).
 
-:class:`Client` owns the node's lifecycle (register, recover, upload, stop) and its failure latch,
-and builds the parts that do the work: the stream registry (:mod:`walstream.engine.streams`),
-the write path (:mod:`walstream.engine.append`) and the read path
-(:mod:`walstream.engine.read`). A :class:`Stream` is a cheap handle that forwards to them.
+:class:`Client` is the node's API and its failure latch. It builds the parts that do the work and
+forwards to them: the lifecycle (register, recover, upload, stop: :mod:`walstream.engine.lifecycle`),
+the stream registry (:mod:`walstream.engine.streams`), the write path
+(:mod:`walstream.engine.append`) and the read path (:mod:`walstream.engine.read`). A
+:class:`Stream` is a cheap handle that forwards to them.
 """
 
 from __future__ import annotations
@@ -17,22 +18,15 @@ from walstream.config.engine import EngineConfig
 from walstream.engine.append import StreamWriter
 from walstream.engine.cache import LogCache
 from walstream.engine.cluster import ClusterMember
-from walstream.engine.compaction import Compactor
-from walstream.engine.events import EngineHooks, NullHooks, Recovered
+from walstream.engine.events import EngineHooks, NullHooks
+from walstream.engine.lifecycle import NodeRuntime
 from walstream.engine.live import NodeLock
 from walstream.engine.object_reader import ObjectReader
 from walstream.engine.read import StreamReader
-from walstream.engine.recovery import (
-    ACCEPT_LOSS_COMMAND,
-    RecoveryStats,
-    failover_node,
-    refusal,
-    replay_wal,
-)
+from walstream.engine.recovery import ACCEPT_LOSS_COMMAND, RecoveryRefused, RecoveryStats
 from walstream.engine.streams import LocalStream, NodeGate, StreamRegistry
-from walstream.engine.upload import Uploader
-from walstream.errors import FencedError, InvalidArgument, WalstreamError
-from walstream.metadata.contract import MetadataStore, NodeInfo, NodeState, StreamInfo
+from walstream.errors import InvalidArgument
+from walstream.metadata.contract import MetadataStore, NodeInfo, StreamInfo
 from walstream.objects.contract import ObjectStore
 from walstream.records import (
     MAX_FENCING_TOKEN_BYTES,
@@ -45,7 +39,7 @@ from walstream.records import (
     check_optional_text,
     describe,
 )
-from walstream.wal.contract import WalMode, WriteAheadLog
+from walstream.wal.contract import WriteAheadLog
 
 __all__ = ["Client", "Stream"]
 
@@ -182,14 +176,10 @@ class Client:
         self.clock: Clock = clock or SystemClock()
         self._rng = rng or make_rng(None)
         self.node_id = self.config.node_id
-        self.node_epoch = -1
-        self.deployment_id = b""
-        """Set by :meth:`start` from the metadata store (DESIGN §8: identity everywhere)."""
         self.owns_backends = False
         """Set by :func:`walstream.open`: :meth:`close` closes the object and metadata stores."""
         self.node_lock: NodeLock | None = None
         """Set by :func:`walstream.open` when it took the node lock: :meth:`close` releases it."""
-        self.recovery: RecoveryStats | None = None
         self.accept_loss_command = ACCEPT_LOSS_COMMAND
         """What a refusal to start tells the operator to run (``walstream.open`` names the
         deployment file in it)."""
@@ -223,8 +213,20 @@ class Client:
             hooks=self.hooks,
             clock=self.clock,
         )
-        self._uploader: Uploader | None = None
-        self._compactor: Compactor | None = None
+        self._runtime = NodeRuntime(
+            wal=wal,
+            objects=objects,
+            metadata=metadata,
+            config=self.config,
+            hooks=self.hooks,
+            clock=self.clock,
+            rng=self._rng,
+            gate=self._gate,
+            cache=self._cache,
+            streams=self._streams,
+            writer=self._writer,
+            reader=self.reader,
+        )
         self.wal_section: dict[str, Any] | None = None
         """With a ``cluster:`` section, the WAL config this node registers (set by
         :func:`walstream.open` from the deployment's ``wal`` section, secrets left out): what
@@ -233,8 +235,6 @@ class Client:
         """With a ``cluster:`` section: builds a dead node's WAL from its registered config for
         an automatic failover (set by :func:`walstream.open`). None: this node never claims
         another node's failover."""
-        self.cluster: ClusterMember | None = None
-        """This node's lease and watch (``config.cluster``), started by :meth:`start`."""
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -242,98 +242,37 @@ class Client:
         if self._gate.started:
             return self
         self._gate.started = True
-        self.deployment_id = await self.metadata.deployment_id()
-        await self.objects.check()
-        cluster = self.config.cluster
-        registered = self.wal.describe()
-        if cluster is not None and self.wal_section is not None:
-            registered = self.wal_section
-        node = await self.metadata.register_node(
-            self.node_id, registered, self.config.advertise if cluster is not None else None
-        )
-        self.node_epoch = node.node_epoch
-        if cluster is not None:
-            # The lease comes first: nothing is acknowledged, replayed or uploaded without it.
-            self.cluster = ClusterMember(
-                metadata=self.metadata,
-                config=cluster,
-                node_id=self.node_id,
-                gate=self._gate,
-                clock=self.clock,
-                take_over=self._take_over if self.wal_factory is not None else None,
+        try:
+            await self._runtime.start(
+                registered=self.wal_section,
+                wal_factory=self.wal_factory,
+                accept_loss_command=self.accept_loss_command,
             )
-            await self.cluster.start(self.node_epoch)
-        self.wal.bind_deployment(self.deployment_id)
-        await self.wal.start(self.node_id, self.node_epoch, WalMode.READ_WRITE)
-        self._uploader = Uploader(
-            cache=self._cache,
-            wal=self.wal,
-            objects=self.objects,
-            metadata=self.metadata,
-            node_id=self.node_id,
-            node_epoch=self.node_epoch,
-            config=self.config.upload,
-            hooks=self.hooks,
-            clock=self.clock,
-            rng=self._rng,
-            is_live=self._streams.is_live,
-            on_fatal=self._gate.latch,
-            trim_wal=False,
-            deployment_id=self.deployment_id,
-        )
-        self._uploader.start()
-        self._writer.attach(self._uploader, self.node_epoch)
-        accept_loss = self.config.recovery.accept_loss
-        stats = await replay_wal(
-            wal=self.wal,
-            metadata=self.metadata,
-            cache=self._cache,
-            uploader=self._uploader,
-            node_id=self.node_id,
-            node_epoch=self.node_epoch,
-            upload_max_bytes=self.config.upload.max_bytes,
-            accept_loss=accept_loss,
-        )
-        await self._uploader.flush()
-        self._gate.raise_if_failed()
-        self.recovery = stats
-        if stats.loss_detected and not accept_loss:
-            # Refuse: the WAL is not reset and the streams stay owned by this node id, so no
-            # node can claim them and reuse an offset that was acknowledged. close() (by the
-            # caller) sees the failure and neither releases the streams nor marks the node
-            # stopped; it only stops the uploader and closes the WAL.
-            refused = refusal(stats, self.node_id, self.wal.describe(), self.accept_loss_command)
-            self._gate.failure = refused  # raised to the caller: no need to log it as well
-            await self.close()
-            raise refused
-        await self.wal.reset()
-        self._uploader.trim_wal = True
-        self.hooks.emit(
-            Recovered(self.node_id, stats.records, stats.batches, stats.dropped_batches, False)
-        )
-        if stats.batches:
-            log.info(
-                "node %d recovered %d records in %d batches (%d dropped)",
-                self.node_id,
-                stats.records,
-                stats.batches,
-                stats.dropped_batches,
-            )
-        if self.config.compaction.enabled:
-            self._compactor = self._new_compactor()
-            self._compactor.start()
+        except RecoveryRefused as refused:
+            if self._gate.failure is refused:  # the start-up replay refused: stop what started
+                await self.close()
+            raise
         return self
 
-    def _new_compactor(self) -> Compactor:
-        return Compactor(
-            objects=self.objects,
-            metadata=self.metadata,
-            config=self.config.compaction,
-            hooks=self.hooks,
-            clock=self.clock,
-            on_destroyed=self.reader.forget_objects,
-            deployment_id=self.deployment_id,
-        )
+    @property
+    def node_epoch(self) -> int:
+        """This process's node epoch (-1 before :meth:`start`)."""
+        return self._runtime.node_epoch
+
+    @property
+    def deployment_id(self) -> bytes:
+        """Set by :meth:`start` from the metadata store (DESIGN §8: identity everywhere)."""
+        return self._runtime.deployment_id
+
+    @property
+    def recovery(self) -> RecoveryStats | None:
+        """What the start-up replay of the WAL found (None before :meth:`start`)."""
+        return self._runtime.recovery
+
+    @property
+    def cluster(self) -> ClusterMember | None:
+        """This node's lease and watch (``config.cluster``), started by :meth:`start`."""
+        return self._runtime.cluster
 
     async def close(self) -> None:
         """Upload and commit everything acknowledged, close the WAL, mark the node STOPPED.
@@ -344,7 +283,7 @@ class Client:
         self._gate.closed = True
         try:
             if self._gate.started:
-                await self._stop()
+                await self._runtime.stop()
         finally:
             try:
                 if self.owns_backends:
@@ -360,30 +299,6 @@ class Client:
             except Exception as exc:  # closing must not hide why the client stopped
                 log.warning("closing %s failed: %s", type(backend).__name__, exc)
 
-    async def _stop(self) -> None:
-        await self._writer.drain()
-        clean = self._gate.failure is None
-        if self._compactor is not None:
-            await self._compactor.close()
-        if self._uploader is not None:
-            try:
-                await self._uploader.close(abort=not clean)
-            except WalstreamError as exc:
-                clean = False
-                log.error("final upload failed; the WAL keeps the data for recovery: %s", exc)
-        await self.wal.close()
-        if self.cluster is not None:
-            # Renewals went on through the final upload; STOPPED (below) ends the lease's use.
-            await self.cluster.stop()
-            clean = clean and self._gate.failure is None
-        if clean and self._uploader is not None and self._uploader.failure is None:
-            try:
-                await self.metadata.release_streams(self.node_id, self.node_epoch)
-                await self.metadata.set_node_state(self.node_id, self.node_epoch, NodeState.STOPPED)
-            except FencedError:
-                log.warning("node %d was fenced by a newer epoch before it stopped", self.node_id)
-        self._streams.notify_all()
-
     async def __aenter__(self) -> Client:
         return await self.start()
 
@@ -393,14 +308,14 @@ class Client:
     async def flush(self) -> None:
         """Upload and commit everything acknowledged so far."""
         self._gate.check_open()
-        assert self._uploader is not None
-        await self._uploader.flush()
+        assert self._runtime.uploader is not None
+        await self._runtime.uploader.flush()
         self._gate.raise_if_failed()
 
     async def compact(self) -> bool:
         """Run one compaction pass now (normally periodic); True if it rewrote objects."""
         self._gate.check_open()
-        compactor = self._compactor or self._new_compactor()
+        compactor = self._runtime.compactor or self._runtime.new_compactor()
         changed = await compactor.compact_once()
         await compactor.collect_garbage()
         return changed
@@ -415,33 +330,7 @@ class Client:
         records may be lost, unless ``accept_loss`` (default: this client's
         ``config.recovery.accept_loss``) records them as data-loss gaps."""
         self._gate.check_open()
-        return await failover_node(
-            accept_loss=accept_loss,
-            dead_node_id=dead_node_id,
-            wal=wal,
-            objects=self.objects,
-            metadata=self.metadata,
-            config=self.config,
-            hooks=self.hooks,
-            clock=self.clock,
-            rng=self._rng,
-        )
-
-    async def _take_over(self, claimed: NodeInfo) -> None:
-        """Fail over a node whose failover this node's :class:`ClusterMember` claimed."""
-        assert self.wal_factory is not None
-        wal = self.wal_factory(claimed)
-        await failover_node(
-            dead_node_id=claimed.node_id,
-            wal=wal,
-            objects=self.objects,
-            metadata=self.metadata,
-            config=self.config,
-            hooks=self.hooks,
-            clock=self.clock,
-            rng=self._rng,
-            claimed=claimed,
-        )
+        return await self._runtime.failover(dead_node_id, wal, accept_loss)
 
     # -- streams ---------------------------------------------------------------------------------
 
@@ -486,6 +375,7 @@ class Client:
         return self._gate.failure
 
     def describe(self) -> dict[str, Any]:
+        uploader = self._runtime.uploader
         return {
             "node_id": self.node_id,
             "node_epoch": self.node_epoch,
@@ -494,5 +384,5 @@ class Client:
             "metadata": self.metadata.describe(),
             "log_cache_bytes": self._cache.total_bytes,
             "unuploaded_bytes": self._cache.unuploaded_bytes,
-            "objects_written": self._uploader.objects_written if self._uploader else 0,
+            "objects_written": uploader.objects_written if uploader else 0,
         }
