@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import time
 
 import asyncpg
 import psycopg
 import psycopg_pool
+from _report import median_of, percentile
+from metadata import commit_table
 from walstream_metadata_postgres.testing.server import PostgresServer
 
 SCHEMA = """
@@ -122,11 +123,6 @@ async def run_psycopg(dsn: str, commits: int, workers: int) -> list[float]:
     return latencies
 
 
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--commits", type=int, default=1600)
@@ -136,7 +132,7 @@ async def main() -> None:
         conn = await asyncpg.connect(server.dsn)
         await conn.execute(SCHEMA)
         await conn.close()
-        results: dict[tuple[str, int], list[tuple[float, float, float]]] = {}
+        results: dict[tuple[str, int], list[dict[str, float]]] = {}
         for _ in range(args.runs):
             for name, runner in (("asyncpg", run_asyncpg), ("psycopg", run_psycopg)):
                 for workers in (1, 16):
@@ -144,14 +140,16 @@ async def main() -> None:
                     latencies = await runner(server.dsn, args.commits, workers)
                     rate = len(latencies) / (time.perf_counter() - started)
                     results.setdefault((name, workers), []).append(
-                        (quantile(latencies, 0.5) * 1e3, quantile(latencies, 0.99) * 1e3, rate)
+                        {
+                            "p50_ms": percentile(latencies, 0.5) * 1e3,
+                            "p99_ms": percentile(latencies, 0.99) * 1e3,
+                            "commits_per_s": rate,
+                        }
                     )
-        print(f"{'driver':10} {'committers':>10} {'p50 ms':>8} {'p99 ms':>8} {'commits/s':>10}")
-        for (name, workers), runs in sorted(results.items()):
-            p50 = statistics.median(r[0] for r in runs)
-            p99 = statistics.median(r[1] for r in runs)
-            rate = statistics.median(r[2] for r in runs)
-            print(f"{name:10} {workers:>10} {p50:8.2f} {p99:8.2f} {rate:10.0f}")
+        commit_table("driver").print(
+            {"driver": name, "committers": workers, **median_of(runs)}
+            for (name, workers), runs in sorted(results.items())
+        )
 
 
 if __name__ == "__main__":

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import time
 from pathlib import Path
 from typing import Any
 
+from _report import Table, grouped_bars, save_plot, write_json
 from walstream import Client, EngineConfig, Record
 from walstream.config import CompactionConfig, UploadConfig
 from walstream.engine.object_reader import ObjectReader
@@ -167,7 +167,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     **await cold_read(bucket, metadata, stream_id, pipelined),
                 }
             )
-            print_row(rows[-1])
+            TABLE.print_row(rows[-1])
     for concurrency in (1, args.raw_concurrency):
         rows.append(
             {
@@ -175,7 +175,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 **await raw_gets(bucket, keys, args.raw_get_bytes, concurrency),
             }
         )
-        print_row(rows[-1])
+        TABLE.print_row(rows[-1])
     reads = sorted(row["mib_per_s"] for row in rows if row["reader"] == "cold read_committed")
     serial = sorted(row["mib_per_s"] for row in rows if row["reader"].endswith("(serial)"))
     median = reads[len(reads) // 2]
@@ -193,30 +193,23 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-COLUMNS = ("reader", "mib_per_s", "seconds", "gets_per_gib", "heads_per_gib", "lists_per_gib")
-
-
-def print_row(row: dict[str, Any]) -> None:
-    print("  ".join(f"{row[column]!s:>{max(len(column), 14)}}" for column in COLUMNS), flush=True)
+TABLE = Table.of_keys(
+    ("reader", "mib_per_s", "seconds", "gets_per_gib", "heads_per_gib", "lists_per_gib"), 14
+)
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    try:
-        import matplotlib
-    except ModuleNotFoundError:
-        print("matplotlib is not installed: no plot")
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def draw(figure: Any, axis: Any) -> None:
+        grouped_bars(
+            axis,
+            [row["reader"] for row in rows],
+            {"MiB/s": [row["mib_per_s"] for row in rows]},
+            fontsize=7,
+        )
+        axis.set_ylabel("MiB/s")
+        axis.set_title("cold catch-up read vs raw ranged GETs of the same store")
 
-    figure, axis = plt.subplots(figsize=(8, 4))
-    axis.bar(range(len(rows)), [row["mib_per_s"] for row in rows])
-    axis.set_xticks(range(len(rows)), [row["reader"] for row in rows], fontsize=7)
-    axis.set_ylabel("MiB/s")
-    axis.set_title("cold catch-up read vs raw ranged GETs of the same store")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_plot(path, draw, figsize=(8, 4))
 
 
 def main() -> None:
@@ -232,20 +225,16 @@ def main() -> None:
     args = parser.parse_args()
     if args.stream_mib is None:
         args.stream_mib = 128 if args.quick else 512
-    print("  ".join(f"{column:>{max(len(column), 14)}}" for column in COLUMNS))
+    TABLE.print_header()
     rows = asyncio.run(run(args))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "cold_read",
-                "arguments": vars(args),
-                "python": platform.python_version(),
-                "rows": rows,
-            },
-            indent=2,
-        )
-        + "\n"
+    write_json(
+        RESULTS,
+        {
+            "benchmark": "cold_read",
+            "arguments": vars(args),
+            "python": platform.python_version(),
+            "rows": rows,
+        },
     )
     plot(rows, RESULTS.with_suffix(".png"))
     print(f"wrote {RESULTS}")

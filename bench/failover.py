@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import platform
 import statistics
 import sys
 import time
@@ -50,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from _report import Column, Table, machine, save_plot, write_json
 from walstream_metadata_postgres.testing.cluster import (
     Cluster,
     ClusterSettings,
@@ -194,17 +193,34 @@ async def settled_read(client: S2Http, url: str, stream: StreamRun, settle_s: fl
         await asyncio.sleep(0.1)
 
 
+RECOVERY_TABLE = Table(
+    [
+        Column("name", "", 28, align="<"),
+        Column("seconds", width=10, spec=".2f"),
+        Column("target", "/ target 5 s", 14, ".2f"),
+        Column("automq", "/ AutoMQ 9 s", 14, ".2f"),
+        Column("lease", "/ lease", 10, ".2f"),
+    ],
+    separator="",
+)
+
+
 def table(document: dict[str, Any]) -> str:
     summary = document["summary"]
     lease = document["settings"]["lease_s"]
-    rows = [
-        f"{'':28}{'seconds':>10}{'/ target 5 s':>14}{'/ AutoMQ 9 s':>14}{'/ lease':>10}",
-    ]
+    rows = [RECOVERY_TABLE.header()]
     for name in ("p50", "p99", "max"):
         value = summary[f"recovery_{name}_s"]
         rows.append(
-            f"{'recovery ' + name:28}{value:>10.2f}{value / TARGET_P99_S:>14.2f}"
-            f"{value / AUTOMQ_DETECTION_S:>14.2f}{value / lease if lease else float('nan'):>10.2f}"
+            RECOVERY_TABLE.line(
+                {
+                    "name": "recovery " + name,
+                    "seconds": value,
+                    "target": value / TARGET_P99_S,
+                    "automq": value / AUTOMQ_DETECTION_S,
+                    "lease": value / lease if lease else float("nan"),
+                }
+            )
         )
     rows.append(
         f"kills {summary['kills']}, streams recovered {summary['recovered']}/{summary['samples']}, "
@@ -214,40 +230,39 @@ def table(document: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def plot(document: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(document: dict[str, Any], path: Path) -> bool:
     samples = [
         (entry["round"], value)
         for entry in document["rounds"]
         for value in entry["recovery_s"].values()
         if value is not None
     ]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.scatter([r for r, _ in samples], [v for _, v in samples], s=12)
-    left.set_xlabel("kill")
-    left.set_ylabel("recovery time (s)")
-    left.set_title("recovery time of each stream, per kill")
-    left.set_ylim(bottom=0)
-    values = sorted(v for _, v in samples)
-    right.plot(values, [(i + 1) / len(values) for i in range(len(values))], drawstyle="steps-post")
-    for x, label in (
-        (TARGET_P99_S, "target p99 5 s"),
-        (AUTOMQ_DETECTION_S, "AutoMQ detection 9 s"),
-        (document["settings"]["lease_s"], "lease"),
-    ):
-        right.axvline(x, linestyle="--", linewidth=1)
-        right.text(x, 0.05, label, rotation=90, fontsize=8)
-    right.set_xlabel("recovery time (s)")
-    right.set_ylabel("fraction of streams")
-    right.set_title("CDF")
-    mode = document["settings"]["mode"]
-    figure.suptitle(f"walstream {mode}: kill -9 of the owner, 3 nodes, s3 WAL")
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+
+    def draw(figure: Any, axes: Any) -> None:
+        left, right = axes
+        left.scatter([r for r, _ in samples], [v for _, v in samples], s=12)
+        left.set_xlabel("kill")
+        left.set_ylabel("recovery time (s)")
+        left.set_title("recovery time of each stream, per kill")
+        left.set_ylim(bottom=0)
+        values = sorted(v for _, v in samples)
+        right.plot(
+            values, [(i + 1) / len(values) for i in range(len(values))], drawstyle="steps-post"
+        )
+        for x, label in (
+            (TARGET_P99_S, "target p99 5 s"),
+            (AUTOMQ_DETECTION_S, "AutoMQ detection 9 s"),
+            (document["settings"]["lease_s"], "lease"),
+        ):
+            right.axvline(x, linestyle="--", linewidth=1)
+            right.text(x, 0.05, label, rotation=90, fontsize=8)
+        right.set_xlabel("recovery time (s)")
+        right.set_ylabel("fraction of streams")
+        right.set_title("CDF")
+        mode = document["settings"]["mode"]
+        figure.suptitle(f"walstream {mode}: kill -9 of the owner, 3 nodes, s3 WAL")
+
+    return save_plot(path, draw, figsize=(11, 4), columns=2, dpi=110)
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -284,7 +299,7 @@ async def run(args: argparse.Namespace) -> int:
     recovered = [v for v in samples if v is not None]
     document = {
         "benchmark": "failover",
-        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+        "machine": machine(),
         "settings": {
             "nodes": 3,
             "wal": "s3",
@@ -312,10 +327,11 @@ async def run(args: argparse.Namespace) -> int:
     }
     print(table(document))
     out = args.json or RESULTS / "failover.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2) + "\n")
-    plot(document, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    write_json(out, document)
+    if plot(document, out.with_suffix(".png")):
+        print(f"wrote {out} and {out.with_suffix('.png')}")
+    else:
+        print(f"wrote {out}")
     summary = document["summary"]
     broken = summary["lost"] or summary["duplicated"] or summary["recovered"] < summary["samples"]
     broken = broken or any(entry["errors"] for entry in rounds)

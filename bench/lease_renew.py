@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
 import time
@@ -24,6 +23,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from _report import Column, Table, grouped_bars, save_plot, write_json
 from walstream.config.engine import ClusterConfig
 from walstream.metadata import MetadataStore
 from walstream.metadata.sqlite import SqliteMetadataStore
@@ -41,6 +41,18 @@ async def _timed(call: Callable[[], Awaitable[Any]], count: int) -> list[float]:
         await call()
         times.append((time.perf_counter() - started) * 1000)
     return sorted(times)
+
+
+TABLE = Table(
+    [
+        Column("store", width=10, align="<"),
+        Column("renew_p50_ms", "renew p50", 10, ".2f"),
+        Column("renew_p99_ms", "p99", 8, ".2f"),
+        Column("renew_max_ms", "max", 8, ".2f"),
+        Column("read_p50_ms", "read p50", 9, ".2f"),
+        Column("renew_over_read_p50", "ratio", 7, lambda ratio: f"{ratio:.1f}x"),
+    ]
+)
 
 
 def _summary(times: list[float]) -> dict[str, float]:
@@ -81,7 +93,7 @@ async def main() -> None:
     budget_ms = (config.lease_duration_s - config.fence_margin_s) * 1000
     summary: dict[str, Any] = {"runs": runs, "renewals_per_run": count, "stores": {}}
     print(f"renew_lease, medians of {runs} runs of {count} calls (ms)")
-    print(f"{'store':10} {'renew p50':>10} {'p99':>8} {'max':>8} {'read p50':>9} {'ratio':>7}")
+    TABLE.print_header()
     for name, store_runs in results.items():
         row = {
             f"{kind}_{key}": _median_of(store_runs, kind, key)
@@ -92,39 +104,34 @@ async def main() -> None:
         worst = max(run["renew"]["max_ms"] for run in store_runs)
         row["fence_budget_over_worst_renew"] = budget_ms / worst
         summary["stores"][name] = row
-        print(
-            f"{name:10} {row['renew_p50_ms']:10.2f} {row['renew_p99_ms']:8.2f} "
-            f"{row['renew_max_ms']:8.2f} {row['read_p50_ms']:9.2f} "
-            f"{row['renew_over_read_p50']:6.1f}x"
-        )
+        TABLE.print_row({"store": name, **row})
     for name, row in summary["stores"].items():
         print(
             f"{name}: defaults (lease {config.lease_duration_s:g}s, heartbeat "
             f"{config.heartbeat_interval_s:g}s) fence after {budget_ms / 1000:g}s without a "
             f"renewal = {row['fence_budget_over_worst_renew']:.0f}x the slowest renewal measured"
         )
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(summary, indent=2) + "\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7, 4))
+    write_json(RESULTS, summary)
     names = list(summary["stores"])
-    for index, key in enumerate(("renew_p50_ms", "renew_p99_ms", "read_p50_ms")):
-        axes.bar(
-            [position + index * 0.25 for position in range(len(names))],
-            [summary["stores"][name][key] for name in names],
-            width=0.25,
-            label=key.replace("_ms", "").replace("_", " "),
+
+    def draw(figure: Any, axis: Any) -> None:
+        keys = ("renew_p50_ms", "renew_p99_ms", "read_p50_ms")
+        grouped_bars(
+            axis,
+            names,
+            {
+                key.replace("_ms", "").replace("_", " "): [
+                    summary["stores"][name][key] for name in names
+                ]
+                for key in keys
+            },
+            fontsize=10,
         )
-    axes.set_xticks([position + 0.25 for position in range(len(names))], names)
-    axes.set_ylabel("ms")
-    axes.set_title("renew_lease latency vs one read of the node")
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(PLOT, dpi=100)
+        axis.set_ylabel("ms")
+        axis.set_title("renew_lease latency vs one read of the node")
+        axis.legend()
+
+    save_plot(PLOT, draw, figsize=(7, 4), dpi=100)
     print(f"wrote {RESULTS} and {PLOT}")
 
 

@@ -21,15 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import platform
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _report import Column, Table, grouped_bars, median_of, percentile, save_plot, write_json
 from walstream.metadata import MetadataStore, ObjectCommit, ObjectKind, StreamRange
 from walstream.metadata.sqlite import SqliteMetadataStore
 from walstream_metadata_postgres import PostgresMetadataStore
@@ -40,11 +39,6 @@ PLOT = RESULTS.with_suffix(".png")
 COMMITTERS = (1, 16)
 REFERENCE_P99_MS = (10.0, 20.0)  # KIP-1150 reference implementation, PostgreSQL commit p99
 _nodes = itertools.count(1)
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 async def measure(store: MetadataStore, committers: int, seconds: float) -> dict[str, float]:
@@ -100,44 +94,45 @@ async def run_store(
         await store.deployment_id()  # create / migrate the schema outside the timing
         for committers in COMMITTERS:
             samples = [await measure(store, committers, seconds) for _ in range(runs)]
-            results[committers] = {
-                key: statistics.median(sample[key] for sample in samples) for key in samples[0]
-            } | {"runs": samples}
+            results[committers] = median_of(samples) | {"runs": samples}
     finally:
         await store.close()
     return results
 
 
+def commit_table(first: str) -> Table:
+    """The commit-path table: ``first`` (store or driver), committers, p50/p99 ms, commits/s."""
+    return Table(
+        [
+            Column(first, width=10, align="<"),
+            Column("committers", width=10),
+            Column("p50_ms", "p50 ms", 8, ".2f"),
+            Column("p99_ms", "p99 ms", 8, ".2f"),
+            Column("commits_per_s", "commits/s", 10, ".0f"),
+        ]
+    )
+
+
 def plot(results: dict[str, dict[int, dict[str, Any]]]) -> bool:
     """Write the PNG; False when matplotlib is not installed (the table and JSON still are)."""
-    try:
-        import matplotlib
-    except ImportError:
-        return False
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, (latency, rate) = plt.subplots(1, 2, figsize=(10, 4))
     labels = [
         f"{store}\n{n} committer{'s' if n > 1 else ''}" for store in results for n in COMMITTERS
     ]
-    p50 = [results[s][n]["p50_ms"] for s in results for n in COMMITTERS]
-    p99 = [results[s][n]["p99_ms"] for s in results for n in COMMITTERS]
-    positions = range(len(labels))
-    latency.bar([p - 0.2 for p in positions], p50, width=0.4, label="p50")
-    latency.bar([p + 0.2 for p in positions], p99, width=0.4, label="p99")
-    latency.axhspan(*REFERENCE_P99_MS, color="grey", alpha=0.2, label="KIP-1150 p99 10-20 ms")
-    latency.set_xticks(list(positions), labels, fontsize=8)
-    latency.set_ylabel("commit latency (ms)")
-    latency.legend(fontsize=8)
-    rate.bar(list(positions), [results[s][n]["commits_per_s"] for s in results for n in COMMITTERS])
-    rate.set_xticks(list(positions), labels, fontsize=8)
-    rate.set_ylabel("commits/s")
-    figure.suptitle("metadata commit path: SQLite vs PostgreSQL (fsync on)")
-    figure.tight_layout()
-    figure.savefig(PLOT, dpi=100)
-    return True
+
+    def values(key: str) -> list[float]:
+        return [results[store][n][key] for store in results for n in COMMITTERS]
+
+    def draw(figure: Any, axes: Any) -> None:
+        latency, rate = axes
+        grouped_bars(latency, labels, {"p50": values("p50_ms"), "p99": values("p99_ms")})
+        latency.axhspan(*REFERENCE_P99_MS, color="grey", alpha=0.2, label="KIP-1150 p99 10-20 ms")
+        latency.set_ylabel("commit latency (ms)")
+        latency.legend(fontsize=8)
+        grouped_bars(rate, labels, {"commits/s": values("commits_per_s")})
+        rate.set_ylabel("commits/s")
+        figure.suptitle("metadata commit path: SQLite vs PostgreSQL (fsync on)")
+
+    return save_plot(PLOT, draw, figsize=(10, 4), columns=2, dpi=100)
 
 
 async def main() -> None:
@@ -160,13 +155,11 @@ async def main() -> None:
         )
 
     print(f"\nmetadata commit path ({runs} runs x {seconds:g} s, medians; fsync on)")
-    print(f"{'store':10} {'committers':>10} {'p50 ms':>8} {'p99 ms':>8} {'commits/s':>10}")
-    for store, by_count in results.items():
-        for committers, row in by_count.items():
-            print(
-                f"{store:10} {committers:>10} {row['p50_ms']:8.2f} {row['p99_ms']:8.2f} "
-                f"{row['commits_per_s']:10.0f}"
-            )
+    commit_table("store").print(
+        {"store": store, "committers": committers, **row}
+        for store, by_count in results.items()
+        for committers, row in by_count.items()
+    )
     ratios = {
         committers: {
             "p99": results["postgres"][committers]["p99_ms"]
@@ -187,29 +180,25 @@ async def main() -> None:
         f"{results['postgres'][16]['p99_ms']:.1f} ms"
     )
 
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "metadata",
-                "quick": args.quick,
-                "runs": runs,
-                "seconds": seconds,
-                "machine": platform.platform(),
-                "results": {
-                    store: {str(n): row for n, row in rows.items()}
-                    for store, rows in results.items()
-                },
-                "postgres_over_sqlite": {str(n): ratio for n, ratio in ratios.items()},
-                "reference_p99_ms": REFERENCE_P99_MS,
+    write_json(
+        RESULTS,
+        {
+            "benchmark": "metadata",
+            "quick": args.quick,
+            "runs": runs,
+            "seconds": seconds,
+            "machine": platform.platform(),
+            "results": {
+                store: {str(n): row for n, row in rows.items()} for store, rows in results.items()
             },
-            indent=2,
-        )
+            "postgres_over_sqlite": {str(n): ratio for n, ratio in ratios.items()},
+            "reference_p99_ms": REFERENCE_P99_MS,
+        },
     )
     if plot(results):
         print(f"\nwrote {RESULTS} and {PLOT}")
     else:
-        print(f"\nwrote {RESULTS} (no plot: matplotlib is not installed)")
+        print(f"\nwrote {RESULTS} (no plot)")
 
 
 if __name__ == "__main__":

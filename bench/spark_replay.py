@@ -5,14 +5,13 @@
 Fills a fresh embedded deployment (local object store, SQLite metadata), then for each master
 runs a full replay (every column decoded, values summed so nothing is pruned) once to warm up
 and ``--runs`` times measured; reports the best run. Prints a table and writes
-``bench/results/spark_replay.json``.
+``bench/results/spark_replay.json`` and a plot beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import walstream
+from _report import Column, Table, grouped_bars, save_plot, write_json
 from walstream import Record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "spark_replay.json"
@@ -59,6 +59,31 @@ def replay_once(spark: Any, config: Path, names: str) -> tuple[float, int]:
         F.count("headers"),
     ).collect()[0]
     return time.perf_counter() - started, int(row["n"])
+
+
+TABLE = Table(
+    [
+        Column("master", width=10, align="<"),
+        Column("records", width=10),
+        Column("seconds", width=10),
+        Column("records_per_s", "records/s", 12),
+        Column("mib_per_s", "MiB/s", 9),
+    ],
+    separator="",
+)
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> None:
+    def draw(figure: Any, axis: Any) -> None:
+        grouped_bars(
+            axis,
+            [row["master"] for row in results],
+            {"records/s": [row["records_per_s"] for row in results]},
+        )
+        axis.set_ylabel("records/s")
+        axis.set_title('spark.read.format("walstream") replay: local[1] vs local[2]')
+
+    save_plot(path, draw, figsize=(6, 4))
 
 
 def main() -> None:
@@ -104,28 +129,20 @@ def main() -> None:
                 )
             finally:
                 spark.stop()
-    print(f"{'master':<10}{'records':>10}{'seconds':>10}{'records/s':>12}{'MiB/s':>9}")
-    for row in results:
-        print(
-            f"{row['master']:<10}{row['records']:>10}{row['seconds']:>10}"
-            f"{row['records_per_s']:>12}{row['mib_per_s']:>9}"
-        )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "spark_replay",
-                "quick": args.quick,
-                "streams": args.streams,
-                "records_per_stream": args.records,
-                "value_bytes": args.value_bytes,
-                "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
-                "results": results,
-            },
-            indent=2,
-        )
-        + "\n"
+    TABLE.print(results)
+    write_json(
+        RESULTS,
+        {
+            "benchmark": "spark_replay",
+            "quick": args.quick,
+            "streams": args.streams,
+            "records_per_stream": args.records,
+            "value_bytes": args.value_bytes,
+            "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+            "results": results,
+        },
     )
+    plot(results, RESULTS.with_suffix(".png"))
     print(f"wrote {RESULTS}")
 
 

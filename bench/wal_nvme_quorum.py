@@ -4,7 +4,7 @@ one down — beside the ebs WAL on the same disk (when walstream_wal_ebs is inst
     .venv/bin/python bench/wal_nvme_quorum.py [--quick] [--records N] [--concurrency C]
 
 Prints a table and writes bench/results/wal_nvme_quorum.json (with the requests sent to the chunk
-servers per GiB appended, by operation). The acknowledgement latency is
+servers per GiB appended, by operation) and a plot beside it. The acknowledgement latency is
 measured per append (from ``append`` to its acknowledgement) with C appenders running at once.
 """
 
@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import platform
 import statistics
 import tempfile
 import time
@@ -22,17 +20,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from _report import Column, Table, grouped_bars, machine, percentile, save_plot, write_json
 from walstream.config import BuildContext
 from walstream.wal import WalMode, WriteAheadLog
 from walstream_wal_nvme_quorum import NVME_QUORUM_WAL
 from walstream_wal_nvme_quorum.testing import ChunkServerProcess, chunk_servers
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wal_nvme_quorum.json"
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 async def run_workload(
@@ -155,16 +149,34 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def print_table(results: dict[str, Any]) -> None:
-    print(
-        f"{'scenario':<26} {'p50 ms':>8} {'p99 ms':>8} {'rec/s':>9} {'MiB/s':>7} {'writes/GiB':>11}"
-    )
-    for name, row in results.items():
-        writes = row.get("write_requests_per_gib", "-")
-        print(
-            f"{name:<26} {row['p50_ms']:>8.2f} {row['p99_ms']:>8.2f} "
-            f"{row['records_per_s']:>9.0f} {row['mib_per_s']:>7.2f} {writes!s:>11}"
+TABLE = Table(
+    [
+        Column("scenario", width=26, align="<"),
+        Column("p50_ms", "p50 ms", 8, ".2f"),
+        Column("p99_ms", "p99 ms", 8, ".2f"),
+        Column("records_per_s", "rec/s", 9, ".0f"),
+        Column("mib_per_s", "MiB/s", 7, ".2f"),
+        Column("write_requests_per_gib", "writes/GiB", 11),
+    ]
+)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    def draw(figure: Any, axis: Any) -> None:
+        names = list(results)
+        grouped_bars(
+            axis,
+            names,
+            {
+                "p50": [results[name]["p50_ms"] for name in names],
+                "p99": [results[name]["p99_ms"] for name in names],
+            },
         )
+        axis.set_ylabel("ack latency (ms)")
+        axis.set_title("nvme-quorum WAL (3 chunk servers) vs the ebs WAL on the same disk")
+        axis.legend()
+
+    save_plot(path, draw)
 
 
 def cli() -> None:
@@ -186,12 +198,13 @@ def cli() -> None:
     if args.records is None:
         args.records = 3000 if args.quick else 30000
     results = asyncio.run(main(args))
-    print_table(results)
+    TABLE.print(
+        {"scenario": name, "write_requests_per_gib": "-", **row} for name, row in results.items()
+    )
     healthy = results["nvme-quorum healthy"]["p99_ms"]
     slow = results[f"nvme-quorum one +{args.slow_ms:g}ms"]["p99_ms"]
     ratio = slow / healthy
     print(f"p99 with one server +{args.slow_ms:g}ms / healthy p99 = {ratio:.2f} (target <= 1.2)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "benchmark": "wal_nvme_quorum",
         "settings": {
@@ -203,11 +216,12 @@ def cli() -> None:
             "write_quorum": 2,
             "quick": args.quick,
         },
-        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+        "machine": machine(),
         "results": results,
         "slow_p99_over_healthy_p99": ratio,
     }
-    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    write_json(args.out, document)
+    plot(results, args.out.with_suffix(".png"))
     print(f"wrote {args.out}")
 
 

@@ -29,14 +29,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
 import logging
-import platform
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from _report import Table, grouped_bars, machine, percentile, save_plot, write_json
 from walstream.wal import WalMode
 from walstream_wal_s3 import S3ObjectStore, S3Settings, S3Wal
 from walstream_wal_s3.testing.latency import LatencyModel
@@ -54,11 +53,6 @@ WORKLOADS = (("1 x 4KiB", 1, 4 << 10), ("64 x 64KiB", 64, 64 << 10))
 WIDE = ("1024 x 64KiB", 1024, 64 << 10)
 RAW_BIG = ("8 x 4MiB", 8, 4 << 20)
 TARGET_MIB_S = 200.0
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def store_for(endpoint_url: str | None, model: LatencyModel | None) -> S3ObjectStore:
@@ -185,7 +179,7 @@ async def run_all(moto: MotoServer, seconds: float) -> list[dict[str, Any]]:
             else:
                 raw = await measure_raw(endpoint_url, model(), appenders, record_bytes, seconds)
                 results.append({"endpoint": endpoint_name, "workload": f"raw {workload}", **raw})
-                print_row(results[-1])
+                TABLE.print_row(results[-1])
             if (workload, appenders, record_bytes) == RAW_BIG:
                 continue
             node_id += 1
@@ -196,54 +190,45 @@ async def run_all(moto: MotoServer, seconds: float) -> list[dict[str, Any]]:
                 result["throughput_mib_s"] / max(raw["throughput_mib_s"], 1e-9), 2
             )
             results.append({"endpoint": endpoint_name, "workload": f"wal {workload}", **result})
-            print_row(results[-1])
+            TABLE.print_row(results[-1])
     return results
 
 
-COLUMNS = (
-    "endpoint",
-    "workload",
-    "appends",
-    "ack_p50_ms",
-    "ack_p99_ms",
-    "throughput_mib_s",
-    "vs_raw",
-    "avg_object_kib",
-    "puts_per_gib",
-    "gets_per_gib",
-    "lists_per_gib",
+TABLE = Table.of_keys(
+    (
+        "endpoint",
+        "workload",
+        "appends",
+        "ack_p50_ms",
+        "ack_p99_ms",
+        "throughput_mib_s",
+        "vs_raw",
+        "avg_object_kib",
+        "puts_per_gib",
+        "gets_per_gib",
+        "lists_per_gib",
+    ),
+    13,
 )
 
 
-def print_row(row: dict[str, Any]) -> None:
-    print(
-        "  ".join(f"{row.get(column, '')!s:>{max(len(column), 13)}}" for column in COLUMNS),
-        flush=True,
-    )
-
-
 def plot(results: list[dict[str, Any]], path: Path) -> None:
-    try:
-        import matplotlib
-    except ModuleNotFoundError:
-        print("matplotlib is not installed: no plot")
-        return
+    def draw(figure: Any, axis: Any) -> None:
+        grouped_bars(
+            axis,
+            [f"{row['endpoint']}\n{row['workload']}" for row in results],
+            {"MiB/s": [row["throughput_mib_s"] for row in results]},
+            fontsize=6,
+            colors=[
+                "tab:gray" if row["workload"].startswith("raw") else "tab:blue" for row in results
+            ],
+        )
+        axis.axhline(TARGET_MIB_S, color="tab:red", linestyle="--", label="target 200 MiB/s")
+        axis.set_ylabel("MiB/s")
+        axis.set_title("s3 WAL (blue) vs raw PUTs of the same shape (gray)")
+        axis.legend()
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(9, 4))
-    labels = [f"{row['endpoint']}\n{row['workload']}" for row in results]
-    colors = ["tab:gray" if row["workload"].startswith("raw") else "tab:blue" for row in results]
-    axis.bar(range(len(results)), [row["throughput_mib_s"] for row in results], color=colors)
-    axis.axhline(TARGET_MIB_S, color="tab:red", linestyle="--", label="target 200 MiB/s")
-    axis.set_xticks(range(len(results)), labels, fontsize=6)
-    axis.set_ylabel("MiB/s")
-    axis.set_title("s3 WAL (blue) vs raw PUTs of the same shape (gray)")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_plot(path, draw)
 
 
 def main() -> None:
@@ -254,7 +239,7 @@ def main() -> None:
     seconds = 3.0 if args.quick else 10.0
     with MotoServer() as moto:
         moto.create_bucket(BUCKET)
-        print("  ".join(f"{column:>{max(len(column), 13)}}" for column in COLUMNS))
+        TABLE.print_header()
         results = asyncio.run(run_all(moto, seconds))
     report = {
         "benchmark": "wal_s3",
@@ -266,11 +251,10 @@ def main() -> None:
             "applies_to": "every PUT, GET and LIST of a WAL key, in-memory bucket",
         },
         "wal": {"max_batch_bytes": 8 << 20, "max_batch_interval_ms": 250, "max_inflight": 8},
-        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+        "machine": machine(),
         "results": results,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(RESULTS, report)
     plot(results, RESULTS.with_suffix(".png"))
     print(f"wrote {RESULTS}")
 

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import platform
 import time
 from pathlib import Path
 from typing import Any
 
+from _report import grouped_bars, percentile, save_plot, write_json
 from walstream.config import validate_options
 from walstream.wal import WalMode
 from walstream.wal.quorum import quorum_wal_options
@@ -53,11 +53,6 @@ P50_MS, P99_MS = 5.0, 10.0
 SLOW_EXTRA_MS = 50.0
 GiB = 1 << 30
 WORKLOADS = (("1 x 4KiB", 1, 4 << 10), ("64 x 16KiB", 64, 16 << 10))
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 ZONES = ("use1-az4", "use1-az5", "use1-az6")
@@ -204,26 +199,21 @@ def print_row(row: dict[str, Any], raw: dict[str, Any]) -> None:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    try:
-        import matplotlib
-    except ModuleNotFoundError:
-        print("matplotlib is not installed: no plot")
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    def draw(figure: Any, axis: Any) -> None:
+        grouped_bars(
+            axis,
+            [f"{row['scenario']}\n{row['workload']}" for row in rows],
+            {
+                "p50": [row["ack_p50_ms"] for row in rows],
+                "p99": [row["ack_p99_ms"] for row in rows],
+            },
+            fontsize=6,
+        )
+        axis.set_ylabel("ack latency (ms)")
+        axis.set_title("s3express WAL ack latency vs a raw PUT (first bars)")
+        axis.legend()
 
-    figure, axis = plt.subplots(figsize=(9, 4))
-    labels = [f"{row['scenario']}\n{row['workload']}" for row in rows]
-    positions = range(len(rows))
-    axis.bar([p - 0.2 for p in positions], [row["ack_p50_ms"] for row in rows], 0.4, label="p50")
-    axis.bar([p + 0.2 for p in positions], [row["ack_p99_ms"] for row in rows], 0.4, label="p99")
-    axis.set_xticks(list(positions), labels, fontsize=6)
-    axis.set_ylabel("ack latency (ms)")
-    axis.set_title("s3express WAL ack latency vs a raw PUT (first bars)")
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_plot(path, draw)
 
 
 def main() -> None:
@@ -243,25 +233,21 @@ def main() -> None:
         slow = by[f"one zone +{SLOW_EXTRA_MS:g}ms"]["ack_p99_ms"]
         ratio[workload] = round(slow / healthy, 3) if healthy else None
     print("\np99(one zone +50ms) / p99(healthy):", ratio)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                "benchmark": "wal_s3express",
-                "latency_model": {
-                    "p50_ms": P50_MS,
-                    "p99_ms": P99_MS,
-                    "methods": "every request, in-memory zones",
-                    "slow_zone_extra_ms": SLOW_EXTRA_MS,
-                },
-                "seconds_per_measurement": seconds,
-                "python": platform.python_version(),
-                "rows": rows,
-                "p99_slow_over_healthy": ratio,
+    write_json(
+        RESULTS,
+        {
+            "benchmark": "wal_s3express",
+            "latency_model": {
+                "p50_ms": P50_MS,
+                "p99_ms": P99_MS,
+                "methods": "every request, in-memory zones",
+                "slow_zone_extra_ms": SLOW_EXTRA_MS,
             },
-            indent=2,
-        )
-        + "\n"
+            "seconds_per_measurement": seconds,
+            "python": platform.python_version(),
+            "rows": rows,
+            "p99_slow_over_healthy": ratio,
+        },
     )
     plot(rows, RESULTS.with_suffix(".png"))
     print(f"wrote {RESULTS}")

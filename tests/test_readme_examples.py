@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from walstream_conformance.harness.child import free_port
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
@@ -111,12 +112,6 @@ def s3_endpoint() -> Iterator[str]:
 
     with MotoServer() as server:
         yield server.endpoint_url
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def port_taken(port: int) -> bool:

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from walstream_conformance.harness.child import ChildServer
+from walstream_conformance.harness.serve import WalstreamServe
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE_PROJECT = ROOT / "clients" / "node"
@@ -61,38 +59,16 @@ CHECKS = [
 ]
 
 
-class WalstreamServe(ChildServer):
+def walstream_serve(folder: Path) -> WalstreamServe:
     """``walstream serve`` of an embedded-style deployment in ``folder``, with a token."""
-
-    start_timeout_s = 30.0
-
-    def __init__(self, folder: Path) -> None:
-        super().__init__("walstream serve")
-        self.deployment = folder / "deploy.yaml"
-        self.deployment.write_text(
-            "node: {id: 1}\n"
-            "wal: {type: ebs, path: ./walstream-data/wal.img, capacity: 64MiB}\n"
-            "object_store: {type: local, root: ./walstream-data/objects}\n"
-            "metadata: {type: sqlite, path: ./walstream-data/meta.db}\n"
-        )
-
-    def command(self) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "walstream.cli",
-            "--config",
-            str(self.deployment),
-            "serve",
-            "--listen",
-            f"127.0.0.1:{self.port}",
-            "--token",
-            TOKEN,
-        ]
-
-    def parse_port(self, line: str) -> int | None:
-        match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        return int(match.group(1)) if match else None
+    deployment = folder / "deploy.yaml"
+    deployment.write_text(
+        "node: {id: 1}\n"
+        "wal: {type: ebs, path: ./walstream-data/wal.img, capacity: 64MiB}\n"
+        "object_store: {type: local, root: ./walstream-data/objects}\n"
+        "metadata: {type: sqlite, path: ./walstream-data/meta.db}\n"
+    )
+    return WalstreamServe(deployment, token=TOKEN)
 
 
 def s2_api_answer(endpoint: str) -> str | None:
@@ -111,7 +87,7 @@ def s2_api_answer(endpoint: str) -> str | None:
 
 @pytest.fixture(scope="module")
 def sdk_results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
-    with WalstreamServe(tmp_path_factory.mktemp("sdk")) as server:
+    with walstream_serve(tmp_path_factory.mktemp("sdk")) as server:
         refusal = s2_api_answer(server.endpoint_url)
         if refusal is not None:
             pytest.skip(

@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 from walstream.engine import live
+from walstream.errors import BackendUnavailable
+from walstream_conformance.harness.serve import WalstreamServe
 
 WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
 HAS_HYPERCORN = importlib.util.find_spec("hypercorn") is not None
@@ -40,7 +42,6 @@ DEPLOYMENT = (
     "metadata: {type: sqlite, path: data/meta.db}\n"
     "upload: {max_bytes: 64MiB, max_interval: 1h}\n"
 )
-LISTENING = re.compile(r"listening on (http://\S+)")
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -69,10 +70,8 @@ def cli(tmp_path: Path, deployment: Path) -> Cli:
     return run
 
 
-class Server:
-    def __init__(self, process: subprocess.Popen[str], url: str) -> None:
-        self.process = process
-        self.url = url
+class Server(WalstreamServe):
+    """``walstream serve`` of the test's deployment, with S2 calls in the root basin."""
 
     def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         data = None if body is None else json.dumps(body).encode()
@@ -100,37 +99,10 @@ class Server:
         return {name: position["seq_num"] for name, position in body.items()}
 
 
-def start_serve(tmp_path: Path, deployment: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [WALSTREAM, "--config", str(deployment), "serve", "--listen", "127.0.0.1:0"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "WALSTREAM_TOKEN": ""},
-    )
-
-
 @pytest.fixture
-def server(tmp_path: Path, deployment: Path) -> Iterator[Server]:
-    process = start_serve(tmp_path, deployment)
-    try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        match = LISTENING.search(line)
-        if match is None:
-            process.kill()
-            _, stderr = process.communicate(timeout=30)
-            pytest.fail(f"walstream serve did not start: {line!r}\n{stderr}")
-        yield Server(process, match.group(1))
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.communicate()
+def server(deployment: Path) -> Iterator[Server]:
+    with Server(deployment) as running:
+        yield running
 
 
 def assert_serving(server: Server, stream: str, expected_offset: int) -> None:
@@ -164,7 +136,7 @@ def test_commands_go_through_the_running_server_and_never_fence_it(
     lines = cli("read", "orders").stdout.splitlines()
     assert lines[:4] == ["1\tb", "2\tc", "3\td", "4\te"]
     assert lines[4].startswith("5\t") and lines[5:] == ["6\tafter"]
-    assert server.process.poll() is None
+    assert server.running
 
 
 def test_tail_follow_through_the_server_shows_new_records_and_exits_0_on_ctrl_c(
@@ -201,12 +173,7 @@ def test_read_combines_committed_objects_with_the_servers_newest_records(
     cli: Cli, tmp_path: Path, deployment: Path
 ) -> None:
     deployment.write_text(DEPLOYMENT.replace("max_interval: 1h", "max_interval: 50ms"))
-    process = start_serve(tmp_path, deployment)
-    try:
-        assert process.stdout is not None
-        match = LISTENING.search(process.stdout.readline())
-        assert match is not None
-        server = Server(process, match.group(1))
+    with Server(deployment) as server:
         server.call("POST", "/v1/streams", {"stream": "orders"})
         server.append("orders", *(f"old {i}" for i in range(1000)))  # S2: 1000 at most
         server.append("orders", *(f"old {i}" for i in range(1000, 1500)))
@@ -222,10 +189,6 @@ def test_read_combines_committed_objects_with_the_servers_newest_records(
             "1500\tnew",
         ]
         assert_serving(server, "orders", 1501)
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            process.communicate(timeout=30)
 
 
 def test_a_second_serve_or_a_recover_of_the_same_node_exits_2_naming_the_first(
@@ -233,15 +196,12 @@ def test_a_second_serve_or_a_recover_of_the_same_node_exits_2_naming_the_first(
 ) -> None:
     status, _ = server.call("POST", "/v1/streams", {"stream": "orders"})
     assert status == 201
-    second = start_serve(tmp_path, deployment)
-    try:
-        _, stderr = second.communicate(timeout=60)
-    finally:
-        if second.poll() is None:
-            second.kill()
-    assert second.returncode == 2, stderr
+    with pytest.raises(BackendUnavailable) as refused:
+        WalstreamServe(deployment).start()
+    stderr = str(refused.value)
+    assert "exit code 2" in stderr, stderr
     assert "NodeBusy" in stderr and server.url in stderr, stderr
-    assert f"pid {server.process.pid}" in stderr, stderr
+    assert f"pid {server.pid}" in stderr, stderr
     # `recover` runs the node itself (no way through the server): it refuses too.
     recover = cli("recover", expect=2)
     assert "NodeBusy" in recover.stderr and server.url in recover.stderr, recover.stderr
@@ -254,8 +214,7 @@ def test_after_the_server_is_killed_commands_recover_the_node(
 ) -> None:
     server.call("POST", "/v1/streams", {"stream": "orders"})
     server.append("orders", "a", "b")
-    server.process.send_signal(signal.SIGKILL)
-    server.process.wait(timeout=30)
+    server.kill()
 
     # The lock died with the process; its file (with the dead URL) stays behind.
     assert "127.0.0.1" in (tmp_path / "data" / "meta.db.node-1.lock").read_text()
@@ -311,7 +270,7 @@ def test_python_open_of_a_served_node_refuses_instead_of_fencing_the_server(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("BUSY"), done.stdout
-    assert f"pid {server.process.pid}" in done.stdout or str(server.process.pid) in done.stdout
+    assert str(server.pid) in done.stdout
     assert server.call("GET", "/health")[0] == 200
     assert server.append("py", "two")["end"] == 2  # not fenced
 

@@ -69,7 +69,7 @@ async def store(open_store: Opener) -> AsyncIterator[MetadataStore]:
     await opened.close()
 
 
-# -- helpers ---------------------------------------------------------------------------------------
+# -- shared steps ----------------------------------------------------------------------------------
 
 
 async def writable_stream(

@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +20,7 @@ import pytest
 import walstream
 from prometheus_client.parser import text_string_to_metric_families
 from walstream.server.serve import RunningServer, serve
+from walstream_conformance.harness.serve import WalstreamServe
 
 WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
 TOKEN = "s3cret-token"
@@ -627,25 +626,11 @@ async def test_metrics_are_prometheus_text_and_counters_move(
 
 
 async def test_serve_process_answers_health_and_exits_0_on_sigterm(deployment: Path) -> None:
-    env = {**os.environ, "WALSTREAM_TOKEN": TOKEN}
-    process = await asyncio.create_subprocess_exec(
-        WALSTREAM,
-        "serve",
-        "-c",
-        str(deployment),
-        "--listen",
-        "127.0.0.1:0",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-        cwd=deployment.parent,
-    )
+    process = WalstreamServe(deployment, token=TOKEN)
+    url = await asyncio.to_thread(process.start)
     try:
-        assert process.stdout is not None
-        line = (await asyncio.wait_for(process.stdout.readline(), 30)).decode()
-        assert "listening on http://127.0.0.1:" in line, line
-        assert "token required" in line
-        url = line.split("listening on ")[1].split()[0]
+        assert "listening on http://127.0.0.1:" in process.banner, process.banner
+        assert "token required" in process.banner
         async with aiohttp.ClientSession(base_url=url, timeout=REQUEST_TIMEOUT) as s:
             health = await call(s, "GET", "/health", 200)
             assert health["status"] == "ok"
@@ -661,16 +646,9 @@ async def test_serve_process_answers_health_and_exits_0_on_sigterm(deployment: P
                 headers=root,
                 json={"records": [{"body": "kept"}]},
             )
-        process.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(process.wait(), 30) == 0
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.stderr is not None
-    stderr = (await process.stderr.read()).decode()
+        stderr = await asyncio.to_thread(process.stop_cleanly)
     assert "stopping" in stderr
-    assert "Traceback" not in stderr
 
     # The process closed its node: the record is in object storage for the next node.
     fresh = write_deployment(deployment.parent, f"after-{deployment.parent.name}")

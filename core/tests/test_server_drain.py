@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
-import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,9 +20,10 @@ import pytest
 from walstream.config.engine import EngineConfig
 from walstream.metadata.contract import NodeState
 from walstream.metadata.sqlite import SqliteMetadataStore
+from walstream_conformance.harness.child import free_port
+from walstream_conformance.harness.serve import WalstreamServe
 
 WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
-LISTENING = re.compile(r"listening on (http://\S+)")
 BASIN = "drain-basin"
 HEADERS = {"s2-basin": BASIN}
 TIMEOUT = aiohttp.ClientTimeout(total=30)
@@ -35,12 +32,6 @@ pytestmark = pytest.mark.skipif(
     "advertise" not in {f.name for f in dataclasses.fields(EngineConfig)},
     reason="node.advertise and the cluster: section are not in this build",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def write_node(folder: Path, node_id: int, port: int) -> Path:
@@ -58,47 +49,24 @@ def write_node(folder: Path, node_id: int, port: int) -> Path:
     return path
 
 
-class Node:
-    def __init__(self, folder: Path, node_id: int) -> None:
-        self.node_id = node_id
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = write_node(folder, node_id, self.port)
-        self.process = subprocess.Popen(
-            [WALSTREAM, "--config", str(config), "serve", "--listen", f"127.0.0.1:{self.port}"],
-            cwd=folder,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={k: v for k, v in os.environ.items() if k != "WALSTREAM_TOKEN"},
-        )
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if LISTENING.search(line) is None:
-            self.process.kill()
-            pytest.fail(f"node {node_id} did not start: {line!r}\n{self.process.communicate()[1]}")
-
-    def stop(self) -> str:
-        """SIGTERM, wait for the exit (code 0), and return stderr."""
-        self.process.send_signal(signal.SIGTERM)
-        _, stderr = self.process.communicate(timeout=60)
-        assert self.process.returncode == 0, stderr
-        assert "Traceback" not in stderr, stderr
-        return stderr
+def start_node(folder: Path, node_id: int) -> WalstreamServe:
+    port = free_port()
+    node = WalstreamServe(write_node(folder, node_id, port), name=f"node {node_id}", port=port)
+    node.start()
+    return node
 
 
 @pytest.fixture
-def nodes(tmp_path: Path) -> Iterator[tuple[Node, Node]]:
+def nodes(tmp_path: Path) -> Iterator[tuple[WalstreamServe, WalstreamServe]]:
     a = b = None
     try:
-        b = Node(tmp_path, 2)
-        a = Node(tmp_path, 1)
+        b = start_node(tmp_path, 2)
+        a = start_node(tmp_path, 1)
         yield a, b
     finally:
         for node in (a, b):
-            if node is not None and node.process.poll() is None:
-                node.process.kill()
-                node.process.communicate()
+            if node is not None:
+                node.kill()
 
 
 async def append_exactly_once(session: aiohttp.ClientSession, url: str, seq: int, body: str) -> int:
@@ -131,7 +99,7 @@ async def append_exactly_once(session: aiohttp.ClientSession, url: str, seq: int
 
 
 async def test_sigterm_drains_a_node_and_the_next_append_claims_its_stream_elsewhere(
-    nodes: tuple[Node, Node], tmp_path: Path
+    nodes: tuple[WalstreamServe, WalstreamServe], tmp_path: Path
 ) -> None:
     s2_sdk = pytest.importorskip("s2_sdk")
     a, b = nodes
@@ -175,7 +143,7 @@ async def test_sigterm_drains_a_node_and_the_next_append_claims_its_stream_elsew
 
             writing = asyncio.ensure_future(writer())
             await asyncio.sleep(0.3)
-            stderr = await asyncio.to_thread(b.stop)
+            stderr = await asyncio.to_thread(b.stop_cleanly)
             assert "uploads everything acknowledged" in stderr
             node_b = await metadata.get_node(2)
             assert node_b is not None and node_b.state is NodeState.STOPPED
@@ -194,11 +162,11 @@ async def test_sigterm_drains_a_node_and_the_next_append_claims_its_stream_elsew
             assert records, f"read stopped at {len(read)} of {len(expected)}"
             read += [record["body"] for record in records]
         assert read == expected
-    a.stop()
+    a.stop_cleanly()
 
 
 async def test_streams_move_moves_a_stream_between_running_nodes(
-    nodes: tuple[Node, Node], tmp_path: Path
+    nodes: tuple[WalstreamServe, WalstreamServe], tmp_path: Path
 ) -> None:
     a, b = nodes
     async with aiohttp.ClientSession(timeout=TIMEOUT) as http:
@@ -247,5 +215,5 @@ async def test_streams_move_moves_a_stream_between_running_nodes(
             timeout=60,
         )
         assert refused.returncode != 0 and "--to 7: not a running node" in refused.stderr
-    b.stop()
-    a.stop()
+    b.stop_cleanly()
+    a.stop_cleanly()

@@ -8,18 +8,12 @@ Bounded for CI (a few hundred requests in all); ``--soak`` runs many more.
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
-import signal
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
+from walstream_conformance.harness.serve import WalstreamServe
 
 schemathesis = pytest.importorskip("schemathesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
@@ -43,9 +37,7 @@ CHECKS = [
     response_schema_conformance,
 ]
 
-WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
 TOKEN = "openapi-token"
-LISTENING = re.compile(r"listening on (http://\S+)")
 BASIN = "schema-basin"
 
 
@@ -75,28 +67,15 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "upload: {max_bytes: 256KiB, max_interval: 50ms}\n"
         "server: {max_long_polls: 4}\n"
     )
-    process = subprocess.Popen(
-        [WALSTREAM, "--config", str(deployment), "serve", "--listen", "127.0.0.1:0"],
-        cwd=folder,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "WALSTREAM_TOKEN": TOKEN},
-    )
+    server = WalstreamServe(deployment, token=TOKEN)
+    url = server.start()
     try:
-        assert process.stdout is not None
-        match = LISTENING.search(process.stdout.readline())
-        assert match is not None, process.communicate()[1]
-        url = match.group(1)
         request(url + "/v1/basins", "POST", {"basin": BASIN})
         request(url + "/v1/streams", "POST", {"stream": "target"})
         request(url + "/v1/streams/target/records", "POST", {"records": [{"body": "a"}] * 3})
         yield url
     finally:
-        process.send_signal(signal.SIGTERM)
-        _, stderr = process.communicate(timeout=30)
-        assert process.returncode == 0, stderr
-        assert "Traceback" not in stderr, stderr
+        server.stop_cleanly()
 
 
 def test_the_document_lists_exactly_the_implemented_operations(server_url: str) -> None:

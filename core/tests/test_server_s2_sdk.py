@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-import shutil
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
+from walstream_conformance.harness.serve import WalstreamServe
 
 s2_sdk = pytest.importorskip("s2_sdk")
 from s2_sdk import (  # noqa: E402
@@ -42,9 +37,7 @@ from s2_sdk import (  # noqa: E402
     Timestamp,
 )
 
-WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
 TOKEN = "sdk-token"
-LISTENING = re.compile(r"listening on (http://\S+)")
 
 
 @pytest.fixture(scope="module")
@@ -59,31 +52,12 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "metadata: {type: sqlite, path: data/meta.db}\n"
         "upload: {max_bytes: 256KiB, max_interval: 50ms}\n"
     )
-    process = subprocess.Popen(
-        [WALSTREAM, "--config", str(deployment), "serve", "--listen", "127.0.0.1:0"],
-        cwd=folder,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "WALSTREAM_TOKEN": TOKEN},
-    )
+    server = WalstreamServe(deployment, token=TOKEN)
+    url = server.start()
     try:
-        assert process.stdout is not None
-        line = process.stdout.readline()
-        match = LISTENING.search(line)
-        if match is None:
-            process.kill()
-            pytest.fail(f"walstream serve did not start: {line!r}\n{process.communicate()[1]}")
-        yield match.group(1)
+        yield url
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            _, stderr = process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            _, stderr = process.communicate()
-        assert process.returncode == 0, stderr
-        assert "Traceback" not in stderr, stderr
+        server.stop_cleanly()
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Shared fixtures for the ebs WAL tests: WAL files, a loop device, open-and-recover helpers."""
+"""Shared fixtures for the ebs WAL tests: WAL files, a loop device, open-and-recover functions."""
 
 from __future__ import annotations
 
@@ -27,7 +27,10 @@ def open_wal() -> OpenWal:
     """``await open_wal(path, epoch=1, mode=READ_WRITE, **options)`` → (started WAL, recovered)."""
 
     async def opener(
-        path: Path, epoch: int = 1, mode: WalMode = WalMode.READ_WRITE, node_id: int = 1,
+        path: Path,
+        epoch: int = 1,
+        mode: WalMode = WalMode.READ_WRITE,
+        node_id: int = 1,
         **options: Any,
     ) -> tuple[EbsWal, list[WalRecord]]:
         options.setdefault("capacity_bytes", 1 << 20)

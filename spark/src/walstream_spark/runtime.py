@@ -12,6 +12,7 @@ import os
 import threading
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 from walstream.config import EngineConfig
@@ -69,6 +70,15 @@ def backends_for(config: str) -> DeploymentBackends:
         raise ConfigError(
             "walstream-spark needs walstream-plugins: pip install walstream-plugins"
         ) from exc
+    path = Path(config)
+    if not path.is_file():
+        # A relative path is read from the Python worker's working directory (an executor's on
+        # a cluster), which the user may not expect.
+        where = "" if path.is_absolute() else f" (relative to {Path.cwd()})"
+        raise ConfigError(
+            f"option 'config': deployment file {config!r} not found{where}: give the path of "
+            "the deployment's YAML file, the one `walstream -c` reads"
+        )
     deployment = load_deployment(config)
     for section in ("object_store", "metadata"):
         if deployment.sections[section]["type"] == "memory":

@@ -52,7 +52,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
-from walstream.errors import ConfigError
+from walstream.errors import ConfigError, StreamNotFound
 from walstream.metadata import StreamInfo
 
 from .options import (
@@ -88,7 +88,19 @@ class WalstreamDataSource(DataSource):
     def name(cls) -> str:
         return "walstream"
 
+    @user_errors
     def schema(self) -> str:
+        """The fixed schema. Spark asks for it in ``load()`` of a read or a readStream (never
+        for a write), so this is where a read's mistakes are found: the options, the deployment
+        file and every stream are checked here, and the first one wrong fails ``load()`` with
+        one line that names it and the fix, before any query runs."""
+        options = _ReadOptions(self.options)
+        # Validity only; a stream reader re-parses them with its own defaults.
+        parse_offsets(self.options, "startingOffsets", EARLIEST)
+        parse_offsets(self.options, "endingOffsets", LATEST)
+        optional_int(self.options, "fromTimestamp", None)
+        optional_int(self.options, "maxRecordsPerTrigger", None, 1)
+        options.stream_infos()
         return SCHEMA
 
     @user_errors
@@ -137,8 +149,20 @@ class _ReadOptions:
         return [SlicePartition(piece) for piece in slices]
 
     def stream_infos(self) -> dict[str, StreamInfo]:
+        """Every stream's info; StreamNotFound names the deployment and the commands to see or
+        create the stream."""
         metadata = backends_for(self.config).metadata
-        return {name: run(metadata.get_stream(name)) for name in self.streams}
+        infos = {}
+        for name in self.streams:
+            try:
+                infos[name] = run(metadata.get_stream(name))
+            except StreamNotFound as missing:
+                raise StreamNotFound(
+                    f"no stream {name!r} in the deployment {self.config}: list its streams with "
+                    f"`walstream -c {self.config} streams list`, or create it with "
+                    f"`walstream -c {self.config} streams create {name}`"
+                ) from missing
+        return infos
 
 
 def _read(config: str, partition: InputPartition) -> Iterator[pa.RecordBatch]:

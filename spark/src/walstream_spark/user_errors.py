@@ -13,8 +13,8 @@ user error leaves a data source method; a worker exits after reporting an except
 setting never outlives the error it shortens. Only a Spark worker (a process whose main module
 is one of PySpark's) is changed: code calling the reader directly in a driver keeps its
 environment. The user then sees Spark's prefix followed by
-``walstream.errors.StreamNotFound: no active stream 'nope': check the name ...`` on the same
-first line. Other errors (corruption, an unreachable backend, bugs) keep their traceback.
+``walstream.errors.StreamNotFound: no stream 'nope' in the deployment ...: list its streams
+with ...`` on the same first line. Other errors (corruption, an unreachable backend, bugs) keep their traceback.
 """
 
 from __future__ import annotations

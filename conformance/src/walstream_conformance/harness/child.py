@@ -15,7 +15,9 @@ Contract:
   within ``stop_timeout_s``; :meth:`kill` is SIGKILL at once (nothing flushed or closed);
 - :meth:`freeze` / :meth:`thaw` are SIGSTOP / SIGCONT: connections hang, then resume;
 - a child that exits before naming its port raises :class:`walstream.errors.BackendUnavailable`
-  with the tail of its stderr.
+  with the tail of its stderr;
+- the child runs in ``cwd`` (default: this process's working directory); its stderr stays
+  readable after :meth:`stop_and_read_log` for the test to check.
 """
 
 from __future__ import annotations
@@ -23,14 +25,24 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 from typing import IO
 
 from walstream.errors import BackendUnavailable
 
-__all__ = ["ChildServer"]
+__all__ = ["ChildServer", "free_port"]
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that was free a moment ago (for a child that must know its port
+    before it starts, e.g. to advertise it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 class ChildServer:
@@ -41,9 +53,10 @@ class ChildServer:
     start_timeout_s = 15.0
     stop_timeout_s = 10.0
 
-    def __init__(self, name: str, *, port: int = 0) -> None:
+    def __init__(self, name: str, *, port: int = 0, cwd: Path | None = None) -> None:
         self.name = name
         self.port = port
+        self.cwd = cwd
         self.process: subprocess.Popen[str] | None = None
         self._log: IO[str] | None = None
         self._frozen = False
@@ -99,6 +112,7 @@ class ChildServer:
                 stderr=self._log,
                 text=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", **self.environment()},
+                cwd=self.cwd,
             )
             self.process = process
             assert process.stdout is not None
@@ -120,6 +134,15 @@ class ChildServer:
         """Close stdin and SIGTERM; SIGKILL if it has not exited within ``stop_timeout_s``."""
         self._reap(kill=False)
         self._close_log()
+
+    def stop_and_read_log(self) -> tuple[int | None, str]:
+        """:meth:`stop`, then the child's exit code (None if it never ran) and its whole
+        stderr."""
+        process = self.process
+        self._reap(kill=False)
+        log = self._read_log(tail_chars=None)
+        self._close_log()
+        return (None if process is None else process.returncode), log
 
     def kill(self) -> None:
         """SIGKILL: it stops answering at once, with no chance to flush anything."""
@@ -182,8 +205,9 @@ class ChildServer:
             self._log.close()
             self._log = None
 
-    def _read_log(self) -> str:
+    def _read_log(self, tail_chars: int | None = 2000) -> str:
         if self._log is None:
             return ""
         self._log.seek(0)
-        return self._log.read()[-2000:]
+        text = self._log.read()
+        return text if tail_chars is None else text[-tail_chars:]

@@ -104,7 +104,7 @@ class LocalObjectStore(ObjectStore):
         self.root = Path(root)
         self.fsync = fsync
 
-    # ------------------------------------------------------------------ paths and helpers
+    # ------------------------------------------------------------------ paths and internals
 
     def path_of(self, key: str) -> Path:
         validate_key(key)

@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -49,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from walstream.errors import BackendUnavailable
-from walstream_conformance.harness.child import ChildServer
+from walstream_conformance.harness.child import ChildServer, free_port
+from walstream_conformance.harness.serve import WalstreamServe, walstream_command
 from walstream_wal_s3.testing.moto import TEST_CREDENTIALS, MotoServer
 
 from .server import PostgresServer
@@ -66,7 +65,6 @@ __all__ = [
 ]
 
 BUCKET = "walstream"
-_LISTENING = re.compile(r"listening on http://[^\s:]+:(\d+)")
 
 
 def cluster_features_available() -> bool:
@@ -93,51 +91,22 @@ def cluster_features_available() -> bool:
     return True
 
 
-def free_port() -> int:
-    """A port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def walstream_command() -> list[str]:
-    """The ``walstream`` command of this interpreter's environment."""
-    script = shutil.which("walstream", path=str(Path(sys.executable).parent))
-    return [script] if script else [sys.executable, "-m", "walstream.cli"]
-
-
-class ServeNode(ChildServer):
-    """One ``walstream serve`` process on a fixed port (its first stdout line names its URL)."""
-
-    start_timeout_s = 60.0
-    stop_timeout_s = 30.0
+class ServeNode(WalstreamServe):
+    """One ``walstream serve`` process of the cluster, on a fixed port."""
 
     def __init__(self, node_id: int, port: int, config_path: Path) -> None:
-        super().__init__(f"walstream node {node_id}", port=port)
-        self.node_id = node_id
-        self.config_path = config_path
-
-    def command(self) -> list[str]:
-        return [
-            *walstream_command(),
-            "--config",
-            str(self.config_path),
-            "serve",
-            "--listen",
-            f"127.0.0.1:{self.port}",
-        ]
-
-    def environment(self) -> dict[str, str]:
         # The AWS credential chain of a node: a node failing over another one opens that node's
         # s3 WAL from the configuration it registered, which carries no secrets.
-        return {
-            "AWS_ACCESS_KEY_ID": TEST_CREDENTIALS["access_key_id"],
-            "AWS_SECRET_ACCESS_KEY": TEST_CREDENTIALS["secret_access_key"],
-        }
-
-    def parse_port(self, line: str) -> int | None:
-        match = _LISTENING.search(line)
-        return int(match.group(1)) if match else None
+        super().__init__(
+            config_path,
+            name=f"walstream node {node_id}",
+            port=port,
+            environ={
+                "AWS_ACCESS_KEY_ID": TEST_CREDENTIALS["access_key_id"],
+                "AWS_SECRET_ACCESS_KEY": TEST_CREDENTIALS["secret_access_key"],
+            },
+        )
+        self.node_id = node_id
 
     @property
     def frozen(self) -> bool:

@@ -26,7 +26,6 @@ import pwd
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from walstream.errors import BackendUnavailable, ConfigError
+from walstream_conformance.harness.child import free_port
 
 __all__ = ["PostgresServer", "find_postgres_bin"]
 
@@ -64,12 +64,6 @@ def find_postgres_bin() -> Path:
             "postgresql package (make install does), or set WALSTREAM_PG_BIN"
         )
     return max(versions)[1]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class PostgresServer:
@@ -156,7 +150,7 @@ class PostgresServer:
             return
         first = not self.port
         if first:
-            self.port = _free_port()
+            self.port = free_port()
         command = [
             str(self.bin / "postgres"),
             "-D",
