@@ -4,7 +4,9 @@ client's appends through another node are acknowledged again.
 The cluster (``walstream_metadata_postgres.testing.cluster``): one PostgreSQL (metadata), one moto
 S3 (objects and every node's s3 WAL, each node its own prefix), three ``walstream serve``
 processes with ``node.advertise`` and the ``cluster:`` section at walstream's defaults unless
-``--lease`` / ``--heartbeat`` say otherwise.
+``--lease`` / ``--heartbeat`` say otherwise. ``--wal nvme-quorum`` gives every node an
+nvme-quorum WAL instead, on three ``walstream-chunkd`` processes the nodes share (each node
+its own log, ``node-<id>``).
 
 Each round:
 
@@ -28,6 +30,7 @@ expires), each as a ratio.
     .venv/bin/python bench/failover.py --quick    # 3 kills
     .venv/bin/python bench/failover.py --kills 50 --lease 2s --heartbeat 300ms
     .venv/bin/python bench/failover.py --restart-owner   # baseline: restart instead of failover
+    .venv/bin/python bench/failover.py --wal nvme-quorum  # the same on an nvme-quorum WAL
 
 ``--restart-owner`` is the baseline without failover: the client appends through node 1 itself
 and node 1 is restarted at once after each kill (a supervisor's restart plus WAL replay).
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import sys
 import time
@@ -260,7 +264,8 @@ def plot(document: dict[str, Any], path: Path) -> bool:
         right.set_ylabel("fraction of streams")
         right.set_title("CDF")
         mode = document["settings"]["mode"]
-        figure.suptitle(f"walstream {mode}: kill -9 of the owner, 3 nodes, s3 WAL")
+        wal = document["settings"]["wal"]
+        figure.suptitle(f"walstream {mode}: kill -9 of the owner, 3 nodes, {wal} WAL")
 
     return save_plot(path, draw, figsize=(11, 4), columns=2, dpi=110)
 
@@ -273,15 +278,17 @@ async def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    settings = ClusterSettings(
-        nodes=3,
-        lease_duration=args.lease,
-        heartbeat_interval=args.heartbeat,
-        extra={"upload": {"max_interval": "100ms"}},
-    )
     rounds: list[dict[str, Any]] = []
     started = time.monotonic()
-    with Cluster(settings) as cluster:
+    with contextlib.ExitStack() as stack:
+        settings = ClusterSettings(
+            nodes=3,
+            lease_duration=args.lease,
+            heartbeat_interval=args.heartbeat,
+            extra={"upload": {"max_interval": "100ms"}},
+            wal=stack.enter_context(shared_wal(args.wal)),
+        )
+        cluster = stack.enter_context(Cluster(settings))
         lease_s = parse_duration(args.lease) if args.lease else probe_lease(cluster)
         async with S2Http(settings.token, BASIN, timeout_s=args.request_timeout) as client:
             await client.ensure_basin(cluster.url(OWNER))
@@ -302,7 +309,7 @@ async def run(args: argparse.Namespace) -> int:
         "machine": machine(),
         "settings": {
             "nodes": 3,
-            "wal": "s3",
+            "wal": args.wal,
             "mode": "restart-owner" if args.restart_owner else "failover",
             "lease": args.lease or "default",
             "heartbeat": args.heartbeat or "default",
@@ -326,7 +333,8 @@ async def run(args: argparse.Namespace) -> int:
         "rounds": rounds,
     }
     print(table(document))
-    out = args.json or RESULTS / "failover.json"
+    default_name = "failover.json" if args.wal == "s3" else f"failover-{args.wal}.json"
+    out = args.json or RESULTS / default_name
     write_json(out, document)
     if plot(document, out.with_suffix(".png")):
         print(f"wrote {out} and {out.with_suffix('.png')}")
@@ -336,6 +344,22 @@ async def run(args: argparse.Namespace) -> int:
     broken = summary["lost"] or summary["duplicated"] or summary["recovered"] < summary["samples"]
     broken = broken or any(entry["errors"] for entry in rounds)
     return 1 if broken else 0
+
+
+@contextlib.contextmanager
+def shared_wal(kind: str) -> Any:
+    """The ``wal`` section of every node: None (the rig's s3 WAL per node) for ``s3``; for
+    ``nvme-quorum``, three chunk servers (stopped on exit) that every node reaches."""
+    if kind == "s3":
+        yield None
+        return
+    import tempfile
+
+    from walstream_wal_nvme_quorum.testing.processes import chunk_servers
+
+    with tempfile.TemporaryDirectory(prefix="failover-chunkd-") as root:
+        with chunk_servers(Path(root), 3) as servers:
+            yield {"type": "nvme-quorum", "servers": [server.address for server in servers]}
 
 
 def probe_lease(cluster: Cluster) -> float:
@@ -375,6 +399,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the baseline without failover: the client appends through node 1, which is "
         "restarted at once after each kill (recovery by restart and WAL replay)",
+    )
+    parser.add_argument(
+        "--wal",
+        choices=("s3", "nvme-quorum"),
+        default="s3",
+        help="every node's WAL: s3 (its own prefix on the cluster's S3, default) or "
+        "nvme-quorum (three chunk servers shared by the nodes)",
     )
     parser.add_argument("--request-timeout", type=float, default=5.0, help="seconds per request")
     parser.add_argument(

@@ -347,3 +347,19 @@ def test_endpoint_url_without_an_http_scheme_is_a_config_error(endpoint: str) ->
     with pytest.raises(ConfigError, match=r"endpoint_url: .* http:// or https://"):
         S3Settings(bucket="data", endpoint_url=endpoint)
     assert S3Settings(bucket="data", endpoint_url="http://127.0.0.1:9000").endpoint_url
+
+
+async def test_s3_stores_share_the_parsed_service_model(make_store: Any) -> None:
+    """Each store has its own botocore session (credentials, configuration) but not its own copy
+    of S3's service model: a second store of the process, e.g. the one a failover opens for a
+    dead node's WAL, does not parse it again."""
+    first, second = make_store(), make_store()
+    await first.put("shared-model/a", b"a")
+    await second.put("shared-model/b", b"b")
+    sessions = (first.client._session, second.client._session)
+    assert sessions[0] is not sessions[1]
+    loaders = [session.get_component("data_loader") for session in sessions]
+    assert loaders[0] is loaders[1]
+    assert await second.get("shared-model/a") == b"a"
+    await first.close()
+    await second.close()

@@ -63,6 +63,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
     ResponseStreamingError,
 )
+from botocore.loaders import Loader, create_loader
 from walstream.clock import Clock, SystemClock, make_rng
 from walstream.config import parse_duration
 from walstream.errors import (
@@ -328,6 +329,27 @@ class _LoopClient:
     exit: Callable[..., Awaitable[Any]] | None = None
 
 
+_LOADERS: dict[str | None, Loader] = {}
+"""botocore data loaders by data path, shared by every session of this process."""
+
+
+def new_session() -> AioSession:
+    """A botocore session whose data loader is shared with every other session of the process.
+
+    The loader caches the parsed JSON models (S3's service model, endpoints, partitions); a
+    fresh loader parses them again, about 0.3 s of CPU on an idle core and more on a busy one,
+    for every store created. A node creates one for each WAL it opens: a failover opens the
+    dead node's WAL, so that parse would sit on the recovery path of every failover. Sessions
+    stay separate (credentials, configuration); only the read-only model data is shared."""
+    session = get_session()
+    data_path = session.get_config_variable("data_path")
+    loader = _LOADERS.get(data_path)
+    if loader is None:
+        loader = _LOADERS[data_path] = create_loader(data_path)
+    session.register_component("data_loader", loader)
+    return session
+
+
 class S3Client:
     """Async S3 access: one aiobotocore client per event loop, retries, error translation.
 
@@ -349,7 +371,7 @@ class S3Client:
         self.settings = settings
         self._rng = rng or make_rng(None)
         self._clock: Clock = clock or SystemClock()
-        self._session = session or get_session()
+        self._session = session or new_session()
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClient] = (
             weakref.WeakKeyDictionary()
         )

@@ -14,7 +14,13 @@ A node with a ``cluster:`` section holds a lease in the metadata store
 * **Watching.** Each heartbeat also lists the nodes; for a RUNNING node whose lease expired on the
   store's clock, it tries :meth:`~walstream.metadata.MetadataStore.claim_failover` (one
   conditional write: exactly one claimer wins) and the winner runs the failover (``take_over``)
-  in a task of its own, so the winner's heartbeats go on during a long replay.
+  in a task of its own, so the winner's heartbeats go on during a long replay. When a watch sees
+  another node's lease (or failover lease) run out before the next heartbeat, the next
+  heartbeat comes right after that expiry instead: detection costs a store round trip, not up
+  to a heartbeat interval. Only a node that stopped renewing gets that close to its expiry (a
+  live one renews ``lease_duration / heartbeat_interval`` times per lease), so the extra
+  renewals are few; the claim itself stays the store's conditional write, so an early one is
+  simply refused.
 * **Failover leases.** The claim gives the winner a failover lease of ``lease_duration``, which
   it renews every ``heartbeat_interval`` while the replay runs
   (:meth:`~walstream.metadata.MetadataStore.renew_failover`). A failover that stops halfway —
@@ -48,6 +54,10 @@ __all__ = ["MAX_RETRY_BACKOFF_S", "ClusterMember", "ClusterStats"]
 
 MAX_RETRY_BACKOFF_S = 60.0
 """The longest a node waits before claiming again a failover that failed on it."""
+
+EXPIRY_SLACK_S = 0.005
+"""How long after another node's expiry, as the store reported it, the early heartbeat comes:
+the claim needs the expiry strictly in the past on the store's (millisecond) clock."""
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +115,9 @@ class ClusterMember:
         """Failures in a row of this member's failovers, by node (the backoff grows with it)."""
         self._retry_at: dict[int, float] = {}
         """Monotonic time before which this member does not claim that node again."""
+        self._wake_at: float | None = None
+        """Monotonic time just after the soonest expiry of another node's lease or failover
+        lease that this member could claim, as of the last watch (None: none to wait for)."""
         self.stats = ClusterStats()
         self.nodes: list[NodeInfo] = []
         """The nodes at the last watch."""
@@ -134,9 +147,17 @@ class ClusterMember:
         if self._failovers:
             await asyncio.gather(*self._failovers, return_exceptions=True)
 
+    def next_heartbeat_s(self) -> float:
+        """Seconds until the next heartbeat: ``heartbeat_interval``, or less when another
+        node's lease that this member could claim runs out sooner (module docstring)."""
+        wait = self.config.heartbeat_interval_s
+        if self._wake_at is not None:
+            wait = min(wait, max(self._wake_at - self._clock.monotonic(), EXPIRY_SLACK_S))
+        return wait
+
     async def _run(self) -> None:
         while True:
-            await self._clock.sleep(self.config.heartbeat_interval_s)
+            await self._clock.sleep(self.next_heartbeat_s())
             if self._gate.failure is not None or self._gate.lease_lost():
                 # A failed node stops renewing: its lease runs out and another node replays
                 # its WAL, which is what a failed node needs. (A closing node renews on until
@@ -194,13 +215,16 @@ class ClusterMember:
         claimed."""
         nodes = await self._metadata.list_nodes()
         now_ms = await self._metadata.store_time_ms()
+        read_at = self._clock.monotonic()
         self.nodes = nodes
         self.stats.nodes_total = len(nodes)
         self.stats.nodes_live = sum(1 for node in nodes if node.live(now_ms))
         claimed: list[NodeInfo] = []
+        self._wake_at = None
         if self._take_over is None:
             return claimed
         lease_ms = int(self.config.lease_duration_s * 1000)
+        self._wake_at = self._soonest_expiry(nodes, now_ms, read_at)
         for node in nodes:
             if node.node_id == self._node_id or not failover_claimable(node, now_ms):
                 continue
@@ -233,6 +257,24 @@ class ClusterMember:
             self._failovers.add(task)
             task.add_done_callback(self._failovers.discard)
         return claimed
+
+    def _soonest_expiry(self, nodes: list[NodeInfo], now_ms: int, read_at: float) -> float | None:
+        """The monotonic time just after the soonest lease expiry (store time ``now_ms`` read
+        at ``read_at``) among the nodes this member could claim once it expires."""
+        soonest: int | None = None
+        for node in nodes:
+            if (
+                node.node_id == self._node_id
+                or node.node_id in self._replaying
+                or node.state not in (NodeState.RUNNING, NodeState.FAILING_OVER)
+                or node.lease_expires_ms < now_ms
+            ):
+                continue  # ours, being replayed here, holding no lease, or claimable now
+            if soonest is None or node.lease_expires_ms < soonest:
+                soonest = node.lease_expires_ms
+        if soonest is None:
+            return None
+        return read_at + (soonest - now_ms) / 1000 + EXPIRY_SLACK_S
 
     async def _run_failover(self, node: NodeInfo) -> None:
         assert self._take_over is not None
@@ -306,7 +348,7 @@ class ClusterMember:
         # The claim was sent before now: the failover lease is measured from here at the latest.
         deadline = self._clock.monotonic() + lease_s - self.config.fence_margin_s
         while not replay.done():
-            await self._clock.sleep(self.config.heartbeat_interval_s)
+            await self._clock.sleep(self.next_heartbeat_s())
             if replay.done():
                 return
             sent = self._clock.monotonic()

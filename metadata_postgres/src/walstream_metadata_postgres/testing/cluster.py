@@ -9,6 +9,7 @@ deployment YAML in the cluster folder::
     metadata: {type: postgres, dsn: ..., schema: ...}
     object_store: {type: s3, bucket: walstream, prefix: objects/, endpoint_url: <gate>, ...}
     wal: {type: s3, bucket: walstream, prefix: wal/node-i/, endpoint_url: <gate>, ...}
+                                         (or ClusterSettings.wal, e.g. nvme-quorum)
     cluster: {lease_duration: ..., heartbeat_interval: ...}
     server: {token: ...}
 
@@ -142,6 +143,10 @@ class ClusterSettings:
     """Write ``node.advertise`` and ``cluster:`` (None: when the installed walstream has them)."""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Sections merged into every deployment (e.g. ``upload``)."""
+    wal: dict[str, Any] | None = None
+    """The ``wal`` section of every node, e.g. ``{type: nvme-quorum, servers: [...]}`` (a WAL
+    every node can reach, keyed by node id); None: an s3 WAL of its own per node
+    (``wal/node-<id>/`` on the cluster's S3)."""
 
 
 class Cluster:
@@ -194,7 +199,11 @@ class Cluster:
             "node": node,
             "metadata": {"type": "postgres", "dsn": self.postgres.dsn, "schema": "walstream"},
             "object_store": {"type": "s3", **self.s3_options("objects/")},
-            "wal": {"type": "s3", **self.s3_options(f"wal/node-{node_id}/")},
+            "wal": (
+                {"type": "s3", **self.s3_options(f"wal/node-{node_id}/")}
+                if self.settings.wal is None
+                else dict(self.settings.wal)
+            ),
             "server": {"token": self.settings.token},
         }
         if self.cluster_keys:
