@@ -242,3 +242,17 @@ async def test_a_body_over_the_bound_is_413_and_an_outside_cancel_stays_a_cancel
     reading.cancel()
     with pytest.raises(asyncio.CancelledError):
         await reading
+
+
+async def test_a_body_is_complete_once_its_declared_length_arrived() -> None:
+    deadlines = BodyDeadlines(0.3)
+    parts = iter([_message(b"abc", more=True)])
+
+    async def then_nothing() -> dict[str, Any]:
+        part = next(parts, None)
+        if part is None:
+            await asyncio.Event().wait()  # the end-of-body message would come later, or never
+        assert part is not None
+        return part
+
+    assert await read_body(then_nothing, deadlines, 1024, lambda: None, declared=3) == b"abc"

@@ -113,8 +113,13 @@ class FastAppend:
         if content_type == S2S:
             return False
         declared = headers.get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > app.max_body_bytes):
-            return False
+        length: int | None = None
+        if declared is not None:
+            if not declared.isdigit():
+                return False
+            length = int(declared)
+            if length > app.max_body_bytes:
+                return False
         if app.token is not None and not self._authorized(headers.get(b"authorization")):
             return False
         base64_format = False
@@ -148,7 +153,7 @@ class FastAppend:
 
         status = 200
         try:
-            body = await read_body(receive, app.deadlines, app.max_body_bytes, body_read)
+            body = await read_body(receive, app.deadlines, app.max_body_bytes, body_read, length)
             if content_type in PROTOBUF_TYPES:
                 parsed = decode_append_input(body)
             else:
