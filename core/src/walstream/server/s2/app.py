@@ -50,8 +50,17 @@ from walstream.records import check_text, parse_int_text
 from walstream.server.cluster_status import cluster_health
 from walstream.server.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAIT_S, ServerLimits
 from walstream.server.s2 import records, routing
-from walstream.server.s2.asgi import Receive, Request, Scope, Send
+from walstream.server.s2.asgi import (
+    BodyDeadlines,
+    Receive,
+    Request,
+    Scope,
+    Send,
+    json_object,
+    lifespan,
+)
 from walstream.server.s2.errors import S2Error, from_walstream
+from walstream.server.s2.fast_append import FastAppend
 from walstream.server.s2.model import (
     ROOT_BASIN,
     basin_config_json,
@@ -95,6 +104,8 @@ class S2App:
         self.max_body_bytes = max_body_bytes
         self.max_wait_s = max_wait_s
         self.limits = limits or ServerLimits()
+        self.deadlines = BodyDeadlines(self.limits.body_timeout_s)
+        """Bounds the time every request body takes to arrive (``server.body_timeout``)."""
         self.long_polls = 0
         """Reads that wait (``wait > 0``, SSE and S2S sessions) in progress."""
         self.stopping = asyncio.Event()
@@ -111,6 +122,8 @@ class S2App:
         """Which other node owns a stream (requests for it are forwarded there)."""
         self.rejoins = 0
         """Times :meth:`replace_client` swapped in a new client (a fenced node rejoined)."""
+        self.fast_append = FastAppend(self)
+        """The hot path of unary appends to streams this node writes."""
 
     def replace_client(self, client: Client) -> Client:
         """Serve ``client`` from now on and return the one it replaces (the caller closes it).
@@ -162,12 +175,13 @@ class S2App:
     # -- ASGI ---------------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
-            return
         if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await lifespan(receive, send)
             return
-        request = Request(scope, receive, send, self.max_body_bytes, self.limits.body_timeout_s)
+        if scope["method"] == "POST" and await self.fast_append(scope, receive, send):
+            return
+        request = Request(scope, receive, send, self.max_body_bytes, self.deadlines)
         route = "(unmatched)"
         try:
             if request.error is not None:
@@ -175,18 +189,23 @@ class S2App:
             route = self._route_name(request)
             await self._dispatch(request)
         except S2Error as error:
-            await self._answer_error(request, error)
+            await self.answer_error(request, error)
         except WalstreamError as error:
-            await self._answer_error(request, from_walstream(error))
+            await self.answer_error(request, from_walstream(error))
         except Exception:
             log.exception("%s %s failed unexpectedly", request.method, scope.get("path"))
-            await self._answer_error(
+            await self.answer_error(
                 request, S2Error(500, "other", "internal error; the server log has the details")
             )
-        key = (request.method, route, request.status)
+        self.count_request(request.method, route, request.status)
+
+    def count_request(self, method: str, route: str, status: int) -> None:
+        """Count one answered request for ``/metrics``."""
+        key = (method, route, status)
         self.requests[key] = self.requests.get(key, 0) + 1
 
-    async def _answer_error(self, request: Request, error: S2Error) -> None:
+    async def answer_error(self, request: Request, error: S2Error) -> None:
+        """Answer ``error`` (unless a streaming answer began: then it is reported in-band)."""
         if error.status >= 500:
             log.warning("%s failed: %s %s", request.method, error.code, error.message)
         if request.started:
@@ -297,7 +316,7 @@ class S2App:
             if method == "GET":
                 return await self.list_basins(request)
             if method == "POST":
-                body = await _json_object(request)
+                body = await json_object(request)
                 name = _basin_name(body.get("basin"))
                 if name == ROOT_BASIN:
                     raise _root_basin_exists()
@@ -314,7 +333,7 @@ class S2App:
             config = await self.basin_config(name)
             return await request.respond_json(200, basin_config_json(config))
         if method == "PUT":
-            body = await _json_object(request, allow_empty=True)
+            body = await json_object(request, allow_empty=True)
             config = check_basin_config(body.get("config"))
             if name == ROOT_BASIN:
                 return await request.respond_json(
@@ -404,7 +423,7 @@ class S2App:
             if method == "GET":
                 return await self.list_streams(request, basin)
             if method == "POST":
-                body = await _json_object(request)
+                body = await json_object(request)
                 stream = body.get("stream")
                 if not isinstance(stream, str):
                     raise S2Error(422, "invalid", "stream: expected the stream name (a string)")
@@ -427,13 +446,19 @@ class S2App:
         try:
             return await self._stream_route(request, method, basin, name, rest)
         except FencedError:
-            # The claim was refused: another node took the stream meanwhile, or its owner is
-            # not reachable yet (not live, not failed over). A retry is routed afresh.
-            stream = await self.open_stream(name)
-            if stream.writing:
-                raise
-            owner = await self.router.owner_elsewhere(stream.stream_id, fresh=True)
-            raise routing.not_owner_here(owner, self.client.node_id) from None
+            await self.refused_claim(name)
+            raise
+
+    async def refused_claim(self, name: str) -> None:
+        """After a FencedError on stream ``name``: when this node does not write it, its claim
+        was refused (another node took it meanwhile, or its owner is not reachable yet) and the
+        answer is 503 with where it went (a retry is routed afresh); else the caller re-raises
+        (this node's writer was fenced)."""
+        stream = await self.open_stream(name)
+        if stream.writing:
+            return
+        owner = await self.router.owner_elsewhere(stream.stream_id, fresh=True)
+        raise routing.not_owner_here(owner, self.client.node_id) from None
 
     async def _stream_route(
         self, request: Request, method: str, basin: str, name: str, rest: list[str]
@@ -448,7 +473,7 @@ class S2App:
             await self.open_stream(name)
             return await request.respond_json(200, stream_config_json())
         if method == "PUT":
-            body = await _json_object(request, allow_empty=True)
+            body = await json_object(request, allow_empty=True)
             check_stream_config(body)
             try:
                 await self.open_stream(name)
@@ -462,7 +487,7 @@ class S2App:
                 headers=[(b"s2-provision-result", result)],
             )
         if method == "PATCH":
-            check_stream_config(await _json_object(request, allow_empty=True))
+            check_stream_config(await json_object(request, allow_empty=True))
             await self.open_stream(name)
             return await request.respond_json(200, stream_config_json())
         if method == "DELETE":
@@ -525,40 +550,8 @@ def _token_bytes(token: str) -> bytes:
         raise ConfigError(f"{error}; set a token of valid UTF-8 text") from None
 
 
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-
-
 def _not_allowed(method: str) -> S2Error:
     return S2Error(405, "bad_path", f"method {method} is not allowed on this route")
-
-
-async def _json_object(request: Request, allow_empty: bool = False) -> dict[str, Any]:
-    if allow_empty and not _has_body(request):
-        return {}
-    document = await request.json()
-    if document is None and allow_empty:
-        return {}
-    if not isinstance(document, dict):
-        raise S2Error(422, "invalid", "the body must be a JSON object")
-    return document
-
-
-def _has_body(request: Request) -> bool:
-    """True when the request has a body (a PUT may come without one)."""
-    length = request.header("content-length")
-    if length is not None:
-        return length not in ("0", "")
-    return (
-        request.header("content-type") is not None
-        or request.header("transfer-encoding") is not None
-    )
 
 
 def _basin_name(value: Any, status: int = 422) -> str:

@@ -259,7 +259,7 @@ async def append_session(app: S2App, request: Request, basin: str, name: str) ->
             log.warning("an append session failed", exc_info=error)
         with suppress(Exception):
             await request.write(encode_terminal(s2_error.status, s2_error.encoded()))
-        # Let the client's last frames arrive before the answer ends (see S2App._answer_error).
+        # Let the client's last frames arrive before the answer ends (see S2App.answer_error).
         await request.drain()
     finally:
         stopping.cancel()
