@@ -101,6 +101,8 @@ def plan(names: list[str], *, full: bool, workdir: Path, profile: bool = False) 
 def execute(run: Run, timeout_s: float) -> None:
     """Run one benchmark to completion or ``timeout_s``; fill in status, seconds and JSON."""
     log = RESULTS / f"{run.name}.log"
+    for stale in (RESULTS / f"{run.name}.profile.txt", RESULTS / f"{run.name}.pyspy.raw"):
+        stale.unlink(missing_ok=True)  # a profile of an earlier run must not pass for this one's
     started_wall = time.time()
     started = time.monotonic()
     with log.open("w") as output:
