@@ -6,16 +6,25 @@
     .venv/bin/python bench/run_all.py wal_s3 engine   # only these (script stems; engine =
                                                       #   walstream bench)
 
+    .venv/bin/python bench/run_all.py --profile       # each script under py-spy as well
+
 A benchmark's own table goes to ``bench/results/<name>.log``, its JSON stays where it writes it
 (``bench/results/<name>.json``); ``bench/results/run_all.json`` lists every run: status
 (``ok``, ``failed``, ``timeout``, ``skipped`` when a module or tool it needs is not installed),
 seconds, exit code, and the benchmark's JSON when it wrote one. Exits 1 if any benchmark failed
 or timed out.
+
+After the runs it prints the targets table (``bench/_targets.py``): every target of the
+project's paths with the figure reached, the device's, peer's or rig's figure measured in the
+same run, the ratio, the target and whether it is met; a target not met names the py-spy top
+list of its benchmark (``--profile`` writes ``bench/results/<name>.profile.txt`` for this run;
+else the one saved in ``bench/figures/profile_<name>.txt``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -26,6 +35,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import _profile
+import _targets
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
@@ -60,7 +72,7 @@ def scripts() -> list[str]:
     )
 
 
-def plan(names: list[str], *, full: bool, workdir: Path) -> list[Run]:
+def plan(names: list[str], *, full: bool, workdir: Path, profile: bool = False) -> list[Run]:
     runs: list[Run] = []
     for name in names:
         if name == ENGINE:
@@ -80,6 +92,8 @@ def plan(names: list[str], *, full: bool, workdir: Path) -> list[Run]:
             runs.append(Run(name, command, results, cwd=workdir))
         else:
             command = [sys.executable, str(BENCH / f"{name}.py"), *([] if full else ["--quick"])]
+            if profile:
+                command = _profile.record_command(RESULTS / f"{name}.pyspy.raw", command)
             runs.append(Run(name, command, RESULTS / f"{name}.json"))
     return runs
 
@@ -87,6 +101,8 @@ def plan(names: list[str], *, full: bool, workdir: Path) -> list[Run]:
 def execute(run: Run, timeout_s: float) -> None:
     """Run one benchmark to completion or ``timeout_s``; fill in status, seconds and JSON."""
     log = RESULTS / f"{run.name}.log"
+    for stale in (RESULTS / f"{run.name}.profile.txt", RESULTS / f"{run.name}.pyspy.raw"):
+        stale.unlink(missing_ok=True)  # a profile of an earlier run must not pass for this one's
     started_wall = time.time()
     started = time.monotonic()
     with log.open("w") as output:
@@ -113,6 +129,9 @@ def execute(run: Run, timeout_s: float) -> None:
             run.status = "failed"
             tail = [line for line in text.splitlines() if line.strip()][-1:]
             run.detail = f"exit code {run.returncode}: {' '.join(tail)}"[:120]
+    raw = RESULTS / f"{run.name}.pyspy.raw"
+    if raw.exists() and raw.stat().st_mtime >= started_wall:
+        _profile.write_top(raw, RESULTS / f"{run.name}.profile.txt", title=run.name)
     if run.results.exists() and run.results.stat().st_mtime >= started_wall:
         try:
             run.document = json.loads(run.results.read_text())
@@ -140,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"one of {', '.join(available)}")
     parser.add_argument("--full", action="store_true", help="full-length runs (no --quick)")
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="run each script under py-spy; top lists in bench/results/<name>.profile.txt",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=None,
@@ -152,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     timeout_s = args.timeout or (3600.0 if args.full else 600.0)
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="walstream-bench-") as workdir:
-        runs = plan(args.names or available, full=args.full, workdir=Path(workdir))
+        runs = plan(
+            args.names or available, full=args.full, workdir=Path(workdir), profile=args.profile
+        )
         for run in runs:
             print(f"running {run.name} (at most {timeout_s:.0f} s) ...", flush=True)
             execute(run, timeout_s)
@@ -160,9 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     table = summary(runs)
     print()
     print(table)
+    documents = {run.name: run.document for run in runs if run.document is not None}
+    targets = _targets.rows(documents, RESULTS)
+    print(f"\ntargets ({'full' if args.full else 'quick'} runs; ratios within the same run)")
+    print(_targets.render(targets))
     document = {
         "mode": "full" if args.full else "quick",
         "timeout_s": timeout_s,
+        "targets": [dataclasses.asdict(row) for row in targets],
         "runs": [
             {
                 "name": run.name,

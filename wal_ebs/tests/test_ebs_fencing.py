@@ -9,6 +9,7 @@ import pytest
 from walstream.clock import ManualClock
 from walstream.errors import FencedError, WalstreamError
 from walstream.wal import WalMode
+from walstream_wal_ebs import EbsWal
 from walstream_wal_ebs.layout import BLOCK_BYTES, FORMAT_VERSION, HeaderSlot, pick_header
 
 
@@ -154,3 +155,80 @@ async def test_clean_close_gives_the_lease_back(wal_path: Path, open_wal) -> Non
     assert clock.monotonic() == started  # nothing to wait for
     assert [record.data for record in records] == [b"x"]
     await successor.close()
+
+
+class _HeldHeaderRead:
+    """Holds the result of the WAL's next fence read until :meth:`release`: the read has looked
+    at the header, and its answer is still on its way (a read under way)."""
+
+    def __init__(self, wal: EbsWal) -> None:
+        self._original = wal._read_header
+        self.entered = asyncio.Event()
+        self._gate = asyncio.Event()
+        self._held = False
+        wal._read_header = self._read  # type: ignore[method-assign]
+
+    async def _read(self) -> HeaderSlot:
+        header = await self._original()
+        if not self._held:
+            self._held = True
+            self.entered.set()
+            await self._gate.wait()
+        return header
+
+    def release(self) -> None:
+        self._gate.set()
+
+
+async def _until_waiting_for_fence(wal: EbsWal, count: int) -> None:
+    async with asyncio.timeout(10):
+        while len(wal._fence_waiters) < count:
+            await asyncio.sleep(0.001)
+
+
+async def test_read_under_way_acknowledges_writes_durable_within_its_lease(
+    wal_path: Path, open_wal
+) -> None:
+    clock = ManualClock()
+    wal, _ = await open_wal(wal_path, epoch=1, clock=clock)
+    await wal.append(b"first")
+    clock.advance(wal.fence_lease_s)  # the lease ran out: the next group reads the header
+    held = _HeldHeaderRead(wal)
+    reads = wal.fence_reads
+    first = asyncio.ensure_future(wal.append(b"a"))
+    await held.entered.wait()
+    second = asyncio.ensure_future(wal.append(b"b"))
+    clock.advance(wal.fence_lease_s / 2)  # b is sealed and durable within the read's lease
+    await _until_waiting_for_fence(wal, 1)
+    held.release()
+    offsets = await asyncio.gather(first, second)
+    assert offsets[0] < offsets[1]
+    assert wal.fence_reads == reads + 1  # b needed no read of its own
+    await wal.close()
+
+
+async def test_write_durable_after_the_lease_of_the_read_under_way_waits_for_the_next_read(
+    wal_path: Path, open_wal
+) -> None:
+    # The read under way saw this writer the owner, but b was durable after the lease that read
+    # gives; a FAILOVER completed meanwhile, so only a's acknowledgement is safe.
+    clock = ManualClock()
+    zombie, _ = await open_wal(wal_path, epoch=1, clock=clock)
+    await zombie.append(b"first")
+    clock.advance(zombie.fence_lease_s)
+    held = _HeldHeaderRead(zombie)
+    reads = zombie.fence_reads
+    first = asyncio.ensure_future(zombie.append(b"a"))
+    await held.entered.wait()
+    second = asyncio.ensure_future(zombie.append(b"b"))
+    clock.advance(zombie.fence_lease_s * 1.5)
+    await _until_waiting_for_fence(zombie, 1)
+    taker, recovered = await open_wal(wal_path, epoch=2, mode=WalMode.FAILOVER, clock=ManualClock())
+    held.release()
+    offset = await first
+    with pytest.raises(FencedError, match="taken over by node 1 epoch 2"):
+        await second
+    assert zombie.fence_reads == reads + 2
+    assert offset in [record.offset for record in recovered]
+    await taker.close()
+    await zombie.close()

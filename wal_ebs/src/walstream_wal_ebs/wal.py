@@ -16,7 +16,8 @@ Fencing. A header read that shows this writer the owner proves that no FAILOVER 
 the read started. The writer holds a *fence lease* of ``fence_lease_s`` from the start of such a
 read: a group whose write is durable before the lease runs out is acknowledged without another
 read (a background read renews the lease while groups keep completing); a group durable after it
-waits for a header read that starts after the write. The lease is recorded in the header (format
+waits for a header read that starts after the write, or for the read under way when the lease that
+read yields (from its start) covers the write. The lease is recorded in the header (format
 version 3), and whoever takes the WAL over (FAILOVER, or a restart with a higher epoch) waits it
 out — ``_LEASE_MARGIN`` times the lease plus a millisecond — after fencing the writer and before
 reading the log. So a write the old writer acknowledges was durable before the taker reads the
@@ -182,7 +183,8 @@ class EbsWal(GroupCommitWal):
         self._records: deque[tuple[int, int]] = deque()
         """``(offset, end)`` of every untrimmed record, written or in flight, in order."""
         self._buffers = BufferPool()
-        self._fence_waiters: list[asyncio.Future[None]] = []
+        self._fence_waiters: list[tuple[float, asyncio.Future[None]]] = []
+        """Groups waiting for a header read, each with the clock time its write was durable."""
         self._fence_task: asyncio.Task[None] | None = None
         self.fence_lease_s = fence_lease_s
         self._lease_until = -math.inf
@@ -525,7 +527,7 @@ class EbsWal(GroupCommitWal):
             if self._lease_until - now < self.fence_lease_s / 2:
                 self._start_fence_read()  # renew before it runs out; nobody waits for it
             return
-        await self._check_fence()
+        await self._check_fence(now)
 
     def _recycle(self, writes: list[tuple[memoryview, int]], buffers: list[Any]) -> None:
         for view, _ in writes:
@@ -773,11 +775,14 @@ class EbsWal(GroupCommitWal):
             self._header = second
             return on_device
 
-    async def _check_fence(self) -> None:
-        """Wait for a header read that started after this call: it proves that no FAILOVER
-        took the WAL before the caller's write was durable. Concurrent callers share reads."""
+    async def _check_fence(self, durable_at: float) -> None:
+        """Wait until a header read shows this writer the owner under a lease that covers
+        ``durable_at`` (the clock time the caller's write was durable): either a read that
+        started after it, or one already under way whose lease (from its start) runs past it.
+        Either proves that a FAILOVER taking the WAL now reads the log only after the write was
+        durable (module docstring, *Fencing*). Concurrent callers share reads."""
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._fence_waiters.append(waiter)
+        self._fence_waiters.append((durable_at, waiter))
         self._start_fence_read()
         await waiter
 
@@ -787,10 +792,13 @@ class EbsWal(GroupCommitWal):
             self._fence_task = asyncio.create_task(self._read_fences())
 
     async def _read_fences(self) -> None:
-        """One header read, then one more for as long as waiters arrived during the last one.
-        Each read that shows this writer the owner extends the lease from its start."""
+        """One header read, then one more for as long as waiters remain that it did not cover.
+        Each read that shows this writer the owner extends the lease from its start and releases
+        every waiter whose write was durable before the lease runs out; a waiter whose write was
+        durable later waits for the next read, which starts after that write."""
         while True:
-            waiters, self._fence_waiters = self._fence_waiters, []
+            # Waiters already registered: their writes were durable before this read starts.
+            earlier, self._fence_waiters = self._fence_waiters, []
             problem: WalstreamError | None = None
             started = self.clock.monotonic()
             self.fence_reads += 1
@@ -804,13 +812,17 @@ class EbsWal(GroupCommitWal):
                 self._lease_until = max(self._lease_until, started + self.fence_lease_s)
             else:
                 self._lease_until = -math.inf
-            for waiter in waiters:
+            # Waiters that arrived during the read: covered if durable within its lease.
+            during, self._fence_waiters = self._fence_waiters, []
+            for index, (durable_at, waiter) in enumerate(earlier + during):
                 if waiter.done():
                     continue
-                if problem is None:
+                if problem is not None:
+                    waiter.set_exception(problem)
+                elif index < len(earlier) or durable_at < self._lease_until:
                     waiter.set_result(None)
                 else:
-                    waiter.set_exception(problem)
+                    self._fence_waiters.append((durable_at, waiter))
             if not self._fence_waiters:
                 return
 

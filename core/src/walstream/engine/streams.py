@@ -29,7 +29,6 @@ class LocalStream:
 
     info: StreamInfo
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
     claimed: bool = False
     epoch: int = 0
     next_offset: int = 0
@@ -40,11 +39,22 @@ class LocalStream:
     last_timestamp_ms: int = 0
     fencing_token: str | None = None
     deleted: bool = False
+    _changed: asyncio.Event | None = field(default=None, repr=False)
+
+    @property
+    def changed(self) -> asyncio.Event:
+        """The event the next :meth:`notify` sets (made when first asked for: most
+        acknowledgements have nobody waiting)."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        return self._changed
 
     def notify(self) -> None:
         """Wake everyone waiting on :attr:`changed` (a new event for the next waiters)."""
-        self.changed.set()
-        self.changed = asyncio.Event()
+        changed = self._changed
+        if changed is not None:
+            self._changed = None
+            changed.set()
 
 
 class NodeGate:
