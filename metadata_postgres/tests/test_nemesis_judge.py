@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from walstream_metadata_postgres.testing.nemesis import StreamUnderNemesis, judge
+from walstream_metadata_postgres.testing.nemesis import (
+    StreamUnderNemesis,
+    judge,
+    relevant,
+    stale_tails,
+    violation_kind,
+)
 
 
 def acknowledged_stream(*values: str) -> StreamUnderNemesis:
@@ -52,3 +58,44 @@ def test_an_ambiguous_append_may_land_or_not() -> None:
         operation = stream.history.invoke(1, "append", values=(b"maybe",), match_tail=1)
         operation.outcome = "ambiguous"
         assert judge(stream, final) == []
+
+
+def test_a_tail_older_than_an_acknowledged_append_is_a_stale_tail() -> None:
+    """A read invoked after an append was acknowledged names the tail before it (what a node
+    answering from a view it can no longer vouch for would say)."""
+    for start, result in ((1, ((), 1)), (2, ("out_of_range", 0, 1))):
+        stream = acknowledged_stream("a", "b")
+        read = stream.invoke(100, "read", "http://127.0.0.1:7402", start=start, limit=10)
+        stream.history.ok(read, result)
+        violations = stale_tails(stream)
+        assert len(violations) == 1 and "stale tail 1" in violations[0], violations
+        assert "via='7402'" in violations[0] and "named tail 2" in violations[0]
+        assert any(violation_kind(line) == "stale_tail" for line in judge(stream, ["a", "b"]))
+
+
+def test_a_tail_named_while_the_append_was_in_flight_is_not_stale() -> None:
+    stream = acknowledged_stream("a")
+    read = stream.invoke(100, "read", "http://127.0.0.1:7401", start=1, limit=10)
+    append = stream.invoke(0, "append", "http://127.0.0.1:7402", values=(b"b",), match_tail=1)
+    stream.sent.add("b")
+    stream.history.ok(append, (1, 2))
+    stream.acknowledged["b"] = 1
+    stream.history.ok(read, ((), 1))  # it began before "b" was acknowledged: tail 1 is fine
+    assert stale_tails(stream) == []
+    assert judge(stream, ["a", "b"]) == []
+
+
+def test_operations_of_unknown_outcome_that_cannot_matter_are_left_out_of_the_check() -> None:
+    stream = acknowledged_stream("a")
+    unknown_read = stream.invoke(100, "read", "http://127.0.0.1:7401", start=0, limit=10)
+    unknown_read.outcome = "ambiguous"
+    never = stream.invoke(0, "append", "http://127.0.0.1:7401", values=(b"never",), match_tail=1)
+    never.outcome = "ambiguous"
+    landed = stream.invoke(1, "append", "http://127.0.0.1:7401", values=(b"late",), match_tail=1)
+    landed.outcome = "ambiguous"
+    stream.sent.update({"never", "late"})
+    kept = relevant(stream, ["a", "late"])
+    assert unknown_read not in kept and never not in kept  # they constrain nothing
+    assert landed in kept  # its record is there: it took effect, somewhere after its invocation
+    assert judge(stream, ["a", "late"]) == []
+    assert any("not linearizable" in line for line in judge(stream, ["late", "a"]))

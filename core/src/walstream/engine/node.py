@@ -69,6 +69,14 @@ class Stream:
         """True once this node claimed the stream for writing (it owns it until it stops)."""
         return self._state.claimed
 
+    @property
+    def owned_here(self) -> bool:
+        """True while this node writes the stream and can vouch that its view of the stream is
+        current: it claimed it and (in a cluster) still holds its lease and was not fenced. A
+        stream claimed by a node that lost its lease is :attr:`writing` but not owned here:
+        its reads and tails raise :class:`~walstream.errors.BackendUnavailable`."""
+        return self._client._gate.vouches_for(self._state)
+
     def __repr__(self) -> str:
         return f"Stream(id={self.stream_id}, name={self.name!r})"
 

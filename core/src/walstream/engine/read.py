@@ -73,6 +73,7 @@ class StreamReader:
         await self._registry.refresh_remote(state)
         if state.deleted:
             raise StreamNotFound(f"stream {state.info.stream_id} was deleted")
+        self._gate.check_tail_current(state)  # never a tail the node can no longer vouch for
         return state.acked_tail
 
     async def read(
@@ -97,6 +98,9 @@ class StreamReader:
         await self._registry.refresh_remote(state)
         if state.deleted:
             raise StreamNotFound(f"stream {state.info.stream_id} was deleted")
+        # A node past its lease may have been failed over: neither its tail nor an out-of-range
+        # answer built on it may be older than an append acknowledged elsewhere since.
+        self._gate.check_tail_current(state)
         if tail_offset is not None:
             if tail_offset < 0:
                 raise InvalidArgument("tail_offset must be >= 0")
@@ -115,6 +119,7 @@ class StreamReader:
         while start >= state.acked_tail:
             remaining = deadline - self._clock.monotonic()
             if remaining <= 0 or self._gate.closed or state.deleted:
+                self._gate.check_tail_current(state)
                 return ReadResult([], state.acked_tail)
             timeout = remaining if state.claimed else min(remaining, _REMOTE_POLL_S)
             await self._clock.wait(state.changed, timeout)
@@ -123,6 +128,7 @@ class StreamReader:
         if records and records[0].offset < state.start_offset:
             # A trim raced the read: never return trimmed records.
             records = [record for record in records if record.offset >= state.start_offset]
+        self._gate.check_tail_current(state)  # the lease may have run out while it read
         return ReadResult(records, state.acked_tail)
 
     async def _collect(

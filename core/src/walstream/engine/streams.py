@@ -88,6 +88,31 @@ class NodeGate:
         )
         return True
 
+    def vouches_for(self, state: LocalStream) -> bool:
+        """True when this node writes ``state``'s stream and can prove its own view of the
+        stream's tail is current: it claimed the stream and, running with a lease, its lease
+        has not run out and it was not fenced. A node past its lease may have been failed over
+        (its streams released and appended to elsewhere), so what it remembers of a stream it
+        claimed may be older than an append another node acknowledged since."""
+        if not state.claimed:
+            return False
+        if self.lease_deadline is None:
+            return True  # no lease: nobody takes this node's streams while it runs
+        return not self.lease_lost() and not isinstance(self.failure, FencedError)
+
+    def check_tail_current(self, state: LocalStream) -> None:
+        """Raise :class:`BackendUnavailable` when ``state`` is claimed here but this node cannot
+        vouch for its tail (:meth:`vouches_for`): it must not answer a read or a tail from
+        what it remembers, and metadata may lag what it acknowledged before its lease ran out
+        (not uploaded yet), so it cannot answer from metadata either."""
+        if state.claimed and not self.vouches_for(state):
+            raise BackendUnavailable(
+                f"node {self.node_id} lost its lease or was fenced, so it cannot prove that its "
+                f"view of stream {state.info.stream_id} is current (another node may have taken "
+                "the stream over and acknowledged appends since); retry: through another node, "
+                "or here once this node has rejoined with a new epoch"
+            )
+
     def latch(self, error: BaseException) -> None:
         """Record a fatal error (the first one wins) and stop accepting writes."""
         if self.failure is None:

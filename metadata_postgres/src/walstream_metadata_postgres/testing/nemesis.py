@@ -8,6 +8,8 @@ PostgreSQL, or restarts the S3 endpoint. Then every fault is healed and the run 
 - every stream's history (:class:`walstream_conformance.history.History`) — appends, reads,
   and one final read of the whole stream — must be linearizable
   (:func:`~walstream_conformance.history.check_linearizable`);
+- no answer names a tail older than one an earlier answer named (:func:`stale_tails`: the
+  commonest way to break linearizability, reported with the node that answered and when);
 - every acknowledged record is in the final stream exactly once, at the seq num it was
   acknowledged at; nothing appears that no client sent; no value appears twice;
 - every record a read returned is in the final stream at the same seq num (a record visible
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -37,7 +40,10 @@ __all__ = [
     "NemesisResult",
     "StreamUnderNemesis",
     "judge",
+    "relevant",
     "run_nemesis",
+    "stale_tails",
+    "violation_kind",
 ]
 
 FaultKind = Literal["kill", "pause", "postgres", "s3"]
@@ -82,6 +88,8 @@ class NemesisResult:
     ambiguous: int = 0
     operations: int = 0
     final: dict[str, list[str]] = field(default_factory=dict)
+    streams: list[StreamUnderNemesis] = field(default_factory=list, repr=False)
+    """Every stream under test, with its history (to replay the check or report on it)."""
     violations: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -93,7 +101,36 @@ class NemesisResult:
             "operations": self.operations,
             "records": sum(len(values) for values in self.final.values()),
             "violations": len(self.violations),
+            "by_kind": self.by_kind(),
         }
+
+    def by_kind(self) -> dict[str, int]:
+        """How many violations of each kind (:func:`violation_kind`) the run found."""
+        counts = dict.fromkeys(VIOLATION_KINDS, 0)
+        for violation in self.violations:
+            kind = violation_kind(violation)
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
+
+#: The kinds of violation :func:`violation_kind` tells apart (``zombie``: a record nobody
+#: acknowledged at that seq num was visible — never sent, or read and later replaced).
+VIOLATION_KINDS = ("linearizability", "stale_tail", "lost", "duplicated", "zombie", "disagree")
+
+
+def violation_kind(violation: str) -> str:
+    """The kind of one violation message of :func:`judge` or :func:`run_nemesis`."""
+    if "stale tail" in violation:
+        return "stale_tail"
+    if "linearizab" in violation:
+        return "linearizability"
+    if "duplicated at" in violation:
+        return "duplicated"
+    if "never sent" in violation or "a read saw" in violation or "read as" in violation:
+        return "zombie"
+    if "acknowledged" in violation:
+        return "lost"
+    return "disagree"
 
 
 class StreamUnderNemesis:
@@ -109,6 +146,14 @@ class StreamUnderNemesis:
         self.observed: dict[int, str] = {}
         self.conflicts: list[str] = []
         self.known_tail = 0
+        self.started_at: dict[int, float] = {}
+        """Operation id -> wall-clock time it was invoked (to find it in the nodes' logs)."""
+
+    def invoke(self, client: int, kind: Any, url: str, **args: Any) -> Any:
+        """Record the invocation of an operation sent to the node at ``url``."""
+        operation = self.history.invoke(client, kind, **args, via=url.rsplit(":", 1)[-1])
+        self.started_at[operation.op_id] = time.time()
+        return operation
 
     def observe(self, start: int, bodies: tuple[str, ...], where: str) -> None:
         for offset, body in enumerate(bodies, start):
@@ -143,9 +188,7 @@ async def _writer(
         value = f"{stream.name}/w{index}/{serial}"
         stream.sent.add(value)
         match = stream.known_tail
-        operation = stream.history.invoke(
-            index, "append", values=(value.encode(),), match_tail=match
-        )
+        operation = stream.invoke(index, "append", url, values=(value.encode(),), match_tail=match)
         answer = await client.append(url, stream.name, [value], match)
         if answer.status == "ok":
             _record(stream.history, operation, answer, (answer.start, answer.end))
@@ -172,7 +215,7 @@ async def _reader(
         url = _choose(cluster, stream, rng)
         start = rng.randint(max(0, stream.known_tail - 5), stream.known_tail)
         limit = 10
-        operation = stream.history.invoke(index, "read", start=start, limit=limit)
+        operation = stream.invoke(index, "read", url, start=start, limit=limit)
         answer = await client.read(url, stream.name, start, limit)
         if answer.status == "ok" and answer.tail is not None:
             bodies = answer.bodies
@@ -268,10 +311,76 @@ async def _final(
         await asyncio.sleep(0.5)
 
 
+def _observed_tail(operation: Any) -> int | None:
+    """The tail an acknowledged operation's answer names (None: it names none)."""
+    if operation.outcome != "ok" or not isinstance(operation.result, tuple):
+        return None
+    result = operation.result
+    if operation.kind == "append":
+        return int(result[1])  # ("tail_mismatch", tail) or (start, end): both name a tail
+    if operation.kind == "read":
+        return int(result[-1])  # (values, tail) or ("out_of_range", start_offset, tail)
+    return None
+
+
+def stale_tails(stream: StreamUnderNemesis) -> list[str]:
+    """Answers that name a tail older than one an answer completed before they were invoked
+    named: the tail of a stream never moves back, so such an answer is stale."""
+    operations = sorted(stream.history.operations, key=lambda op: op.invoked)
+    answers = sorted(
+        (op for op in operations if _observed_tail(op) is not None), key=lambda op: op.completed
+    )
+    violations: list[str] = []
+    newest: tuple[int, Any] | None = None  # (the highest tail named so far, its operation)
+    position = 0
+    for operation in operations:
+        while position < len(answers) and answers[position].completed < operation.invoked:
+            candidate = answers[position]
+            named = _observed_tail(candidate)
+            assert named is not None
+            if newest is None or named > newest[0]:
+                newest = (named, candidate)
+            position += 1
+        tail = _observed_tail(operation)
+        if tail is None or newest is None or tail >= newest[0]:
+            continue
+        at = stream.started_at.get(operation.op_id)
+        when = ""
+        if at is not None:
+            when = (
+                time.strftime(" at %H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
+            )
+        violations.append(
+            f"{stream.name}: stale tail {tail}{when}: {operation.describe()}, invoked after "
+            f"{newest[1].describe()} named tail {newest[0]}"
+        )
+    return violations
+
+
+def relevant(stream: StreamUnderNemesis, final: list[str]) -> list[Any]:
+    """The operations of ``stream``'s history that can constrain a linearization, once the
+    final stream is known: a read whose answer is unknown constrains nothing, and an append
+    whose answer is unknown and whose records are not in the final stream never took effect
+    (an applied record stays). Leaving them out changes no verdict (the checker may leave any
+    operation of unknown outcome out) but spares the search one branch per such operation at
+    every step: hundreds of them (clients time out through every pause) make it give up."""
+    present = {value.encode() for value in final}
+    kept = []
+    for operation in stream.history.operations:
+        if operation.outcome in ("ambiguous", "pending"):
+            if operation.kind != "append":
+                continue
+            if not any(value in present for value in operation.args["values"]):
+                continue
+        kept.append(operation)
+    return kept
+
+
 def judge(stream: StreamUnderNemesis, final: list[str]) -> list[str]:
     """Every violation of the run's rules (module docstring) by ``stream`` whose records, once
     the cluster is healed, are ``final``; adds the final read to the stream's history."""
     violations = list(stream.conflicts)
+    violations.extend(stale_tails(stream))
     positions: dict[str, list[int]] = {}
     for offset, value in enumerate(final):
         positions.setdefault(value, []).append(offset)
@@ -296,7 +405,7 @@ def judge(stream: StreamUnderNemesis, final: list[str]) -> list[str]:
     operation = stream.history.invoke(-1, "read", start=0, limit=len(final) + 1)
     stream.history.ok(operation, (tuple(value.encode() for value in final), len(final)))
     try:
-        check = check_linearizable(stream.history, max_states=MAX_CHECK_STATES)
+        check = check_linearizable(relevant(stream, final), max_states=MAX_CHECK_STATES)
     except HistoryTooLarge as too_large:
         # A linearizable history of this workload is found in about one state per operation;
         # a search this long means none exists near the order the clients saw.
@@ -332,6 +441,7 @@ async def run_nemesis(cluster: Cluster, plan: NemesisPlan) -> NemesisResult:
             ]
             batch += 1
             streams.extend(batch_streams)
+            result.streams.extend(batch_streams)
             for stream in batch_streams:
                 url = cluster.url(stream.home or rng.choice(node_ids))
                 await _retry_setup(client.ensure_stream, url, stream.name)

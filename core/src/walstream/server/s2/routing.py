@@ -9,6 +9,11 @@ data is answered here from object storage (:func:`walstream.server.s2.records.re
 other reads go to the owner, so that a read sees every acknowledged record and the tail the
 writer reports. A stream nobody owns is read here, straight from object storage.
 
+No answer is older than an acknowledged append: a node answers reads and tails of a stream it
+writes from its own view only while it holds its lease (:attr:`walstream.Stream.owned_here`);
+past its lease it may have been failed over, so the stream's owner is looked up afresh and the
+request forwarded there, or refused with 503 ``unavailable`` when there is none to forward to.
+
 A node is *live* when it is RUNNING, advertises an address, and its lease (when it holds one)
 has not expired on the metadata store's clock. A forwarded request that reaches a node which
 does not own its stream is answered 503 ``unavailable`` with a retry hint, never forwarded again.
@@ -137,14 +142,18 @@ async def forward_if_elsewhere(app: S2App, request: Request, basin: str, name: s
         stream = await app.open_stream(name)
     except StreamNotFound:
         return False  # this node answers 404, or creates it on append
-    if stream.writing:
+    if stream.owned_here:
         return False
-    owner = await app.router.owner_elsewhere(stream.stream_id)
+    # A stream this node claimed but can no longer vouch for (it lost its lease or was fenced:
+    # it may have been failed over) is looked up afresh: forwarded to its new owner, else
+    # refused by the engine (503) rather than answered from a view that may be stale.
+    owner = await app.router.owner_elsewhere(stream.stream_id, fresh=stream.writing)
     if owner is None:
         return False
     if (
         request.method == "GET"
         and request.segments[-1] == "records"
+        and not stream.writing  # its view here is what it claimed, not what is committed
         and await records.read_committed_here(app, request, stream)
     ):
         app.router.served_committed += 1
