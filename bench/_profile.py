@@ -13,8 +13,8 @@ own time and of inclusive time), then the share of busy samples per function and
 and per function (inclusive). Every thread is sampled, idle or not (``--idle``): a thread blocked in
 a system call (a write, an fsync, a device wait) counts as busy at the line that made the call.
 Samples whose innermost frame is a wait — a selector's poll, an idle executor thread, a lock or
-condition wait — are counted as waiting, not busy, and samples taken while a module was being
-imported are left out.
+condition wait — are counted as waiting, not busy; samples taken while a module was being imported
+and samples of test rig child processes (``-m <package>.testing.<module>``) are left out.
 py-spy's ``process N:"command line"`` pseudo-frames are dropped and file paths are written
 relative (to the package for installed modules, to the repository for its own files), so a top
 list never names the machine it was recorded on.
@@ -69,6 +69,9 @@ _STARTUP = "<frozen import"
 
 _PROCESS = re.compile(r'^process \d+:".*"$')
 """py-spy's pseudo-frame at the root of each process's stacks (pid and command line)."""
+_RIG_PROCESS = re.compile(r'^process \d+:".* -m [\w.]+\.testing\.')
+"""A child process running a test rig (``-m <package>.testing.<module>``, e.g. the moto server
+of the s3 benchmark): the peer's or rig's side, not the measured path."""
 
 _LOOP = "_run_once (asyncio/base_events.py"
 """A frame of an asyncio event loop's iteration: the thread is an event loop's."""
@@ -96,11 +99,21 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine", ("walstream/engine/",)),
     ("Spark", ("pyspark", "walstream_spark/", "py4j/")),
     ("asyncio event loop", ("asyncio/", "uvloop/", "selectors.py")),
-    ("threads, executors", ("concurrent/futures/", "threading.py", "queue.py")),
+    ("executor threads (innermost: in a C call)", ("concurrent/futures/", "threading.py")),
 )
 """Components a frame's file belongs to (first match wins), for the summary lines."""
-_EVERYWHERE = {"asyncio event loop", "threads, executors"}
+_EVERYWHERE = {"asyncio event loop", "executor threads (innermost: in a C call)"}
 """Components at the root of nearly every stack: shown for own time, not inclusive time."""
+
+
+def _process_name(frame: str) -> str:
+    """The program of a ``process N:"command line"`` frame: the module run with ``-m``, else the
+    script's file name (never its folder)."""
+    words = frame.partition(':"')[2].rstrip('"').split()
+    if "-m" in words[:-1]:
+        return words[words.index("-m") + 1]
+    scripts = [word for word in words[1:] if not word.startswith("-")]
+    return Path(scripts[0]).name if scripts else Path(words[0]).name if words else "?"
 
 
 def _is_wait(frame: str) -> bool:
@@ -238,8 +251,9 @@ def top_list(raw: Path, title: str, count: int = TOP) -> str:
     own_parts: Counter[str] = Counter()
     inclusive_parts: Counter[str] = Counter()
     windows: Counter[str] = Counter()
+    programs: Counter[str] = Counter()
     window_seconds = 0.0
-    busy = idle = startup = loop = loop_idle = 0
+    busy = idle = startup = loop = loop_idle = rig = 0
     for line in raw.read_text(errors="replace").splitlines():
         if line.startswith(_WINDOW):
             label, _, seconds = line[len(_WINDOW) :].rpartition(" ")
@@ -251,6 +265,10 @@ def top_list(raw: Path, title: str, count: int = TOP) -> str:
         if not stack or not number.isdigit():
             continue
         samples = int(number)
+        if any(_RIG_PROCESS.match(frame) for frame in stack.split(";")):
+            rig += samples
+            continue
+        processes = [frame for frame in stack.split(";") if _PROCESS.match(frame)]
         frames = [clean_frame(frame) for frame in stack.split(";") if not _PROCESS.match(frame)]
         if not frames:
             continue
@@ -264,6 +282,7 @@ def top_list(raw: Path, title: str, count: int = TOP) -> str:
             startup += samples
             continue
         busy += samples
+        programs[_process_name(processes[-1]) if processes else "?"] += samples
         own[frames[-1]] += samples
         own_parts[component(frames[-1]) or "other"] += samples
         for function in {frame.rsplit(":", 1)[0] for frame in frames}:
@@ -277,10 +296,17 @@ def top_list(raw: Path, title: str, count: int = TOP) -> str:
         scope = "the whole benchmark process (set-up and plots included)"
     lines = [
         f"py-spy profile of {title}: {scope}",
-        f"  {busy + idle + startup} thread samples: {busy} busy (on a CPU or in a system call),"
-        f" {idle} waiting (selector poll, idle thread, lock), {startup} importing modules;"
+        f"  {busy + idle + startup + rig} thread samples: {busy} busy (on a CPU or in a system call),"
+        f" {idle} waiting (selector poll, idle thread, lock), {startup} importing modules,"
+        f" {rig} in test rig processes (left out);"
         f" event loop threads idle in the selector {_share(loop_idle, loop)} of their samples",
-        "  shares below are of busy samples",
+        "  shares below are of busy samples"
+        + (
+            "; by process: "
+            + ", ".join(f"{name} {_share(n, busy)}" for name, n in programs.most_common(4))
+            if len(programs) > 1
+            else ""
+        ),
         "  own time by component: "
         + ", ".join(f"{name} {_share(n, busy)}" for name, n in own_parts.most_common(6)),
         "  on the stack (inclusive): "
