@@ -51,16 +51,22 @@ WINDOWS = {
     "wal_s3express": "measure (the s3express WAL's acknowledged appends)",
     "wal_nvme_quorum": "bench_quorum (client and chunk servers; the ebs WAL run not sampled)",
     "cold_read": "cold_read (the engine's catch-up read; raw ranged GETs not sampled)",
+    "spark_replay": "replay_once (the timed replays and their Python workers; fill, warm-up not)",
 }
 """Benchmarks whose measured phase runs inside ``measured``: what each window covers."""
 
 _WAITS = {
-    "select": "selectors.py",
-    "poll": "selectors.py",
-    "_worker": "concurrent/futures/thread.py",
-    "wait": "threading.py",
-    "_wait_for_tstate_lock": "threading.py",
-    "get": "queue.py",
+    ("select", "selectors.py"),
+    ("poll", "selectors.py"),
+    ("_worker", "concurrent/futures/thread.py"),
+    ("wait", "threading.py"),
+    ("_wait_for_tstate_lock", "threading.py"),
+    ("get", "queue.py"),
+    ("readinto", "socket.py"),  # a blocking socket read: waiting for the peer
+    ("manager", "daemon.py:184"),  # the pyspark daemon's poll for its next task
+    ("poll", "accumulators.py"),  # pyspark's accumulator server polling its socket
+    ("run", "clientserver.py:58"),  # py4j's finalizer thread sleeping
+    ("read_int", "serializers.py"),  # a pyspark worker reading its next command from the JVM
 }
 """Innermost frames (function, file) that mean the thread was waiting, not working."""
 
@@ -97,7 +103,7 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("format (encoding, checksums)", ("walstream/format/",)),
     ("metadata (SQLite commits)", ("walstream/metadata/", "sqlite3/")),
     ("engine", ("walstream/engine/",)),
-    ("Spark", ("pyspark", "walstream_spark/", "py4j/")),
+    ("Spark", ("pyspark", "walstream_spark/", "py4j/", "daemon.py", "serializers.py", "worker.py")),
     ("asyncio event loop", ("asyncio/", "uvloop/", "selectors.py")),
     ("executor threads (innermost: in a C call)", ("concurrent/futures/", "threading.py")),
 )
@@ -118,8 +124,8 @@ def _process_name(frame: str) -> str:
 
 def _is_wait(frame: str) -> bool:
     function, _, place = frame.partition(" (")
-    where = _WAITS.get(function.rsplit(".", 1)[-1])
-    return where is not None and where in place
+    name = function.rsplit(".", 1)[-1]
+    return any(name == wait and where in place for wait, where in _WAITS)
 
 
 def relative_path(path: str) -> str:
