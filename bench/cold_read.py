@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _profile
 from _report import Table, grouped_bars, save_plot, write_json
 from walstream import Client, EngineConfig, Record
 from walstream.config import CompactionConfig, UploadConfig
@@ -161,11 +162,10 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for _ in range(args.runs):
         for pipelined in (True, False):
+            with _profile.measured("cold_read pipelined", when=pipelined):
+                result = await cold_read(bucket, metadata, stream_id, pipelined)
             rows.append(
-                {
-                    "reader": "cold read_committed" + ("" if pipelined else " (serial)"),
-                    **await cold_read(bucket, metadata, stream_id, pipelined),
-                }
+                {"reader": "cold read_committed" + ("" if pipelined else " (serial)"), **result}
             )
             TABLE.print_row(rows[-1])
     for concurrency in (1, args.raw_concurrency):

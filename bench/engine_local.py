@@ -46,6 +46,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
+import _profile
 from walstream import Client, Record
 from walstream.metadata.sqlite import SqliteMetadataStore
 from walstream.objects.local import LocalObjectStore
@@ -373,9 +374,11 @@ def main() -> None:
         pretouch(node)
         with redis_server(workdir / "redis") as port:
             for run in range(runs):
-                raw.setdefault("walstream_appends", []).append(
-                    run_loop(lambda: engine_appends(node, args.clients, seconds), args.uvloop)
-                )
+                with _profile.measured("engine_appends"):
+                    appends = run_loop(
+                        lambda: engine_appends(node, args.clients, seconds), args.uvloop
+                    )
+                raw.setdefault("walstream_appends", []).append(appends)
                 # As many requests as walstream managed in the same time, at least 20k.
                 requests = max(20_000, int(raw["walstream_appends"][-1]["records_per_s"] * seconds))
                 raw.setdefault("redis_appends", []).append(

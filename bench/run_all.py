@@ -6,7 +6,8 @@
     .venv/bin/python bench/run_all.py wal_s3 engine   # only these (script stems; engine =
                                                       #   walstream bench)
 
-    .venv/bin/python bench/run_all.py --profile       # each script under py-spy as well
+    .venv/bin/python bench/run_all.py --profile       # each script under py-spy as well (only
+                                                      #   its measured phase, _profile.WINDOWS)
 
 A benchmark's own table goes to ``bench/results/<name>.log``, its JSON stays where it writes it
 (``bench/results/<name>.json``); ``bench/results/run_all.json`` lists every run: status
@@ -56,6 +57,8 @@ class Run:
     command: list[str]
     results: Path
     cwd: Path = BENCH.parent
+    env: dict[str, str] = field(default_factory=dict)
+    """Added to the environment of the benchmark's process."""
     status: str = "not run"
     seconds: float = 0.0
     returncode: int | None = None
@@ -92,9 +95,14 @@ def plan(names: list[str], *, full: bool, workdir: Path, profile: bool = False) 
             runs.append(Run(name, command, results, cwd=workdir))
         else:
             command = [sys.executable, str(BENCH / f"{name}.py"), *([] if full else ["--quick"])]
-            if profile:
-                command = _profile.record_command(RESULTS / f"{name}.pyspy.raw", command)
-            runs.append(Run(name, command, RESULTS / f"{name}.json"))
+            env: dict[str, str] = {}
+            raw = RESULTS / f"{name}.pyspy.raw"
+            if profile and name in _profile.WINDOWS:
+                # py-spy is attached by the benchmark itself, only around its measured phase.
+                env[_profile.ENV] = str(raw)
+            elif profile:
+                command = _profile.record_command(raw, command)
+            runs.append(Run(name, command, RESULTS / f"{name}.json", env=env))
     return runs
 
 
@@ -107,7 +115,12 @@ def execute(run: Run, timeout_s: float) -> None:
     started = time.monotonic()
     with log.open("w") as output:
         process = subprocess.Popen(
-            run.command, cwd=run.cwd, stdout=output, stderr=subprocess.STDOUT, text=True
+            run.command,
+            cwd=run.cwd,
+            env={**os.environ, **run.env},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         try:
             run.returncode = process.wait(timeout=timeout_s)
@@ -161,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="run each script under py-spy; top lists in bench/results/<name>.profile.txt",
+        help="profile each script with py-spy (only its measured phase where it names one); "
+        "top lists in bench/results/<name>.profile.txt",
     )
     parser.add_argument(
         "--timeout",

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _profile
 import walstream
 from _report import Column, Table, grouped_bars, save_plot, write_json
 from walstream import Record
@@ -114,7 +115,8 @@ def main() -> None:
             spark = local_session(master, "walstream-replay-bench")
             try:
                 replay_once(spark, config, names)  # warm-up: Python workers, JIT, page cache
-                best = min(replay_once(spark, config, names) for _ in range(args.runs))
+                with _profile.measured(f"replay_once {master}"):
+                    best = min(replay_once(spark, config, names) for _ in range(args.runs))
                 seconds, count = best
                 assert count == total, f"replayed {count} records, expected {total}"
                 results.append(

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _profile
 from walstream.wal import WalMode
 from walstream_wal_ebs import EbsWal
 from walstream_wal_ebs.layout import RECORD_AREA_START
@@ -224,9 +225,10 @@ def main() -> None:
             for appenders in CONCURRENCY:
                 for size_name, size in SIZES.items():
                     epoch += 1
-                    result = asyncio.run(
-                        measure_wal(path, file_bytes, epoch, appenders, size, seconds)
-                    )
+                    with _profile.measured(f"measure_wal {appenders}x{size_name}"):
+                        result = asyncio.run(
+                            measure_wal(path, file_bytes, epoch, appenders, size, seconds)
+                        )
                     wal_runs.setdefault(f"{appenders}x{size_name}", []).append(result)
             print(f"run {run + 1}/{runs} done", flush=True)
     finally:

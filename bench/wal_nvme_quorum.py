@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import _profile
 from _report import Column, Table, grouped_bars, machine, percentile, save_plot, write_json
 from walstream.config import BuildContext
 from walstream.wal import WalMode, WriteAheadLog
@@ -135,7 +136,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-nvme-quorum-", dir=args.dir) as folder:
         root = Path(folder)
         with chunk_servers(root / "servers") as servers:
-            results["nvme-quorum healthy"] = await bench_quorum(servers, 1, args)
+            with _profile.measured("bench_quorum healthy"):
+                results["nvme-quorum healthy"] = await bench_quorum(servers, 1, args)
             with slowed(servers, 2, args.slow_ms):
                 await asyncio.sleep(0.2)
                 results[f"nvme-quorum one +{args.slow_ms:g}ms"] = await bench_quorum(

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _profile
 from _report import Table, grouped_bars, machine, percentile, save_plot, write_json
 from walstream.wal import WalMode
 from walstream_wal_s3 import S3ObjectStore, S3Settings, S3Wal
@@ -183,9 +184,12 @@ async def run_all(moto: MotoServer, seconds: float) -> list[dict[str, Any]]:
             if (workload, appenders, record_bytes) == RAW_BIG:
                 continue
             node_id += 1
-            result = await measure_wal(
-                endpoint_url, model(), node_id, appenders, record_bytes, seconds
-            )
+            # Profiled: the targets' workloads on the latency model.
+            window = endpoint_url is None and workload != WORKLOADS[0][0]
+            with _profile.measured(f"measure_wal {workload}", when=window):
+                result = await measure_wal(
+                    endpoint_url, model(), node_id, appenders, record_bytes, seconds
+                )
             result["vs_raw"] = round(
                 result["throughput_mib_s"] / max(raw["throughput_mib_s"], 1e-9), 2
             )

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _profile
 from _report import grouped_bars, percentile, save_plot, write_json
 from walstream.config import validate_options
 from walstream.wal import WalMode
@@ -179,7 +180,9 @@ async def run_all(seconds: float) -> list[dict[str, Any]]:
         models[2].down = third_down
         for workload, appenders, record_bytes in WORKLOADS:
             run += 1
-            result = await measure(buckets, run, appenders, record_bytes, seconds)
+            window = scenario == "healthy" and workload == WORKLOADS[0][0]  # the targets' row
+            with _profile.measured(f"measure {scenario} {workload}", when=window):
+                result = await measure(buckets, run, appenders, record_bytes, seconds)
             result["p50_vs_put"] = round(result["ack_p50_ms"] / raw["ack_p50_ms"], 2)
             result["p99_vs_put"] = round(result["ack_p99_ms"] / raw["ack_p50_ms"], 2)
             rows.append({"scenario": scenario, "workload": workload, **result})
