@@ -211,13 +211,19 @@ class S2App:
         if request.started:
             return  # a streaming answer already began: the session code reports in-band
         # Read what is left of the body first: an HTTP/2 answer that ends its stream while
-        # the client still sends data makes hypercorn drop the whole connection.
-        await request.drain()
+        # the client still sends data makes hypercorn drop the whole connection. Not after a
+        # 408: that body did not come in time, and waiting longer for it only delays the answer.
+        if error.status != 408:
+            await request.drain()
         headers: list[tuple[bytes, bytes]] = []
         if error.status in (429, 503):
             headers.append((b"retry-after-ms", b"1000"))
         if error.status == 401:
             headers.append((b"www-authenticate", b'Bearer realm="walstream"'))
+        if error.status == 408 and request.http_version.startswith("1"):
+            # The rest of the body may still come: the connection cannot carry another request
+            # (HTTP/2 ends just this stream; it has no Connection header).
+            headers.append((b"connection", b"close"))
         await request.respond(error.status, error.encoded(), headers=headers)
 
     @staticmethod

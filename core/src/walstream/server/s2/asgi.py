@@ -95,6 +95,7 @@ class Request:
         "deadlines",
         "error",
         "headers",
+        "http_version",
         "max_body_bytes",
         "method",
         "query",
@@ -115,6 +116,7 @@ class Request:
         deadlines: BodyDeadlines,
     ) -> None:
         self.method: str = scope["method"]
+        self.http_version: str = scope.get("http_version", "1.1")
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
         path = raw_path.split(b"?", 1)[0].decode("latin-1")
         query_string: bytes = scope.get("query_string", b"")
