@@ -22,7 +22,6 @@ answered by the application's error path (``S2App.answer_error``), as on the gen
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +31,7 @@ from walstream.server.s2.asgi import Receive, Request, Scope, Send, read_body
 from walstream.server.s2.errors import S2Error, from_walstream
 from walstream.server.s2.model import ROOT_BASIN, walstream_stream_name
 from walstream.server.s2.records import PROTOBUF_TYPES, S2S, append_positions, media_type
-from walstream.server.s2.wire import decode_append_input, encode_append_ack, json_append_input
+from walstream.server.s2.wire import append_input, encode_append_ack
 
 if TYPE_CHECKING:
     from walstream.server.s2.app import S2App
@@ -154,14 +153,7 @@ class FastAppend:
         status = 200
         try:
             body = await read_body(receive, app.deadlines, app.max_body_bytes, body_read, length)
-            if content_type in PROTOBUF_TYPES:
-                parsed = decode_append_input(body)
-            else:
-                try:
-                    document = json.loads(body)
-                except (ValueError, RecursionError):
-                    raise S2Error(400, "bad_json", "the body is not valid JSON") from None
-                parsed = json_append_input(document, base64_format)
+            parsed = append_input(body, content_type in PROTOBUF_TYPES, base64_format)
             try:
                 start, end, tail = await append_positions(app, stream, parsed)
             except FencedError:

@@ -24,7 +24,6 @@ before the first readable record (trimmed) reads from the first readable record.
 from __future__ import annotations
 
 import asyncio
-import json
 import struct
 import time
 from contextlib import suppress
@@ -44,10 +43,9 @@ from walstream.server.s2.errors import S2Error
 from walstream.server.s2.model import KEY_HEADER
 from walstream.server.s2.wire import (
     AppendRequest,
-    decode_append_input,
+    append_input,
     encode_append_ack,
     encode_read_batch,
-    json_append_input,
     json_read_batch,
     position_json,
 )
@@ -281,15 +279,7 @@ async def _append_route(app: S2App, request: Request, basin: str, name: str) -> 
     body = await request.body()
     stream = await open_for(app, basin, name, "create_stream_on_append")
     # The body's form follows Content-Type, the answer's form follows Accept (as S2's own server).
-    if content_type in PROTOBUF_TYPES:
-        parsed = decode_append_input(body)
-    else:
-        # Any other content type is read as JSON (curl -d sends a form type).
-        try:
-            document = json.loads(body)
-        except (ValueError, RecursionError):
-            raise S2Error(400, "bad_json", "the body is not valid JSON") from None
-        parsed = json_append_input(document, wants_base64(request))
+    parsed = append_input(body, content_type in PROTOBUF_TYPES, wants_base64(request))
     answer_type = protobuf_answer(request)
     if answer_type is None:
         return await request.respond_json(200, await append_once(app, stream, parsed))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -311,6 +312,18 @@ def _optional_u64(value: Any, what: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_U64:
         raise S2Error(422, "invalid", f"{what} must be an unsigned 64-bit integer or null")
     return value
+
+
+def append_input(body: bytes, protobuf: bool, base64_format: bool) -> AppendRequest:
+    """An append request's body: protobuf ``AppendInput`` when ``protobuf`` (the request's
+    Content-Type says so), else JSON (any other type: ``curl -d`` sends a form type)."""
+    if protobuf:
+        return decode_append_input(body)
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        raise S2Error(400, "bad_json", "the body is not valid JSON") from None
+    return json_append_input(document, base64_format)
 
 
 def json_append_input(document: Any, base64_format: bool) -> AppendRequest:
