@@ -141,7 +141,9 @@ class FastAppend:
             stream = await app.client.open_stream(stream_id)
         except WalstreamError:
             return False  # deleted meanwhile, or the node stopped: the general route answers
-        if not stream.writing:
+        if not stream.owned_here:
+            # Not written here, or claimed by a node past its lease: the general route
+            # forwards to the stream's current owner.
             return False
         accept = _media_type(headers.get(b"accept"))
         done = False
