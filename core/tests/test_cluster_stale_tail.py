@@ -195,3 +195,16 @@ async def test_a_paused_then_failed_over_server_never_answers_an_older_tail(
         assert tail == 3, seen
     status, body = await _call(one, "GET", "/v1/streams/s/records?seq_num=0")
     assert status == 200 and [r["body"] for r in body["records"]] == ["a", "b", "c"], body
+    # An append through node 1 goes to node 2 as well (a retryable 503 at most while node 1
+    # finds the owner): node 1 neither appends on its own view nor refuses for good.
+    conditional = {"records": [{"body": "d"}], "match_seq_num": 3}
+    answers: list[tuple[int, Any]] = []
+    for _ in range(50):
+        status, body = await _call(one, "POST", "/v1/streams/s/records", json=conditional)
+        answers.append((status, body))
+        if status != 503:
+            break
+        await asyncio.sleep(0.1)
+    assert status == 200 and body["start"]["seq_num"] == 3, answers
+    status, body = await _call(two, "GET", "/v1/streams/s/records?seq_num=0")
+    assert [r["body"] for r in body["records"]] == ["a", "b", "c", "d"], body
