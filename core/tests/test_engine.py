@@ -493,3 +493,38 @@ async def test_a_single_record_over_the_wal_limit_names_the_record_not_the_batch
         with pytest.raises(CapacityError, match=r"batch of 8 records.*fewer records at once"):
             await stream.append([Record(bytes(200)) for _ in range(8)])
         assert await stream.check_tail() == 0
+
+
+async def test_a_cancelled_append_neither_stops_the_node_nor_leaves_a_gap(
+    backends: Backends,
+) -> None:
+    """Cancelling an append in flight (a caller's timeout, a client that went away) is the
+    caller giving up on the answer, not a WAL failure: the node keeps accepting appends, and
+    the cancelled batch, which the WAL may already hold, is either readable at its offsets or
+    absent, never a hole or a duplicate. Before, the caller's cancellation cancelled the WAL's
+    own future, which the write path took for a failed write: the node stopped accepting
+    appends until restarted."""
+    async with backends.client(write_delay_s=0.05) as client:
+        stream = await client.create_stream("cancelled")
+        await stream.append([Record(value=b"first")])
+        appending = asyncio.ensure_future(stream.append([Record(value=b"cancelled")]))
+        await asyncio.sleep(0.01)  # reserved and handed to the WAL, not yet durable
+        appending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await appending
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(stream.append([Record(value=b"timed out")]), 0.01)
+        ack = await stream.append([Record(value=b"last")])
+        records = await read_all(stream)
+        assert [record.offset for record in records] == list(range(len(records)))
+        assert [record.value for record in records] == [
+            b"first",
+            b"cancelled",
+            b"timed out",
+            b"last",
+        ]
+        assert ack.start == 3 and ack.tail == 4
+    async with backends.client() as reopened:
+        stream = await reopened.open_stream("cancelled")
+        values = [record.value for record in await read_all(stream)]
+        assert values == [b"first", b"cancelled", b"timed out", b"last"]

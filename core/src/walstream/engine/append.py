@@ -189,19 +189,19 @@ class StreamWriter:
                 batch.block.settle_one()
                 gate.latch(refused)
                 raise
+            # The caller waits on a future of its own: cancelling the caller (a timeout, a
+            # client gone) must not cancel the WAL's future, whose outcome the write path
+            # needs whatever the caller does (the WAL may already hold the batch).
+            answer: asyncio.Future[None] = future.get_loop().create_future()
             future.add_done_callback(
-                lambda done: self._on_wal_done(state, batch, done, count, started)
+                lambda done: self._on_wal_done(state, batch, done, count, started, answer)
             )
+            self._inflight.add(future)
             state.next_offset = base + count
             state.last_timestamp_ms = last
             assert self._uploader is not None
             self._uploader.notify_added()
-        inflight = self._inflight
-        inflight.add(future)
-        try:
-            await future
-        finally:
-            inflight.discard(future)
+        await answer
         if gate.lease_deadline is not None:
             gate.raise_if_failed()  # the lease ran out while the WAL wrote: no acknowledgement
         end = base + count
@@ -219,27 +219,38 @@ class StreamWriter:
         future: asyncio.Future[int],
         count: int,
         started: float,
+        answer: asyncio.Future[None],
     ) -> None:
         # Runs in WAL order (the WAL completes futures in order; callbacks are FIFO).
+        self._inflight.discard(future)
         if self._gate.lease_deadline is not None and self._gate.lease_lost():
             # Past this node's lease another node may be replaying the WAL already: a batch the
-            # WAL confirms now must not become readable or acknowledged here.
+            # WAL confirms now must not become readable or acknowledged here. The caller's
+            # answer is then the node's failure (raise_if_failed after the wait).
             batch.failed = True
             batch.block.settle_one()
+            if not answer.done():
+                answer.set_result(None)
             return
         if future.cancelled() or future.exception() is not None:
             batch.failed = True
             batch.block.settle_one()
             error = (
-                future.exception() if not future.cancelled() else BackendUnavailable("cancelled")
+                future.exception()
+                if not future.cancelled()
+                else BackendUnavailable("the WAL cancelled an append it had taken")
             )
             self._gate.latch(error or BackendUnavailable("WAL append failed"))
+            if not answer.done():
+                answer.set_exception(error or BackendUnavailable("WAL append failed"))
             return
         batch.wal_offset = future.result()
         batch.acked = True
         batch.block.settle_one()
         state.acked_tail = max(state.acked_tail, batch.end_offset)
         state.notify()
+        if not answer.done():
+            answer.set_result(None)
         if self._report_appends:
             self._hooks.emit(
                 WalAppended(
