@@ -157,7 +157,7 @@ def test_every_event_reaches_its_hook_with_every_argument() -> None:
 
 
 def test_an_event_without_a_hook_specification_is_ignored() -> None:
-    @dataclasses.dataclass(frozen=True)
+    @dataclasses.dataclass
     class FromANewerEngine(EngineEvent):
         name: ClassVar[str] = "something_new"
         node_id: int
@@ -487,3 +487,27 @@ async def test_engine_opened_from_a_deployment_reports_into_metrics(
     assert hooks.errors == 0
     assert (tmp_path / "meta.db").is_file()
     parse_exposition(metrics.render_prometheus())
+
+
+def test_implementations_registered_or_removed_between_events_are_followed() -> None:
+    """The forwarder keeps its way to each hook between events; a plugin registered (or
+    unregistered) after an event of the same type has been emitted must still get (or stop
+    getting) the next ones, with only the arguments it asks for."""
+    hooks, metrics = fresh_hooks()
+    hooks.emit(WalAppended(1, 7, 1, 10, 0.001))
+    seen: list[tuple[int, int]] = []
+
+    class Late:
+        @hookimpl
+        def walstream_wal_appended(self, records: int, stream_id: int) -> None:
+            seen.append((stream_id, records))
+
+    late = Late()
+    hooks.plugin_manager.register(late, name="late")
+    hooks.emit(WalAppended(1, 8, 3, 30, 0.001))
+    hooks.plugin_manager.unregister(late)
+    hooks.emit(WalAppended(1, 9, 5, 50, 0.001))
+    assert seen == [(8, 3)]
+    assert metrics.appends == 3
+    assert metrics.appended_records == 9
+    assert hooks.errors == 0

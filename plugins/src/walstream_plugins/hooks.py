@@ -19,8 +19,9 @@ Rules kept here:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields
+from operator import attrgetter
 from typing import Any
 
 import pluggy
@@ -145,41 +146,92 @@ def make_plugin_manager(
     return manager
 
 
+class _Plan:
+    """How one event type is forwarded, for one set of registered implementations: the hook
+    caller, the implementations it was built for, and per implementation the function with a
+    getter of its arguments from the event (None: the implementations include a wrapper, which
+    needs pluggy's own call loop)."""
+
+    __slots__ = ("caller", "calls", "hook_name", "implementations")
+
+    def __init__(self, hook_name: str, caller: Any, event_type: type[EngineEvent]) -> None:
+        self.hook_name = hook_name
+        self.caller = caller
+        self.implementations: list[Any] = caller.get_hookimpls()
+        self.calls: list[tuple[Any, str, Callable[[Any], tuple[Any, ...]]]] | None = None
+        if any(impl.wrapper or impl.hookwrapper for impl in self.implementations):
+            return
+        field_names = {field.name for field in fields(event_type)}
+        calls = []
+        # pluggy calls the most recently registered implementation first.
+        for impl in reversed(self.implementations):
+            names = [name for name in impl.argnames if name in field_names]
+            if len(names) != len(impl.argnames):
+                # An argument the event does not carry: pluggy's own call reports it.
+                self.calls = None
+                return
+            calls.append((impl.function, impl.plugin_name, _arguments_getter(names)))
+        self.calls = calls
+
+
+def _arguments_getter(names: Sequence[str]) -> Callable[[Any], tuple[Any, ...]]:
+    if not names:
+        return lambda _event: ()
+    if len(names) == 1:
+        single = attrgetter(names[0])
+        return lambda event: (single(event),)
+    return attrgetter(*names)
+
+
 class PluggyHooks:
     """The engine's :class:`walstream.engine.events.EngineHooks`, forwarding each event to the
-    ``walstream_*`` hook implementations registered in ``plugin_manager``."""
+    ``walstream_*`` hook implementations registered in ``plugin_manager``.
+
+    ``emit`` is on the append path (one ``wal_appended`` per acknowledged batch), so the way an
+    event type reaches its implementations is worked out once and kept until the registered
+    implementations change (compared on each emit: a plugin may be registered at any time)."""
 
     def __init__(self, plugin_manager: pluggy.PluginManager) -> None:
         self.plugin_manager = plugin_manager
         self.errors = 0
         """How many hook calls raised (each was logged and ignored)."""
         self._reported: set[tuple[str, str]] = set()
+        self._plans: dict[type[EngineEvent], _Plan | None] = {}
 
     def emit(self, event: EngineEvent) -> None:
         """Call ``walstream_<event.name>`` with the event's fields as its arguments."""
-        arguments = {field.name: getattr(event, field.name) for field in fields(event)}
-        self._notify(HOOK_PREFIX + event.name, arguments)
+        event_type = type(event)
+        plan = self._plans.get(event_type)
+        if plan is None or plan.caller.get_hookimpls() != plan.implementations:
+            plan = self._plan(event_type)
+            if plan is None:
+                return
+        calls = plan.calls
+        if calls is None:
+            # Wrappers need pluggy's own call loop; isolation is then per call, not per impl.
+            arguments = {field.name: getattr(event, field.name) for field in fields(event)}
+            try:
+                plan.caller(**arguments)
+            except Exception:
+                self._report(plan.hook_name, "(wrapped call)")
+            return
+        for function, plugin_name, arguments_of in calls:
+            try:
+                function(*arguments_of(event))
+            except Exception:
+                self._report(plan.hook_name, plugin_name)
 
-    def _notify(self, hook_name: str, arguments: dict[str, Any]) -> None:
+    def _plan(self, event_type: type[EngineEvent]) -> _Plan | None:
+        hook_name = HOOK_PREFIX + event_type.name
         caller = getattr(self.plugin_manager.hook, hook_name, None)
         if caller is None:
             # An event of a newer core that this host has no specification for: nobody can
             # implement its hook yet, and the engine must not see an error for it.
-            return
-        implementations = caller.get_hookimpls()
-        if any(impl.wrapper or impl.hookwrapper for impl in implementations):
-            # Wrappers need pluggy's own call loop; isolation is then per call, not per impl.
-            try:
-                caller(**arguments)
-            except Exception:
-                self._report(hook_name, "(wrapped call)")
-            return
-        # pluggy calls the most recently registered implementation first.
-        for impl in reversed(implementations):
-            try:
-                impl.function(*[arguments[name] for name in impl.argnames])
-            except Exception:
-                self._report(hook_name, impl.plugin_name)
+            self._plans.pop(event_type, None)
+            return None
+        plan = _Plan(hook_name, caller, event_type)
+        self._plans[event_type] = plan
+        return plan
 
     def _report(self, hook_name: str, plugin_name: str) -> None:
         self.errors += 1
