@@ -121,6 +121,26 @@ class GroupCommitWal(WriteAheadLog):
             self._flusher = asyncio.create_task(self._flush_loop(), name=f"wal-flush-{node_id}")
 
     def append(self, data: bytes) -> asyncio.Future[WalOffset]:
+        if not self._writable or self._failure is not None or self._closed:
+            self._refuse_append()
+        size = len(data)
+        if size > self.capabilities.max_record_bytes:
+            raise CapacityError(
+                f"record of {size} bytes exceeds this WAL's maximum of "
+                f"{self.capabilities.max_record_bytes} bytes; split the batch"
+            )
+        future: asyncio.Future[WalOffset] = asyncio.get_running_loop().create_future()
+        pending = self._pending
+        if not pending:
+            self._pending_since = self.clock.monotonic()
+        pending.append((data if type(data) is bytes else bytes(data), future))
+        self._pending_bytes += size
+        assert self._wake is not None
+        self._wake.set()
+        return future
+
+    def _refuse_append(self) -> None:
+        """Raise why :meth:`append` cannot take a record now (it checks only that it can)."""
         self._check_can_write("append")
         if not self._writable:
             raise InvalidArgument("call recover() (to the end) or reset() before append()")
@@ -131,19 +151,6 @@ class GroupCommitWal(WriteAheadLog):
                 f"the WAL refused appends after an earlier failure ({self._failure}); "
                 "restart the node so recovery can resolve what was written"
             )
-        if len(data) > self.capabilities.max_record_bytes:
-            raise CapacityError(
-                f"record of {len(data)} bytes exceeds this WAL's maximum of "
-                f"{self.capabilities.max_record_bytes} bytes; split the batch"
-            )
-        future: asyncio.Future[WalOffset] = asyncio.get_running_loop().create_future()
-        if not self._pending:
-            self._pending_since = self.clock.monotonic()
-        self._pending.append((bytes(data), future))
-        self._pending_bytes += len(data)
-        assert self._wake is not None
-        self._wake.set()
-        return future
 
     async def recover(self) -> AsyncIterator[WalRecord]:  # type: ignore[override]
         if self.mode is None:
