@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from walstream.engine.object_reader import read_index
 from walstream.errors import CorruptionError, IdentityMismatch, InvalidArgument
-from walstream.format.batch import encode_batch
+from walstream.format.batch import decode_batch, encode_batch
 from walstream.format.object import (
     FOOTER_SIZE,
     FOOTER_SIZE_V1,
@@ -200,6 +200,36 @@ def test_property_records_in_equal_records_out(
         got = read_stream(built.data, index, stream_id, offset)
         assert [r for r in got if r.offset >= offset] == expected[offset - expected[0].offset :]
     assert verify_object(built.data).entries == index.entries
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    value=st.binary(max_size=3000),
+    key=st.none() | st.binary(max_size=40),
+    headers=st.lists(st.tuples(st.text(max_size=8), st.binary(max_size=20)), max_size=2),
+    timestamp_ms=st.integers(0, 2**63 - 1),
+    base_offset=st.integers(0, 2**62),
+)
+def test_a_single_record_batch_has_the_bytes_of_the_general_encoding(
+    value: bytes,
+    key: bytes | None,
+    headers: list[tuple[str, bytes]],
+    timestamp_ms: int,
+    base_offset: int,
+) -> None:
+    """A batch of one plain record is packed in one call (the append hot path); its bytes must
+    be those of the record-by-record encoding (here: the same record inside a two-record batch,
+    whose first record's bytes follow the header), and decode to the record."""
+    record = Record(value=value, key=key, headers=tuple(headers))
+    single = encode_batch(7, 3, base_offset, [record], [timestamp_ms])
+    pair = encode_batch(7, 3, base_offset, [record, record], [timestamp_ms, timestamp_ms])
+    record_bytes = (len(pair) - 33) // 2
+    assert single[33:] == pair[33 : 33 + record_bytes]
+    assert struct.unpack(">BqqqiI", single[:33]) == (0xB1, 7, 3, base_offset, 1, record_bytes)
+    _, decoded = decode_batch(single)
+    assert [(r.offset, r.value, r.key, r.headers, r.timestamp_ms) for r in decoded] == [
+        (base_offset, value, key, tuple(headers), timestamp_ms)
+    ]
 
 
 # ---------------------------------------------------------------- block cutting

@@ -39,6 +39,10 @@ BATCH_HEADER = struct.Struct(">BqqqiI")
 assert BATCH_HEADER.size == 33
 
 _REC_TS_KEYLEN = struct.Struct(">qi")
+#: A batch header followed by the head of one record without a key: timestamp, key length -1,
+#: value length. The single-record batch of a plain record (the hot path) packs it in one call.
+_SINGLE_HEAD = struct.Struct(">BqqqiIqii")
+_NO_HEADERS = b"\x00\x00"
 _I32 = struct.Struct(">i")
 _U16 = struct.Struct(">H")
 _MAX_I32 = 2**31 - 1
@@ -78,6 +82,19 @@ def encode_batch(
     timestamps_ms: Sequence[int],
 ) -> bytes:
     """Encode ``records`` with their resolved timestamps into one batch."""
+    if len(records) == 1:
+        record = records[0]
+        if record.key is None and not record.headers:
+            value = record.value
+            payload_len = 18 + len(value)  # timestamp 8, key length 4, value length 4, header count 2
+            try:
+                head = _SINGLE_HEAD.pack(
+                    BATCH_MAGIC, stream_id, epoch, base_offset, 1, payload_len,
+                    timestamps_ms[0], -1, len(value),
+                )  # fmt: skip
+            except (struct.error, OverflowError) as exc:
+                raise InvalidArgument(f"a record does not fit the batch format: {exc}") from None
+            return b"".join((head, value, _NO_HEADERS))
     if not records:
         raise InvalidArgument("a batch needs at least one record")
     if len(records) > _MAX_I32:
