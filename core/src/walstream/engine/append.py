@@ -40,6 +40,34 @@ from walstream.wal.contract import WriteAheadLog
 __all__ = ["StreamWriter"]
 
 
+class _Submitted:
+    """An append handed to the WAL: the caller awaits ``answer``."""
+
+    __slots__ = ("answer", "end", "first_timestamp_ms", "last_timestamp_ms")
+
+    def __init__(
+        self, answer: asyncio.Future[None], end: int, first_timestamp_ms: int, last_timestamp_ms: int
+    ) -> None:
+        self.answer = answer
+        self.end = end
+        self.first_timestamp_ms = first_timestamp_ms
+        self.last_timestamp_ms = last_timestamp_ms
+
+
+class _MustWait:
+    """An append that must wait, under the stream's lock: for ``space_bytes`` of room under
+    the bound of bytes not yet uploaded, or (0) for its appends in flight before it reports
+    a tail mismatch."""
+
+    __slots__ = ("space_bytes",)
+
+    def __init__(self, space_bytes: int) -> None:
+        self.space_bytes = space_bytes
+
+
+_MUST_WAIT_FOR_TAIL = _MustWait(0)
+
+
 class StreamWriter:
     """Appends, trims and fencing tokens of the streams this node writes.
 
@@ -127,85 +155,127 @@ class StreamWriter:
             check_optional_text(fencing_token, "fencing_token", MAX_FENCING_TOKEN_BYTES)
         if not state.claimed:
             await self._claim(state)
-        started = self._clock.monotonic()
-        async with state.lock:
             gate.check_writable(state)
-            if not state.claimed:
-                raise FencedError(
-                    f"stream {state.info.stream_id} was moved off node {gate.node_id} while this "
-                    "append waited; retry through the stream's new owner"
-                )
-            if fencing_token is not None and fencing_token != state.fencing_token:
-                raise FencedError(
-                    f"fencing token {fencing_token!r} does not match the stream's current token; "
-                    "another writer fenced this stream"
-                )
-            if match_tail is not None and match_tail != state.next_offset:
-                # Report a tail that reads agree with: let this stream's appends in flight settle.
-                await self._wait_acked(state)
-                raise TailMismatchError(
-                    f"match_tail={match_tail} but the tail is {state.next_offset}",
-                    state.next_offset,
-                )
-            now_ms = self._clock.now_ms()
-            timestamps: list[int] = []
-            last = state.last_timestamp_ms
-            for record in records:
-                timestamp = now_ms if record.timestamp_ms is None else record.timestamp_ms
-                if timestamp > last:
-                    last = timestamp  # timestamps never go backwards within a stream
-                timestamps.append(last)
-            base = state.next_offset
-            count = len(records)
-            stream_id = state.info.stream_id
-            data = encode_batch(stream_id, state.epoch, base, records, timestamps)
-            size = len(data)
-            if size > self._wal.capabilities.max_record_bytes:
-                limit = self._wal.capabilities.max_record_bytes
-                if len(records) == 1:
-                    raise CapacityError(
-                        f"a single record of {len(data)} bytes (encoded) exceeds the WAL's "
-                        f"maximum record of {limit} bytes; store large values elsewhere and "
-                        "append a reference, or use a WAL with a larger max_record_bytes"
+        started = self._clock.monotonic() if self._report_appends else 0.0
+        lock = state.lock
+        submitted: _Submitted | _MustWait | None = None
+        if not lock.locked():
+            # Nobody holds the stream (no append waiting for space or for its tail, no trim,
+            # release or claim under way): an append that need not wait reserves its offsets
+            # and reaches the WAL in this step of the event loop, which nothing can interleave,
+            # so it needs no lock. One that must wait takes the lock below.
+            submitted = self._submit(state, records, match_tail, fencing_token, started)
+        if type(submitted) is not _Submitted:
+            async with lock:
+                while True:
+                    gate.check_writable(state)
+                    submitted = self._submit(state, records, match_tail, fencing_token, started)
+                    if type(submitted) is _Submitted:
+                        break
+                    assert type(submitted) is _MustWait
+                    if submitted.space_bytes:
+                        await self._wait_for_space(submitted.space_bytes)
+                        continue
+                    # Report a tail that reads agree with: let this stream's appends in
+                    # flight settle.
+                    await self._wait_acked(state)
+                    raise TailMismatchError(
+                        f"match_tail={match_tail} but the tail is {state.next_offset}",
+                        state.next_offset,
                     )
-                raise CapacityError(
-                    f"batch of {len(records)} records, {len(data)} bytes, exceeds the WAL's "
-                    f"maximum record of {limit} bytes; append fewer records at once"
-                )
-            cache = self._cache
-            if cache.unuploaded_bytes + size > self._unuploaded_limit and cache.unuploaded_bytes:
-                await self._wait_for_space(size)
-                gate.check_writable(state)
-            # No await between the cache insert and the WAL submission: WAL order = cache order.
-            batch = cache.add(stream_id, state.epoch, base, base + count, data, timestamps[0], last)
-            try:
-                future = self._wal.append(data)
-            except BaseException as refused:
-                # The WAL refused the batch before taking it (it is fenced or failed): nothing
-                # was written, and the node stops writing exactly as when the WAL fails a batch
-                # later. The cached batch settles as failed, so no reader or upload waits on it
-                # and the next append cannot reuse its offsets.
-                batch.failed = True
-                batch.block.settle_one()
-                gate.latch(refused)
-                raise
-            # The caller waits on a future of its own: cancelling the caller (a timeout, a
-            # client gone) must not cancel the WAL's future, whose outcome the write path
-            # needs whatever the caller does (the WAL may already hold the batch).
-            answer: asyncio.Future[None] = future.get_loop().create_future()
-            future.add_done_callback(
-                lambda done: self._on_wal_done(state, batch, done, count, started, answer)
-            )
-            self._inflight.add(future)
-            state.next_offset = base + count
-            state.last_timestamp_ms = last
-            assert self._uploader is not None
-            self._uploader.notify_added()
-        await answer
+        assert type(submitted) is _Submitted
+        await submitted.answer
         if gate.lease_deadline is not None:
             gate.raise_if_failed()  # the lease ran out while the WAL wrote: no acknowledgement
+        end = submitted.end
+        return AppendAck(
+            end - len(records),
+            end,
+            max(state.acked_tail, end),
+            submitted.first_timestamp_ms,
+            submitted.last_timestamp_ms,
+        )
+
+    def _submit(
+        self,
+        state: LocalStream,
+        records: list[Record],
+        match_tail: int | None,
+        fencing_token: str | None,
+        started: float,
+    ) -> _Submitted | _MustWait:
+        """Reserve the batch's offsets, put it in the LogCache and hand it to the WAL, in one
+        step (no await: WAL order = cache order = offset order); or say what it must wait for
+        first. Raises what refuses the append."""
+        if not state.claimed:
+            raise FencedError(
+                f"stream {state.info.stream_id} was moved off node {self._gate.node_id} while "
+                "this append waited; retry through the stream's new owner"
+            )
+        if fencing_token is not None and fencing_token != state.fencing_token:
+            raise FencedError(
+                f"fencing token {fencing_token!r} does not match the stream's current token; "
+                "another writer fenced this stream"
+            )
+        base = state.next_offset
+        if match_tail is not None and match_tail != base:
+            return _MUST_WAIT_FOR_TAIL
+        now_ms = self._clock.now_ms()
+        last = state.last_timestamp_ms
+        timestamps: list[int] = []
+        for record in records:
+            timestamp = now_ms if record.timestamp_ms is None else record.timestamp_ms
+            if timestamp > last:
+                last = timestamp  # timestamps never go backwards within a stream
+            timestamps.append(last)
+        count = len(records)
+        stream_id = state.info.stream_id
+        epoch = state.epoch
+        data = encode_batch(stream_id, epoch, base, records, timestamps)
+        size = len(data)
+        limit = self._wal.capabilities.max_record_bytes
+        if size > limit:
+            if count == 1:
+                raise CapacityError(
+                    f"a single record of {size} bytes (encoded) exceeds the WAL's "
+                    f"maximum record of {limit} bytes; store large values elsewhere and "
+                    "append a reference, or use a WAL with a larger max_record_bytes"
+                )
+            raise CapacityError(
+                f"batch of {count} records, {size} bytes, exceeds the WAL's "
+                f"maximum record of {limit} bytes; append fewer records at once"
+            )
+        cache = self._cache
+        unuploaded = cache.unuploaded_bytes
+        if unuploaded and unuploaded + size > self._unuploaded_limit:
+            return _MustWait(size)
         end = base + count
-        return AppendAck(base, end, max(state.acked_tail, end), timestamps[0], timestamps[-1])
+        # No await between the cache insert and the WAL submission: WAL order = cache order.
+        batch = cache.add(stream_id, epoch, base, end, data, timestamps[0], last)
+        try:
+            future = self._wal.append(data)
+        except BaseException as refused:
+            # The WAL refused the batch before taking it (it is fenced or failed): nothing
+            # was written, and the node stops writing exactly as when the WAL fails a batch
+            # later. The cached batch settles as failed, so no reader or upload waits on it
+            # and the next append cannot reuse its offsets.
+            batch.failed = True
+            batch.block.settle_one()
+            self._gate.latch(refused)
+            raise
+        # The caller waits on a future of its own: cancelling the caller (a timeout, a client
+        # gone) must not cancel the WAL's future, whose outcome the write path needs whatever
+        # the caller does (the WAL may already hold the batch).
+        answer: asyncio.Future[None] = future.get_loop().create_future()
+        future.add_done_callback(
+            lambda done: self._on_wal_done(state, batch, done, count, started, answer)
+        )
+        self._inflight.add(future)
+        state.next_offset = end
+        state.last_timestamp_ms = last
+        assert self._uploader is not None
+        self._uploader.notify_added()
+        return _Submitted(answer, end, timestamps[0], last)
 
     async def _wait_acked(self, state: LocalStream) -> None:
         while state.acked_tail < state.next_offset:
