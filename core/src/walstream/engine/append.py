@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from walstream.clock import Clock
-from walstream.engine.cache import CachedBatch, LogCache
+from walstream.engine.cache import CachedBatch, LogBlock, LogCache
 from walstream.engine.events import EngineHooks, NullHooks, WalAppended
 from walstream.engine.streams import LocalStream, NodeGate
 from walstream.engine.upload import Uploader
@@ -251,6 +251,7 @@ class StreamWriter:
             return _MustWait(size)
         end = base + count
         # No await between the cache insert and the WAL submission: WAL order = cache order.
+        block = cache.active  # add() puts the batch in the active block
         batch = cache.add(stream_id, epoch, base, end, data, timestamps[0], last)
         try:
             future = self._wal.append(data)
@@ -260,7 +261,7 @@ class StreamWriter:
             # later. The cached batch settles as failed, so no reader or upload waits on it
             # and the next append cannot reuse its offsets.
             batch.failed = True
-            batch.block.settle_one()
+            block.settle_one()
             self._gate.latch(refused)
             raise
         # The caller waits on a future of its own: cancelling the caller (a timeout, a client
@@ -268,7 +269,7 @@ class StreamWriter:
         # the caller does (the WAL may already hold the batch).
         answer: asyncio.Future[None] = future.get_loop().create_future()
         future.add_done_callback(
-            lambda done: self._on_wal_done(state, batch, done, count, started, answer)
+            lambda done: self._on_wal_done(state, batch, block, done, count, started, answer)
         )
         self._inflight.add(future)
         state.next_offset = end
@@ -286,6 +287,7 @@ class StreamWriter:
         self,
         state: LocalStream,
         batch: CachedBatch,
+        block: LogBlock,
         future: asyncio.Future[int],
         count: int,
         started: float,
@@ -298,13 +300,13 @@ class StreamWriter:
             # WAL confirms now must not become readable or acknowledged here. The caller's
             # answer is then the node's failure (raise_if_failed after the wait).
             batch.failed = True
-            batch.block.settle_one()
+            block.settle_one()
             if not answer.done():
                 answer.set_result(None)
             return
         if future.cancelled() or future.exception() is not None:
             batch.failed = True
-            batch.block.settle_one()
+            block.settle_one()
             error = (
                 future.exception()
                 if not future.cancelled()
@@ -316,7 +318,7 @@ class StreamWriter:
             return
         batch.wal_offset = future.result()
         batch.acked = True
-        batch.block.settle_one()
+        block.settle_one()
         state.acked_tail = max(state.acked_tail, batch.end_offset)
         state.notify()
         if not answer.done():

@@ -23,6 +23,11 @@ __all__ = ["BlockCache", "CachedBatch", "LogBlock", "LogCache"]
 
 @dataclass(eq=False, slots=True)
 class CachedBatch:
+    """One appended batch in the LogCache. It holds no reference to its block: a block's
+    batches referring back to it would make every evicted block a reference cycle, freed only
+    by the cyclic garbage collector (whose full passes over the cache then stall the loop);
+    whoever settles a batch keeps its block (the active block when the batch was added)."""
+
     stream_id: int
     epoch: int
     base_offset: int
@@ -31,7 +36,6 @@ class CachedBatch:
     """The encoded batch, exactly as written to the WAL and to objects."""
     min_timestamp_ms: int
     max_timestamp_ms: int
-    block: LogBlock
     wal_offset: int = -1
     acked: bool = False
     failed: bool = False
@@ -100,14 +104,7 @@ class LogCache:
         if not block.batches:
             block.created_at = self._clock.monotonic()
         batch = CachedBatch(
-            stream_id,
-            epoch,
-            base_offset,
-            end_offset,
-            data,
-            min_timestamp_ms,
-            max_timestamp_ms,
-            block,
+            stream_id, epoch, base_offset, end_offset, data, min_timestamp_ms, max_timestamp_ms
         )
         block.batches.append(batch)
         block.size_bytes += len(data)

@@ -305,6 +305,7 @@ async def replay_wal(
             stats.withheld_batches += 1
             continue
         timestamps = [record.timestamp_ms for record in records]
+        block = cache.active  # add() puts the batch in the active block
         batch = cache.add(
             stream_id,
             header.epoch,
@@ -316,7 +317,7 @@ async def replay_wal(
         )
         batch.wal_offset = wal_record.offset
         batch.acked = True
-        batch.block.settle_one()
+        block.settle_one()
         stats.batches += 1
         stats.records += header.count
         if cache.active.size_bytes >= upload_max_bytes:
