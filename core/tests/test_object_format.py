@@ -302,6 +302,35 @@ def test_builder_rejects_gaps_regrouping_and_bad_batches() -> None:
         ObjectBuilder(block_target_bytes=0)
 
 
+def test_batches_added_with_known_headers_build_the_same_object() -> None:
+    """The uploader hands the builder its cached batches with the offsets it encoded them
+    with (no header decoded again): the object must be byte for byte the one ``add_batch``
+    builds, blocks cut at the same places, and a gap is still refused."""
+    identity = ObjectIdentity(bytes(range(16)), 42)
+    streams = {
+        4: [encode_batch(4, 1, n, [Record(b"four-%d" % n * 30)], [n]) for n in range(40)],
+        9: [encode_batch(9, 2, 100 + 2 * n, [Record(b"a"), Record(b"b")], [1, 2]) for n in range(7)],
+    }
+    by_header = ObjectBuilder(block_target_bytes=700, identity=identity)
+    known = ObjectBuilder(block_target_bytes=700, identity=identity)
+    for stream_id, batches in streams.items():
+        for batch in batches:
+            by_header.add_batch(batch)
+        first = 0 if stream_id == 4 else 100
+        step = 1 if stream_id == 4 else 2
+        known.add_stream_batches(
+            stream_id,
+            [(batch, first + step * n, first + step * (n + 1)) for n, batch in enumerate(batches)],
+        )
+    expected, got = by_header.finish(), known.finish()
+    assert got.data == expected.data and got.slices == expected.slices
+    assert len(parse_index(got.data[-got.index_size :], len(got.data)).entries) > 2
+    gap = ObjectBuilder()
+    gap.add_stream_batches(1, [(streams[4][0], 0, 1)])
+    with pytest.raises(InvalidArgument, match="contiguous"):
+        gap.add_stream_batches(1, [(streams[4][2], 2, 3)])
+
+
 # ---------------------------------------------------------------- index search
 
 

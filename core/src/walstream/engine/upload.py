@@ -393,6 +393,8 @@ class Uploader:
 def _build(streams: list[list[CachedBatch]], identity: ObjectIdentity) -> BuiltObject:
     builder = ObjectBuilder(identity=identity)
     for stream in streams:
-        for batch in stream:
-            builder.add_batch(batch.data)
+        builder.add_stream_batches(
+            stream[0].stream_id,
+            [(batch.data, batch.base_offset, batch.end_offset) for batch in stream],
+        )
     return builder.finish()

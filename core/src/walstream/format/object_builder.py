@@ -8,6 +8,7 @@ store.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from walstream.errors import CorruptionError, InvalidArgument
@@ -116,44 +117,81 @@ class ObjectBuilder:
                 f"add_batch() takes exactly one batch: header says {header.size} bytes, "
                 f"got {len(batch)}"
             )
-        if header.stream_id != self._stream_id:
-            if header.stream_id in self._seen_streams:
+        self.add_stream_batches(
+            header.stream_id, [(bytes(batch), header.base_offset, header.end_offset)]
+        )
+
+    def add_stream_batches(
+        self, stream_id: int, batches: Iterable[tuple[bytes, int, int]]
+    ) -> None:
+        """Append batches of ``stream_id`` given as ``(encoded batch, base_offset,
+        end_offset)``, for callers that know each batch's header because they encoded it (the
+        uploader's cached batches): the headers are not decoded again, only the grouping and
+        the contiguity of the offsets are checked. One pass with the block state in locals: an
+        uploaded object of small batches holds thousands of them."""
+        if self._finished:
+            raise InvalidArgument("add_batch() after finish(): start a new ObjectBuilder")
+        if stream_id != self._stream_id:
+            if stream_id in self._seen_streams:
                 raise InvalidArgument(
-                    f"stream {header.stream_id} was already added to this object: add all "
+                    f"stream {stream_id} was already added to this object: add all "
                     "batches of a stream together"
                 )
             self._close_stream()
-            self._seen_streams.add(header.stream_id)
-            self._stream_id = header.stream_id
-            self._stream_start = header.base_offset
+            self._seen_streams.add(stream_id)
+            self._stream_id = stream_id
+            self._stream_start = -1
             self._stream_bytes = 0
-            self._block_end = header.base_offset
-        elif header.base_offset != self._block_end:
-            raise InvalidArgument(
-                f"stream {header.stream_id}: batch starts at offset {header.base_offset}, "
-                f"expected {self._block_end} (batches of a stream must be contiguous)"
-            )
-        if self._block_bytes and (
-            self._block_bytes + len(batch) > self._block_target_bytes
-            or self._block_records + header.count > _MAX_I32
-        ):
-            self._cut_block()
-        if not self._block_bytes:
-            self._block_start = header.base_offset
-            self._block_crc = self._crc_seed
-        self._parts.append(bytes(batch))
-        self._block_bytes += len(batch)
-        self._block_crc = checksum(batch, self._block_crc)
-        self._block_records += header.count
-        self._block_end = header.end_offset
-        if self._block_bytes >= self._block_target_bytes:
-            self._cut_block()
+        target = self._block_target_bytes
+        parts = self._parts
+        block_bytes = self._block_bytes
+        block_crc = self._block_crc
+        block_records = self._block_records
+        block_end = self._block_end
+        try:
+            for data, base_offset, end_offset in batches:
+                if self._stream_start < 0:
+                    self._stream_start = block_end = base_offset
+                elif base_offset != block_end:
+                    raise InvalidArgument(
+                        f"stream {stream_id}: batch starts at offset {base_offset}, "
+                        f"expected {block_end} (batches of a stream must be contiguous)"
+                    )
+                count = end_offset - base_offset
+                if count <= 0:
+                    raise InvalidArgument(
+                        f"stream {stream_id}: batch [{base_offset}, {end_offset}) holds no records"
+                    )
+                size = len(data)
+                if block_bytes and (
+                    block_bytes + size > target or block_records + count > _MAX_I32
+                ):
+                    self._block_bytes, self._block_crc = block_bytes, block_crc
+                    self._block_records, self._block_end = block_records, block_end
+                    self._cut_block()
+                    block_bytes = block_crc = block_records = 0
+                if not block_bytes:
+                    self._block_start = base_offset
+                    block_crc = self._crc_seed
+                parts.append(data)
+                block_bytes += size
+                block_crc = checksum(data, block_crc)
+                block_records += count
+                block_end = end_offset
+                if block_bytes >= target:
+                    self._block_bytes, self._block_crc = block_bytes, block_crc
+                    self._block_records, self._block_end = block_records, block_end
+                    self._cut_block()
+                    block_bytes = block_crc = block_records = 0
+        finally:
+            self._block_bytes, self._block_crc = block_bytes, block_crc
+            self._block_records, self._block_end = block_records, block_end
 
     def finish(self) -> BuiltObject:
         """Close the last block and append the index and footer."""
         if self._finished:
             raise InvalidArgument("finish() called twice")
-        if self._stream_id is None:
+        if self._stream_id is None or (not self._slices and self._stream_start < 0):
             raise InvalidArgument("an object needs at least one batch")
         self._close_stream()
         self._finished = True
@@ -187,8 +225,8 @@ class ObjectBuilder:
         self._block_records = 0
 
     def _close_stream(self) -> None:
-        if self._stream_id is None:
-            return
+        if self._stream_id is None or self._stream_start < 0:
+            return  # no stream yet, or one given no batches
         if self._block_bytes:
             self._cut_block()
         self._slices.append(
