@@ -2,8 +2,9 @@
 HTTP/2 with prior knowledge (h2c, what S2's SDKs speak) on the same port, behind the bounds of
 :class:`~walstream.server.limits.ServerLimits`.
 
-This module and :mod:`walstream.server.hosting_granian` are the only ones that know an ASGI
-server (``server.http_stack: hypercorn`` chooses this one); the application
+This module, :mod:`walstream.server.hosting_granian` and :mod:`walstream.server.hosting_native`
+(which hands HTTP/2 connections to :class:`HypercornConnection`) are the only ones that know an
+ASGI server (``server.http_stack: hypercorn`` chooses this one); the application
 (:class:`walstream.server.s2.app.S2App`) is plain ASGI. hypercorn's connection handler is driven directly (instead of
 ``hypercorn.asyncio.serve``) so the listener can bound the connections open at once: one more
 is answered ``503`` and closed.
@@ -30,7 +31,7 @@ from hypercorn.config import Config
 
 from walstream.server.limits import ServerLimits
 
-__all__ = ["Listener", "open_listener"]
+__all__ = ["HypercornConnection", "Listener", "hypercorn_config", "open_listener"]
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def _refusal(open_connections: int) -> bytes:
     ) + body
 
 
-class _Connection(TCPServer):
+class HypercornConnection(TCPServer):
     """hypercorn's connection handler, ending as soon as the client has closed: hypercorn
     would keep the connection's task (and its place under ``max_connections``) until its
     keep-alive timer ran out."""
@@ -97,6 +98,9 @@ def hypercorn_config(limits: ServerLimits) -> Config:
     config.keep_alive_timeout = limits.header_timeout_s
     config.graceful_timeout = SHUTDOWN_GRACE_S
     config.h11_max_incomplete_size = MAX_HEAD_BYTES
+    # hypercorn ends a connection after 1000 requests by default (HTTP/1.1: `connection: close`,
+    # HTTP/2: GOAWAY); a client that keeps one connection open would have to open a new one.
+    config.keep_alive_max_requests = 1 << 62
     config.include_server_header = False
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
@@ -129,7 +133,7 @@ async def open_listener(
         listener.tasks.add(task)
         listener.open += 1
         try:
-            await _Connection(wrapped, loop, config, context, {}, reader, writer)
+            await HypercornConnection(wrapped, loop, config, context, {}, reader, writer)
         finally:
             listener.open -= 1
             listener.tasks.discard(task)
