@@ -118,9 +118,9 @@ _SERVER_OPTIONS = (
     Option(
         "http_stack",
         "str",
-        "the HTTP server: granian or hypercorn (both serve HTTP/1.1 and h2c on one port; "
-        "unset: walstream's default, see HTTP service)",
-        choices=("granian", "hypercorn"),
+        "the HTTP server: granian, hypercorn or native (each serves HTTP/1.1 and h2c on one "
+        "port; unset: walstream's default, see HTTP service)",
+        choices=("granian", "hypercorn", "native"),
     ),
 )
 _HOOKS_OPTIONS = (

@@ -95,7 +95,13 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from walstream.server import serve as server
     except ModuleNotFoundError as missing:
-        if (missing.name or "").partition(".")[0] not in ("hypercorn", "h2", "h11", "granian"):
+        if (missing.name or "").partition(".")[0] not in (
+            "hypercorn",
+            "h2",
+            "h11",
+            "granian",
+            "httptools",
+        ):
             raise
         raise ConfigError(
             f"walstream serve needs {missing.name}; run: pip install 'walstream[server]'"
@@ -266,7 +272,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "the README, in /openapi.json and in the walstream.server.s2 package. Timeouts and bounds of slow or greedy\n"
         "clients come from the server section: header_timeout, body_timeout,\n"
         "max_connections, max_long_polls; the HTTP server from server.http_stack:\n"
-        "granian or hypercorn.\n\n"
+        "granian (the default), hypercorn or native (walstream's own, in the node's\n"
+        "event loop).\n\n"
         "While it runs, the server holds the node lock <metadata file>.node-N.lock with its\n"
         "URL in it: other walstream commands on this deployment go through its HTTP API\n"
         "instead of taking the node over, and a second serve of the same node exits 2\n"

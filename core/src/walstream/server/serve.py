@@ -1,7 +1,8 @@
 """Running one node as an HTTP server: :func:`serve` opens the node of a deployment under its
 node lock (:mod:`walstream.engine.live`) and serves the S2 API application
-(:mod:`walstream.server.s2`) with granian (:mod:`walstream.server.hosting_granian`) or
-hypercorn (:mod:`walstream.server.hosting`), as ``server.http_stack`` says;
+(:mod:`walstream.server.s2`) with granian (:mod:`walstream.server.hosting_granian`), hypercorn
+(:mod:`walstream.server.hosting`) or walstream's own server (:mod:`walstream.server.hosting_native`),
+as ``server.http_stack`` says;
 :func:`run_until_signalled` is ``walstream serve``.
 
 Rejoin: with a ``cluster:`` section, a node that lost its lease or was failed over is fenced
@@ -59,7 +60,7 @@ log = logging.getLogger(__name__)
 DEFAULT_LISTEN = "127.0.0.1:7400"
 TOKEN_ENVIRONMENT_VARIABLE = "WALSTREAM_TOKEN"
 #: The HTTP servers ``server.http_stack`` chooses from (README "HTTP service" has the numbers).
-HTTP_STACKS = ("granian", "hypercorn")
+HTTP_STACKS = ("granian", "hypercorn", "native")
 #: granian: 2x hypercorn's requests/s at 64 clients of single-record appends (README).
 DEFAULT_HTTP_STACK = "granian"
 #: How often the server looks for a fenced client to replace (the check reads one attribute).
@@ -95,12 +96,16 @@ async def open_listener(
     stack: str, app: S2App, host: str, port: int, limits: ServerLimits
 ) -> Listener:
     """Serve ``app`` on ``host:port`` with the HTTP server ``stack`` (imported only when
-    chosen, so the other one need not be installed). A port in use is a ConfigError."""
+    chosen, so the others need not be installed). A port in use is a ConfigError."""
     try:
         if stack == "granian":
             from walstream.server import hosting_granian
 
             return await hosting_granian.open_listener(app, host, port, limits)
+        if stack == "native":
+            from walstream.server import hosting_native
+
+            return await hosting_native.open_listener(app, host, port, limits)
         from walstream.server import hosting
 
         return await hosting.open_listener(app, host, port, limits)
@@ -135,9 +140,9 @@ class RunningServer:
     app: S2App
     limits: ServerLimits = field(default_factory=ServerLimits)
     listener: Listener | None = None
-    """The listener (hypercorn's counts ``open`` and ``refused`` connections)."""
+    """The listener (hypercorn's and native's count ``open`` and ``refused`` connections)."""
     http_stack: str = DEFAULT_HTTP_STACK
-    """The HTTP server serving it: ``granian`` or ``hypercorn``."""
+    """The HTTP server serving it: ``granian``, ``hypercorn`` or ``native``."""
 
     @property
     def url(self) -> str:
@@ -266,7 +271,7 @@ async def serve(
     the embedded default) and serve it over HTTP until the context exits; then stop accepting,
     answer long polls, and close the client (which uploads everything acknowledged).
 
-    ``listen``, ``token``, ``limits`` and ``http_stack`` (``granian`` or ``hypercorn``) override
+    ``listen``, ``token``, ``limits`` and ``http_stack`` (one of :data:`HTTP_STACKS`) override
     the deployment's ``server`` section (port 0: any free port, see :attr:`RunningServer.port`).
     Raises :class:`~walstream.errors.ConfigError` for an unknown ``http_stack``.
 

@@ -1,0 +1,613 @@
+"""One connection of the native listener: HTTP/1.1 (and 1.0) parsed by ``httptools`` and served
+to the ASGI application, or handed to HTTP/2 when it opens with the client preface.
+
+Per connection (:class:`Connection`, an :class:`asyncio.Protocol`): the parser's callbacks turn
+bytes into :class:`~walstream.server.hosting_native.exchange.Exchange` objects (one request and
+its answer) queued in arrival order; one task per connection (not one per request) runs the
+application on them one at a time, so pipelined requests are answered in order. Reading pauses
+while more than ``HIGH_WATER_BYTES`` of body or ``MAX_PIPELINED`` requests wait for the
+application, and resumes as it takes them.
+
+The connection answers on its own, in S2's error shape, and closes: ``400`` for a request it
+cannot parse, ``431`` for a request head over ``MAX_HEAD_BYTES``, ``500`` when the application
+fails before it answered (after that the connection is closed mid-answer). A request that asks
+to switch protocols (``Upgrade:``, as curl's ``h2c``) is served as HTTP/1.1 (RFC 9110 7.8).
+
+The application runs in the connection's task, one request at a time: a per-request context
+(such as a ``contextvars`` value) set by one request is seen by the next on the same connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import unquote_to_bytes
+
+import httptools
+
+from walstream.server.hosting_native.exchange import Exchange
+from walstream.server.hosting_native.framing import PREFACE, error_answer
+
+if TYPE_CHECKING:
+    from walstream.server.hosting_native.listener import NativeListener
+
+__all__ = ["Connection"]
+
+log = logging.getLogger("walstream.server.hosting_native")
+
+#: Largest request head (request line and headers), in bytes; a longer one gets 431.
+MAX_HEAD_BYTES = 64 * 1024
+#: Reading pauses while this many body bytes wait for the application ...
+HIGH_WATER_BYTES = 256 * 1024
+#: ... and resumes once at most this many do.
+LOW_WATER_BYTES = 64 * 1024
+#: Reading pauses while this many pipelined requests wait for their turn.
+MAX_PIPELINED = 16
+#: After the listener closes a connection it reads (and drops) what the client still sends
+#: for at most this long, so the kernel does not answer it with a reset that would destroy the
+#: last answer before the client read it.
+LINGER_S = 2.0
+
+_METHODS = {
+    method.encode(): method
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS", "CONNECT", "TRACE")
+}
+
+# Connection states.
+_SNIFF = 0  # deciding between HTTP/1.1 and the HTTP/2 preface
+_HTTP1 = 1
+_HTTP2 = 2  # handed to hypercorn; this protocol no longer receives
+_CLOSING = 3  # lingering after the last answer, or refused: input is dropped
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class _Failure:
+    """A request that cannot be served (malformed, head too large): its answer, written in
+    its turn, after which the connection closes."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+
+
+class Connection(asyncio.Protocol):
+    """One accepted connection (see the module's docstring)."""
+
+    __slots__ = (
+        "buffered",
+        "client",
+        "closed",
+        "counted",
+        "current",
+        "drain_waiters",
+        "draining",
+        "expect",
+        "head_deadline",
+        "head_size",
+        "headers",
+        "in_head",
+        "linger_handle",
+        "listener",
+        "loop",
+        "parser",
+        "parsing",
+        "pending",
+        "raw_body_left",
+        "raw_head",
+        "reading_paused",
+        "server_address",
+        "sniffed",
+        "state",
+        "task",
+        "too_large",
+        "transport",
+        "url",
+        "waiter",
+        "writing_paused",
+    )
+
+    def __init__(self, listener: NativeListener) -> None:
+        self.listener = listener
+        self.loop = listener.loop
+        self.transport: asyncio.Transport | None = None
+        self.state = _SNIFF
+        self.sniffed = b""
+        self.parser: httptools.HttpRequestParser | None = None
+        self.client: tuple[str, int] | None = None
+        self.server_address: tuple[str, int] | None = None
+        self.counted = False
+        self.closed = False
+        self.draining = False
+        self.task: asyncio.Task[Any] | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.pending: deque[Exchange | _Failure] = deque()
+        self.current: Exchange | None = None
+        self.parsing: Exchange | None = None
+        self.buffered = 0
+        """Body bytes received and not yet taken by the application."""
+        self.reading_paused = False
+        self.writing_paused = False
+        self.drain_waiters: list[asyncio.Future[None]] = []
+        self.head_deadline = 0.0
+        self.linger_handle: asyncio.TimerHandle | None = None
+        self.in_head = True
+        self.raw_head = 0
+        self.head_size = 0
+        self.too_large = False
+        self.raw_body_left = 0
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.expect = False
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not subclasses of asyncio's, only alike.
+        self.transport = cast(asyncio.Transport, transport)
+        listener = self.listener
+        listener.connections.add(self)
+        if listener.closing or listener.open >= listener.limits.max_connections:
+            listener.refused += 1
+            self.linger(
+                error_answer(
+                    503,
+                    "unavailable",
+                    f"this server already has {listener.open} connections open "
+                    "(server.max_connections); retry later or raise the bound",
+                    retry_after=True,
+                )
+            )
+            return
+        listener.open += 1
+        self.counted = True
+        self.client = _address(transport.get_extra_info("peername"))
+        self.server_address = _address(transport.get_extra_info("sockname"))
+        self.head_deadline = self.loop.time() + listener.limits.header_timeout_s
+
+    def data_received(self, data: bytes) -> None:
+        state = self.state
+        if state == _HTTP1:
+            self.feed(data)
+        elif state == _SNIFF:
+            received = self.sniffed + data if self.sniffed else data
+            if len(received) < len(PREFACE) and PREFACE.startswith(received):
+                self.sniffed = received  # could still be the preface: wait for more
+                return
+            self.sniffed = b""
+            if received.startswith(PREFACE):
+                self.hand_to_http2(received)
+                return
+            self.state = _HTTP1
+            self.parser = httptools.HttpRequestParser(self)
+            self.feed(received)
+        # _CLOSING: what the client still sends is dropped
+
+    def eof_received(self) -> bool | None:
+        return None  # the client is done: close (an exchange in progress sees http.disconnect)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.state = _CLOSING
+        if self.counted:
+            self.counted = False
+            self.listener.open -= 1
+        if self.linger_handle is not None:
+            self.linger_handle.cancel()
+            self.linger_handle = None
+        for item in (self.current, *self.pending):
+            if isinstance(item, Exchange):
+                item.gone = True
+                if item.waiters:
+                    item.wake()
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+        for drain in self.drain_waiters:
+            if not drain.done():
+                drain.set_result(None)
+        self.drain_waiters.clear()
+        if self.task is None or self.task.done():
+            self.listener.connection_closed(self)
+
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        for drain in self.drain_waiters:
+            if not drain.done():
+                drain.set_result(None)
+        self.drain_waiters.clear()
+
+    async def drained(self) -> None:
+        """Returns when the transport's write buffer is below its high-water mark again (or
+        the connection closed)."""
+        while self.writing_paused and not self.closed:
+            waiter = self.loop.create_future()
+            self.drain_waiters.append(waiter)
+            await waiter
+
+    # -- httptools callbacks -----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.headers = []
+        self.head_size = 0
+        self.expect = False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self.head_size += len(url)
+        if self.head_size > MAX_HEAD_BYTES:
+            self.too_large = True
+            raise _HeadTooLarge
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_size += len(name) + len(value) + 4
+        if self.head_size > MAX_HEAD_BYTES:
+            self.too_large = True
+            raise _HeadTooLarge
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect = True
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        assert parser is not None
+        method_bytes = parser.get_method()
+        method = _METHODS.get(method_bytes) or method_bytes.decode("ascii")
+        version = parser.get_http_version()
+        url = self.url
+        if url[:1] == b"/":
+            raw_path, _, query = url.partition(b"?")
+        elif url == b"*":
+            raw_path, query = url, b""
+        else:  # absolute form (RFC 9112 3.2.2)
+            parsed = httptools.parse_url(url)
+            raw_path, query = parsed.path or b"/", parsed.query or b""
+        if b"%" in raw_path or not raw_path.isascii():
+            path = unquote_to_bytes(raw_path).decode("utf-8", "replace")
+        else:
+            path = raw_path.decode("ascii")
+        scope = {
+            "type": "http",
+            "asgi": self.listener.asgi_version,
+            "http_version": version,
+            "server": self.server_address,
+            "client": self.client,
+            "scheme": "http",
+            "method": method,
+            "root_path": "",
+            "path": path,
+            "raw_path": raw_path,
+            "query_string": query,
+            "headers": self.headers,
+        }
+        exchange = Exchange(
+            self, scope, parser.should_keep_alive(), self.expect and version == "1.1"
+        )
+        self.parsing = exchange
+        self.in_head = False
+        self.raw_head = 0
+        self.pending.append(exchange)
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+        elif self.task is None:
+            self.task = self.loop.create_task(self.serve(), name="walstream-http1-connection")
+            self.task.add_done_callback(self.served)
+
+    def on_body(self, body: bytes) -> None:
+        exchange = self.parsing
+        assert exchange is not None
+        exchange.chunks.append(body)
+        self.buffered += len(body)
+        if exchange.waiters:
+            exchange.wake()
+
+    def on_message_complete(self) -> None:
+        exchange = self.parsing
+        assert exchange is not None
+        exchange.complete = True
+        if exchange.waiters:
+            exchange.wake()
+        self.parsing = None
+        self.in_head = True
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        if self.raw_body_left:
+            data = self.take_raw_body(data)
+            if not data:
+                return
+        if self.in_head:
+            self.raw_head += len(data)
+        parser = self.parser
+        assert parser is not None
+        try:
+            parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:
+            self.ignore_upgrade(data, int(upgrade.args[0]))
+        except httptools.HttpParserError as error:
+            if self.too_large:
+                self.fail(431, "the request head is over 64 KiB (request line and headers)")
+            else:
+                reason = str(error) or type(error).__name__
+                self.fail(400, f"malformed HTTP/1.1 request: {reason[:200]}")
+            return
+        if self.state != _HTTP1:
+            return
+        if self.in_head and self.raw_head > 2 * MAX_HEAD_BYTES:
+            self.fail(431, "the request head is over 64 KiB (request line and headers)")
+            return
+        if not self.reading_paused and (
+            self.buffered > HIGH_WATER_BYTES or len(self.pending) > MAX_PIPELINED
+        ):
+            self.reading_paused = True
+            assert self.transport is not None
+            self.transport.pause_reading()
+
+    def ignore_upgrade(self, data: bytes, offset: int) -> None:
+        """A request asked to switch protocols (``Upgrade:``, such as curl's ``h2c``): it is
+        served as HTTP/1.1, as RFC 9110 7.8 allows. The parser took it as the end of HTTP/1.1
+        and skipped its body; that body (``Content-Length`` bytes) is read here."""
+        exchange = self.pending[-1] if self.pending else None
+        if not isinstance(exchange, Exchange) or exchange.scope["method"] == "CONNECT":
+            self.fail(400, "CONNECT is not supported")
+            return
+        length = 0
+        for name, value in exchange.scope["headers"]:
+            if name == b"transfer-encoding":
+                self.fail(400, "an Upgrade request with a chunked body is not supported")
+                return
+            if name == b"content-length" and value.strip().isdigit():
+                length = int(value)
+        rest = data[offset:]
+        if length:
+            exchange.complete = False
+            self.parsing = exchange
+            self.in_head = False
+            self.raw_body_left = length
+            rest = self.take_raw_body(rest)
+        if rest:
+            self.feed(rest)
+
+    def take_raw_body(self, data: bytes) -> bytes:
+        """Body bytes of an ignored upgrade; returns what follows them."""
+        exchange = self.parsing
+        assert exchange is not None
+        body, rest = data[: self.raw_body_left], data[self.raw_body_left :]
+        self.raw_body_left -= len(body)
+        self.on_body(body)
+        if not self.raw_body_left:
+            self.on_message_complete()
+        return rest
+
+    def maybe_resume(self) -> None:
+        if (
+            self.reading_paused
+            and self.buffered <= LOW_WATER_BYTES
+            and len(self.pending) <= MAX_PIPELINED // 2
+            and self.state == _HTTP1
+            and not self.draining
+        ):
+            self.reading_paused = False
+            assert self.transport is not None
+            self.transport.resume_reading()
+
+    def fail(self, status: int, message: str) -> None:
+        """The rest of the input cannot be read: answer ``status`` in the request's turn and
+        close. A request whose body broke off sees ``http.disconnect``."""
+        self.state = _CLOSING
+        broken = self.parsing
+        if broken is not None:
+            if broken is self.current:
+                broken.gone = True
+                if broken.waiters:
+                    broken.wake()
+            else:
+                self.pending.remove(broken)
+        self.parsing = None
+        self.pending.append(_Failure(error_answer(status, "invalid", message)))
+        if self.transport is not None and not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+        elif self.task is None:
+            self.task = self.loop.create_task(self.serve(), name="walstream-http1-connection")
+            self.task.add_done_callback(self.served)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if not self.closed:
+            assert self.transport is not None
+            self.transport.write(data)
+
+    def write_pieces(self, pieces: list[bytes]) -> None:
+        if not self.closed:
+            assert self.transport is not None
+            self.transport.writelines(pieces)
+
+    # -- serving -----------------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """The connection's task: run the application on each request in turn."""
+        loop = self.loop
+        pending = self.pending
+        while True:
+            if pending:
+                item = pending.popleft()
+            elif self.closed or self.draining or self.state != _HTTP1:
+                return
+            else:
+                waiter = loop.create_future()
+                self.waiter = waiter
+                try:
+                    await waiter
+                finally:
+                    self.waiter = None
+                continue
+            if isinstance(item, _Failure):
+                self.linger(item.answer)
+                return
+            if not await self.run(item):
+                # A request whose body broke off is answered by its failure, unless its own
+                # answer began.
+                failure = pending[0] if pending else None
+                if isinstance(failure, _Failure) and not item.head_written:
+                    self.linger(failure.answer)
+                elif not self.closed:
+                    self.linger(None)
+                return
+            if self.reading_paused:
+                self.maybe_resume()
+            if not pending:
+                self.head_deadline = loop.time() + self.listener.limits.header_timeout_s
+
+    async def run(self, exchange: Exchange) -> bool:
+        """Serve one request; True when the connection may carry the next one."""
+        self.current = exchange
+        try:
+            await self.listener.app(exchange.scope, exchange.receive, exchange.send)
+        except Exception:
+            log.exception(
+                "%s %s failed in the application", exchange.scope["method"], exchange.scope["path"]
+            )
+            if exchange.started:
+                return False  # the answer began: it cannot be completed
+            self.internal_error(exchange)
+        else:
+            if not exchange.finished:
+                if exchange.started:
+                    log.error(
+                        "%s %s: the application returned before its answer was complete",
+                        exchange.scope["method"],
+                        exchange.scope["path"],
+                    )
+                    return False
+                log.error(
+                    "%s %s: the application returned without answering",
+                    exchange.scope["method"],
+                    exchange.scope["path"],
+                )
+                self.internal_error(exchange)
+        finally:
+            self.current = None
+        if exchange.chunks:  # body the application did not read
+            self.buffered -= sum(len(chunk) for chunk in exchange.chunks)
+            exchange.chunks.clear()
+        return not (exchange.close_after or exchange.gone or self.closed or self.draining)
+
+    def internal_error(self, exchange: Exchange) -> None:
+        body = b'{"code":"other","message":"internal error; the server log has the details"}'
+        exchange.start(
+            500,
+            [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+        )
+        exchange.body(body, False)
+
+    def served(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("an HTTP/1.1 connection failed", exc_info=task.exception())
+            if not self.closed:
+                assert self.transport is not None
+                self.transport.abort()
+        if self.closed:
+            self.listener.connection_closed(self)
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def linger(self, answer: bytes | None) -> None:
+        """Write ``answer`` (if any), then close: the write side at once, the connection once
+        the client closed its side too or ``LINGER_S`` passed (see ``LINGER_S``)."""
+        self.state = _CLOSING
+        transport = self.transport
+        assert transport is not None
+        if self.closed:
+            return
+        if answer:
+            transport.write(answer)
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        if self.reading_paused:
+            self.reading_paused = False
+            transport.resume_reading()
+        self.linger_handle = self.loop.call_later(LINGER_S, transport.close)
+
+    def hand_to_http2(self, received: bytes) -> None:
+        assert self.transport is not None
+        self.state = _HTTP2
+        self.task = self.listener.http2().serve(self.transport, received, self.loop)
+        self.task.add_done_callback(self.http2_ended)
+
+    def http2_ended(self, task: asyncio.Task[Any]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("an HTTP/2 connection failed", exc_info=task.exception())
+        self.closed = True
+        if self.counted:
+            self.counted = False
+            self.listener.open -= 1
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+        self.listener.connection_closed(self)
+
+    def check_head_deadline(self, now: float) -> None:
+        """Close the connection when it waited for a request head past ``header_timeout``
+        (idle since its previous answer, or slow to send a head)."""
+        if (
+            self.state in (_SNIFF, _HTTP1)
+            and self.current is None
+            and not self.pending
+            and self.head_deadline <= now
+            and not self.closed
+        ):
+            assert self.transport is not None
+            self.state = _CLOSING
+            self.transport.close()
+
+    def shutdown(self) -> None:
+        """The listener is closing: close now when idle, else after the answer in progress
+        (which says ``connection: close`` unless it began already). HTTP/2 is told by the
+        listener (GOAWAY)."""
+        self.draining = True
+        if self.closed or self.state == _HTTP2:
+            return
+        transport = self.transport
+        assert transport is not None
+        if self.state != _HTTP1 or (self.current is None and not self.pending):
+            self.state = _CLOSING
+            transport.close()
+            return
+        if not self.reading_paused:
+            self.reading_paused = True
+            transport.pause_reading()
+
+    def abort(self) -> None:
+        """Shutdown's grace ran out: cancel the request in progress and drop the connection."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+
+
+def _address(value: Any) -> tuple[str, int] | None:
+    if isinstance(value, tuple) and len(value) >= 2:
+        return str(value[0]), int(value[1])
+    return None
