@@ -155,11 +155,16 @@ class S2App:
         finally:
             self.long_polls -= 1
 
-    async def unless_stopping(self, work: asyncio.Future[Any]) -> bool:
-        """Wait for ``work``, or cancel it when shutdown begins; True when it finished."""
+    async def unless_stopping(
+        self, work: asyncio.Future[Any], *others: asyncio.Future[Any]
+    ) -> bool:
+        """Wait for ``work``, or cancel it when shutdown begins or one of ``others`` is done;
+        True when it finished."""
         stopping = asyncio.ensure_future(self.stopping.wait())
         try:
-            done, _ = await asyncio.wait({work, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {work, stopping, *others}, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             stopping.cancel()
             if not work.done():

@@ -174,6 +174,15 @@ class Request:
         self.body_done = not message.get("more_body", False)
         return bytes(message.get("body", b""))
 
+    async def disconnected(self) -> None:
+        """Returns when the client is gone (reading and dropping any body meanwhile): the
+        ASGI server says ``http.disconnect``."""
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                self.body_done = True
+                return
+
     async def drain(self, limit_s: float = 5.0) -> None:
         """Read and drop the rest of the body (for at most ``limit_s`` seconds)."""
         loop = asyncio.get_running_loop()

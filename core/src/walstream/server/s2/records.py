@@ -477,7 +477,7 @@ async def _read_route(app: S2App, request: Request, basin: str, name: str) -> No
     records: list[SequencedRecord]
     if wait > 0:
         records, tail = await _long_poll(
-            app, stream, start, timestamp, count, byte_limit, params.until, wait
+            app, request, stream, start, timestamp, count, byte_limit, params.until, wait
         )
     else:
         records, tail, _ = await read_once(
@@ -529,6 +529,7 @@ async def read_committed_here(app: S2App, request: Request, stream: Stream) -> b
 
 async def _long_poll(
     app: S2App,
+    request: Request,
     stream: Stream,
     start: int | None,
     timestamp: int | None,
@@ -537,12 +538,18 @@ async def _long_poll(
     until: int | None,
     wait: float,
 ) -> tuple[list[SequencedRecord], int]:
+    """A read that waits: it ends when records arrive, at shutdown (answered with what it
+    has), or as soon as its client is gone (which frees its place under max_long_polls)."""
     with app.long_poll():
         reading = asyncio.ensure_future(
             read_once(stream, start, timestamp, count, byte_limit, until, wait)
         )
-        if not await app.unless_stopping(reading):
-            return [], await stream.check_tail()
+        gone = asyncio.ensure_future(request.disconnected())
+        try:
+            if not await app.unless_stopping(reading, gone):
+                return [], await stream.check_tail()
+        finally:
+            gone.cancel()
         records, tail, _ = reading.result()
         return records, tail
 

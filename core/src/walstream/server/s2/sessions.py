@@ -80,14 +80,6 @@ async def _first(work: asyncio.Future[Any], *others: asyncio.Future[Any]) -> boo
     return work in done
 
 
-async def _disconnected(request: Request) -> None:
-    """Returns when the client leaves (a read session has no request body to read)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 # -- read sessions ------------------------------------------------------------------------------
 
 
@@ -103,7 +95,7 @@ async def read_session(
         else:
             await request.start(200, _S2S)
         stopping = asyncio.ensure_future(app.stopping.wait())
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone = asyncio.ensure_future(request.disconnected())
         try:
             await _follow(
                 app, request, stream, start, timestamp, params, sse, base64_format, stopping, gone
