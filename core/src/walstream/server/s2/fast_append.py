@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from walstream.errors import FencedError, InvalidArgument, WalstreamError
 from walstream.metadata.rules import check_basin_name
@@ -53,7 +53,6 @@ _ACK_JSON = (
     b'{"start":{"seq_num":%d,"timestamp":%d},"end":{"seq_num":%d,"timestamp":%d},'
     b'"tail":{"seq_num":%d,"timestamp":%d}}'
 )
-_JSON_START: dict[str, Any] = {"type": "http.response.start", "status": 200}
 ROUTE = "/v1/streams/{name}/records"
 """The route name the request counts of ``/metrics`` use (as the general route's)."""
 
@@ -171,7 +170,8 @@ class FastAppend:
                 content = b"application/json"
             await send(
                 {
-                    **_JSON_START,
+                    "type": "http.response.start",
+                    "status": 200,
                     "headers": [
                         (b"content-type", content),
                         (b"content-length", b"%d" % len(answer)),
