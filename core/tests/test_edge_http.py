@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
@@ -26,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from walstream.errors import ConfigError
 from walstream.server.limits import ServerLimits
-from walstream.server.serve import RunningServer, serve
+from walstream.server.serve import HTTP_STACKS, RunningServer, serve
 
 TOKEN = "edge-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -67,9 +68,10 @@ def start(
     )
 
 
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[RunningServer]:
-    async with start(tmp_path) as running:
+@pytest.fixture(params=HTTP_STACKS)
+async def server(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[RunningServer]:
+    """The node served by each HTTP server (``server.http_stack``) in turn."""
+    async with start(tmp_path, http_stack=request.param) as running:
         yield running
 
 
@@ -368,6 +370,7 @@ async def test_bad_input_gets_a_4xx_with_the_s2_error_body(
     code: str,
 ) -> None:
     await make_basin_and_stream(http)
+    kwargs = dict(kwargs)  # the case is shared by every stack's run: not changed here
     headers = {"s2-basin": BASIN, **kwargs.pop("headers", {})}
     if "data" in kwargs:
         headers.setdefault("Content-Type", "application/json")
@@ -418,7 +421,8 @@ async def test_a_non_utf8_authorization_header_gets_401(server: RunningServer) -
 async def test_requests_the_http_server_cannot_parse_get_a_4xx_and_nothing_happens(
     server: RunningServer,
 ) -> None:
-    """Malformed HTTP is refused by hypercorn itself (its own 4xx, not S2's JSON body)."""
+    """Malformed HTTP is refused by the HTTP server itself: granian's and hypercorn's own 4xx
+    (or a disconnect), native's 400 or 431 in S2's error shape."""
     for request in (
         b"GET /v1/basins?x=" + b"9" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
         b"GET /health HTTP/1.1\r\nX-Long: " + b"v" * 70_000 + b"\r\n\r\n",
@@ -429,6 +433,9 @@ async def test_requests_the_http_server_cannot_parse_get_a_4xx_and_nothing_happe
         if response:  # some malformed requests are simply disconnected
             status = int(response.split(b" ", 2)[1])
             assert 400 <= status < 500, response[:200]
+            if server.http_stack == "native":
+                status, body = parse_raw(response)
+                assert_error_body(status, body, status, "invalid")
     async with aiohttp.ClientSession(headers=AUTH, timeout=TIMEOUT) as session:
         status, health = await answer(session, "GET", server.url + "/health")
     assert (status, health["status"]) == (200, "ok")
@@ -576,13 +583,14 @@ async def test_a_slow_second_head_on_a_kept_alive_connection_is_closed(
         writer.close()
 
 
-async def test_connections_over_the_bound_get_503(tmp_path: Path) -> None:
-    """hypercorn: a connection over ``max_connections`` is answered 503 and closed."""
+@pytest.mark.parametrize("http_stack", ["hypercorn", "native"])
+async def test_connections_over_the_bound_get_503(tmp_path: Path, http_stack: str) -> None:
+    """hypercorn, native: a connection over ``max_connections`` is answered 503 and closed."""
     limits = ServerLimits(header_timeout_s=10.0, max_connections=4)
-    async with start(tmp_path, limits, http_stack="hypercorn") as running:
+    async with start(tmp_path, limits, http_stack=http_stack) as running:
         idle = [await asyncio.open_connection("127.0.0.1", running.port) for _ in range(4)]
         await asyncio.sleep(0.2)
-        assert running.listener is not None and running.listener.open == 4
+        assert getattr(running.listener, "open", None) == 4
         status, body = parse_raw(
             await raw_exchange(
                 running.port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -620,7 +628,7 @@ async def test_with_granian_connections_over_the_bound_wait_for_a_free_one(
             other.close()
 
 
-@pytest.mark.parametrize("http_stack", ["granian", "hypercorn"])
+@pytest.mark.parametrize("http_stack", HTTP_STACKS)
 async def test_a_busy_listen_address_is_refused(tmp_path: Path, http_stack: str) -> None:
     """A second server on a port in use fails instead of sharing it (granian binds with
     SO_REUSEPORT, which would let both listen)."""
@@ -638,7 +646,7 @@ async def test_a_busy_listen_address_is_refused(tmp_path: Path, http_stack: str)
 
 async def test_an_unknown_http_stack_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(
-        ConfigError, match=r"server\.http_stack: expected one of granian, hypercorn"
+        ConfigError, match=r"server\.http_stack: expected one of granian, hypercorn, native"
     ):
         async with start(tmp_path, http_stack="uvicorn"):
             pass
@@ -666,6 +674,46 @@ async def test_long_polls_over_the_bound_get_429(
         http, "GET", "/v1/streams/orders/records?seq_num=1&wait=1", headers=basin
     )
     assert (status, read["records"]) == (200, [])
+
+
+@pytest.mark.parametrize("http_stack", HTTP_STACKS)
+async def test_a_long_poll_whose_client_leaves_frees_its_place(
+    tmp_path: Path, http_stack: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every HTTP server tells the application (http.disconnect) when a client leaves: its long
+    poll ends at once instead of holding a place under max_long_polls until ``wait`` runs out,
+    and nothing is logged as a failure."""
+    caplog.set_level(logging.WARNING)
+    limits = ServerLimits(header_timeout_s=5.0, max_long_polls=1)
+    async with start(tmp_path, limits, http_stack=http_stack) as running:
+        async with aiohttp.ClientSession(
+            base_url=running.url, headers=AUTH, timeout=TIMEOUT
+        ) as http:
+            await make_basin_and_stream(http)
+            basin = {"s2-basin": BASIN}
+            poll = "/v1/streams/orders/records?seq_num=0&wait=30"
+            _, leaving = await asyncio.open_connection("127.0.0.1", running.port)
+            leaving.write(
+                f"GET {poll} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                f"s2-basin: {BASIN}\r\n\r\n".encode()
+            )
+            await asyncio.sleep(0.3)
+            status, body = await answer(http, "GET", poll, headers=basin)
+            assert_error_body(status, body, 429, "rate_limited")
+            leaving.close()
+            began = time.monotonic()
+            while True:
+                status, body = await answer(
+                    http, "GET", "/v1/streams/orders/records?seq_num=0&wait=1", headers=basin
+                )
+                if status == 200:
+                    break
+                assert status == 429, body
+                assert time.monotonic() - began < 4, "the long poll outlived its client"
+                await asyncio.sleep(0.05)
+            assert running.app.long_polls == 0
+    failures = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not failures, [r.getMessage() for r in failures]
 
 
 MEMORY = {
@@ -845,9 +893,12 @@ def check_error_answer(status: int, text: str) -> None:
         assert parsed["code"] and parsed["message"], parsed
 
 
-def test_arbitrary_http_requests_never_get_a_5xx_other_than_503(tmp_path: Path, soak: bool) -> None:
+@pytest.mark.parametrize("http_stack", HTTP_STACKS)
+def test_arbitrary_http_requests_never_get_a_5xx_other_than_503(
+    tmp_path: Path, soak: bool, http_stack: str
+) -> None:
     loop = asyncio.new_event_loop()
-    context = start(tmp_path)
+    context = start(tmp_path, http_stack=http_stack)
     running = loop.run_until_complete(context.__aenter__())
 
     async def open_session() -> aiohttp.ClientSession:

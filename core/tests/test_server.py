@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 import walstream
 from prometheus_client.parser import text_string_to_metric_families
-from walstream.server.serve import RunningServer, serve
+from walstream.server.serve import HTTP_STACKS, RunningServer, serve
 from walstream_conformance.harness.serve import WalstreamServe
 
 WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
@@ -57,8 +57,9 @@ def deployment(tmp_path: Path) -> Path:
     return write_deployment(tmp_path, f"server-{tmp_path.name}")
 
 
-@pytest.fixture
-async def server(deployment: Path) -> AsyncIterator[RunningServer]:
+@pytest.fixture(params=HTTP_STACKS)
+async def server(deployment: Path, request: pytest.FixtureRequest) -> AsyncIterator[RunningServer]:
+    """The node served by each HTTP server (``server.http_stack``) in turn."""
     async with serve(
         deployment,
         listen="127.0.0.1:0",
@@ -66,7 +67,9 @@ async def server(deployment: Path) -> AsyncIterator[RunningServer]:
         max_body_bytes=MAX_BODY_BYTES,
         max_wait_s=10.0,
         environ={},
+        http_stack=request.param,
     ) as running:
+        assert running.http_stack == request.param
         yield running
 
 
@@ -520,7 +523,7 @@ async def test_sse_read_session_sends_batches_pings_and_done(http: aiohttp.Clien
     assert events[-1] == "event: done\ndata: [DONE]"
 
 
-@pytest.mark.parametrize("http_stack", ["granian", "hypercorn"])
+@pytest.mark.parametrize("http_stack", HTTP_STACKS)
 async def test_shutdown_answers_waiting_long_polls_and_uploads_everything(
     deployment: Path, http_stack: str
 ) -> None:
@@ -625,7 +628,12 @@ async def test_metrics_are_prometheus_text_and_counters_move(
 # -- real processes ---------------------------------------------------------------------------
 
 
-async def test_serve_process_answers_health_and_exits_0_on_sigterm(deployment: Path) -> None:
+@pytest.mark.parametrize("http_stack", HTTP_STACKS)
+async def test_serve_process_answers_health_and_exits_0_on_sigterm(
+    deployment: Path, http_stack: str
+) -> None:
+    text = deployment.read_text()
+    deployment.write_text(text.replace("server: {", f"server: {{http_stack: {http_stack}, "))
     process = WalstreamServe(deployment, token=TOKEN)
     url = await asyncio.to_thread(process.start)
     try:
