@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from walstream.clock import Clock
 from walstream.engine.cache import CachedBatch, LogBlock, LogCache
@@ -36,6 +35,7 @@ from walstream.records import (
     check_optional_text,
 )
 from walstream.wal.contract import WriteAheadLog
+from walstream.wal.group_commit import GroupCommitWal, WalCallback
 
 __all__ = ["StreamWriter"]
 
@@ -96,7 +96,18 @@ class StreamWriter:
         self._append_timeout_s = append_timeout_s
         self._node_epoch = -1
         self._uploader: Uploader | None = None
-        self._inflight: set[asyncio.Future[Any]] = set()
+        self._unsettled = 0
+        """Batches handed to the WAL whose outcome has not come back yet."""
+        self._all_settled: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # A GroupCommitWal that keeps the base class's append() settles records through
+        # callbacks (no future and no loop turn per record); a WAL with an append() of its own
+        # (a wrapper, a subclass adding checks) is used through that append().
+        self._append_then: Callable[[bytes, WalCallback], None] = (
+            wal.append_then
+            if isinstance(wal, GroupCommitWal) and type(wal).append is GroupCommitWal.append
+            else self._append_through_future
+        )
         self._unuploaded_limit = cache.max_bytes
         capacity = wal.capabilities.capacity_bytes
         if capacity:
@@ -107,11 +118,29 @@ class StreamWriter:
         """Start writing as ``node_epoch`` through ``uploader``."""
         self._uploader = uploader
         self._node_epoch = node_epoch
+        self._loop = asyncio.get_running_loop()
 
     async def drain(self) -> None:
         """Wait until every WAL append in flight has settled (acknowledged or failed)."""
-        if self._inflight:
-            await asyncio.gather(*self._inflight, return_exceptions=True)
+        if self._unsettled:
+            if self._all_settled is None:
+                self._all_settled = asyncio.Event()
+            await self._all_settled.wait()
+
+    def _append_through_future(self, data: bytes, callback: WalCallback) -> None:
+        """:meth:`GroupCommitWal.append_then` for a WAL that offers only the contract's
+        future: its outcome is handed to ``callback`` from the future's done callback."""
+        future = self._wal.append(data)
+
+        def settled(done: asyncio.Future[int]) -> None:
+            if done.cancelled():
+                callback(-1, BackendUnavailable("the WAL cancelled an append it had taken"))
+            elif (error := done.exception()) is not None:
+                callback(-1, error)
+            else:
+                callback(done.result(), None)
+
+        future.add_done_callback(settled)
 
     async def _claim(self, state: LocalStream) -> None:
         if state.claimed:
@@ -253,8 +282,18 @@ class StreamWriter:
         # No await between the cache insert and the WAL submission: WAL order = cache order.
         block = cache.active  # add() puts the batch in the active block
         batch = cache.add(stream_id, epoch, base, end, data, timestamps[0], last)
+        # The caller waits on a future of its own: cancelling the caller (a timeout, a client
+        # gone) must not cancel the WAL's record, whose outcome the write path needs whatever
+        # the caller does (the WAL may already hold the batch).
+        assert self._loop is not None  # attach() came first: nothing is claimed before it
+        answer: asyncio.Future[None] = self._loop.create_future()
         try:
-            future = self._wal.append(data)
+            self._append_then(
+                data,
+                lambda offset, error: self._on_wal_done(
+                    state, batch, block, count, started, answer, offset, error
+                ),
+            )
         except BaseException as refused:
             # The WAL refused the batch before taking it (it is fenced or failed): nothing
             # was written, and the node stops writing exactly as when the WAL fails a batch
@@ -264,14 +303,7 @@ class StreamWriter:
             block.settle_one()
             self._gate.latch(refused)
             raise
-        # The caller waits on a future of its own: cancelling the caller (a timeout, a client
-        # gone) must not cancel the WAL's future, whose outcome the write path needs whatever
-        # the caller does (the WAL may already hold the batch).
-        answer: asyncio.Future[None] = future.get_loop().create_future()
-        future.add_done_callback(
-            lambda done: self._on_wal_done(state, batch, block, done, count, started, answer)
-        )
-        self._inflight.add(future)
+        self._unsettled += 1
         state.next_offset = end
         state.last_timestamp_ms = last
         assert self._uploader is not None
@@ -288,13 +320,17 @@ class StreamWriter:
         state: LocalStream,
         batch: CachedBatch,
         block: LogBlock,
-        future: asyncio.Future[int],
         count: int,
         started: float,
         answer: asyncio.Future[None],
+        wal_offset: int,
+        error: BaseException | None,
     ) -> None:
-        # Runs in WAL order (the WAL completes futures in order; callbacks are FIFO).
-        self._inflight.discard(future)
+        # Runs in WAL order, once per batch (the WAL's callbacks come in append order).
+        self._unsettled -= 1
+        if not self._unsettled and self._all_settled is not None:
+            self._all_settled.set()
+            self._all_settled = None
         if self._gate.lease_deadline is not None and self._gate.lease_lost():
             # Past this node's lease another node may be replaying the WAL already: a batch the
             # WAL confirms now must not become readable or acknowledged here. The caller's
@@ -304,19 +340,14 @@ class StreamWriter:
             if not answer.done():
                 answer.set_result(None)
             return
-        if future.cancelled() or future.exception() is not None:
+        if error is not None:
             batch.failed = True
             block.settle_one()
-            error = (
-                future.exception()
-                if not future.cancelled()
-                else BackendUnavailable("the WAL cancelled an append it had taken")
-            )
-            self._gate.latch(error or BackendUnavailable("WAL append failed"))
+            self._gate.latch(error)
             if not answer.done():
-                answer.set_exception(error or BackendUnavailable("WAL append failed"))
+                answer.set_exception(error)
             return
-        batch.wal_offset = future.result()
+        batch.wal_offset = wal_offset
         batch.acked = True
         block.settle_one()
         state.acked_tail = max(state.acked_tail, batch.end_offset)

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from abc import abstractmethod
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,12 @@ from walstream.wal.contract import WalCapabilities, WalMode, WalOffset, WalRecor
 __all__ = [
     "GroupCommitWal",
     "PreparedGroup",
+    "WalCallback",
 ]
+
+WalCallback = Callable[[WalOffset, "BaseException | None"], None]
+"""Told the outcome of one record appended with :meth:`GroupCommitWal.append_then`:
+``(offset, None)`` once it is durable, or ``(-1, error)`` once it failed."""
 
 
 log = logging.getLogger(__name__)
@@ -50,7 +55,7 @@ class PreparedGroup:
 @dataclass
 class _Group:
     prepared: PreparedGroup
-    futures: list[asyncio.Future[WalOffset]]
+    waiters: list[asyncio.Future[WalOffset] | WalCallback]
     done: bool = False
 
 
@@ -96,7 +101,7 @@ class GroupCommitWal(WriteAheadLog):
         self.node_id = -1
         self.node_epoch = -1
         self.mode: WalMode | None = None
-        self._pending: deque[tuple[bytes, asyncio.Future[WalOffset]]] = deque()
+        self._pending: deque[tuple[bytes, asyncio.Future[WalOffset] | WalCallback]] = deque()
         self._write_tasks: set[asyncio.Task[None]] = set()
         self._pending_bytes = 0
         self._pending_since = 0.0
@@ -125,6 +130,23 @@ class GroupCommitWal(WriteAheadLog):
             self._flusher = asyncio.create_task(self._flush_loop(), name=f"wal-flush-{node_id}")
 
     def append(self, data: bytes) -> asyncio.Future[WalOffset]:
+        if self._loop is None:
+            self._refuse_append()  # not started
+        assert self._loop is not None
+        future: asyncio.Future[WalOffset] = self._loop.create_future()
+        self._enqueue(data, future)
+        return future
+
+    def append_then(self, data: bytes, callback: WalCallback) -> None:
+        """:meth:`append` without a future: ``callback(offset, None)`` is called once the
+        record is durable, ``callback(-1, error)`` once it failed — exactly once, in append
+        order, synchronously in the step of the event loop that settles the record's group (no
+        loop turn per record, as a future's done callback takes). It must be cheap and must not
+        raise (an exception is logged and ignored). Raises as :meth:`append` does when the
+        record is refused before it is taken; the callback is then never called."""
+        self._enqueue(data, callback)
+
+    def _enqueue(self, data: bytes, waiter: asyncio.Future[WalOffset] | WalCallback) -> None:
         if not self._writable or self._failure is not None or self._closed:
             self._refuse_append()
         size = len(data)
@@ -133,16 +155,13 @@ class GroupCommitWal(WriteAheadLog):
                 f"record of {size} bytes exceeds this WAL's maximum of "
                 f"{self.capabilities.max_record_bytes} bytes; split the batch"
             )
-        assert self._loop is not None  # set by start(), before anything is writable
-        future: asyncio.Future[WalOffset] = self._loop.create_future()
         pending = self._pending
         if not pending:
             self._pending_since = self.clock.monotonic()
-        pending.append((data if type(data) is bytes else bytes(data), future))
+        pending.append((data if type(data) is bytes else bytes(data), waiter))
         self._pending_bytes += size
         assert self._wake is not None
         self._wake.set()
-        return future
 
     def _refuse_append(self) -> None:
         """Raise why :meth:`append` cannot take a record now (it checks only that it can)."""
@@ -269,8 +288,8 @@ class GroupCommitWal(WriteAheadLog):
                         continue
             await self._seal_and_write()
 
-    def _take_pending(self) -> list[tuple[bytes, asyncio.Future[WalOffset]]]:
-        taken: list[tuple[bytes, asyncio.Future[WalOffset]]] = []
+    def _take_pending(self) -> list[tuple[bytes, asyncio.Future[WalOffset] | WalCallback]]:
+        taken: list[tuple[bytes, asyncio.Future[WalOffset] | WalCallback]] = []
         size = 0
         while self._pending and (
             not taken or size + len(self._pending[0][0]) <= self.max_group_bytes
@@ -285,9 +304,9 @@ class GroupCommitWal(WriteAheadLog):
     async def _seal_and_write(self) -> None:
         items = self._take_pending()
         payloads = [data for data, _ in items]
-        futures = [future for _, future in items]
+        waiters = [waiter for _, waiter in items]
         if self._failure is not None:
-            self._fail_futures(futures, self._failure)
+            self._fail_waiters(waiters, self._failure)
             return
         deadline = self.clock.monotonic() + self.capacity_wait_s
         while True:
@@ -299,11 +318,11 @@ class GroupCommitWal(WriteAheadLog):
                 if remaining <= 0 or self._closed:
                     # Nothing of this group nor of the pending ones was written: a definite
                     # failure, and the WAL stays usable once trimmed.
-                    self._fail_futures(futures, exc)
-                    rest = [future for _, future in self._pending]
+                    self._fail_waiters(waiters, exc)
+                    rest = [waiter for _, waiter in self._pending]
                     self._pending.clear()
                     self._pending_bytes = 0
-                    self._fail_futures(rest, exc)
+                    self._fail_waiters(rest, exc)
                     return
                 assert self._trimmed_event is not None
                 self._trimmed_event.clear()
@@ -313,9 +332,9 @@ class GroupCommitWal(WriteAheadLog):
                     pass
             except WalstreamError as exc:
                 self._record_failure(exc)
-                self._fail_futures(futures, self._failure or exc)
+                self._fail_waiters(waiters, self._failure or exc)
                 return
-        group = _Group(prepared, futures)
+        group = _Group(prepared, waiters)
         self._inflight.append(group)
         self._start_write(prepared)
         task = asyncio.create_task(self._run_write(group))
@@ -332,11 +351,11 @@ class GroupCommitWal(WriteAheadLog):
             assert failure is not None
             while self._inflight:
                 failed = self._inflight.popleft()
-                self._fail_futures(failed.futures, failure)
-            rest = [future for _, future in self._pending]
+                self._fail_waiters(failed.waiters, failure)
+            rest = [waiter for _, waiter in self._pending]
             self._pending.clear()
             self._pending_bytes = 0
-            self._fail_futures(rest, failure)
+            self._fail_waiters(rest, failure)
             self._wake_flusher()
             if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt, SystemExit)):
                 raise
@@ -344,9 +363,12 @@ class GroupCommitWal(WriteAheadLog):
         group.done = True
         while self._inflight and self._inflight[0].done:
             finished = self._inflight.popleft()
-            for future, offset in zip(finished.futures, finished.prepared.offsets, strict=True):
-                if not future.done():
-                    future.set_result(offset)
+            for waiter, offset in zip(finished.waiters, finished.prepared.offsets, strict=True):
+                if isinstance(waiter, asyncio.Future):
+                    if not waiter.done():
+                        waiter.set_result(offset)
+                else:
+                    _tell(waiter, offset, None)
         self._wake_flusher()
 
     def _wake_flusher(self) -> None:
@@ -370,9 +392,21 @@ class GroupCommitWal(WriteAheadLog):
         log.error("WAL node=%s failed: %s", self.node_id, self._failure)
 
     @staticmethod
-    def _fail_futures(futures: Sequence[asyncio.Future[WalOffset]], exc: BaseException) -> None:
-        for future in futures:
-            if not future.done():
-                future.set_exception(exc)
-                # The engine may have stopped awaiting; keep asyncio from logging it twice.
-                future.exception()
+    def _fail_waiters(
+        waiters: Sequence[asyncio.Future[WalOffset] | WalCallback], exc: BaseException
+    ) -> None:
+        for waiter in waiters:
+            if isinstance(waiter, asyncio.Future):
+                if not waiter.done():
+                    waiter.set_exception(exc)
+                    # The engine may have stopped awaiting; keep asyncio from logging it twice.
+                    waiter.exception()
+            else:
+                _tell(waiter, -1, exc)
+
+
+def _tell(callback: WalCallback, offset: WalOffset, error: BaseException | None) -> None:
+    try:
+        callback(offset, error)
+    except Exception:
+        log.exception("a WAL append callback raised; ignored")
