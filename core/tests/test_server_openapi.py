@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from walstream.server.serve import HTTP_STACKS
 from walstream_conformance.harness.serve import WalstreamServe
 
 schemathesis = pytest.importorskip("schemathesis")
@@ -41,7 +42,7 @@ TOKEN = "openapi-token"
 BASIN = "schema-basin"
 
 
-def request(url: str, method: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
+def call(url: str, method: str, body: Any = None, headers: dict[str, str] | None = None) -> Any:
     data = None if body is None else json.dumps(body).encode()
     sent = urllib.request.Request(
         url,
@@ -55,9 +56,12 @@ def request(url: str, method: str, body: Any = None, headers: dict[str, str] | N
         return json.loads(payload) if payload else None
 
 
-@pytest.fixture(scope="module")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = tmp_path_factory.mktemp("openapi")
+@pytest.fixture(scope="module", params=HTTP_STACKS)
+def server_url(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """``walstream serve`` with each HTTP server (``server.http_stack``)."""
+    folder = tmp_path_factory.mktemp(f"openapi-{request.param}")
     deployment = folder / "deploy.yaml"
     deployment.write_text(
         "node: {id: 1}\n"
@@ -65,21 +69,21 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "object_store: {type: local, root: data/objects, fsync: false}\n"
         "metadata: {type: sqlite, path: data/meta.db}\n"
         "upload: {max_bytes: 256KiB, max_interval: 50ms}\n"
-        "server: {max_long_polls: 4}\n"
+        f"server: {{max_long_polls: 4, http_stack: {request.param}}}\n"
     )
     server = WalstreamServe(deployment, token=TOKEN)
     url = server.start()
     try:
-        request(url + "/v1/basins", "POST", {"basin": BASIN})
-        request(url + "/v1/streams", "POST", {"stream": "target"})
-        request(url + "/v1/streams/target/records", "POST", {"records": [{"body": "a"}] * 3})
+        call(url + "/v1/basins", "POST", {"basin": BASIN})
+        call(url + "/v1/streams", "POST", {"stream": "target"})
+        call(url + "/v1/streams/target/records", "POST", {"records": [{"body": "a"}] * 3})
         yield url
     finally:
         server.stop_cleanly()
 
 
 def test_the_document_lists_exactly_the_implemented_operations(server_url: str) -> None:
-    document = request(server_url + "/openapi.json", "GET", headers={"Authorization": ""})
+    document = call(server_url + "/openapi.json", "GET", headers={"Authorization": ""})
     operations = {
         (method.upper(), path)
         for path, item in document["paths"].items()
@@ -135,7 +139,7 @@ def test_every_answer_matches_the_document(server_url: str, soak: bool) -> None:
 
         check()
 
-    request(server_url + "/v1/streams", "POST", {"stream": "doomed"})
-    request(server_url + "/v1/streams/doomed", "DELETE")
-    request(server_url + "/v1/basins", "POST", {"basin": "doomed-basin"})
-    request(server_url + "/v1/basins/doomed-basin", "DELETE")
+    call(server_url + "/v1/streams", "POST", {"stream": "doomed"})
+    call(server_url + "/v1/streams/doomed", "DELETE")
+    call(server_url + "/v1/basins", "POST", {"basin": "doomed-basin"})
+    call(server_url + "/v1/basins/doomed-basin", "DELETE")
