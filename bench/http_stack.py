@@ -1,4 +1,5 @@
-"""Which HTTP server stack should serve walstream: hypercorn, granian (embedded) and aiohttp, each
+"""Which HTTP server stack should serve walstream: hypercorn, granian (embedded), walstream's own
+(``native``: :mod:`walstream.server.hosting_native`, asyncio protocols and httptools) and aiohttp, each
 on uvloop in one process that also holds the node (``walstream.open`` on a temp embedded
 deployment), serving the same minimal app, over HTTP/1.1 keep-alive and h2c (HTTP/2 with prior
 knowledge, no TLS), at 1 and 64 clients.
@@ -13,6 +14,8 @@ asyncio protocols of ``bench/_loadgen.py`` (their ceiling: ``bench/peers.py``'s 
 granian runs embedded with ``granian.server.embed.Server`` (granian >= 2.x, "experimental"):
 its Rust runtime serves the sockets and calls the ASGI app on the event loop of our process, so
 the app reaches the node's client in memory — the requirement for ``walstream serve``.
+``native`` serves the same ASGI callable with walstream's listener (h2c goes to hypercorn's
+connection handler, as in ``walstream serve``).
 
     .venv/bin/python bench/http_stack.py            # 3 runs of 3 s per cell
     .venv/bin/python bench/http_stack.py --quick    # 1 run of 0.7 s per cell
@@ -49,8 +52,13 @@ from _loadgen import (
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
-STACKS = ["hypercorn", "granian", "aiohttp"]
-PROTOCOLS = {"hypercorn": ["http1", "h2c"], "granian": ["http1", "h2c"], "aiohttp": ["http1"]}
+STACKS = ["hypercorn", "granian", "native", "aiohttp"]
+PROTOCOLS = {
+    "hypercorn": ["http1", "h2c"],
+    "granian": ["http1", "h2c"],
+    "native": ["http1", "h2c"],
+    "aiohttp": ["http1"],
+}
 CLIENTS = (1, 64)
 ROUTES = ("append", "noop")
 RECORD = os.urandom(1024)
@@ -144,6 +152,14 @@ async def serve(stack: str, root: Path) -> None:
                 log_enabled=False,
             )
             task = asyncio.ensure_future(server.serve())
+        elif stack == "native":
+            from walstream.server.hosting_native import open_listener
+            from walstream.server.limits import ServerLimits
+
+            # The 63 connections idle while the 1-client cells run must stay open.
+            limits = ServerLimits(header_timeout_s=3600)
+            native = await open_listener(app, "127.0.0.1", port, limits)
+            task = asyncio.ensure_future(asyncio.Event().wait())
         elif stack == "aiohttp":
             from aiohttp import web
 
@@ -180,6 +196,8 @@ async def serve(stack: str, root: Path) -> None:
         await stop.wait()
         if stack == "granian":
             server.stop()
+        elif stack == "native":
+            await native.close(1.0)
         task.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(task, 5)

@@ -8,8 +8,9 @@ Peers (each server is started by this script on 127.0.0.1 at a free port in a te
   S2's REST API v1 when the server answers it (``POST /v1/streams/{stream}/records`` with the
   ``s2-basin`` header, JSON ``{"records": [{"body": ...}]}``), else the previous walstream API
   (``{"records": [{"value_text": ...}]}``); ``--api`` forces one. The JSON says which ran.
-- ``walstream-http-hypercorn``: the same, with ``server.http_stack: hypercorn`` (the HTTP server
-  walstream served with before granian; ``walstream-http`` runs walstream's default, granian).
+- ``walstream-http-granian``, ``walstream-http-hypercorn``, ``walstream-http-native``: the same,
+  with ``server.http_stack`` set to that HTTP server (``walstream-http`` runs walstream's default,
+  or ``--http-stack``), so the stacks are measured side by side in one run.
 - ``walstream-inproc``: the same deployment through ``walstream.open`` in this process (no HTTP).
 - ``redis``: Redis Streams, ``XADD``; ``appendonly yes``, ``appendfsync always`` (the AOF is
   fsynced before a reply is sent: Redis fsyncs once per event-loop turn, so concurrent clients
@@ -83,9 +84,15 @@ RECORD_BYTES = 1024
 BATCH = 100
 CLIENTS = (1, 64)
 WORKLOADS = [(clients, batch) for batch in (1, BATCH) for clients in CLIENTS]
+#: walstream serve with each HTTP server (``server.http_stack``), besides ``walstream-http``.
+STACK_PEERS = {
+    "walstream-http-granian": "granian",
+    "walstream-http-hypercorn": "hypercorn",
+    "walstream-http-native": "native",
+}
 PEERS = [
     "walstream-http",
-    "walstream-http-hypercorn",
+    *STACK_PEERS,
     "walstream-inproc",
     "redis",
     "nats",
@@ -337,9 +344,9 @@ async def nats_peer(workdir: Path, api_choice: str, info: dict[str, Any]) -> Asy
 def peer_context(name: str, http_version: str, http_stack: str | None) -> Callable[..., Any]:
     if name == "walstream-http":
         return lambda *args: walstream_http(*args, http_version=http_version, http_stack=http_stack)
-    if name == "walstream-http-hypercorn":
+    if name in STACK_PEERS:
         return lambda *args: walstream_http(
-            *args, http_version=http_version, http_stack="hypercorn"
+            *args, http_version=http_version, http_stack=STACK_PEERS[name]
         )
     if name == "redis-nofsync":
         return lambda *args: redis_peer(*args, fsync="no")
@@ -417,7 +424,7 @@ def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
 
 def ratios(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for peer in ("walstream-http", "walstream-http-hypercorn", "walstream-inproc"):
+    for peer in ("walstream-http", *STACK_PEERS, "walstream-inproc"):
         for workload, cell in summary.get(peer, {}).items():
             redis = summary.get("redis", {}).get(workload)
             if redis:
@@ -554,9 +561,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--http-stack",
-        choices=("granian", "hypercorn"),
+        choices=tuple(STACK_PEERS.values()),
         default=None,
-        help="walstream serve's server.http_stack (default: walstream's default)",
+        help="walstream-http's server.http_stack (default: walstream's default)",
     )
     parser.add_argument("--only", nargs="+", choices=PEERS, metavar="PEER", help=", ".join(PEERS))
     parser.add_argument("--json", type=Path, default=None, help="default bench/results/peers.json")
