@@ -399,7 +399,7 @@ class Connection(asyncio.Protocol):
             and self.buffered <= LOW_WATER_BYTES
             and len(self.pending) <= MAX_PIPELINED // 2
             and self.state == _HTTP1
-            and not self.draining
+            and (not self.draining or self.parsing is not None)
         ):
             self.reading_paused = False
             assert self.transport is not None
@@ -595,7 +595,9 @@ class Connection(asyncio.Protocol):
             self.state = _CLOSING
             transport.close()
             return
-        if not self.reading_paused:
+        if self.parsing is None and not self.reading_paused:
+            # No body is arriving: nothing more is read (requests after this one are dropped;
+            # the answer in progress says connection: close).
             self.reading_paused = True
             transport.pause_reading()
 
