@@ -614,6 +614,31 @@ async def test_an_application_error_before_the_answer_is_a_500_and_after_it_a_cu
     assert [str(r.exc_info[1]) for r in failures if r.exc_info] == ["the application broke"] * 2
 
 
+async def test_an_answer_header_with_a_line_break_is_refused_not_written() -> None:
+    """A header value that would split the answer (response splitting) is an application
+    error: the client gets a 500, never the injected header."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"x-echo", b"a\r\nx-injected: yes"), (b"content-length", b"0")],
+            }
+        )
+        await send({"type": "http.response.body", "body": b""})
+
+    listener = await listening(app)
+    try:
+        reader, writer = await connect(listener.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await read_answer(reader)
+        assert answer.status == 500 and "x-injected" not in answer.headers
+        writer.close()
+    finally:
+        await listener.close(1.0)
+
+
 async def test_receive_says_disconnect_when_the_client_goes_and_sends_are_dropped() -> None:
     seen: list[str] = []
     done = asyncio.Event()

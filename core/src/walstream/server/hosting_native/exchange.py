@@ -161,7 +161,6 @@ class Exchange:
     def start(self, status: int, headers: Any) -> None:
         if self.started:
             raise RuntimeError("http.response.start sent twice")
-        self.started = True
         lines = [status_line(status)]
         close = False
         length = -1
@@ -174,7 +173,10 @@ class Exchange:
                 continue  # the listener writes its own
             if name == b"transfer-encoding":
                 continue  # framing is the listener's
+            if b"\n" in value or b"\r" in value or b"\n" in name or b":" in name:
+                raise ValueError(f"an answer header cannot hold a line break: {name[:40]!r}")
             lines.append(b"%s: %s\r\n" % (name, value))
+        self.started = True  # (not before: an answer refused above can still be a 500)
         body_allowed = not self.head_request and status >= 200 and status not in _NO_BODY_STATUSES
         self.body_allowed = body_allowed
         if length >= 0:
