@@ -224,8 +224,6 @@ class H2cConnection:
     async def request(
         self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
     ) -> tuple[int, bytes]:
-        import h2.events
-
         connection = self._h2
         stream_id = connection.get_next_available_stream_id()
         request_headers = [
@@ -237,37 +235,64 @@ class H2cConnection:
             *((headers or {}).items()),
         ]
         connection.send_headers(stream_id, request_headers, end_stream=not body)
-        if body:
-            connection.send_data(stream_id, body, end_stream=True)
+        answer = _H2Answer()
+        # The body goes out in frames of at most the server's frame size, as its flow-control
+        # windows allow (a 100-record batch is larger than the default 64 KiB window).
+        sent = 0
+        while sent < len(body) and not answer.done:
+            room = min(
+                connection.local_flow_control_window(stream_id),
+                connection.max_outbound_frame_size,
+                len(body) - sent,
+            )
+            if room > 0:
+                connection.send_data(
+                    stream_id, body[sent : sent + room], end_stream=sent + room == len(body)
+                )
+                sent += room
+                continue
+            self._writer.write(connection.data_to_send())
+            await self._receive(stream_id, answer)
         self._writer.write(connection.data_to_send())
-        status = 0
-        answer = bytearray()
-        while True:
-            data = await self._reader.read(65536)
-            if not data:
-                raise ConnectionResetError("server closed the HTTP/2 connection")
-            done = False
-            for event in connection.receive_data(data):
-                if isinstance(event, h2.events.ResponseReceived):
-                    status = int(dict(event.headers)[":status"])
-                elif isinstance(event, h2.events.DataReceived):
-                    answer += event.data
-                    connection.acknowledge_received_data(event.flow_controlled_length, stream_id)
-                elif isinstance(event, h2.events.StreamEnded) and event.stream_id == stream_id:
-                    done = True
-                elif isinstance(event, h2.events.StreamReset):
-                    raise HttpError(f"{method} {path}: stream reset ({event.error_code})")
-            pending = connection.data_to_send()
-            if pending:
-                self._writer.write(pending)
-            if done:
-                break
-        if not 200 <= status < 300:
-            raise HttpError(f"{method} {path}: {status} {bytes(answer[:300])!r}")
-        return status, bytes(answer)
+        while not answer.done:
+            await self._receive(stream_id, answer)
+        if not 200 <= answer.status < 300:
+            raise HttpError(f"{method} {path}: {answer.status} {bytes(answer.body[:300])!r}")
+        return answer.status, bytes(answer.body)
+
+    async def _receive(self, stream_id: int, answer: _H2Answer) -> None:
+        """Read once from the server and apply what came (the answer, window updates)."""
+        import h2.events
+
+        connection = self._h2
+        data = await self._reader.read(65536)
+        if not data:
+            raise ConnectionResetError("server closed the HTTP/2 connection")
+        for event in connection.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                answer.status = int(dict(event.headers)[":status"])
+            elif isinstance(event, h2.events.DataReceived):
+                answer.body += event.data
+                connection.acknowledge_received_data(event.flow_controlled_length, stream_id)
+            elif isinstance(event, h2.events.StreamEnded) and event.stream_id == stream_id:
+                answer.done = True
+            elif isinstance(event, h2.events.StreamReset):
+                raise HttpError(f"stream {event.stream_id} reset ({event.error_code})")
+        pending = connection.data_to_send()
+        if pending:
+            self._writer.write(pending)
 
     def close(self) -> None:
         self._writer.close()
+
+
+class _H2Answer:
+    __slots__ = ("body", "done", "status")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.body = bytearray()
+        self.done = False
 
 
 class RespError(RuntimeError):
