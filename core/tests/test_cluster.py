@@ -17,6 +17,7 @@ from walstream.errors import BackendUnavailable, ConfigError
 from walstream.metadata import NodeInfo, NodeState
 from walstream.metadata.memory import MemoryMetadataStore
 from walstream.objects.memory import MemoryObjectStore
+from walstream.wal.group_commit import PreparedGroup
 from walstream.wal.memory import MemoryWal
 
 pytestmark = pytest.mark.asyncio
@@ -87,11 +88,23 @@ async def test_a_node_stops_acknowledging_before_another_may_claim_it() -> None:
     await node.close()
 
 
+class HeldWal(MemoryWal):
+    """A memory WAL whose group writes wait for ``release`` (a device that stalls)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name)
+        self.release = asyncio.Event()
+
+    async def _write_group(self, group: PreparedGroup) -> None:
+        await self.release.wait()
+        await super()._write_group(group)
+
+
 async def test_an_append_whose_wal_write_outlasts_the_lease_is_not_acknowledged() -> None:
     clock = ManualClock()
     name = f"lease-{os.urandom(4).hex()}"
     store = FreezableStore(name, clock=clock)
-    wal = MemoryWal(name=f"{name}-wal1")
+    wal = HeldWal(name=f"{name}-wal1")
     node = Client(
         wal=wal,
         objects=MemoryObjectStore(name),
@@ -99,28 +112,16 @@ async def test_an_append_whose_wal_write_outlasts_the_lease_is_not_acknowledged(
         config=config(1, 3.0, 0.5),
         clock=clock,
     )
+    wal.release.set()
     await node.start()
     store.frozen = True
     stream = await node.create_stream("s")
-    release = asyncio.Event()
-    original = wal.append
-
-    def slow_append(data: bytes) -> asyncio.Future[int]:
-        inner = original(data)
-        outer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-
-        async def settle() -> None:
-            await release.wait()
-            outer.set_result(await inner)
-
-        asyncio.get_running_loop().create_task(settle())
-        return outer
-
-    wal.append = slow_append  # type: ignore[method-assign]
+    wal.release.clear()
     pending = asyncio.create_task(stream.append([Record(b"late")]))
     await asyncio.sleep(0.01)
+    assert not pending.done()  # the WAL holds the write
     clock.advance(3.0)  # the lease runs out while the WAL write is in flight
-    release.set()
+    wal.release.set()
     with pytest.raises(FencedError, match="lost its lease"):
         await pending
     # Past its lease the node vouches for no tail (another node may own the stream by now):

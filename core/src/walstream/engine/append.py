@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from walstream.clock import Clock
-from walstream.engine.cache import CachedBatch, LogBlock, LogCache
+from walstream.engine.cache import LogBlock, LogCache
 from walstream.engine.events import EngineHooks, NullHooks, WalAppended
 from walstream.engine.streams import LocalStream, NodeGate
 from walstream.engine.upload import Uploader
@@ -157,9 +157,9 @@ class StreamWriter:
             state.acked_tail = max(state.acked_tail, info.committed_end)
             state.start_offset = max(state.start_offset, info.start_offset)
             state.fencing_token = info.fencing_token
-            cached = self._cache.stream_batches(info.stream_id)
-            if cached:
-                state.last_timestamp_ms = cached[-1].max_timestamp_ms
+            newest = self._cache.last_batch(info.stream_id)
+            if newest is not None:
+                state.last_timestamp_ms = newest.max_timestamp_ms
             state.claimed = True
 
     async def append(
@@ -281,7 +281,7 @@ class StreamWriter:
         end = base + count
         # No await between the cache insert and the WAL submission: WAL order = cache order.
         block = cache.active  # add() puts the batch in the active block
-        batch = cache.add(stream_id, epoch, base, end, data, timestamps[0], last)
+        index = cache.add(stream_id, epoch, base, end, data, timestamps[0], last)
         # The caller waits on a future of its own: cancelling the caller (a timeout, a client
         # gone) must not cancel the WAL's record, whose outcome the write path needs whatever
         # the caller does (the WAL may already hold the batch).
@@ -291,7 +291,7 @@ class StreamWriter:
             self._append_then(
                 data,
                 lambda offset, error: self._on_wal_done(
-                    state, batch, block, count, started, answer, offset, error
+                    state, block, index, end, count, started, answer, offset, error
                 ),
             )
         except BaseException as refused:
@@ -299,8 +299,7 @@ class StreamWriter:
             # was written, and the node stops writing exactly as when the WAL fails a batch
             # later. The cached batch settles as failed, so no reader or upload waits on it
             # and the next append cannot reuse its offsets.
-            batch.failed = True
-            block.settle_one()
+            block.fail(index)
             self._gate.latch(refused)
             raise
         self._unsettled += 1
@@ -318,8 +317,9 @@ class StreamWriter:
     def _on_wal_done(
         self,
         state: LocalStream,
-        batch: CachedBatch,
         block: LogBlock,
+        index: int,
+        end: int,
         count: int,
         started: float,
         answer: asyncio.Future[None],
@@ -335,22 +335,19 @@ class StreamWriter:
             # Past this node's lease another node may be replaying the WAL already: a batch the
             # WAL confirms now must not become readable or acknowledged here. The caller's
             # answer is then the node's failure (raise_if_failed after the wait).
-            batch.failed = True
-            block.settle_one()
+            block.fail(index)
             if not answer.done():
                 answer.set_result(None)
             return
         if error is not None:
-            batch.failed = True
-            block.settle_one()
+            block.fail(index)
             self._gate.latch(error)
             if not answer.done():
                 answer.set_exception(error)
             return
-        batch.wal_offset = wal_offset
-        batch.acked = True
-        block.settle_one()
-        state.acked_tail = max(state.acked_tail, batch.end_offset)
+        block.settle(index, wal_offset)
+        if end > state.acked_tail:
+            state.acked_tail = end
         state.notify()
         if not answer.done():
             answer.set_result(None)
@@ -360,7 +357,7 @@ class StreamWriter:
                     self._gate.node_id,
                     state.info.stream_id,
                     count,
-                    len(batch.data),
+                    len(block.data[index]),
                     self._clock.monotonic() - started,
                 )
             )

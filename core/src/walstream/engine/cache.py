@@ -11,22 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+from array import array
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from walstream.clock import Clock
 
-__all__ = ["BlockCache", "CachedBatch", "LogBlock", "LogCache"]
+__all__ = ["BlockCache", "CachedBatch", "LogBlock", "LogCache", "StreamRun"]
+
+_PENDING, _ACKED, _FAILED = 0, 1, 2
+#: Fixed-size fields of a cached batch, in this order, in :attr:`LogBlock.fields`.
+_FIELDS = 7
+_STREAM, _EPOCH, _BASE, _END, _MIN_TS, _MAX_TS, _WAL = range(_FIELDS)
 
 
 @dataclass(eq=False, slots=True)
 class CachedBatch:
-    """One appended batch in the LogCache. It holds no reference to its block: a block's
-    batches referring back to it would make every evicted block a reference cycle, freed only
-    by the cyclic garbage collector (whose full passes over the cache then stall the loop);
-    whoever settles a batch keeps its block (the active block when the batch was added)."""
+    """A view of one batch of the LogCache, made when a reader or the uploader asks for it
+    (the cache itself keeps batches as columns of its blocks, see :class:`LogBlock`)."""
 
     stream_id: int
     epoch: int
@@ -41,28 +45,176 @@ class CachedBatch:
     failed: bool = False
 
 
-@dataclass(eq=False)
 class LogBlock:
-    block_id: int
-    created_at: float
-    batches: list[CachedBatch] = field(default_factory=list)
-    size_bytes: int = 0
-    sealed: bool = False
-    committed: bool = False
-    pending: int = 0
-    """Batches neither acknowledged nor failed yet."""
-    settled: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set when ``pending`` reaches 0 after sealing: the block can be uploaded."""
+    """A block of the LogCache: its batches, in append order, kept as columns — the fixed-size
+    fields of batch ``i`` at ``fields[7*i : 7*i+7]`` (stream id, epoch, base and end offset,
+    min and max timestamp, WAL offset), its state (pending, acknowledged, failed) in
+    ``states[i]``, its bytes in ``data[i]``.
 
-    def settle_one(self) -> None:
+    Why columns: a node caches hundreds of thousands of small batches. As objects, each one is
+    tracked by Python's cyclic garbage collector, whose full passes over them stall the event
+    loop for tens of milliseconds; arrays of numbers and a list of bytes are not traversed."""
+
+    __slots__ = (
+        "__weakref__",
+        "block_id",
+        "committed",
+        "created_at",
+        "data",
+        "fields",
+        "pending",
+        "sealed",
+        "settled",
+        "size_bytes",
+        "states",
+    )
+
+    def __init__(self, block_id: int, created_at: float) -> None:
+        self.block_id = block_id
+        self.created_at = created_at
+        self.fields = array("q")
+        self.states = bytearray()
+        self.data: list[bytes] = []
+        self.size_bytes = 0
+        self.sealed = False
+        self.committed = False
+        self.pending = 0
+        """Batches neither acknowledged nor failed yet."""
+        self.settled = asyncio.Event()
+        """Set when ``pending`` reaches 0 after sealing: the block can be uploaded."""
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def settle(self, index: int, wal_offset: int) -> None:
+        """Batch ``index`` is durable in the WAL at ``wal_offset`` (acknowledged)."""
+        self.fields[_FIELDS * index + _WAL] = wal_offset
+        self.states[index] = _ACKED
+        self._settled_one()
+
+    def fail(self, index: int) -> None:
+        """Batch ``index`` will never be acknowledged (its WAL append failed or was refused)."""
+        self.states[index] = _FAILED
+        self._settled_one()
+
+    def _settled_one(self) -> None:
         self.pending -= 1
         if self.sealed and self.pending == 0:
             self.settled.set()
 
+    def acked(self, index: int) -> bool:
+        return self.states[index] == _ACKED
+
+    def stream_id(self, index: int) -> int:
+        return self.fields[_FIELDS * index + _STREAM]
+
+    def batch(self, index: int) -> CachedBatch:
+        """A view of batch ``index``."""
+        at = _FIELDS * index
+        stream_id, epoch, base, end, min_ts, max_ts, wal_offset = self.fields[at : at + _FIELDS]
+        state = self.states[index]
+        return CachedBatch(
+            stream_id,
+            epoch,
+            base,
+            end,
+            self.data[index],
+            min_ts,
+            max_ts,
+            wal_offset,
+            state == _ACKED,
+            state == _FAILED,
+        )
+
+    @property
+    def batches(self) -> list[CachedBatch]:
+        """Views of every batch, in append order."""
+        return [self.batch(index) for index in range(len(self.states))]
+
+    def acked_runs(self) -> list[StreamRun]:
+        """The acknowledged batches, one run per stream, streams in the order of their first
+        batch here (what the uploader writes)."""
+        runs: dict[int, StreamRun] = {}
+        fields, states, data = self.fields, self.states, self.data
+        for index in range(len(states)):
+            if states[index] != _ACKED:
+                continue
+            stream_id = fields[_FIELDS * index + _STREAM]
+            run = runs.get(stream_id)
+            if run is None:
+                run = runs[stream_id] = StreamRun(self, stream_id)
+            run.indexes.append(index)
+            run.size_bytes += len(data[index])
+        return list(runs.values())
+
     @property
     def last_acked_wal_offset(self) -> int:
-        offsets = [batch.wal_offset for batch in self.batches if batch.acked]
+        fields, states = self.fields, self.states
+        offsets = [
+            fields[_FIELDS * index + _WAL] for index in range(len(states)) if states[index] == _ACKED
+        ]
         return max(offsets) if offsets else -1
+
+
+class StreamRun:
+    """One stream's acknowledged batches in one block, in offset order."""
+
+    __slots__ = ("block", "indexes", "size_bytes", "stream_id")
+
+    def __init__(self, block: LogBlock, stream_id: int) -> None:
+        self.block = block
+        self.stream_id = stream_id
+        self.indexes = array("q")
+        self.size_bytes = 0
+
+    def _field(self, position: int, field: int) -> int:
+        return self.block.fields[_FIELDS * self.indexes[position] + field]
+
+    @property
+    def start_offset(self) -> int:
+        return self._field(0, _BASE)
+
+    @property
+    def end_offset(self) -> int:
+        return self._field(-1, _END)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the newest batch."""
+        return self._field(-1, _EPOCH)
+
+    @property
+    def min_timestamp_ms(self) -> int:
+        return min(self._field(at, _MIN_TS) for at in range(len(self.indexes)))
+
+    @property
+    def max_timestamp_ms(self) -> int:
+        return max(self._field(at, _MAX_TS) for at in range(len(self.indexes)))
+
+    def batches(self) -> list[tuple[bytes, int, int]]:
+        """``(encoded batch, base_offset, end_offset)`` of each batch."""
+        fields, data = self.block.fields, self.block.data
+        return [
+            (data[index], fields[_FIELDS * index + _BASE], fields[_FIELDS * index + _END])
+            for index in self.indexes
+        ]
+
+
+class _StreamIndex:
+    """Where one stream's cached batches are, in offset order: for batch ``i``, its base offset
+    ``base_offsets[i]`` and its place ``(blocks[i], positions[i])``."""
+
+    __slots__ = ("base_offsets", "blocks", "positions")
+
+    def __init__(self) -> None:
+        self.base_offsets = array("q")
+        self.blocks: list[LogBlock] = []
+        self.positions = array("q")
+
+    def drop_first(self, count: int) -> None:
+        del self.base_offsets[:count]
+        del self.blocks[:count]
+        del self.positions[:count]
 
 
 class LogCache:
@@ -79,7 +231,7 @@ class LogCache:
         self._next_block_id = 0
         self._blocks: deque[LogBlock] = deque()
         self.active = self._new_block()
-        self._per_stream: dict[int, list[CachedBatch]] = {}
+        self._per_stream: dict[int, _StreamIndex] = {}
         self.total_bytes = 0
         self.unuploaded_bytes = 0
         self.space_freed = asyncio.Event()
@@ -99,25 +251,35 @@ class LogCache:
         data: bytes,
         min_timestamp_ms: int,
         max_timestamp_ms: int,
-    ) -> CachedBatch:
+    ) -> int:
+        """Put a batch, pending, in the active block; returns its index there (the block
+        settles it: :meth:`LogBlock.settle` or :meth:`LogBlock.fail`)."""
         block = self.active
-        if not block.batches:
+        index = len(block.states)
+        if not index:
             block.created_at = self._clock.monotonic()
-        batch = CachedBatch(
-            stream_id, epoch, base_offset, end_offset, data, min_timestamp_ms, max_timestamp_ms
+        block.fields.extend(
+            (stream_id, epoch, base_offset, end_offset, min_timestamp_ms, max_timestamp_ms, -1)
         )
-        block.batches.append(batch)
-        block.size_bytes += len(data)
+        block.states.append(_PENDING)
+        block.data.append(data)
+        size = len(data)
+        block.size_bytes += size
         block.pending += 1
-        self._per_stream.setdefault(stream_id, []).append(batch)
-        self.total_bytes += len(data)
-        self.unuploaded_bytes += len(data)
-        return batch
+        streams = self._per_stream.get(stream_id)
+        if streams is None:
+            streams = self._per_stream[stream_id] = _StreamIndex()
+        streams.base_offsets.append(base_offset)
+        streams.blocks.append(block)
+        streams.positions.append(index)
+        self.total_bytes += size
+        self.unuploaded_bytes += size
+        return index
 
     def seal_active(self) -> LogBlock | None:
         """Seal the active block (if it holds anything) and open a new one."""
         block = self.active
-        if not block.batches:
+        if not len(block):
             return None
         block.sealed = True
         if block.pending == 0:
@@ -126,7 +288,7 @@ class LogCache:
         return block
 
     def active_age(self) -> float:
-        if not self.active.batches:
+        if not len(self.active):
             return 0.0
         return self._clock.monotonic() - self.active.created_at
 
@@ -141,39 +303,55 @@ class LogCache:
             block = self._blocks.popleft()
             self.total_bytes -= block.size_bytes
             counts: dict[int, int] = {}
-            for batch in block.batches:
-                counts[batch.stream_id] = counts.get(batch.stream_id, 0) + 1
+            for index in range(len(block)):
+                stream_id = block.stream_id(index)
+                counts[stream_id] = counts.get(stream_id, 0) + 1
             for stream_id, count in counts.items():
-                cached = self._per_stream.get(stream_id)
-                if cached is None:
+                streams = self._per_stream.get(stream_id)
+                if streams is None:
                     continue
-                del cached[:count]
-                if not cached:
+                streams.drop_first(count)
+                if not streams.blocks:
                     del self._per_stream[stream_id]
 
-    def batches_from(self, stream_id: int, offset: int) -> list[CachedBatch]:
-        """Acknowledged cached batches of ``stream_id`` from the one holding ``offset`` on.
+    def batches_from(self, stream_id: int, offset: int) -> Iterator[CachedBatch]:
+        """Acknowledged cached batches of ``stream_id`` from the one holding ``offset`` on,
+        made as they are taken (take them before the next await: the cache moves on).
 
-        Empty when the cache does not hold ``offset`` (it is older than the cache, or not yet
-        acknowledged).
+        Nothing when the cache does not hold ``offset`` (it is older than the cache, or not
+        yet acknowledged).
         """
-        cached = self._per_stream.get(stream_id)
-        if not cached or offset < cached[0].base_offset:
-            return []
-        index = bisect.bisect_right(cached, offset, key=lambda batch: batch.base_offset) - 1
-        result: list[CachedBatch] = []
-        for batch in cached[index:]:
-            if not batch.acked:
-                break
-            result.append(batch)
-        return result
+        streams = self._per_stream.get(stream_id)
+        if streams is None or not streams.base_offsets or offset < streams.base_offsets[0]:
+            return
+        index = bisect.bisect_right(streams.base_offsets, offset) - 1
+        blocks, positions = streams.blocks, streams.positions
+        for at in range(index, len(blocks)):
+            block, position = blocks[at], positions[at]
+            if not block.acked(position):
+                return
+            yield block.batch(position)
 
     def first_offset(self, stream_id: int) -> int | None:
-        cached = self._per_stream.get(stream_id)
-        return cached[0].base_offset if cached else None
+        streams = self._per_stream.get(stream_id)
+        return streams.base_offsets[0] if streams and streams.base_offsets else None
 
     def stream_batches(self, stream_id: int) -> list[CachedBatch]:
-        return list(self._per_stream.get(stream_id, ()))
+        """Views of every cached batch of ``stream_id``, in offset order."""
+        streams = self._per_stream.get(stream_id)
+        if streams is None:
+            return []
+        return [
+            block.batch(position)
+            for block, position in zip(streams.blocks, streams.positions, strict=True)
+        ]
+
+    def last_batch(self, stream_id: int) -> CachedBatch | None:
+        """A view of the newest cached batch of ``stream_id``."""
+        streams = self._per_stream.get(stream_id)
+        if not streams or not streams.blocks:
+            return None
+        return streams.blocks[-1].batch(streams.positions[-1])
 
     def drop_stream(self, stream_id: int) -> None:
         """Forget a deleted stream's batches for reads (uploads skip them too)."""

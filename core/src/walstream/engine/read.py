@@ -142,28 +142,27 @@ class StreamReader:
         while len(records) < limit_records and size < limit_bytes and position < state.acked_tail:
             cached = self._cache.batches_from(stream_id, position)
             served = 0
-            if cached:
-                for batch in cached:
-                    if batch.base_offset >= state.acked_tail:
+            for batch in cached:
+                if batch.base_offset >= state.acked_tail:
+                    break
+                if batch.base_offset > position:
+                    # A hole between cached batches: a recorded data-loss gap. Only the
+                    # reader path below can tell, so stop serving from the cache here.
+                    break
+                for record in decode_batch(batch.data)[1]:
+                    if record.offset < position:
+                        continue
+                    if records and (len(records) >= limit_records or size >= limit_bytes):
                         break
-                    if batch.base_offset > position:
-                        # A hole between cached batches: a recorded data-loss gap. Only the
-                        # reader path below can tell, so stop serving from the cache here.
-                        break
-                    for record in decode_batch(batch.data)[1]:
-                        if record.offset < position:
-                            continue
-                        if records and (len(records) >= limit_records or size >= limit_bytes):
-                            break
-                        records.append(record)
-                        size += record_size(record)
-                        served += 1
-                        position = record.offset + 1
-                    if len(records) >= limit_records or size >= limit_bytes:
-                        break
-                if served:
-                    self._hooks.emit(ReadServed(stream_id, served, size, "log_cache"))
-                    continue
+                    records.append(record)
+                    size += record_size(record)
+                    served += 1
+                    position = record.offset + 1
+                if len(records) >= limit_records or size >= limit_bytes:
+                    break
+            if served:
+                self._hooks.emit(ReadServed(stream_id, served, size, "log_cache"))
+                continue
             first_cached = self._cache.first_offset(stream_id)
             end = (
                 first_cached

@@ -306,7 +306,7 @@ async def replay_wal(
             continue
         timestamps = [record.timestamp_ms for record in records]
         block = cache.active  # add() puts the batch in the active block
-        batch = cache.add(
+        index = cache.add(
             stream_id,
             header.epoch,
             header.base_offset,
@@ -315,9 +315,7 @@ async def replay_wal(
             min(timestamps),
             max(timestamps),
         )
-        batch.wal_offset = wal_record.offset
-        batch.acked = True
-        block.settle_one()
+        block.settle(index, wal_record.offset)
         stats.batches += 1
         stats.records += header.count
         if cache.active.size_bytes >= upload_max_bytes:

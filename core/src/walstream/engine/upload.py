@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from walstream.clock import Clock, Rng
 from walstream.config.engine import UploadConfig
-from walstream.engine.cache import CachedBatch, LogBlock, LogCache
+from walstream.engine.cache import LogBlock, LogCache, StreamRun
 from walstream.engine.events import EngineHooks, ObjectCommitted, ObjectUploaded
 from walstream.errors import (
     AmbiguousError,
@@ -149,7 +149,7 @@ async def publish_object(
 @dataclass
 class _PlannedObject:
     kind: ObjectKind
-    streams: list[list[CachedBatch]]
+    streams: list[StreamRun]
 
 
 class Uploader:
@@ -205,7 +205,7 @@ class Uploader:
         """Called after each append: seal at once when the block is full, start its timer when
         it was empty."""
         active = self._cache.active
-        if active.size_bytes >= self._config.max_bytes or len(active.batches) == 1:
+        if active.size_bytes >= self._config.max_bytes or len(active) == 1:
             self._kick.set()
 
     def request_upload(self) -> None:
@@ -242,7 +242,7 @@ class Uploader:
             if active.size_bytes >= self._config.max_bytes:
                 self._seal_now()
                 continue
-            if active.batches:
+            if len(active):
                 remaining = self._config.max_interval_s - self._cache.active_age()
                 if remaining <= 0:
                     self._seal_now()
@@ -269,13 +269,11 @@ class Uploader:
     ) -> None:
         try:
             await block.settled.wait()
-            batches = [
-                batch for batch in block.batches if batch.acked and self._is_live(batch.stream_id)
-            ]
+            runs = [run for run in block.acked_runs() if self._is_live(run.stream_id)]
             commits: list[ObjectCommit] = []
-            if batches:
+            if runs:
                 async with self._semaphore:
-                    commits = await self._write_objects(batches)
+                    commits = await self._write_objects(runs)
             if previous is not None:
                 await asyncio.shield(previous)
             if commits:
@@ -314,26 +312,23 @@ class Uploader:
             if isinstance(exc, asyncio.CancelledError):
                 raise
 
-    def _plan(self, batches: list[CachedBatch]) -> list[_PlannedObject]:
-        by_stream: dict[int, list[CachedBatch]] = {}
-        for batch in batches:
-            by_stream.setdefault(batch.stream_id, []).append(batch)
-        if len(by_stream) == 1:
-            return [_PlannedObject(ObjectKind.STREAM, list(by_stream.values()))]
+    def _plan(self, runs: list[StreamRun]) -> list[_PlannedObject]:
+        if len(runs) == 1:
+            return [_PlannedObject(ObjectKind.STREAM, runs)]
         planned: list[_PlannedObject] = []
-        shared: list[list[CachedBatch]] = []
-        for stream_batches in by_stream.values():
-            if sum(len(batch.data) for batch in stream_batches) >= self._config.split_bytes:
-                planned.append(_PlannedObject(ObjectKind.STREAM, [stream_batches]))
+        shared: list[StreamRun] = []
+        for run in runs:
+            if run.size_bytes >= self._config.split_bytes:
+                planned.append(_PlannedObject(ObjectKind.STREAM, [run]))
             else:
-                shared.append(stream_batches)
+                shared.append(run)
         if shared:
             kind = ObjectKind.STREAM if len(shared) == 1 else ObjectKind.STREAM_SET
             planned.append(_PlannedObject(kind, shared))
         return planned
 
-    async def _write_objects(self, batches: list[CachedBatch]) -> list[ObjectCommit]:
-        planned = self._plan(batches)
+    async def _write_objects(self, runs: list[StreamRun]) -> list[ObjectCommit]:
+        planned = self._plan(runs)
         ttl_ms = int(self._config.prepare_ttl_s * 1000)
         object_ids = await retry_transient(
             lambda: self._metadata.prepare_objects(len(planned), ttl_ms),
@@ -356,7 +351,7 @@ class Uploader:
     async def _write_one(self, object_id: int, plan: _PlannedObject) -> ObjectCommit:
         assert self._deployment_id is not None
         identity = ObjectIdentity(self._deployment_id, object_id)
-        total = sum(len(batch.data) for stream in plan.streams for batch in stream)
+        total = sum(run.size_bytes for run in plan.streams)
         if total >= _OFFLOAD_BUILD_BYTES:
             built = await asyncio.to_thread(_build, plan.streams, identity)
         else:
@@ -378,23 +373,20 @@ class Uploader:
         )
         ranges = tuple(
             StreamRange(
-                stream_id=stream[0].stream_id,
-                start_offset=stream[0].base_offset,
-                end_offset=stream[-1].end_offset,
-                epoch=stream[-1].epoch,
-                min_timestamp_ms=min(batch.min_timestamp_ms for batch in stream),
-                max_timestamp_ms=max(batch.max_timestamp_ms for batch in stream),
+                stream_id=run.stream_id,
+                start_offset=run.start_offset,
+                end_offset=run.end_offset,
+                epoch=run.epoch,
+                min_timestamp_ms=run.min_timestamp_ms,
+                max_timestamp_ms=run.max_timestamp_ms,
             )
-            for stream in plan.streams
+            for run in plan.streams
         )
         return ObjectCommit(object_id, key, plan.kind, len(built.data), built.index_size, ranges)
 
 
-def _build(streams: list[list[CachedBatch]], identity: ObjectIdentity) -> BuiltObject:
+def _build(runs: list[StreamRun], identity: ObjectIdentity) -> BuiltObject:
     builder = ObjectBuilder(identity=identity)
-    for stream in streams:
-        builder.add_stream_batches(
-            stream[0].stream_id,
-            [(batch.data, batch.base_offset, batch.end_offset) for batch in stream],
-        )
+    for run in runs:
+        builder.add_stream_batches(run.stream_id, run.batches())
     return builder.finish()
