@@ -26,6 +26,7 @@ from walstream.errors import (
     WalstreamError,
 )
 from walstream.records import AppendAck, ReadResult, Record, SequencedRecord
+from walstream.tuning import tune_gc
 
 __version__ = "0.1.0"
 
@@ -52,4 +53,5 @@ __all__ = [
     "TailMismatchError",
     "WalstreamError",
     "open",
+    "tune_gc",
 ]

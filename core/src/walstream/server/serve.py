@@ -39,6 +39,7 @@ from walstream.server.limits import (
     limits_from_section,
 )
 from walstream.server.s2.app import S2App
+from walstream.tuning import tune_gc
 
 if TYPE_CHECKING:
     from walstream.engine.node import Client
@@ -387,6 +388,9 @@ async def run_until_signalled(
             max_body_bytes=max_body_bytes,
             max_wait_s=max_wait_s,
         ) as server:
+            # This process is the node's: its start-up is done, tune the garbage collector
+            # for a steady event loop (walstream.tuning).
+            tune_gc()
             if announce is not None:
                 announce(server)
             await stop.wait()
