@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import _profile
-from walstream import Client, Record
+from walstream import Client, Record, tune_gc
 from walstream.metadata.sqlite import SqliteMetadataStore
 from walstream.objects.local import LocalObjectStore
 from walstream_wal_ebs import EbsWal
@@ -126,6 +126,7 @@ def pretouch(folder: Path) -> None:
 async def engine_appends(folder: Path, clients: int, seconds: float) -> dict[str, float]:
     client = new_client(folder)
     await client.start()
+    tune_gc()  # as README "Python API" recommends for a process that runs a node
     try:
         run = time.monotonic_ns()
         streams = [await client.create_stream(f"a-{run}-{index}") for index in range(clients)]

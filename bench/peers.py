@@ -11,7 +11,9 @@ Peers (each server is started by this script on 127.0.0.1 at a free port in a te
 - ``walstream-http-granian``, ``walstream-http-hypercorn``, ``walstream-http-native``: the same,
   with ``server.http_stack`` set to that HTTP server (``walstream-http`` runs walstream's default,
   or ``--http-stack``), so the stacks are measured side by side in one run.
-- ``walstream-inproc``: the same deployment through ``walstream.open`` in this process (no HTTP).
+- ``walstream-inproc``: the same deployment through ``walstream.open`` in this process (no HTTP),
+  which calls ``walstream.tune_gc()`` once the node is open, as README "Python API" recommends
+  for a process that runs a node (``walstream serve`` does the same).
 - ``redis``: Redis Streams, ``XADD``; ``appendonly yes``, ``appendfsync always`` (the AOF is
   fsynced before a reply is sent: Redis fsyncs once per event-loop turn, so concurrent clients
   share an fsync). A batch is 100 ``XADD`` in one ``MULTI``/``EXEC`` (atomic).
@@ -245,6 +247,8 @@ async def walstream_inproc(
 
     async with walstream.open(embedded_deployment(workdir / "walstream-data")) as client:
         stream = await client.create_stream(STREAM)
+        walstream.tune_gc()
+        info["walstream_inproc_gc"] = "walstream.tune_gc()"
 
         async def make(clients: int, batch: int) -> Callable[[int], Awaitable[int]]:
             records = [walstream.Record(value=PAYLOAD.encode())] * batch
