@@ -331,6 +331,63 @@ def test_batches_added_with_known_headers_build_the_same_object() -> None:
         gap.add_stream_batches(1, [(streams[4][2], 2, 3)])
 
 
+@settings(max_examples=120, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 300), min_size=1, max_size=60),
+    block_target_bytes=st.sampled_from([1, 40, 200, 700, 5000]),
+    then_more=st.integers(0, 3),
+)
+def test_a_stream_added_as_one_run_builds_the_same_object(
+    sizes: list[int], block_target_bytes: int, then_more: int
+) -> None:
+    """The uploader adds each stream of a block as one run (blocks found by a search over the
+    running sizes, joined once); the object must be byte for byte what adding the batches one
+    by one builds, whatever the batch sizes against the block target, including when more
+    batches of another stream follow and when the same stream goes on batch by batch."""
+    identity = ObjectIdentity(bytes(range(16)), 7)
+    batches = [encode_batch(3, 1, 50 + n, [Record(b"v" * size)], [n]) for n, size in enumerate(sizes)]
+    more = [encode_batch(3, 1, 50 + len(sizes) + n, [Record(b"m")], [0]) for n in range(then_more)]
+    other = encode_batch(8, 1, 0, [Record(b"other")], [0])
+    one_by_one = ObjectBuilder(block_target_bytes=block_target_bytes, identity=identity)
+    as_run = ObjectBuilder(block_target_bytes=block_target_bytes, identity=identity)
+    for batch in batches + more:
+        one_by_one.add_batch(batch)
+    one_by_one.add_batch(other)
+    bases = [50 + n for n in range(len(sizes))]
+    as_run.add_stream_run(3, batches, bases, [base + 1 for base in bases])
+    for batch in more:
+        as_run.add_batch(batch)
+    as_run.add_batch(other)
+    expected, got = one_by_one.finish(), as_run.finish()
+    assert got.data == expected.data and got.slices == expected.slices
+
+
+def test_a_run_whose_batches_fill_a_block_exactly_cuts_it_where_one_by_one_does() -> None:
+    batches = [encode_batch(3, 1, n, [Record(b"x" * 10)], [0]) for n in range(7)]
+    target = 2 * len(batches[0])  # two batches fill a block to the byte
+    one_by_one = ObjectBuilder(block_target_bytes=target)
+    for batch in batches:
+        one_by_one.add_batch(batch)
+    as_run = ObjectBuilder(block_target_bytes=target)
+    as_run.add_stream_run(3, batches, list(range(7)), list(range(1, 8)))
+    expected, got = one_by_one.finish(), as_run.finish()
+    assert got.data == expected.data
+    assert len(parse_index(got.data[-got.index_size :], len(got.data)).entries) == 4
+
+
+def test_a_run_with_a_gap_or_an_empty_batch_is_refused() -> None:
+    batch = encode_batch(1, 0, 0, [Record(b"a")], [0])
+    with pytest.raises(InvalidArgument, match="contiguous"):
+        ObjectBuilder().add_stream_run(1, [batch, batch], [0, 2], [1, 3])
+    with pytest.raises(InvalidArgument, match="no records"):
+        ObjectBuilder().add_stream_run(1, [batch, batch], [0, 1], [1, 1])
+    builder = ObjectBuilder()
+    builder.add_stream_run(1, [batch], [0], [1])
+    builder.add_batch(encode_batch(2, 0, 0, [Record(b"b")], [0]))
+    with pytest.raises(InvalidArgument, match="together"):
+        builder.add_stream_run(1, [batch], [1], [2])
+
+
 # ---------------------------------------------------------------- index search
 
 

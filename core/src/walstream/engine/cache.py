@@ -13,7 +13,7 @@ import asyncio
 import bisect
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -191,13 +191,18 @@ class StreamRun:
     def max_timestamp_ms(self) -> int:
         return max(self._field(at, _MAX_TS) for at in range(len(self.indexes)))
 
-    def batches(self) -> list[tuple[bytes, int, int]]:
-        """``(encoded batch, base_offset, end_offset)`` of each batch."""
-        fields, data = self.block.fields, self.block.data
-        return [
-            (data[index], fields[_FIELDS * index + _BASE], fields[_FIELDS * index + _END])
-            for index in self.indexes
-        ]
+    def columns(self) -> tuple[list[bytes], Sequence[int], Sequence[int]]:
+        """The encoded batches, their base offsets and their end offsets (whole columns of the
+        block, sliced in C, when the run is the whole block)."""
+        block, indexes = self.block, self.indexes
+        fields, data = block.fields, block.data
+        if len(indexes) == len(block):
+            return data[:], fields[_BASE::_FIELDS], fields[_END::_FIELDS]
+        return (
+            [data[index] for index in indexes],
+            [fields[_FIELDS * index + _BASE] for index in indexes],
+            [fields[_FIELDS * index + _END] for index in indexes],
+        )
 
 
 class _StreamIndex:

@@ -388,5 +388,5 @@ class Uploader:
 def _build(runs: list[StreamRun], identity: ObjectIdentity) -> BuiltObject:
     builder = ObjectBuilder(identity=identity)
     for run in runs:
-        builder.add_stream_batches(run.stream_id, run.batches())
+        builder.add_stream_run(run.stream_id, *run.columns())
     return builder.finish()

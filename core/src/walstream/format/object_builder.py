@@ -7,9 +7,14 @@ store.
 
 from __future__ import annotations
 
+import bisect
+import operator
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
+
+from crc32c import crc32c
 
 from walstream.errors import CorruptionError, InvalidArgument
 from walstream.format.batch import decode_batch_header
@@ -186,6 +191,69 @@ class ObjectBuilder:
         finally:
             self._block_bytes, self._block_crc = block_bytes, block_crc
             self._block_records, self._block_end = block_records, block_end
+
+    def add_stream_run(
+        self,
+        stream_id: int,
+        data: Sequence[bytes],
+        base_offsets: Sequence[int],
+        end_offsets: Sequence[int],
+    ) -> None:
+        """:meth:`add_stream_batches` for a whole stream at once — batch ``i`` is ``data[i]``
+        with offsets ``[base_offsets[i], end_offsets[i])`` — with the object the same to the
+        byte: each data block is found by a search over the running sizes and joined and
+        checksummed in one piece, so the work per batch is done in C (an uploaded block of
+        small batches holds thousands of them)."""
+        count = len(data)
+        if not count:
+            return
+        if (
+            stream_id == self._stream_id
+            or self._finished
+            or len(base_offsets) != count
+            or len(end_offsets) != count
+            or end_offsets[-1] - base_offsets[0] > _MAX_I32
+        ):
+            self.add_stream_batches(stream_id, zip(data, base_offsets, end_offsets, strict=True))
+            return
+        if stream_id in self._seen_streams:
+            raise InvalidArgument(
+                f"stream {stream_id} was already added to this object: add all "
+                "batches of a stream together"
+            )
+        if list(base_offsets[1:]) != list(end_offsets[:-1]) or not all(
+            map(operator.lt, base_offsets, end_offsets)
+        ):
+            # Name the first batch that breaks the rule, as the batch-by-batch path does.
+            self.add_stream_batches(stream_id, zip(data, base_offsets, end_offsets, strict=True))
+            raise AssertionError("unreachable: add_stream_batches refuses these batches")
+        self._close_stream()
+        self._seen_streams.add(stream_id)
+        self._stream_id = stream_id
+        self._stream_start = base_offsets[0]
+        self._stream_bytes = 0
+        ends = list(accumulate(map(len, data)))
+        target = self._block_target_bytes
+        first = 0
+        consumed = 0
+        while first < count:
+            # The block takes batches while it stays within the target (at least one).
+            last = max(first, bisect.bisect_right(ends, consumed + target, lo=first) - 1)
+            pieces = data[first : last + 1]
+            self._parts.extend(pieces)  # joined once, with the whole object, in finish()
+            crc = self._crc_seed
+            for piece in pieces:
+                crc = crc32c(piece, crc)
+            self._block_start = base_offsets[first]
+            self._block_end = end_offsets[last]
+            self._block_bytes = ends[last] - consumed
+            self._block_crc = crc
+            self._block_records = end_offsets[last] - base_offsets[first]
+            consumed = ends[last]
+            first = last + 1
+            if first < count or self._block_bytes >= target:
+                self._cut_block()
+            # else: the stream's last block stays open, as after add_stream_batches
 
     def finish(self) -> BuiltObject:
         """Close the last block and append the index and footer."""
