@@ -115,6 +115,9 @@ docstring, *Fencing*): what a takeover waits, against one header read per lease 
 per group."""
 _MAX_FENCE_LEASE_S = 10.0
 _LEASE_MARGIN = 1.25
+#: Records smaller than this are joined with their headers before one copy into a group's
+#: buffer; larger ones are copied into it directly.
+_JOIN_BELOW_BYTES = 16 << 10
 """A taker waits this many leases (plus a millisecond): room for the two clocks' rates to differ."""
 _FORMAT_CHECK_BYTES = 1 << 20
 """How much of the record area must be zero (besides both header slots) for a medium without a
@@ -461,22 +464,34 @@ class EbsWal(GroupCommitWal):
         offsets: list[WalOffset] = []
         position = 0
         view = memoryview(buffer)[:span]
-        # Headers and bodies are joined, then copied into the buffer once: per record a few C
-        # calls, not slices and copies of the buffer (a group holds up to thousands).
+        # Small records' headers and bodies are joined, then copied into the buffer at once:
+        # per record a few C calls, not a slice and a copy of the buffer (a group holds up to
+        # thousands). A large body is copied straight into the buffer (no second copy).
         parts: list[bytes] = []
+        parts_at = 0
         seed = self._seed
         records = self._records
         for payload in payloads:
             offset = start + position
             size = len(payload)
-            parts.append(
-                record_header(RECORD_MAGIC, size, offset, watermark, crc32c(payload), seed)
-            )
-            parts.append(payload)
+            header = record_header(RECORD_MAGIC, size, offset, watermark, crc32c(payload), seed)
+            if size < _JOIN_BELOW_BYTES:
+                parts.append(header)
+                parts.append(payload)
+            else:
+                if parts:
+                    joined = b"".join(parts)
+                    view[parts_at : parts_at + len(joined)] = joined
+                    parts.clear()
+                body_at = position + RECORD_HEADER_BYTES
+                view[position:body_at] = header
+                view[body_at : body_at + size] = payload
+                parts_at = body_at + size
             offsets.append(offset)
             position += RECORD_HEADER_BYTES + size
             records.append((offset, start + position))
-        view[:position] = b"".join(parts)
+        if parts:
+            view[parts_at:position] = b"".join(parts)
         if position < span:
             pack_record_header(
                 view,
