@@ -4,8 +4,10 @@ Two measurements, each against its peer:
 
 - **appends**: ``--clients`` (64) concurrent clients, each appending single 1 KiB records to its
   own stream, closed loop, for ``--seconds``. walstream: one in-process node (ebs WAL file with
-  O_DIRECT + O_DSYNC, local object store, SQLite metadata; uploads run as usual); the latency
-  of an append is from the call to its acknowledgement. Redis: ``redis-server`` with
+  O_DIRECT + O_DSYNC, local object store, SQLite metadata; uploads run as usual) on uvloop
+  when it is installed (``--asyncio``: the standard loop), with ``walstream.tune_gc()`` applied
+  once the node is open — the set-up README "Python API" recommends for a process that runs a
+  node; the latency of an append is from the call to its acknowledgement. Redis: ``redis-server`` with
   ``appendonly yes`` + ``appendfsync always`` (every write fsynced before the reply) in a temp
   folder on the same disk, driven by ``redis-benchmark`` (C) with the same number of
   connections, XADD of a 1 KiB value to one of 64 streams.
@@ -19,7 +21,7 @@ goes to ``bench/results/engine_local.json`` and a plot to ``bench/results/engine
 
     .venv/bin/python bench/engine_local.py --quick            # 3 runs of 2 s
     .venv/bin/python bench/engine_local.py                    # 5 runs of 5 s
-    .venv/bin/python bench/engine_local.py --quick --uvloop   # the same on uvloop
+    .venv/bin/python bench/engine_local.py --quick --asyncio  # the same on asyncio's own loop
     .venv/bin/python bench/engine_local.py --quick --profile  # + cProfile of one engine run
 """
 
@@ -354,10 +356,20 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--tail-records", type=int)
     parser.add_argument("--tail-interval", type=float, default=0.001)
-    parser.add_argument("--uvloop", action="store_true", help="run walstream on uvloop")
+    parser.add_argument(
+        "--asyncio",
+        dest="uvloop",
+        action="store_false",
+        help="run walstream on asyncio's own event loop (default: uvloop when installed)",
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile one engine run")
     parser.add_argument("--json", type=Path, default=RESULTS / "engine_local.json")
     args = parser.parse_args()
+    if args.uvloop:
+        try:
+            import uvloop  # noqa: F401
+        except ImportError:
+            args.uvloop = False
     runs = args.runs or (3 if args.quick else 5)
     seconds = args.seconds or (2.0 if args.quick else 5.0)
     tail_records = args.tail_records or (500 if args.quick else 2000)
