@@ -62,7 +62,9 @@ DEFAULT_LISTEN = "127.0.0.1:7400"
 TOKEN_ENVIRONMENT_VARIABLE = "WALSTREAM_TOKEN"
 #: The HTTP servers ``server.http_stack`` chooses from (README "HTTP service" has the numbers).
 HTTP_STACKS = ("granian", "hypercorn", "native")
-#: granian: 2x hypercorn's requests/s at 64 clients of single-record appends (README).
+#: granian: its HTTP/2 (S2's Python SDK speaks only HTTP/2) serves ~2x the records/s of
+#: hypercorn's, which native hands h2c to; over HTTP/1.1 native serves 1.15-1.5x granian's with
+#: a lower p99 (README "HTTP service" has the table).
 DEFAULT_HTTP_STACK = "granian"
 #: How often the server looks for a fenced client to replace (the check reads one attribute).
 REJOIN_CHECK_S = 0.2
