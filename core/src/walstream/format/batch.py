@@ -28,6 +28,7 @@ __all__ = [
     "BatchHeader",
     "decode_batch",
     "decode_batch_header",
+    "decode_records_into",
     "encode_batch",
     "iter_batches",
     "record_size",
@@ -155,50 +156,62 @@ def decode_batch(
 ) -> tuple[BatchHeader, list[SequencedRecord]]:
     """Decode one batch starting at ``position``; raise :class:`CorruptionError` on bad bytes."""
     header = decode_batch_header(data, position)
-    view = memoryview(data)
+    records: list[SequencedRecord] = []
+    decode_records_into(data, position, header, records)
+    return header, records
+
+
+def decode_records_into(
+    data: bytes | memoryview, position: int, header: BatchHeader, records: list[SequencedRecord]
+) -> None:
+    """Append the records of the batch at ``position`` (whose ``header`` was decoded) to
+    ``records``; raise :class:`CorruptionError` on bad bytes. One record is a few C calls:
+    a read decodes thousands of them per block."""
+    if type(data) is not bytes:
+        data = bytes(data)  # slices of bytes are one copy, of a memoryview two objects
+    unpack_head = _REC_TS_KEYLEN.unpack_from
+    unpack_i32 = _I32.unpack_from
+    unpack_u16 = _U16.unpack_from
+    append = records.append
     pos = position + BATCH_HEADER.size
     end = pos + header.payload_len
-    records: list[SequencedRecord] = []
+    base_offset = header.base_offset
     try:
-        for index in range(header.count):
-            timestamp_ms, key_len = _REC_TS_KEYLEN.unpack_from(view, pos)
+        for offset in range(base_offset, base_offset + header.count):
+            timestamp_ms, key_len = unpack_head(data, pos)
             pos += 12
-            key: bytes | None
-            if key_len < 0:
-                key = None
-            else:
-                key = bytes(view[pos : pos + key_len])
+            key: bytes | None = None
+            if key_len >= 0:
+                key = data[pos : pos + key_len]
                 pos += key_len
-            (value_len,) = _I32.unpack_from(view, pos)
+            (value_len,) = unpack_i32(data, pos)
             pos += 4
             if value_len < 0 or pos + value_len > end:
                 raise CorruptionError("record value overruns its batch")
-            value = bytes(view[pos : pos + value_len])
+            value = data[pos : pos + value_len]
             pos += value_len
-            (header_count,) = _U16.unpack_from(view, pos)
+            (header_count,) = unpack_u16(data, pos)
             pos += 2
-            headers: list[tuple[str, bytes]] = []
-            for _ in range(header_count):
-                (name_len,) = _U16.unpack_from(view, pos)
-                pos += 2
-                name = bytes(view[pos : pos + name_len]).decode()
-                pos += name_len
-                (hvalue_len,) = _I32.unpack_from(view, pos)
-                pos += 4
-                headers.append((name, bytes(view[pos : pos + hvalue_len])))
-                pos += hvalue_len
+            headers: tuple[tuple[str, bytes], ...] = ()
+            if header_count:
+                pairs: list[tuple[str, bytes]] = []
+                for _ in range(header_count):
+                    (name_len,) = unpack_u16(data, pos)
+                    pos += 2
+                    name = data[pos : pos + name_len].decode()
+                    pos += name_len
+                    (hvalue_len,) = unpack_i32(data, pos)
+                    pos += 4
+                    pairs.append((name, data[pos : pos + hvalue_len]))
+                    pos += hvalue_len
+                headers = tuple(pairs)
             if pos > end:
                 raise CorruptionError("record overruns its batch")
-            records.append(
-                SequencedRecord(
-                    header.base_offset + index, value, key, tuple(headers), timestamp_ms
-                )
-            )
+            append(SequencedRecord(offset, value, key, headers, timestamp_ms))
     except (struct.error, UnicodeDecodeError) as exc:
         raise CorruptionError(f"malformed record in batch at byte {position}: {exc}") from exc
     if pos != end:
         raise CorruptionError(f"batch payload length mismatch at byte {position}")
-    return header, records
 
 
 def iter_batches(data: bytes | memoryview) -> Iterator[tuple[int, BatchHeader]]:

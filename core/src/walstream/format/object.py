@@ -53,7 +53,12 @@ from dataclasses import dataclass
 import crc32c
 
 from walstream.errors import CorruptionError, IdentityMismatch, InvalidArgument
-from walstream.format.batch import BATCH_HEADER, BatchHeader, decode_batch
+from walstream.format.batch import (
+    BATCH_HEADER,
+    BatchHeader,
+    decode_batch_header,
+    decode_records_into,
+)
 from walstream.records import DEPLOYMENT_ID_BYTES, SequencedRecord
 
 __all__ = [
@@ -495,39 +500,53 @@ def _check_entries(entries: Sequence[IndexEntry], data_size: int) -> None:
 
 
 def _decode_block(
-    block: bytes | memoryview, entry: IndexEntry, crc_seed: int = 0
-) -> list[tuple[BatchHeader, bytes, list[SequencedRecord]]]:
+    block: bytes | memoryview,
+    entry: IndexEntry,
+    crc_seed: int = 0,
+    *,
+    records: list[SequencedRecord] | None = None,
+) -> list[tuple[BatchHeader, bytes]]:
+    """Check a data block against its index entry; its batches as ``(header, batch bytes)``,
+    or, when ``records`` is given, nothing, the block's records appended to ``records``."""
     if len(block) != entry.size:
         raise CorruptionError(
             f"data block of stream {entry.stream_id} at {entry.position} is {len(block)} bytes, "
             f"index says {entry.size} (truncated read?)"
         )
-    view = memoryview(block)
-    body = view[: len(view) - BLOCK_CRC_SIZE]
-    (stored_crc,) = _U32.unpack_from(view, len(body))
-    if checksum(body, crc_seed) != stored_crc:
+    body_size = len(block) - BLOCK_CRC_SIZE
+    (stored_crc,) = _U32.unpack_from(block, body_size)
+    body = bytes(block[:body_size]) if type(block) is not bytes else block
+    if checksum(memoryview(body)[:body_size], crc_seed) != stored_crc:
         raise CorruptionError(
             f"data block checksum mismatch (stream {entry.stream_id}, offsets "
             f"[{entry.start_offset}, {entry.end_offset}), object position {entry.position})"
             + ("; the bytes are damaged or belong to another object" if crc_seed else "")
         )
-    batches: list[tuple[BatchHeader, bytes, list[SequencedRecord]]] = []
+    batches: list[tuple[BatchHeader, bytes]] = []
     next_offset = entry.start_offset
     position = 0
+    count = 0
     try:
-        while position < len(body):
-            header, records = decode_batch(body, position)
+        while position < body_size:
+            header = decode_batch_header(body, position)
+            if position + header.size > body_size:
+                raise CorruptionError(f"batch at byte {position} overruns its data block")
             if header.stream_id != entry.stream_id or header.base_offset != next_offset:
                 raise CorruptionError(
                     f"data block holds stream {header.stream_id} offset {header.base_offset}, "
                     f"expected stream {entry.stream_id} offset {next_offset}"
                 )
-            batches.append((header, bytes(body[position : position + header.size]), records))
+            if records is None:
+                batches.append((header, body[position : position + header.size]))
+                decode_records_into(body, position, header, [])
+            else:
+                decode_records_into(body, position, header, records)
+            count += 1
             position += header.size
             next_offset = header.end_offset
     except (struct.error, ValueError, IndexError) as exc:
         raise CorruptionError(f"malformed batch in data block: {exc}") from None
-    if next_offset != entry.end_offset or not batches:
+    if next_offset != entry.end_offset or not count:
         raise CorruptionError(
             f"data block of stream {entry.stream_id} ends at offset {next_offset}, index says "
             f"{entry.end_offset}"
@@ -541,14 +560,16 @@ def decode_block(
     """Check one data block against its index entry and return its batches as
     ``(header, batch bytes)``. ``crc_seed`` is the object's :attr:`ObjectIndex.block_crc_seed`.
     Raises :class:`CorruptionError` on any mismatch."""
-    return [(header, batch) for header, batch, _ in _decode_block(block, entry, crc_seed)]
+    return _decode_block(block, entry, crc_seed)
 
 
 def decode_block_records(
     block: bytes, entry: IndexEntry, crc_seed: int = 0
 ) -> list[SequencedRecord]:
     """Check one data block and return its records in offset order."""
-    return [record for _, _, records in _decode_block(block, entry, crc_seed) for record in records]
+    records: list[SequencedRecord] = []
+    _decode_block(block, entry, crc_seed, records=records)
+    return records
 
 
 def verify_object(data: bytes, expected: ObjectIdentity | None = None) -> ObjectIndex:
