@@ -532,7 +532,7 @@ async def test_close_lets_a_request_in_progress_finish_and_closes_idle_connectio
 ) -> None:
     """HTTP/1.1: an idle connection is closed at once; a request whose body is still arriving
     is answered (``connection: close``), then its connection closes. HTTP/2: an idle connection
-    is closed; a long poll in progress is answered, followed by GOAWAY. New connections are
+    gets GOAWAY and is closed; a long poll in progress is answered, followed by GOAWAY. New connections are
     refused meanwhile, and close() returns once all of them are done."""
     await make_stream(server.port)
     listener = server.listener
@@ -553,7 +553,9 @@ async def test_close_lets_a_request_in_progress_finish_and_closes_idle_connectio
     try:
         assert await closed_by_server(idle_reader, 2.0)
         with pytest.raises(ConnectionError):
-            await idle_h2.events()
+            while True:
+                await idle_h2.events()
+        assert idle_h2.terminated  # GOAWAY, then the close
         with pytest.raises(OSError):
             await connect(server.port)
         assert not closing.done()

@@ -3,9 +3,9 @@ SDKs and tools work against walstream.
 
 - :mod:`walstream.server.s2`: the ASGI application (routes, wire forms, errors, sessions,
   the concept mapping, the OpenAPI document);
-- :mod:`walstream.server.hosting_granian` (the default) and :mod:`walstream.server.hosting`
-  (hypercorn): the HTTP server on one port (HTTP/1.1 and h2c), the connection bound, graceful
-  shutdown (``server.http_stack`` chooses);
+- :mod:`walstream.server.hosting_granian`, :mod:`walstream.server.hosting` (hypercorn) and
+  :mod:`walstream.server.hosting_native` (walstream's own): the HTTP server on one port
+  (HTTP/1.1 and h2c), the connection bound, graceful shutdown (``server.http_stack`` chooses);
 - :mod:`walstream.server.limits`: timeouts and bounds (``ServerLimits``);
 - :mod:`walstream.server.serve`: ``serve()`` and ``walstream serve`` (listen address, token,
   node lock, shutdown);

@@ -3,8 +3,7 @@ HTTP/2 with prior knowledge (h2c, what S2's SDKs speak) on the same port, behind
 :class:`~walstream.server.limits.ServerLimits`.
 
 This module, :mod:`walstream.server.hosting_granian` and :mod:`walstream.server.hosting_native`
-(which hands HTTP/2 connections to :class:`HypercornConnection`) are the only ones that know an
-ASGI server (``server.http_stack: hypercorn`` chooses this one); the application
+are the only ones that know an ASGI server (``server.http_stack: hypercorn`` chooses this one); the application
 (:class:`walstream.server.s2.app.S2App`) is plain ASGI. hypercorn's connection handler is driven directly (instead of
 ``hypercorn.asyncio.serve``) so the listener can bound the connections open at once: one more
 is answered ``503`` and closed.

@@ -10,11 +10,15 @@ import time
 
 from walstream.server.s2.errors import S2Error
 
-__all__ = ["PREFACE", "date_line", "error_answer", "status_line"]
+__all__ = ["LINGER_S", "PREFACE", "date_line", "error_answer", "status_line"]
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 """The HTTP/2 client connection preface (RFC 9113 3.4): a connection that opens with it speaks
 HTTP/2 with prior knowledge."""
+#: After the listener closes a connection (HTTP/1.1 or HTTP/2) it reads (and drops) what the
+#: client still sends for at most this long, so the kernel does not answer it with a reset that
+#: would destroy the last answer before the client read it.
+LINGER_S = 2.0
 
 _REASONS = {status.value: status.phrase.encode("latin-1") for status in http.HTTPStatus}
 _STATUS_LINES: dict[int, bytes] = {}

@@ -1,5 +1,7 @@
 """One connection of the native listener: HTTP/1.1 (and 1.0) parsed by ``httptools`` and served
-to the ASGI application, or handed to HTTP/2 when it opens with the client preface.
+to the ASGI application, or handed to HTTP/2
+(:class:`~walstream.server.hosting_native.http2.Http2Connection`) when it opens with the client
+preface.
 
 Per connection (:class:`Connection`, an :class:`asyncio.Protocol`): the parser's callbacks turn
 bytes into :class:`~walstream.server.hosting_native.exchange.Exchange` objects (one request and
@@ -28,7 +30,8 @@ from urllib.parse import unquote_to_bytes
 import httptools
 
 from walstream.server.hosting_native.exchange import Exchange
-from walstream.server.hosting_native.framing import PREFACE, error_answer
+from walstream.server.hosting_native.framing import LINGER_S, PREFACE, error_answer
+from walstream.server.hosting_native.http2 import Http2Connection
 
 if TYPE_CHECKING:
     from walstream.server.hosting_native.listener import NativeListener
@@ -45,10 +48,6 @@ HIGH_WATER_BYTES = 256 * 1024
 LOW_WATER_BYTES = 64 * 1024
 #: Reading pauses while this many pipelined requests wait for their turn.
 MAX_PIPELINED = 16
-#: After the listener closes a connection it reads (and drops) what the client still sends
-#: for at most this long, so the kernel does not answer it with a reset that would destroy the
-#: last answer before the client read it.
-LINGER_S = 2.0
 
 _METHODS = {
     method.encode(): method
@@ -58,7 +57,7 @@ _METHODS = {
 # Connection states.
 _SNIFF = 0  # deciding between HTTP/1.1 and the HTTP/2 preface
 _HTTP1 = 1
-_HTTP2 = 2  # handed to hypercorn; this protocol no longer receives
+_HTTP2 = 2  # handed to Http2Connection, the transport's protocol from then on
 _CLOSING = 3  # lingering after the last answer, or refused: input is dropped
 
 
@@ -552,21 +551,18 @@ class Connection(asyncio.Protocol):
         self.linger_handle = self.loop.call_later(LINGER_S, transport.close)
 
     def hand_to_http2(self, received: bytes) -> None:
-        assert self.transport is not None
+        """The connection speaks HTTP/2: an :class:`Http2Connection` takes the transport (and
+        this connection's place in the listener) from here on."""
+        transport = self.transport
+        assert transport is not None
         self.state = _HTTP2
-        self.task = self.listener.http2().serve(self.transport, received, self.loop)
-        self.task.add_done_callback(self.http2_ended)
-
-    def http2_ended(self, task: asyncio.Task[Any]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("an HTTP/2 connection failed", exc_info=task.exception())
-        self.closed = True
-        if self.counted:
-            self.counted = False
-            self.listener.open -= 1
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.abort()
-        self.listener.connection_closed(self)
+        listener = self.listener
+        connection = Http2Connection(listener, transport, self.client, self.server_address)
+        connection.counted, self.counted = self.counted, False
+        listener.connections.discard(self)
+        listener.connections.add(connection)
+        transport.set_protocol(connection)
+        connection.start(received)
 
     def check_head_deadline(self, now: float) -> None:
         """Close the connection when it waited for a request head past ``header_timeout``
@@ -584,10 +580,9 @@ class Connection(asyncio.Protocol):
 
     def shutdown(self) -> None:
         """The listener is closing: close now when idle, else after the answer in progress
-        (which says ``connection: close`` unless it began already). HTTP/2 is told by the
-        listener (GOAWAY)."""
+        (which says ``connection: close`` unless it began already)."""
         self.draining = True
-        if self.closed or self.state == _HTTP2:
+        if self.closed:
             return
         transport = self.transport
         assert transport is not None

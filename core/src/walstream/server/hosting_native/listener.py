@@ -13,7 +13,7 @@ from walstream.server.hosting_native.http1 import Connection
 from walstream.server.limits import ServerLimits
 
 if TYPE_CHECKING:
-    from walstream.server.hosting_native.h2c import H2cServer
+    from walstream.server.hosting_native.http2 import Http2Connection
 
 __all__ = ["SHUTDOWN_GRACE_S", "NativeListener", "open_listener"]
 
@@ -45,24 +45,14 @@ class NativeListener:
         """Connections being served (refused ones are not counted)."""
         self.refused = 0
         """Connections answered 503 because ``max_connections`` were open."""
-        self.connections: set[Connection] = set()
+        self.connections: set[Connection | Http2Connection] = set()
         self.closing = False
         self.asgi_version = {"version": "3.0", "spec_version": "2.3"}
-        self._http2: H2cServer | None = None
         self._sweep_s = min(1.0, limits.header_timeout_s / 8)
         self._sweep_handle: asyncio.TimerHandle | None = None
         self._all_closed: asyncio.Future[None] | None = None
 
-    def http2(self) -> H2cServer:
-        """hypercorn's HTTP/2, made for the first connection that speaks it."""
-        if self._http2 is None:
-            # hypercorn is imported when a client first speaks HTTP/2.
-            from walstream.server.hosting_native.h2c import H2cServer
-
-            self._http2 = H2cServer(self.app, self.limits)
-        return self._http2
-
-    def connection_closed(self, connection: Connection) -> None:
+    def connection_closed(self, connection: Connection | Http2Connection) -> None:
         self.connections.discard(connection)
         if not self.connections and self._all_closed is not None:
             if not self._all_closed.done():
@@ -72,8 +62,9 @@ class NativeListener:
         self._sweep_handle = self.loop.call_later(self._sweep_s, self._sweep)
 
     def _sweep(self) -> None:
-        """Close the connections waiting for a request head past ``header_timeout`` (one timer
-        for all of them: per request this costs one clock read)."""
+        """Close the connections waiting for a request head past ``header_timeout``, and the
+        HTTP/2 ones without a stream for that long (one timer for all of them: per request this
+        costs one clock read)."""
         now = self.loop.time()
         for connection in list(self.connections):
             connection.check_head_deadline(now)
@@ -82,13 +73,12 @@ class NativeListener:
 
     async def close(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Stop accepting, close idle connections, let requests in progress finish (an
-        HTTP/1.1 answer that has not begun says ``connection: close``; HTTP/2 connections get
-        GOAWAY), and after ``grace_s`` cancel what is left."""
+        HTTP/1.1 answer that has not begun says ``connection: close``; an HTTP/2 connection
+        refuses new streams and gets GOAWAY once its streams ended), and after ``grace_s``
+        cancel what is left."""
         self.closing = True
         if self.server is not None:
             self.server.close()
-        if self._http2 is not None:
-            await self._http2.terminate()
         for connection in list(self.connections):
             connection.shutdown()
         if self.connections:
