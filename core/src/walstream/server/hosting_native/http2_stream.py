@@ -185,14 +185,14 @@ class Http2Stream:
             name = name.lower()
             if name in CONNECTION_SPECIFIC:
                 continue
-            if (
-                b"\n" in value
-                or b"\r" in value
-                or b"\0" in value
-                or b":" in name
-                or b"\n" in name
-                or b"\r" in name
-                or b" " in name
+            if (  # LF, CR, NUL, ':', space (as ints: found far faster than as bytes)
+                10 in value
+                or 13 in value
+                or 0 in value
+                or 58 in name
+                or 10 in name
+                or 13 in name
+                or 32 in name
                 or not name
             ):
                 raise ValueError(f"an answer header cannot hold a line break: {name[:40]!r}")
