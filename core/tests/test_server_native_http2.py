@@ -674,6 +674,20 @@ async def _header_lists(server: RunningServer) -> None:
         peer.close()
 
 
+async def test_a_header_block_that_does_not_end_is_cut_at_256_kib(server: RunningServer) -> None:
+    """HEADERS without END_HEADERS, then CONTINUATION frames of 64 KiB: the connection is
+    refused once the block passes 256 KiB, before any end of it arrives."""
+
+    def frame(kind: int, payload: bytes) -> bytes:
+        return len(payload).to_bytes(3, "big") + bytes((kind, 0)) + (1).to_bytes(4, "big") + payload
+
+    continuation = frame(0x9, b"\x00" * 65536)
+    goaway = await _goaway_for(
+        server.port, PREFACE + EMPTY_SETTINGS + frame(0x1, b"\x00" * 1024) + continuation * 5
+    )
+    assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+
+
 @pytest.mark.parametrize(
     "headers",
     [
