@@ -473,6 +473,33 @@ async def test_reset_says_disconnect_to_the_application_and_later_sends_are_drop
         await listener.close(1.0)
 
 
+async def test_a_closed_connection_says_disconnect_to_every_stream_and_is_forgotten() -> None:
+    seen: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()  # the (empty) body
+        seen.append((await receive())["type"])  # waits until the client is gone
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"too late"})
+
+    listener = await listening(app)
+    try:
+        peer = await Peer.connect(listener.port)
+        for _ in range(3):
+            peer.open("GET", "/")
+        await asyncio.sleep(0.2)
+        assert seen == [] and listener.open == 1
+        peer.close()
+        for _ in range(100):
+            if len(seen) == 3 and not listener.connections:
+                break
+            await asyncio.sleep(0.02)
+        assert seen == ["http.disconnect"] * 3
+        assert not listener.connections and listener.open == 0
+    finally:
+        await listener.close(1.0)
+
+
 async def test_an_answer_complete_before_its_request_ends_the_stream_with_no_error() -> None:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send(
