@@ -14,8 +14,8 @@ asyncio protocols of ``bench/_loadgen.py`` (their ceiling: ``bench/peers.py``'s 
 granian runs embedded with ``granian.server.embed.Server`` (granian >= 2.x, "experimental"):
 its Rust runtime serves the sockets and calls the ASGI app on the event loop of our process, so
 the app reaches the node's client in memory — the requirement for ``walstream serve``.
-``native`` serves the same ASGI callable with walstream's listener (h2c goes to hypercorn's
-connection handler, as in ``walstream serve``).
+``native`` serves the same ASGI callable with walstream's listener (h2c on walstream's own
+HTTP/2 connection over h2's state machine, as in ``walstream serve``).
 
     .venv/bin/python bench/http_stack.py            # 3 runs of 3 s per cell
     .venv/bin/python bench/http_stack.py --quick    # 1 run of 0.7 s per cell
