@@ -36,7 +36,9 @@ with the server's own API (HTTP, nats-py).
 
 Workloads: 1 and 64 clients (each its own connection, all appending to one stream), one 1 KiB
 record per append or a batch of 100 x 1 KiB. Each cell runs ``--seconds`` per run, ``--runs``
-times; the table shows medians (records/s, p50/p99 of an append call) and walstream/Redis ratios.
+times; the table shows medians (records/s, p50/p99 of an append call, the CPU this process used
+per second, and for a peer served by a child process the user + system CPU that server used
+per request, read from ``/proc``) and walstream/Redis ratios.
 
     .venv/bin/python bench/peers.py            # 3 runs of 3 s per cell
     .venv/bin/python bench/peers.py --quick    # 1 run of 0.7 s per cell (well under a minute)
@@ -190,6 +192,31 @@ def http_factory(port: int, api: str, connections: list[Any], http_version: str 
 # -- peers: each an async context that yields a factory ------------------------------------------
 
 
+def with_server_pid(make: Factory, server: ServerProcess) -> Factory:
+    """``make``, marked with the process id of the server it drives (its CPU is measured)."""
+    make.server_pid = server.process.pid  # type: ignore[attr-defined]
+    return make
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measured_run(operation: Any, clients: int, seconds: float, pid: int | None) -> Any:
+    """One closed-loop run; with a server process, also the CPU it used per request
+    (``server_cpu_us``: its user + system time during the run over the requests answered)."""
+    before = process_cpu_s(pid) if pid else 0.0
+    sample = await closed_loop(operation, clients, seconds)
+    if pid and sample["requests"]:
+        sample["server_cpu_us"] = (process_cpu_s(pid) - before) / sample["requests"] * 1e6
+    return sample
+
+
 @contextlib.asynccontextmanager
 async def walstream_http(
     workdir: Path,
@@ -210,7 +237,7 @@ async def walstream_http(
         info["walstream_api"] = api
         await create_stream_http(server.port, api)
         info["walstream_http_version"] = http_version
-        yield http_factory(server.port, api, connections, http_version)
+        yield with_server_pid(http_factory(server.port, api, connections, http_version), server)
     finally:
         for connection in connections:
             connection.close()
@@ -222,7 +249,7 @@ async def http_noop(workdir: Path, api_choice: str, info: dict[str, Any]) -> Asy
     server = ServerProcess(noop_http_server_command(), r"PORT (\d+)", cwd=workdir)
     connections: list[Http1Connection] = []
     try:
-        yield http_factory(server.port, "s2", connections)
+        yield with_server_pid(http_factory(server.port, "s2", connections), server)
     finally:
         for connection in connections:
             connection.close()
@@ -294,7 +321,7 @@ async def redis_peer(
 
             return append
 
-        yield make
+        yield with_server_pid(make, server)
     finally:
         for connection in connections:
             connection.close()
@@ -338,7 +365,7 @@ async def nats_peer(workdir: Path, api_choice: str, info: dict[str, Any]) -> Asy
 
             return append
 
-        yield make
+        yield with_server_pid(make, server)
     finally:
         for publisher in publishers:
             publisher.close()
@@ -375,11 +402,12 @@ async def measure_peer(
     try:
         seconds, runs = args.seconds, args.runs
         async with peer_context(name, args.http, args.http_stack)(workdir, args.api, info) as make:
+            pid = getattr(make, "server_pid", None)
             for clients, batch in WORKLOADS:
                 operation = await make(clients, batch)
                 await closed_loop(operation, clients, min(0.2, seconds))  # warm up
                 cells[workload_name(clients, batch)] = [
-                    await closed_loop(operation, clients, seconds) for _ in range(runs)
+                    await measured_run(operation, clients, seconds, pid) for _ in range(runs)
                 ]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -387,14 +415,26 @@ async def measure_peer(
 
 
 def summarize(samples: list[dict[str, Any]]) -> dict[str, float]:
-    return {
-        key: statistics.median(sample[key] for sample in samples)
-        for key in ("records_per_s", "requests_per_s", "p50_ms", "p99_ms", "client_cpu")
-    }
+    keys = ["records_per_s", "requests_per_s", "p50_ms", "p99_ms", "client_cpu"]
+    if all("server_cpu_us" in sample for sample in samples):
+        keys.append("server_cpu_us")
+    return {key: statistics.median(sample[key] for sample in samples) for key in keys}
 
 
 def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
-    rows = [("WORKLOAD", "PEER", "RECORDS/S", "REQ/S", "P50 MS", "P99 MS", "CPU", "VS REDIS")]
+    rows = [
+        (
+            "WORKLOAD",
+            "PEER",
+            "RECORDS/S",
+            "REQ/S",
+            "P50 MS",
+            "P99 MS",
+            "CPU",
+            "SERVER US/REQ",
+            "VS REDIS",
+        )
+    ]
     for clients, batch in WORKLOADS:
         workload = workload_name(clients, batch)
         redis = summary.get("redis", {}).get(workload)
@@ -417,6 +457,7 @@ def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
                     f"{cell['p50_ms']:.3f}",
                     f"{cell['p99_ms']:.3f}",
                     f"{cell['client_cpu']:.2f}",
+                    f"{cell['server_cpu_us']:,.0f}" if "server_cpu_us" in cell else "-",
                     ratio,
                 )
             )
