@@ -586,6 +586,32 @@ async def test_graceful_close_lets_a_stream_finish_refuses_new_ones_then_goaway(
         await listener.close(1.0)
 
 
+async def test_a_stream_still_running_after_the_grace_is_cancelled_and_dropped() -> None:
+    cancelled = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            await asyncio.Event().wait()  # never answers
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    listener = await listening(app)
+    peer = await Peer.connect(listener.port)
+    try:
+        stream_id = peer.open("GET", "/")
+        await asyncio.sleep(0.2)
+        began = time.monotonic()
+        await asyncio.wait_for(listener.close(0.5), 5)
+        assert 0.4 < time.monotonic() - began < 3
+        assert cancelled.is_set()
+        await peer.until(lambda: peer.eof)
+        assert peer.answers[stream_id].status == 0  # dropped, never answered
+        assert not listener.connections and listener.open == 0
+    finally:
+        peer.close()
+
+
 async def test_an_idle_connection_gets_goaway_after_the_header_timeout(
     server: RunningServer,
 ) -> None:
