@@ -173,7 +173,8 @@ class Exchange:
                 continue  # the listener writes its own
             if name == b"transfer-encoding":
                 continue  # framing is the listener's
-            if b"\n" in value or b"\r" in value or b"\n" in name or b":" in name:
+            # Byte values, not one-byte strings: an int lookup is several times cheaper.
+            if 10 in value or 13 in value or 10 in name or 58 in name:  # \n \r \n :
                 raise ValueError(f"an answer header cannot hold a line break: {name[:40]!r}")
             lines.append(b"%s: %s\r\n" % (name, value))
         self.started = True  # (not before: an answer refused above can still be a 500)
