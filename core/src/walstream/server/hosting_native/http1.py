@@ -30,6 +30,7 @@ from urllib.parse import unquote_to_bytes
 import httptools
 
 from walstream.server.hosting_native.exchange import Exchange
+from walstream.server.hosting_native.flow import WriteFlow
 from walstream.server.hosting_native.framing import LINGER_S, PREFACE, error_answer
 from walstream.server.hosting_native.http2 import Http2Connection
 
@@ -75,16 +76,14 @@ class _Failure:
         self.answer = answer
 
 
-class Connection(asyncio.Protocol):
+class Connection(WriteFlow):
     """One accepted connection (see the module's docstring)."""
 
     __slots__ = (
         "buffered",
         "client",
-        "closed",
         "counted",
         "current",
-        "drain_waiters",
         "draining",
         "expect",
         "head_deadline",
@@ -93,7 +92,6 @@ class Connection(asyncio.Protocol):
         "in_head",
         "linger_handle",
         "listener",
-        "loop",
         "parser",
         "parsing",
         "pending",
@@ -108,7 +106,6 @@ class Connection(asyncio.Protocol):
         "transport",
         "url",
         "waiter",
-        "writing_paused",
     )
 
     def __init__(self, listener: NativeListener) -> None:
@@ -207,30 +204,9 @@ class Connection(asyncio.Protocol):
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-        for drain in self.drain_waiters:
-            if not drain.done():
-                drain.set_result(None)
-        self.drain_waiters.clear()
+        self.wake_drained()
         if self.task is None or self.task.done():
             self.listener.connection_closed(self)
-
-    def pause_writing(self) -> None:
-        self.writing_paused = True
-
-    def resume_writing(self) -> None:
-        self.writing_paused = False
-        for drain in self.drain_waiters:
-            if not drain.done():
-                drain.set_result(None)
-        self.drain_waiters.clear()
-
-    async def drained(self) -> None:
-        """Returns when the transport's write buffer is below its high-water mark again (or
-        the connection closed)."""
-        while self.writing_paused and not self.closed:
-            waiter = self.loop.create_future()
-            self.drain_waiters.append(waiter)
-            await waiter
 
     # -- httptools callbacks -----------------------------------------------------------------
 

@@ -56,6 +56,7 @@ from h2.exceptions import (
 from h2.frame_buffer import FrameBuffer
 from hyperframe.frame import RstStreamFrame
 
+from walstream.server.hosting_native.flow import WriteFlow
 from walstream.server.hosting_native.framing import LINGER_S
 from walstream.server.hosting_native.header_codec import CachingDecoder, LiteralEncoder
 from walstream.server.hosting_native.http2_request import (
@@ -161,15 +162,13 @@ class _H2Connection(h2.connection.H2Connection):
         return events
 
 
-class Http2Connection(asyncio.Protocol):
+class Http2Connection(WriteFlow):
     """One HTTP/2 connection (see the module's docstring)."""
 
     __slots__ = (
         "client",
-        "closed",
         "closing",
         "counted",
-        "drain_waiters",
         "draining",
         "flush_pending",
         "h2",
@@ -177,12 +176,10 @@ class Http2Connection(asyncio.Protocol):
         "last_stream_id",
         "linger_handle",
         "listener",
-        "loop",
         "opening",
         "server_address",
         "streams",
         "transport",
-        "writing_paused",
     )
 
     def __init__(
@@ -319,30 +316,9 @@ class Http2Connection(asyncio.Protocol):
             self.linger_handle = None
         for stream in self.streams.values():
             stream.lose()
-        for drain in self.drain_waiters:
-            if not drain.done():
-                drain.set_result(None)
-        self.drain_waiters.clear()
+        self.wake_drained()
         if not self.streams:
             self.listener.connection_closed(self)
-
-    def pause_writing(self) -> None:
-        self.writing_paused = True
-
-    def resume_writing(self) -> None:
-        self.writing_paused = False
-        for drain in self.drain_waiters:
-            if not drain.done():
-                drain.set_result(None)
-        self.drain_waiters.clear()
-
-    async def drained(self) -> None:
-        """Returns when the transport's write buffer is below its high-water mark again (or
-        the connection closed)."""
-        while self.writing_paused and not self.closed:
-            waiter = self.loop.create_future()
-            self.drain_waiters.append(waiter)
-            await waiter
 
     # -- writing -----------------------------------------------------------------------------
 
