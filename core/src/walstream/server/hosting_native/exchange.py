@@ -24,6 +24,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from walstream.server.hosting_native.framing import date_line, status_line
+from walstream.server.hosting_native.request_body import RequestBody
 
 if TYPE_CHECKING:
     from walstream.server.hosting_native.http1 import Connection
@@ -41,20 +42,15 @@ _NO_BODY_STATUSES = frozenset((204, 304))
 _JOIN_BYTES = 16 * 1024
 
 
-class Exchange:
+class Exchange(RequestBody):
     """One request and its answer: the ASGI ``receive`` and ``send`` of the application."""
 
     __slots__ = (
         "body_allowed",
         "chunked",
-        "chunks",
         "close_after",
-        "complete",
         "connection",
-        "delivered",
         "expect_continue",
-        "finished",
-        "gone",
         "head",
         "head_request",
         "head_written",
@@ -63,7 +59,6 @@ class Exchange:
         "length_left",
         "scope",
         "started",
-        "waiters",
     )
 
     def __init__(
@@ -80,16 +75,8 @@ class Exchange:
         self.expect_continue = expect_continue
         self.head_request = scope["method"] == "HEAD"
         self.http10 = scope["http_version"] == "1.0"
-        self.chunks: list[bytes] = []
-        self.complete = False
-        """The request's body was all received."""
-        self.delivered = False
-        """The last ``http.request`` message was given to the application."""
-        self.gone = False
-        """The client is gone (or its request broke off): ``http.disconnect``, answers dropped."""
-        self.waiters: list[asyncio.Future[None]] = []
+        self.start_body()
         self.started = False
-        self.finished = False
         self.head: bytes | None = None
         """The answer's head, until it is written with the first body bytes."""
         self.head_written = False
@@ -98,51 +85,20 @@ class Exchange:
         self.length_left = -1
         self.close_after = False
 
-    def wake(self) -> None:
-        waiters = self.waiters
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        waiters.clear()
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        return self.connection.loop
 
-    # -- receive -----------------------------------------------------------------------------
-
-    async def receive(self) -> dict[str, Any]:
-        while True:
-            if self.chunks:
-                return self._take()
-            if self.complete:
-                if not self.delivered:
-                    self.delivered = True
-                    return {"type": "http.request", "body": b"", "more_body": False}
-                if self.gone or self.finished:
-                    return {"type": "http.disconnect"}
-            elif self.gone:
-                return {"type": "http.disconnect"}
-            elif self.expect_continue:
-                self.expect_continue = False
-                if not self.started:
-                    self.connection.write(_CONTINUE)
-            waiter = self.connection.loop.create_future()
-            self.waiters.append(waiter)
-            try:
-                await waiter
-            finally:
-                if not waiter.done():  # cancelled: no longer waiting
-                    self.waiters.remove(waiter)
-
-    def _take(self) -> dict[str, Any]:
-        chunks = self.chunks
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
+    def taken(self, size: int) -> None:
         connection = self.connection
-        connection.buffered -= len(body)
+        connection.buffered -= size
         if connection.reading_paused:
             connection.maybe_resume()
-        more = not self.complete
-        if not more:
-            self.delivered = True
-        return {"type": "http.request", "body": body, "more_body": more}
+
+    def before_waiting(self) -> None:
+        if self.expect_continue:
+            self.expect_continue = False
+            if not self.started:
+                self.connection.write(_CONTINUE)
 
     # -- send --------------------------------------------------------------------------------
 

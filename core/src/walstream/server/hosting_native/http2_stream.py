@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError
 
+from walstream.server.hosting_native.request_body import RequestBody
+
 if TYPE_CHECKING:
     from walstream.server.hosting_native.http2 import Http2Connection
 
@@ -54,18 +56,13 @@ def _status_value(status: int) -> bytes:
     return value
 
 
-class Http2Stream:
+class Http2Stream(RequestBody):
     """One request and its answer: the ASGI ``receive`` and ``send`` of the application."""
 
     __slots__ = (
         "body_allowed",
-        "chunks",
-        "complete",
         "connection",
         "credit",
-        "delivered",
-        "finished",
-        "gone",
         "head",
         "head_request",
         "length_left",
@@ -73,7 +70,6 @@ class Http2Stream:
         "started",
         "stream_id",
         "task",
-        "waiters",
         "window_waiter",
     )
 
@@ -82,32 +78,16 @@ class Http2Stream:
         self.stream_id = stream_id
         self.scope = scope
         self.head_request = scope["method"] == "HEAD"
-        self.chunks: list[bytes] = []
+        self.start_body()
         self.credit = 0
         """Flow-controlled bytes received and not yet handed back (WINDOW_UPDATE)."""
-        self.complete = False
-        """The request's body was all received (END_STREAM)."""
-        self.delivered = False
-        """The last ``http.request`` message was given to the application."""
-        self.gone = False
-        """The stream was reset (by the client, or by the listener) or the connection closed:
-        ``http.disconnect``, answers dropped."""
-        self.waiters: list[asyncio.Future[None]] = []
         self.window_waiter: asyncio.Future[None] | None = None
         self.started = False
-        self.finished = False
         self.head: list[tuple[bytes, bytes]] | None = None
         """The answer's headers, until they go out with its first body bytes."""
         self.body_allowed = True
         self.length_left = -1
         self.task: asyncio.Task[None] | None = None
-
-    def wake(self) -> None:
-        waiters = self.waiters
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-        waiters.clear()
 
     def wake_writer(self) -> None:
         waiter = self.window_waiter
@@ -126,37 +106,13 @@ class Http2Stream:
 
     # -- receive -----------------------------------------------------------------------------
 
-    async def receive(self) -> dict[str, Any]:
-        while True:
-            if self.chunks:
-                return self._take()
-            if self.complete:
-                if not self.delivered:
-                    self.delivered = True
-                    return {"type": "http.request", "body": b"", "more_body": False}
-                if self.gone or self.finished:
-                    return {"type": "http.disconnect"}
-            elif self.gone:
-                return {"type": "http.disconnect"}
-            waiter = self.connection.loop.create_future()
-            self.waiters.append(waiter)
-            try:
-                await waiter
-            finally:
-                if not waiter.done():  # cancelled: no longer waiting
-                    self.waiters.remove(waiter)
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        return self.connection.loop
 
-    def _take(self) -> dict[str, Any]:
-        chunks = self.chunks
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
+    def taken(self, size: int) -> None:
         if self.credit:
             credit, self.credit = self.credit, 0
             self.connection.acknowledge(self.stream_id, credit)
-        more = not self.complete
-        if not more:
-            self.delivered = True
-        return {"type": "http.request", "body": body, "more_body": more}
 
     # -- send --------------------------------------------------------------------------------
 
