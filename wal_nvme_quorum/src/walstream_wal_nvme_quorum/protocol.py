@@ -93,14 +93,17 @@ def encode_frame(code: int, request_id: int, body: bytes = b"") -> bytes:
     return FRAME_PREFIX.pack(len(head) + len(body) + CRC_BYTES) + with_crc(head, body)
 
 
-def parse_frame(payload: bytes) -> Frame:
-    """Parse the bytes after the length prefix; :class:`FrameError` when they are damaged."""
-    if len(payload) < MIN_FRAME_LENGTH:
-        raise FrameError(f"frame of {len(payload)} bytes is shorter than {MIN_FRAME_LENGTH}")
-    if not crc_trailer_ok(payload):
+def parse_frame(payload: bytes, start: int = 0, end: int | None = None) -> Frame:
+    """Parse the bytes after the length prefix (``payload[start:end]``, so that a receive
+    buffer holding several frames is not copied per frame); :class:`FrameError` when they are
+    damaged."""
+    stop = len(payload) if end is None else end
+    if stop - start < MIN_FRAME_LENGTH:
+        raise FrameError(f"frame of {stop - start} bytes is shorter than {MIN_FRAME_LENGTH}")
+    if not crc_trailer_ok(payload, start, stop):
         raise FrameError("frame checksum mismatch")
-    code, request_id = _FRAME_HEAD.unpack_from(payload, 0)
-    return Frame(code, request_id, payload[_FRAME_HEAD.size : -CRC_BYTES])
+    code, request_id = _FRAME_HEAD.unpack_from(payload, start)
+    return Frame(code, request_id, payload[start + _FRAME_HEAD.size : stop - CRC_BYTES])
 
 
 def pack_str(text: str) -> bytes:

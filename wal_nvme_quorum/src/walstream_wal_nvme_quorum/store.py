@@ -14,8 +14,13 @@ version writes, CHECKPOINT is still read). Every segment starts with a checkpoin
 whose chunks are all trimmed or replaced can be deleted without losing any log's epochs, trim
 point or identity.
 
-Durability: a request is answered only after its record was written and ``fdatasync`` returned
-(concurrent requests share one sync). On start the store replays every segment in order.
+Durability: a request is answered only after its record was written and ``fdatasync`` returned.
+Group commit: the records written while the event loop works through what arrived together share
+one ``fdatasync``, run on the loop's thread at the end of that turn (:meth:`ChunkStore.when_durable`);
+a thread hop per sync cost more CPU than the sync on a small machine. A failed ``fdatasync`` (or
+write) stops the store acknowledging anything until a restart replays what is really on disk: a
+later sync that succeeds does not prove the earlier pages reached the disk. On start the store
+replays every segment in order.
 
 Damage on disk: a torn record at the very end of the last segment (a crash mid-write) is cut
 off. A record that fails its checksum anywhere else is *skipped* and replay resumes at the next
@@ -40,8 +45,10 @@ import asyncio
 import logging
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import crc32c
 from walstream.errors import CorruptionError, FencedError, NotFound, PreconditionFailed
@@ -58,7 +65,7 @@ from walstream.wal.quorum import (
 
 from .protocol import BodyReader, FrameError, pack_str
 
-__all__ = ["DEFAULT_SEGMENT_BYTES", "ChunkStore"]
+__all__ = ["DEFAULT_SEGMENT_BYTES", "ChunkStore", "DurableCallback", "SegmentIO"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +119,23 @@ class _Segment:
     live_chunks: int = 0
 
 
+class SegmentIO(Protocol):
+    """The ``os`` calls the store makes on segment files (``os`` itself, or a power-loss
+    simulation in tests)."""
+
+    def open(self, path: str, flags: int, mode: int = 0o777, /) -> int: ...
+    def write(self, fd: int, data: bytes, /) -> int: ...
+    def pread(self, fd: int, length: int, offset: int, /) -> bytes: ...
+    def fdatasync(self, fd: int, /) -> None: ...
+    def fstat(self, fd: int, /) -> os.stat_result: ...
+    def close(self, fd: int, /) -> None: ...
+
+
+DurableCallback = Callable[[OSError | None], None]
+"""Told ``None`` once the records written before it was registered are on stable storage, or
+the error that stopped the store."""
+
+
 def _segment_name(index: int) -> str:
     return f"{index:010d}.seg"
 
@@ -119,9 +143,16 @@ def _segment_name(index: int) -> str:
 class ChunkStore:
     """Chunks of many logs in append-only segments, with per-log epoch fencing."""
 
-    def __init__(self, root: Path, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        io: SegmentIO | None = None,
+    ) -> None:
         self.root = root
         self.segment_bytes = segment_bytes
+        self._io: SegmentIO = io if io is not None else os
         self._logs: dict[str, _Log] = {}
         self._segments: dict[int, _Segment] = {}
         self._active: _Segment | None = None
@@ -129,7 +160,12 @@ class ChunkStore:
         self._active_size = 0
         self._written = 0
         self._synced = 0
-        self._sync_task: asyncio.Task[None] | None = None
+        self._durable_waiters: list[DurableCallback] = []
+        self._flush_handle: asyncio.Handle | None = None
+        self._failure: OSError | None = None
+        """Set by a failed write or sync: nothing is acknowledged any more (see the module doc)."""
+        self.syncs = 0
+        """``fdatasync`` calls of group commit (for tests and benchmarks)."""
         self.truncated_bytes = 0
         """Bytes of a torn tail cut off at open (for logs and tests)."""
         self.damaged_records = 0
@@ -172,7 +208,7 @@ class ChunkStore:
             )
             self._append_record(KIND_TAIL_LOST, _U64.pack(self.lost_bytes))
             self._mark_tail_lost()
-            os.fdatasync(self._active_fd)
+            self._io.fdatasync(self._active_fd)
             self._synced = self._written
         self._delete_dead_segments()
 
@@ -195,7 +231,9 @@ class ChunkStore:
         lines = []
         for index, segment in sorted(self._segments.items()):
             size = (
-                self._active_size if segment is self._active else os.fstat(segment.read_fd).st_size
+                self._active_size
+                if segment is self._active
+                else self._io.fstat(segment.read_fd).st_size
             )
             lines.append(f"{index} {size}\n")
         temporary = self.root / (MANIFEST + ".tmp")
@@ -221,7 +259,7 @@ class ChunkStore:
         path = self.root / _segment_name(index)
         with open(path, "rb") as file:
             data = file.read()
-        self._segments[index] = _Segment(index, path, os.open(path, os.O_RDONLY))
+        self._segments[index] = _Segment(index, path, self._io.open(str(path), os.O_RDONLY))
         position = 0
         while position < len(data):
             problem, end = self._check_record(data, position)
@@ -384,12 +422,17 @@ class ChunkStore:
         """Write one record to the active segment (not yet synced); returns (segment, body pos)."""
         if self._active_size >= self.segment_bytes:
             self._rotate(next_index=self._active_index + 1)
+        if self._failure is not None:
+            raise self._failure
         head = _RECORD_HEAD.pack(kind, len(body))
         record = with_crc(head, body)
         body_position = self._active_size + len(head)
-        written = os.write(self._active_fd, record)
-        if written != len(record):
-            raise OSError(f"short write of {written} of {len(record)} bytes to a segment")
+        try:
+            written = self._io.write(self._active_fd, record)
+            if written != len(record):
+                raise OSError(f"short write of {written} of {len(record)} bytes to a segment")
+        except OSError as exc:
+            raise self._fail("write", exc) from None
         self._active_size += len(record)
         self._written += 1
         return self._active_index, body_position
@@ -400,18 +443,24 @@ class ChunkStore:
         return self._active.index
 
     def _rotate(self, next_index: int) -> None:
-        if self._active_fd >= 0:
-            os.fdatasync(self._active_fd)
-            os.close(self._active_fd)
-            self._synced = self._written
-        path = self.root / _segment_name(next_index)
-        self._active_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        self._active = self._segments[next_index] = _Segment(
-            next_index, path, os.open(path, os.O_RDONLY)
-        )
-        self._active_size = 0
-        self._append_record(KIND_CHECKPOINT2, self._checkpoint_body())
-        os.fdatasync(self._active_fd)
+        io = self._io
+        try:
+            if self._active_fd >= 0:
+                io.fdatasync(self._active_fd)
+                io.close(self._active_fd)
+                self._synced = self._written
+            path = self.root / _segment_name(next_index)
+            self._active_fd = io.open(
+                str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644
+            )
+            self._active = self._segments[next_index] = _Segment(
+                next_index, path, io.open(str(path), os.O_RDONLY)
+            )
+            self._active_size = 0
+            self._append_record(KIND_CHECKPOINT2, self._checkpoint_body())
+            io.fdatasync(self._active_fd)
+        except OSError as exc:
+            raise self._fail("segment rotation", exc) from None
         self._synced = self._written
         self._write_manifest()
 
@@ -431,21 +480,69 @@ class ChunkStore:
         parts.append(bytes([1 if self._tail_lost else 0]))
         return b"".join(parts)
 
+    def _fail(self, what: str, exc: OSError) -> OSError:
+        """Latch the first I/O failure: from now on every request that needs the disk fails."""
+        if self._failure is None:
+            self._failure = OSError(
+                exc.errno,
+                f"the chunk store's {what} failed ({exc}); it acknowledges nothing more: "
+                "restart walstream-chunkd (it replays what is on disk) or replace the disk",
+            )
+            log.error("%s", self._failure)
+        return self._failure
+
+    def when_durable(self, callback: DurableCallback) -> None:
+        """Call ``callback(None)`` once every record written so far is on stable storage (at
+        once when it already is), or ``callback(error)`` when the store failed. Callbacks
+        registered in the same turn of the event loop share one ``fdatasync``, made on the
+        loop's thread in a later turn (group commit)."""
+        if self._failure is not None:
+            callback(self._failure)
+            return
+        if self._synced >= self._written and not self._durable_waiters:
+            callback(None)
+            return
+        self._durable_waiters.append(callback)
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        waiters, self._durable_waiters = self._durable_waiters, []
+        error = self._failure
+        if error is None and self._synced < self._written:
+            upto = self._written
+            try:
+                if self._active_fd < 0:
+                    raise OSError(9, "the store is closed")
+                self._io.fdatasync(self._active_fd)
+            except OSError as exc:
+                error = self._fail("fdatasync", exc)
+            else:
+                self.syncs += 1
+                self._synced = upto
+        for callback in waiters:
+            try:
+                callback(error)
+            except Exception:
+                log.exception("a durability callback raised; ignored")
+
     async def _sync(self) -> None:
         """Wait until every record written so far is on stable storage (group commit)."""
-        target = self._written
-        while self._synced < target:
-            if self._sync_task is None:
-                self._sync_task = asyncio.create_task(self._sync_once())
-            await asyncio.shield(self._sync_task)
+        if self._synced >= self._written and self._failure is None:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    async def _sync_once(self) -> None:
-        try:
-            upto, fd = self._written, self._active_fd
-            await asyncio.to_thread(os.fdatasync, fd)
-            self._synced = max(self._synced, upto)
-        finally:
-            self._sync_task = None
+        def done(error: OSError | None) -> None:
+            if future.done():
+                return
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+        self.when_durable(done)
+        await future
 
     def _delete_dead_segments(self) -> None:
         dead = [
@@ -455,7 +552,7 @@ class ChunkStore:
         ]
         for segment in dead:
             del self._segments[segment.index]
-            os.close(segment.read_fd)
+            self._io.close(segment.read_fd)
             segment.path.unlink(missing_ok=True)
         if dead:
             directory = os.open(self.root, os.O_RDONLY)
@@ -481,12 +578,23 @@ class ChunkStore:
             state.incomplete,
         )
 
+    # Each operation has a synchronous ``apply_*`` (checks, state change, record written, not
+    # yet synced; the server answers from a :meth:`when_durable` callback) and an async form
+    # that also waits for the sync.
+
     async def claim(
         self, log_id: str, epoch: int, identity: LogIdentity | None = None, *, where: str = ""
     ) -> LogListing:
         """Claim ``log_id`` for ``epoch``; with an ``identity``, first refuse a log of another
         deployment or node (:class:`IdentityMismatch`, nothing changed) and record it on a log
         that has none. ``where`` names this server in errors."""
+        self.apply_claim(log_id, epoch, identity, where=where)
+        await self._sync()
+        return self.listing(log_id)
+
+    def apply_claim(
+        self, log_id: str, epoch: int, identity: LogIdentity | None = None, *, where: str = ""
+    ) -> None:
         state = self._log(log_id)
         if identity is not None:
             for stored in (state.identity, state.conflicting):
@@ -499,28 +607,33 @@ class ChunkStore:
         if epoch > state.claimed_epoch:
             state.claimed_epoch = epoch
             self._append_record(KIND_CLAIM, pack_str(log_id) + _U64.pack(epoch))
-        await self._sync()
-        return self.listing(log_id)
 
     async def list_chunks(self, log_id: str) -> LogListing:
         await self._sync()
         return self.listing(log_id)
 
     async def write(self, log_id: str, epoch: int, seq: int, data: bytes, crc: int) -> None:
+        replaced = self.apply_write(log_id, epoch, seq, data, crc)
+        await self._sync()
+        if replaced:
+            self._delete_dead_segments()
+
+    def apply_write(self, log_id: str, epoch: int, seq: int, data: bytes, crc: int) -> bool:
+        """Store a chunk (not yet synced); ``True`` when it replaced one, so that segments may
+        have died (call :meth:`delete_dead_segments` once it is durable)."""
         if crc32c.crc32c(data) != crc:
             raise CorruptionError(f"chunk {seq} of log {log_id} arrived damaged (CRC mismatch)")
         state = self._log(log_id)
         self._check_epoch(log_id, state, epoch)
         if seq <= state.trim_seq:
-            return
+            return False
         existing = state.chunks.get(seq)
         if existing is not None and existing.epoch == epoch:
             if existing.crc != crc or existing.size != len(data):
                 raise PreconditionFailed(
                     f"log {log_id} already holds other bytes for chunk {seq} of epoch {epoch}"
                 )
-            await self._sync()
-            return
+            return False
         body = pack_str(log_id) + _U64.pack(epoch) + _U64.pack(seq) + _U32.pack(crc) + data
         segment, body_position = self._append_record(KIND_CHUNK, body)
         state.claimed_epoch = max(state.claimed_epoch, epoch)
@@ -530,11 +643,12 @@ class ChunkStore:
             epoch, segment, body_position + len(body) - len(data), len(data), crc
         )
         self._segments[segment].live_chunks += 1
-        await self._sync()
-        if existing is not None:
-            self._delete_dead_segments()
+        return existing is not None
 
     async def read(self, log_id: str, seq: int) -> tuple[int, bytes]:
+        return self.read_now(log_id, seq)
+
+    def read_now(self, log_id: str, seq: int) -> tuple[int, bytes]:
         state = self._logs.get(log_id)
         stored = state.chunks.get(seq) if state is not None else None
         if stored is None:
@@ -542,20 +656,30 @@ class ChunkStore:
         segment = self._segments[stored.segment]
         # A synchronous read (page cache, chunks of at most a few MiB): a trim running meanwhile
         # could otherwise close the segment under a reading thread.
-        data = os.pread(segment.read_fd, stored.size, stored.position)
+        data = self._io.pread(segment.read_fd, stored.size, stored.position)
         if len(data) != stored.size or crc32c.crc32c(data) != stored.crc:
             raise CorruptionError(f"chunk {seq} of log {log_id} failed its checksum on disk")
         return stored.epoch, data
 
     async def seal(self, log_id: str, epoch: int, end_seq: int) -> None:
+        self.apply_seal(log_id, epoch, end_seq)
+        await self._sync()
+        self._delete_dead_segments()
+
+    def apply_seal(self, log_id: str, epoch: int, end_seq: int) -> None:
+        """Seal (not yet synced); call :meth:`delete_dead_segments` once it is durable."""
         state = self._log(log_id)
         self._check_epoch(log_id, state, epoch)
         self._append_record(KIND_SEAL, pack_str(log_id) + _U64.pack(epoch) + _U64.pack(end_seq))
         self._apply_seal(state, Seal(epoch, end_seq), count_live=True)
+
+    async def trim(self, log_id: str, epoch: int, through_seq: int, trim_offset: int) -> None:
+        self.apply_trim(log_id, epoch, through_seq, trim_offset)
         await self._sync()
         self._delete_dead_segments()
 
-    async def trim(self, log_id: str, epoch: int, through_seq: int, trim_offset: int) -> None:
+    def apply_trim(self, log_id: str, epoch: int, through_seq: int, trim_offset: int) -> None:
+        """Trim (not yet synced); call :meth:`delete_dead_segments` once it is durable."""
         state = self._log(log_id)
         self._check_epoch(log_id, state, epoch)
         state.claimed_epoch = max(state.claimed_epoch, epoch)
@@ -564,21 +688,37 @@ class ChunkStore:
                 KIND_TRIM, pack_str(log_id) + _U64.pack(through_seq) + _I64.pack(trim_offset)
             )
             self._apply_trim(state, through_seq, trim_offset, count_live=True)
-        await self._sync()
+
+    def delete_dead_segments(self) -> None:
+        """Delete the segments without a live chunk (after a replacing write, seal or trim is
+        durable)."""
         self._delete_dead_segments()
 
     def segment_count(self) -> int:
         return len(self._segments)
 
     def close(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        waiters, self._durable_waiters = self._durable_waiters, []
+        error = self._failure
         if self._active_fd >= 0:
-            os.fdatasync(self._active_fd)
-            self._write_manifest()
-            os.close(self._active_fd)
+            if error is None:
+                try:
+                    self._io.fdatasync(self._active_fd)
+                except OSError as exc:
+                    error = self._fail("fdatasync", exc)
+                else:
+                    self._synced = self._written
+                    self._write_manifest()
+            self._io.close(self._active_fd)
             self._active_fd = -1
         for segment in self._segments.values():
-            os.close(segment.read_fd)
+            self._io.close(segment.read_fd)
         self._segments.clear()
+        for callback in waiters:
+            callback(error)
 
 
 def _pack_identity(identity: LogIdentity) -> bytes:
