@@ -1,6 +1,8 @@
 """The client side of one chunk server: a :class:`walstream.wal.quorum.Replica` over TCP.
 
-One connection per server carries many requests at once (each frame has a request id). When
+One connection per server carries many requests at once (each frame has a request id; replies
+are matched by it, in whatever order they come). The connection is an :class:`asyncio.Protocol`
+that settles a request's future in the step that reads its reply (no reader task). When
 the server cannot be reached, requests fail at once with :class:`BackendUnavailable` and the
 next connection attempt waits an exponential backoff (50 ms doubling to 2 s), so a dead server
 costs the writer nothing. A request whose connection breaks after it was sent fails with
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from typing import cast
 
 import crc32c
 from walstream.clock import Clock, SystemClock
@@ -60,13 +63,85 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class _Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+class _Connection(asyncio.Protocol):
+    """One TCP connection to a chunk server: requests out, replies parsed as they arrive."""
+
+    def __init__(self, replica: ChunkServerReplica) -> None:
+        self.replica = replica
+        self.transport: asyncio.Transport | None = None
         self.pending: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
         self.closed = False
-        self.task: asyncio.Task[None] | None = None
+        self._buffer = bytearray()
+        self._writable: asyncio.Future[None] | None = None
+        """Set while the transport's write buffer is over its high-water mark."""
+        self._reason = "the connection closed"
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self._buffer:
+            self._buffer += data
+            data = bytes(self._buffer)
+            self._buffer.clear()
+        position, size = 0, len(data)
+        while size - position >= FRAME_PREFIX.size:
+            (length,) = FRAME_PREFIX.unpack_from(data, position)
+            if length < MIN_FRAME_LENGTH or length > MAX_REPLY_BYTES:
+                self._lost(f"a reply frame of impossible length {length}")
+                return
+            start = position + FRAME_PREFIX.size
+            end = start + length
+            if end > size:
+                break
+            position = end
+            try:
+                frame = parse_frame(data, start, end)
+            except FrameError as exc:
+                self._lost(f"a damaged reply ({exc})")
+                return
+            future = self.pending.pop(frame.request_id, None)
+            if future is not None and not future.done():
+                future.set_result((frame.code, frame.body))
+            elif frame.request_id == 0 and frame.code == Status.BAD_REQUEST:
+                log.warning("chunk server %s: %s", self.replica.name, frame.body.decode("replace"))
+        if position < size:
+            self._buffer += data[position:] if position else data
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost(self._reason)
+
+    def pause_writing(self) -> None:
+        if self._writable is None:
+            self._writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        writable, self._writable = self._writable, None
+        if writable is not None and not writable.done():
+            writable.set_result(None)
+
+    async def drained(self) -> None:
+        """Wait while the server does not read what was sent (back-pressure)."""
+        if self._writable is not None:
+            await asyncio.shield(self._writable)
+        if self.closed:
+            raise ConnectionResetError("the connection closed")
+
+    def _lost(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.replica._connection_lost(
+            self,
+            AmbiguousError(
+                f"lost the connection to chunk server {self.replica.name} ({reason}) with the "
+                "request in flight; it may have been applied"
+            ),
+        )
 
     def fail_all(self, exc: WalstreamError) -> None:
         self.closed = True
@@ -75,6 +150,9 @@ class _Connection:
                 future.set_exception(exc)
                 future.exception()
         self.pending.clear()
+        self.resume_writing()
+        if self.transport is not None:
+            self.transport.close()
 
 
 class ChunkServerReplica:
@@ -127,9 +205,11 @@ class ChunkServerReplica:
                     f"chunk server {self.name} is unreachable; next attempt in "
                     f"{self._retry_at - now:.2f}s"
                 )
+            loop = asyncio.get_running_loop()
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(self.host, self.port), self.connect_timeout_s
+                _, opened = await asyncio.wait_for(
+                    loop.create_connection(lambda: _Connection(self), self.host, self.port),
+                    self.connect_timeout_s,
                 )
             except (OSError, TimeoutError) as exc:
                 self._retry_at = self.clock.monotonic() + self._backoff_s
@@ -138,11 +218,7 @@ class ChunkServerReplica:
                     f"cannot connect to chunk server {self.name} ({exc or type(exc).__name__}); "
                     "check that walstream-chunkd runs there"
                 ) from None
-            connection = _Connection(reader, writer)
-            connection.task = asyncio.create_task(
-                self._read_replies(connection), name=f"chunkd-replies-{self.name}"
-            )
-            self._connection = connection
+            connection = self._connection = opened
             self._backoff_s = _INITIAL_BACKOFF_S
             if self.token is not None:
                 status, body = await self._send(connection, Op.HELLO, self.token.encode())
@@ -159,47 +235,22 @@ class ChunkServerReplica:
         connection.fail_all(exc)
         if self._connection is connection:
             self._connection = None
-        try:
-            connection.writer.close()
-        except (OSError, RuntimeError):
-            pass
 
-    async def _read_replies(self, connection: _Connection) -> None:
-        reason = "the connection closed"
-        try:
-            while True:
-                (length,) = FRAME_PREFIX.unpack(
-                    await connection.reader.readexactly(FRAME_PREFIX.size)
-                )
-                if length < MIN_FRAME_LENGTH or length > MAX_REPLY_BYTES:
-                    reason = f"a reply frame of impossible length {length}"
-                    break
-                frame = parse_frame(await connection.reader.readexactly(length))
-                future = connection.pending.pop(frame.request_id, None)
-                if future is not None and not future.done():
-                    future.set_result((frame.code, frame.body))
-                elif frame.request_id == 0 and frame.code == Status.BAD_REQUEST:
-                    log.warning("chunk server %s: %s", self.name, frame.body.decode("replace"))
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            pass
-        except FrameError as exc:
-            reason = f"a damaged reply ({exc})"
+    def _connection_lost(self, connection: _Connection, exc: WalstreamError) -> None:
+        """The server closed the connection or sent something unreadable: fail what is in
+        flight; the next request reconnects at once."""
         self._retry_at = 0.0
-        self._drop(
-            connection,
-            AmbiguousError(
-                f"lost the connection to chunk server {self.name} ({reason}) with the request in "
-                "flight; it may have been applied"
-            ),
-        )
+        self._drop(connection, exc)
 
     async def _send(self, connection: _Connection, op: Op, body: bytes) -> tuple[int, bytes]:
         request_id = next(self._request_ids) & 0xFFFFFFFF or 1
         future: asyncio.Future[tuple[int, bytes]] = asyncio.get_running_loop().create_future()
         connection.pending[request_id] = future
+        transport = connection.transport
+        assert transport is not None
         try:
-            connection.writer.write(encode_frame(op, request_id, body))
-            await connection.writer.drain()
+            transport.write(encode_frame(op, request_id, body))
+            await connection.drained()
             return await future
         except (ConnectionError, OSError) as exc:
             self._drop(connection, AmbiguousError(f"chunk server {self.name}: {exc}"))
@@ -293,6 +344,4 @@ class ChunkServerReplica:
         connection = self._connection
         if connection is not None:
             self._drop(connection, BackendUnavailable(f"chunk server client {self.name} closed"))
-            if connection.task is not None:
-                connection.task.cancel()
-                await asyncio.gather(connection.task, return_exceptions=True)
+            await asyncio.sleep(0)  # let the transport close
