@@ -67,6 +67,9 @@ _WAITS = {
     ("poll", "accumulators.py"),  # pyspark's accumulator server polling its socket
     ("run", "clientserver.py:58"),  # py4j's finalizer thread sleeping
     ("read_int", "serializers.py"),  # a pyspark worker reading its next command from the JVM
+    # uvloop's loop runs in C: waiting in epoll (and reading its sockets) has no Python frame
+    # of its own, so the innermost one is the runner that started it.
+    ("run", "asyncio/runners.py"),
 }
 """Innermost frames (function, file) that mean the thread was waiting, not working."""
 
