@@ -492,13 +492,16 @@ def test_flipping_any_byte_of_a_small_object_is_detected(identity: ObjectIdentit
             with pytest.raises(CorruptionError):
                 parse_index(bad, len(bad))
             continue
-        # A flip in the data area spoils only the block holding it; the others still read back.
+        # A flip in the data area spoils only the block holding it; the others still read back,
+        # whether a block is checked on its own or in place in a larger range (a reader's GET).
         index = parse_index(bad, len(bad))
         for entry in index.entries:
             block = bad[entry.position : entry.position + entry.size]
             if entry.position <= position < entry.position + entry.size:
                 with pytest.raises(CorruptionError):
                     decode_block_records(block, entry, index.block_crc_seed)
+                with pytest.raises(CorruptionError):
+                    decode_block_records(bad, entry, index.block_crc_seed, at=entry.position)
             else:
                 records = decode_block_records(block, entry, index.block_crc_seed)
                 assert records == [
@@ -506,6 +509,8 @@ def test_flipping_any_byte_of_a_small_object_is_detected(identity: ObjectIdentit
                     for r in expected[entry.stream_id]
                     if entry.start_offset <= r.offset < entry.end_offset
                 ]
+                in_place = decode_block_records(bad, entry, index.block_crc_seed, at=entry.position)
+                assert in_place == records
 
 
 @pytest.fixture(scope="module")
@@ -584,6 +589,19 @@ def test_a_block_read_short_or_against_the_wrong_entry_is_detected() -> None:
     )
     with pytest.raises(CorruptionError):
         decode_block(block, shifted, seed)
+    # In place in a larger range: a range that ends inside the block, or a block checked at the
+    # wrong place or against the wrong entry, is detected as well.
+    data = built.data
+    end = second.position + second.size
+    assert decode_block_records(data[:end], second, seed, at=second.position)
+    with pytest.raises(CorruptionError, match="bytes"):
+        decode_block_records(data[: end - 1], second, seed, at=second.position)
+    with pytest.raises(CorruptionError):
+        decode_block_records(data, second, seed, at=second.position + 1)
+    with pytest.raises(CorruptionError):
+        decode_block_records(data, second, seed, at=first.position)
+    with pytest.raises(CorruptionError):
+        decode_block_records(data, shifted, seed, at=first.position)
 
 
 @settings(max_examples=300, deadline=None)

@@ -505,18 +505,27 @@ def _decode_block(
     crc_seed: int = 0,
     *,
     records: list[SequencedRecord] | None = None,
+    at: int | None = None,
 ) -> list[tuple[BatchHeader, bytes]]:
     """Check a data block against its index entry; its batches as ``(header, batch bytes)``,
-    or, when ``records`` is given, nothing, the block's records appended to ``records``."""
-    if len(block) != entry.size:
+    or, when ``records`` is given, nothing, the block's records appended to ``records``.
+
+    ``at``: ``block`` is a larger range of the object holding the block from byte ``at`` on
+    (checked in place, without a copy of its bytes); batch positions in errors count from the
+    start of ``block`` then."""
+    start = 0 if at is None else at
+    if (len(block) != entry.size) if at is None else (at < 0 or len(block) - at < entry.size):
         raise CorruptionError(
-            f"data block of stream {entry.stream_id} at {entry.position} is {len(block)} bytes, "
-            f"index says {entry.size} (truncated read?)"
+            f"data block of stream {entry.stream_id} at {entry.position} is "
+            f"{max(0, len(block) - start)} bytes, index says {entry.size} (truncated read?)"
         )
-    body_size = len(block) - BLOCK_CRC_SIZE
-    (stored_crc,) = _U32.unpack_from(block, body_size)
-    body = bytes(block[:body_size]) if type(block) is not bytes else block
-    if checksum(memoryview(body)[:body_size], crc_seed) != stored_crc:
+    body_end = start + entry.size - BLOCK_CRC_SIZE
+    (stored_crc,) = _U32.unpack_from(block, body_end)
+    if type(block) is not bytes:
+        # Batches decode from bytes: copy the block's body (counted from 0 again).
+        block, body_end, start = bytes(block[start:body_end]), body_end - start, 0
+    body = block
+    if checksum(memoryview(body)[start:body_end], crc_seed) != stored_crc:
         raise CorruptionError(
             f"data block checksum mismatch (stream {entry.stream_id}, offsets "
             f"[{entry.start_offset}, {entry.end_offset}), object position {entry.position})"
@@ -524,12 +533,12 @@ def _decode_block(
         )
     batches: list[tuple[BatchHeader, bytes]] = []
     next_offset = entry.start_offset
-    position = 0
+    position = start
     count = 0
     try:
-        while position < body_size:
+        while position < body_end:
             header = decode_batch_header(body, position)
-            if position + header.size > body_size:
+            if position + header.size > body_end:
                 raise CorruptionError(f"batch at byte {position} overruns its data block")
             if header.stream_id != entry.stream_id or header.base_offset != next_offset:
                 raise CorruptionError(
@@ -564,11 +573,12 @@ def decode_block(
 
 
 def decode_block_records(
-    block: bytes, entry: IndexEntry, crc_seed: int = 0
+    block: bytes, entry: IndexEntry, crc_seed: int = 0, *, at: int | None = None
 ) -> list[SequencedRecord]:
-    """Check one data block and return its records in offset order."""
+    """Check one data block and return its records in offset order. With ``at``, ``block``
+    is a larger range of the object that holds the block from byte ``at`` on (no copy)."""
     records: list[SequencedRecord] = []
-    _decode_block(block, entry, crc_seed, records=records)
+    _decode_block(block, entry, crc_seed, records=records, at=at)
     return records
 
 
