@@ -5,6 +5,7 @@ never fails a read (the range is fetched again on demand)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 from walstream import Client, CorruptionError, EngineConfig, Record
@@ -30,7 +31,9 @@ def value(offset: int) -> bytes:
 
 
 class SlowStore(MemoryObjectStore):
-    """GETs take a moment; records how many ran at once; can fail chosen GETs once."""
+    """GETs take a moment; records how many ran at once and which ranges were asked for (with
+    ``progress()`` at the time); can fail chosen GETs once, and damage the bytes of the first
+    GET that covers ``damage_once`` (key, position) in transit."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -38,8 +41,12 @@ class SlowStore(MemoryObjectStore):
         self.most_in_flight = 0
         self.fail_once: set[tuple[str, int]] = set()
         self.failed: list[tuple[str, int]] = []
+        self.ranges: list[tuple[str, int, int | None, int]] = []
+        self.progress: Callable[[], int] = lambda: 0
+        self.damage_once: tuple[str, int] | None = None
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        self.ranges.append((key, start, end, self.progress()))
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
@@ -48,16 +55,24 @@ class SlowStore(MemoryObjectStore):
                 self.fail_once.discard((key, start))
                 self.failed.append((key, start))
                 raise BackendUnavailable(f"GET {key} at {start}: injected outage")
-            return await super().get(key, start, end)
+            data = await super().get(key, start, end)
+            if self.damage_once is not None and self.damage_once[0] == key:
+                at = self.damage_once[1] - start
+                if 0 <= start and 0 <= at < len(data):
+                    self.damage_once = None
+                    data = data[:at] + bytes([data[at] ^ 0x01]) + data[at + 1 :]
+            return data
         finally:
             self.in_flight -= 1
 
 
-async def cold_stream(store: SlowStore) -> tuple[MemoryMetadataStore, int, list[ObjectInfo]]:
+async def cold_stream(
+    store: SlowStore, records: int = RECORDS
+) -> tuple[MemoryMetadataStore, int, list[ObjectInfo]]:
     metadata = MemoryMetadataStore()
     async with Client(wal=MemoryWal(), objects=store, metadata=metadata, config=CONFIG) as client:
         stream = await client.create_stream("cold")
-        for base in range(0, RECORDS, 500):
+        for base in range(0, records, 500):
             await stream.append([Record(value(offset)) for offset in range(base, base + 500)])
         await client.flush()
         stream_id = stream.stream_id
@@ -68,7 +83,11 @@ async def cold_stream(store: SlowStore) -> tuple[MemoryMetadataStore, int, list[
 
 def reader_for(store: SlowStore, metadata: MemoryMetadataStore) -> ObjectReader:
     return ObjectReader(
-        store, metadata, readahead_min_bytes=16 << 10, readahead_max_bytes=256 << 10
+        store,
+        metadata,
+        readahead_min_bytes=16 << 10,
+        readahead_max_bytes=256 << 10,
+        readahead_depth=4,
     )
 
 
@@ -96,27 +115,110 @@ async def test_sequential_cold_read_keeps_the_next_window_in_flight() -> None:
     assert reader.prefetch_bytes <= 4 * (256 << 10)
 
 
-async def test_read_ahead_holds_at_most_its_budget_across_abandoned_scans() -> None:
+async def test_read_ahead_keeps_several_gets_in_flight_and_within_its_budget() -> None:
+    store = SlowStore()
+    metadata, stream_id, objects = await cold_stream(store, 4 * RECORDS)
+    expected = [value(offset) for offset in range(4 * RECORDS)]
+    for depth in (0, 1, 4):
+        store.most_in_flight = 0
+        reader = ObjectReader(
+            store,
+            metadata,
+            readahead_min_bytes=64 << 10,
+            readahead_max_bytes=1 << 20,
+            readahead_depth=depth,
+        )
+        assert await read_values(store, metadata, stream_id, reader) == expected
+        # Several windows, objects' indexes and first windows ahead are in flight at once, and
+        # never more read ahead than depth x readahead_max_bytes.
+        assert reader.most_prefetch_bytes <= depth * (1 << 20)
+        if depth == 0:
+            assert store.most_in_flight == 1
+            assert reader.prefetched_gets == 0
+        else:
+            assert store.most_in_flight >= depth + 1
+            # Every object after the first is read from a prefetch.
+            assert reader.prefetched_gets >= len(objects) - 1
+        assert reader.prefetch_bytes == 0  # the scan ended: nothing is held
+
+
+async def test_abandoned_scans_release_their_read_ahead_and_others_still_read_ahead() -> None:
+    store = SlowStore()
+    metadata, stream_id, _ = await cold_stream(store, 3 * RECORDS)
+    reader = reader_for(store, metadata)
+    budget = 4 * (256 << 10)
+    # A scan that stops leaves read-ahead nobody claims; the stream's next read elsewhere
+    # releases it, and that scan reads ahead again, within the budget all along.
+    used_before = 0
+    for start in range(0, 3 * RECORDS - 2800, RECORDS):
+        position = start
+        for _ in range(4):
+            batch = await reader.read(stream_id, position, None, 700, 1 << 30, sequential=True)
+            assert [record.value for record in batch] == [
+                value(offset) for offset in range(position, position + 700)
+            ]
+            position = batch[-1].offset + 1
+            assert reader.prefetch_bytes <= budget
+        assert reader.prefetched_gets > used_before
+        used_before = reader.prefetched_gets
+        assert reader.prefetch_bytes > 0  # abandoned with read-ahead held ...
+    await reader.read(stream_id, 0, None, 10, 1 << 30)
+    assert reader.prefetch_bytes == 0  # ... until the stream's next read starts elsewhere
+    assert reader.most_prefetch_bytes <= budget
+
+
+async def test_a_closed_or_cancelled_scan_releases_its_read_ahead() -> None:
     store = SlowStore()
     metadata, stream_id, _ = await cold_stream(store)
     reader = reader_for(store, metadata)
-    budget = 4 * (256 << 10)
-    # Scans that stop after a few reads leave prefetches nobody claims; later scans still get
-    # theirs, every read returns its records, and what is held stays within the budget.
-    used_by_first_scan = None
-    for start in range(0, RECORDS - 1500, 1500):
-        position = start
-        for _ in range(3):
-            batch = await reader.read(stream_id, position, None, 300, 1 << 30)
+    scan = read_committed(store, metadata, stream_id, 0, batch_records=700, reader=reader)
+    values = [(await anext(scan)).value for _ in range(800)]
+    assert values == [value(offset) for offset in range(800)]
+    assert reader.prefetch_bytes > 0
+    await scan.aclose()
+    assert reader.prefetch_bytes == 0
+
+    async def consume() -> None:
+        async for _ in read_committed(
+            store, metadata, stream_id, 0, batch_records=700, reader=reader
+        ):
+            await asyncio.sleep(0)
+
+    consumer = asyncio.create_task(consume())
+    while reader.prefetch_bytes == 0:
+        await asyncio.sleep(0.001)
+    consumer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await consumer
+    assert reader.prefetch_bytes == 0
+    # The GETs it had in flight were cancelled, not left running.
+    await asyncio.sleep(0.01)
+    assert store.in_flight == 0
+
+
+async def test_streams_read_ahead_together_within_one_budget() -> None:
+    store = SlowStore()
+    metadata = MemoryMetadataStore()
+    async with Client(wal=MemoryWal(), objects=store, metadata=metadata, config=CONFIG) as client:
+        streams = [await client.create_stream(f"cold-{number}") for number in range(3)]
+        for base in range(0, 3000, 500):
+            for stream in streams:
+                await stream.append([Record(value(offset)) for offset in range(base, base + 500)])
+        await client.flush()
+    reader = reader_for(store, metadata)
+    positions = {stream.stream_id: 0 for stream in streams}
+    while any(position < 3000 for position in positions.values()):
+        for stream_id, position in positions.items():
+            if position >= 3000:
+                continue
+            batch = await reader.read(stream_id, position, None, 400, 1 << 30, sequential=True)
             assert [record.value for record in batch] == [
-                value(offset) for offset in range(position, position + 300)
+                value(offset) for offset in range(position, min(3000, position + 400))
             ]
-            position = batch[-1].offset + 1
-        assert reader.prefetch_bytes <= budget
-        if used_by_first_scan is None:
-            used_by_first_scan = reader.prefetched_gets
-    assert used_by_first_scan is not None
-    assert reader.prefetched_gets > used_by_first_scan
+            positions[stream_id] = batch[-1].offset + 1
+            assert reader.prefetch_bytes <= 4 * (256 << 10)
+    assert reader.prefetched_gets > 0
+    assert reader.most_prefetch_bytes <= 4 * (256 << 10)
 
 
 async def test_a_failed_prefetch_is_fetched_again_by_the_read_that_needs_it() -> None:
@@ -165,3 +267,107 @@ async def test_a_damaged_block_fetched_ahead_fails_the_read_that_reaches_it() ->
     # Records were served in order up to the read whose limits reach the damaged block.
     assert values == [value(offset) for offset in range(len(values))]
     assert damaged.start_offset - 700 < len(values) <= damaged.start_offset
+
+
+@pytest.mark.parametrize("which", ["first", "last"])
+async def test_bytes_damaged_on_the_way_to_a_prefetch_are_caught_by_the_read_that_needs_them(
+    which: str,
+) -> None:
+    store = SlowStore()
+    metadata, stream_id, objects = await cold_stream(store, 4 * RECORDS)
+    info = objects[len(objects) // 2]
+    index = await reader_for(store, metadata).index(info)
+    damaged = index.entries[0] if which == "first" else index.entries[-1]
+    # Only the first GET that covers the block sees a flipped bit; the object is intact.
+    store.damage_once = (info.key, damaged.position + damaged.size // 3)
+    reader = ObjectReader(
+        store, metadata, readahead_min_bytes=64 << 10, readahead_max_bytes=1 << 20
+    )
+    values: list[bytes] = []
+    store.progress = lambda: len(values)
+    store.ranges.clear()
+    errors = 0
+    position = 0
+    while position < 4 * RECORDS:
+        try:
+            batch = await reader.read(stream_id, position, None, 700, 1 << 30, sequential=True)
+        except CorruptionError as exc:
+            # Surfaced by the read that reaches the block, after what precedes it was served.
+            assert "checksum" in str(exc)
+            assert position == len(values) and damaged.start_offset - 700 < position
+            assert position <= damaged.start_offset
+            errors += 1
+            continue
+        values.extend(record.value for record in batch)
+        position = batch[-1].offset + 1
+    assert store.damage_once is None  # the damage was delivered ...
+    # ... to a GET issued ahead, while the reader was still well before the block ...
+    first_get = next(
+        progress
+        for key, start, end, progress in store.ranges
+        if key == info.key
+        and 0 <= start <= damaged.position
+        and end is not None
+        and damaged.position + damaged.size <= end
+    )
+    assert first_get < damaged.start_offset - 700
+    # ... and checked like a range fetched on demand: no damaged value was returned, and at
+    # most the read that needed the block saw an error (none when the block came after what
+    # the read returned: it was fetched again by the next read, intact).
+    assert errors <= 1
+    assert values == [value(offset) for offset in range(4 * RECORDS)]
+
+
+@pytest.mark.parametrize("which", ["first", "last"])
+async def test_a_damaged_block_read_ahead_fails_only_the_read_that_reaches_it(which: str) -> None:
+    store = SlowStore()
+    metadata, stream_id, objects = await cold_stream(store, 4 * RECORDS)
+    info = objects[len(objects) // 2]
+    index = await reader_for(store, metadata).index(info)
+    damaged = index.entries[0] if which == "first" else index.entries[-1]
+    data = bytearray(await MemoryObjectStore.get(store, info.key))
+    data[damaged.position + damaged.size // 3] ^= 0x01
+    await store.put(info.key, bytes(data))
+
+    def gets_of_damaged() -> list[int]:
+        """The reader's progress when each GET that covers the damaged block was issued."""
+        return [
+            progress
+            for key, start, end, progress in store.ranges
+            if key == info.key
+            and 0 <= start <= damaged.position
+            and end is not None
+            and damaged.position + damaged.size <= end
+        ]
+
+    reader = ObjectReader(
+        store, metadata, readahead_min_bytes=64 << 10, readahead_max_bytes=1 << 20
+    )
+    values: list[bytes] = []
+    store.progress = lambda: len(values)
+    store.ranges.clear()
+    with pytest.raises(CorruptionError, match="checksum"):
+        async for record in read_committed(
+            store, metadata, stream_id, 0, batch_records=700, reader=reader
+        ):
+            values.append(record.value)
+    # The block was first fetched ahead, well before the read that reaches it, which fails;
+    # every record before it was served, intact.
+    assert gets_of_damaged()[0] < damaged.start_offset - 700
+    assert values == [value(offset) for offset in range(len(values))]
+    assert damaged.start_offset - 700 < len(values) <= damaged.start_offset
+    assert reader.prefetch_bytes == 0
+    assert (info.object_id, damaged.position) not in reader.blocks
+    # Nothing bad was kept: the next read that reaches the block fetches it again, and fails.
+    fetched = len(gets_of_damaged())
+    with pytest.raises(CorruptionError, match="checksum"):
+        await reader.read(stream_id, damaged.start_offset, None, 10, 1 << 30)
+    assert len(gets_of_damaged()) == fetched + 1
+    # A read that ends before the block is served.
+    if damaged.start_offset > info.ranges[0].start_offset:
+        before = await reader.read(
+            stream_id, damaged.start_offset - 5, damaged.start_offset, 100, 1 << 30
+        )
+        assert [record.value for record in before] == [
+            value(offset) for offset in range(damaged.start_offset - 5, damaged.start_offset)
+        ]

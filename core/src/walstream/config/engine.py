@@ -40,7 +40,14 @@ class CacheConfig:
     block_cache_bytes: int = 128 << 20
     """Bound of the BlockCache (LRU of object data blocks) for cold reads."""
     readahead_min_bytes: int = 512 << 10
-    readahead_max_bytes: int = 32 << 20
+    """First read-ahead window (ranged GET) of a sequential reader; it doubles with each GET …"""
+    readahead_max_bytes: int = 8 << 20
+    """… up to this. Ranged GETs of 8-16 MiB are what object stores serve fastest; depth, not
+    size, keeps enough bytes in flight."""
+    readahead_depth: int = 16
+    """A sequential reader keeps up to ``readahead_depth x readahead_max_bytes`` beyond what it
+    reads in flight (ranged GETs of its next windows, on into the following objects); read-ahead
+    holds at most that much for all streams together (0: no read-ahead GETs)."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,15 @@ _CACHE_OPTIONS = (
         "size",
         "largest read-ahead of a sequential reader",
         default=CacheConfig.readahead_max_bytes,
+    ),
+    Option(
+        "readahead_depth",
+        "int",
+        "a sequential reader keeps up to readahead_depth x readahead_max_bytes in flight ahead "
+        "of what it reads, in ranged GETs of its next windows; also the most read-ahead held "
+        "for all streams together (0: none)",
+        default=CacheConfig.readahead_depth,
+        minimum=0,
     ),
 )
 _UPLOAD_OPTIONS = (

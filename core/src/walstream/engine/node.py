@@ -201,6 +201,7 @@ class Client:
             cache.readahead_min_bytes,
             cache.readahead_max_bytes,
             self.hooks,
+            readahead_depth=cache.readahead_depth,
         )
         self._streams = StreamRegistry(metadata, self._cache, self._gate)
         self._writer = StreamWriter(

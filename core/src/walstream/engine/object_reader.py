@@ -8,12 +8,12 @@ Identity: every index read checks that the footer names this deployment and the 
 metadata gave (:class:`IdentityMismatch` otherwise), and the data-block CRCs of a version-2 object
 are seeded with that identity, so a block read from a replaced file fails its check too.
 
-Pipelining: a sequential scan keeps its next read-ahead windows (up to ``_PREFETCH_DEPTH``) in
-flight while the current one is decoded and consumed (the next runs of blocks of the same object,
-or the index and first run of the object that follows), so a catch-up read overlaps the store's
-latency instead of paying it once per window. At most ``4 x readahead_max_bytes`` are held. A prefetched range is only bytes: it is checked exactly like
-a range fetched on demand, and a prefetch that failed is simply fetched again on demand, so errors
-surface on the read that needs the data, as without prefetching.
+Pipelining: a sequential scan keeps what it reads next in flight, up to ``readahead_depth x
+readahead_max_bytes`` for all streams together (:mod:`walstream.engine.readahead`), so a
+catch-up read overlaps the store's latency instead of paying it once per window. A prefetched
+range is checked exactly like a range fetched on demand, and a prefetch that failed is simply
+fetched again on demand, so errors surface on the read that needs the data, as without
+prefetching.
 
 Failure isolation: a block that fails its check fails only the reads whose records (within their
 limits) lie in it. Nothing is cached for it (the block cache holds decoded good blocks only; an
@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
 
+from walstream.config.engine import CacheConfig
 from walstream.engine.cache import BlockCache
 from walstream.engine.events import EngineHooks, NullHooks, ReadServed
+from walstream.engine.readahead import Checked, ReadAhead, check_run, run_from
 from walstream.errors import (
     CorruptionError,
     DataLossError,
@@ -46,7 +46,6 @@ from walstream.format.object import (
     ObjectIdentity,
     ObjectIndex,
     check_foreign_footer,
-    decode_block_records,
     parse_footer_checked,
     parse_index,
 )
@@ -61,11 +60,6 @@ log = logging.getLogger(__name__)
 
 _INDEX_CACHE_ENTRIES = 4096
 _MAX_STALE_RETRIES = 3
-_PREFETCH_DEPTH = 3
-"""Windows of one sequential scan in flight beyond the one being read."""
-_PREFETCH_BUDGET_WINDOWS = 4
-"""Bytes held for read-ahead (in flight or fetched, not yet read), all streams together, in
-``readahead_max_bytes``: to start another, the oldest are dropped."""
 
 
 @dataclass
@@ -74,22 +68,14 @@ class _Sequential:
     window_bytes: int
 
 
-@dataclass
-class _Prefetch:
-    """A read-ahead GET in flight: about ``size`` bytes of an object from ``first`` (``None``
-    until the object's index said where the stream's blocks start)."""
-
-    first: int | None
-    size: int
-    task: asyncio.Task[tuple[int, int, bytes] | None]
-
-
 class ObjectReader:
     """Reads a stream's committed records through a bounded BlockCache with read-ahead.
 
-    Read-ahead: a reader that keeps reading where it stopped gets a window that doubles from
-    ``readahead_min_bytes`` to ``readahead_max_bytes``; the window's following blocks of the
-    same object are fetched with the same ranged GET.
+    Read-ahead: a reader that keeps reading where it stopped (or says it will: ``sequential``)
+    gets a window that doubles from ``readahead_min_bytes`` to ``readahead_max_bytes``; the
+    window's following blocks of the same object are fetched with the same ranged GET, and up
+    to ``readahead_depth x readahead_max_bytes`` of the next windows (of this object and the
+    following ones) are fetched meanwhile (``readahead_depth=0``: none).
 
     ``deployment_id`` is the deployment whose objects this reader accepts; when not given it is
     loaded once from ``metadata``.
@@ -99,12 +85,15 @@ class ObjectReader:
         self,
         objects: ObjectStore,
         metadata: MetadataStore,
-        block_cache_bytes: int = 128 << 20,
-        readahead_min_bytes: int = 512 << 10,
-        readahead_max_bytes: int = 32 << 20,
+        block_cache_bytes: int = CacheConfig.block_cache_bytes,
+        readahead_min_bytes: int = CacheConfig.readahead_min_bytes,
+        readahead_max_bytes: int = CacheConfig.readahead_max_bytes,
         hooks: EngineHooks | None = None,
         deployment_id: bytes | None = None,
+        readahead_depth: int = CacheConfig.readahead_depth,
     ) -> None:
+        if readahead_depth < 0:
+            raise InvalidArgument(f"readahead_depth must be >= 0, got {readahead_depth}")
         self.objects = objects
         self.deployment_id = deployment_id
         self.metadata = metadata
@@ -114,15 +103,34 @@ class ObjectReader:
         self._indexes: BlockCache[int, ObjectIndex] = BlockCache(_INDEX_CACHE_ENTRIES)
         self.readahead_min_bytes = readahead_min_bytes
         self.readahead_max_bytes = readahead_max_bytes
+        self.readahead_depth = readahead_depth
         self._sequential: dict[int, _Sequential] = {}
         self._hooks: EngineHooks = hooks or NullHooks()
-        self._prefetches: dict[tuple[int, int, int | None], _Prefetch] = {}
-        """(stream id, object id, first byte or None) → a read-ahead in flight."""
-        self.prefetch_bytes = 0
-        """Bytes of the read-ahead ranges held (in flight or fetched, not yet read)."""
+        self._ahead = ReadAhead(
+            objects, self.blocks, self._indexes, self.index, readahead_max_bytes, readahead_depth
+        )
         self.gets = 0
         self.prefetched_gets = 0
         """GETs whose bytes a read used from a prefetch (included in ``gets``)."""
+
+    @property
+    def readahead_budget_bytes(self) -> int:
+        """Most bytes of read-ahead ranges held, all streams together."""
+        return self._ahead.budget_bytes
+
+    @property
+    def prefetch_bytes(self) -> int:
+        """Bytes of the read-ahead ranges held (in flight or fetched, not yet read)."""
+        return self._ahead.prefetch_bytes
+
+    @property
+    def most_prefetch_bytes(self) -> int:
+        """The largest ``prefetch_bytes`` seen."""
+        return self._ahead.most_prefetch_bytes
+
+    def release(self, stream_id: int) -> None:
+        """Drop (and cancel) what was read ahead for ``stream_id``: its scan will not read it."""
+        self._ahead.release(stream_id)
 
     async def read(
         self,
@@ -131,16 +139,29 @@ class ObjectReader:
         end: int | None,
         limit_records: int,
         limit_bytes: int,
+        *,
+        sequential: bool = False,
     ) -> list[SequencedRecord]:
         """Committed records of ``stream_id`` in ``[start, end)``, at most the limits (at least
         one record when any exists). Stops early at the end of committed data, and before a
         recorded data-loss gap; a read that starts inside one raises :class:`DataLossError`.
         Raises :class:`CorruptionError` (or :class:`IdentityMismatch`) when a record within the
-        limits lies in a block that fails its check; a read that ends before that block succeeds."""
+        limits lies in a block that fails its check; a read that ends before that block succeeds.
+
+        ``sequential``: the caller goes on reading where this read stops (a catch-up scan), so
+        read-ahead starts with this read's first GET instead of with the stream's next read."""
         records: list[SequencedRecord] = []
         size = 0
         position = start
-        window = [self._window(stream_id, start)]
+        state = self._sequential.get(stream_id)
+        if state is not None and state.next_offset == start:
+            window = [state.window_bytes]
+            sequential = True
+        else:
+            # A new scan position: what was read ahead for the stream will not be read.
+            self.release(stream_id)
+            # A scan the caller says is sequential needs no ramp to find out.
+            window = [self.readahead_max_bytes if sequential else self.readahead_min_bytes]
         stale_retries = 0
         while (
             len(records) < limit_records and size < limit_bytes and (end is None or position < end)
@@ -158,24 +179,13 @@ class ObjectReader:
                     range_end = info.ranges[0].end_offset
                     if end is not None:
                         range_end = min(range_end, end)
-                    if (
-                        number + 1 < len(infos)
-                        and window[0] > self.readahead_min_bytes
-                        and (end is None or range_end < end)
-                        and infos[number + 1].ranges[0].start_offset == range_end
-                    ):
-                        # A sequential scan will go on into the next object: start on its
-                        # index and first window now.
-                        self._prefetch_object(
-                            infos[number + 1], stream_id, range_end, end, window[0]
-                        )
                     # One object may take several read-ahead windows to consume.
                     while position < range_end and not self._full(
                         records, size, limit_records, limit_bytes
                     ):
                         progress = position
                         for block_records in await self._records_in(
-                            info, stream_id, position, end, window
+                            infos[number:], stream_id, position, end, window, sequential
                         ):
                             position, size = _take(
                                 block_records, records, position, end, size, limit_records,
@@ -221,21 +231,33 @@ class ObjectReader:
     ) -> bool:
         return len(records) >= limit_records or size >= limit_bytes
 
-    def _window(self, stream_id: int, start: int) -> int:
-        state = self._sequential.get(stream_id)
-        if state is not None and state.next_offset == start:
-            return state.window_bytes
-        return self.readahead_min_bytes
-
     async def _records_in(
-        self, info: ObjectInfo, stream_id: int, start: int, end: int | None, window: list[int]
+        self,
+        infos: list[ObjectInfo],
+        stream_id: int,
+        start: int,
+        end: int | None,
+        window: list[int],
+        sequential: bool,
     ) -> list[list[SequencedRecord]]:
-        """Decoded blocks of ``stream_id`` from ``start``; fetches at most one read-ahead
-        window beyond what is cached. ``window[0]`` doubles after each GET of a sequential scan."""
-        pending = self._prefetches.get((stream_id, info.object_id, None))
-        if pending is not None:
-            # Its index is being read by the prefetch: wait for that instead of a second GET.
-            await asyncio.wait({pending.task})
+        """Decoded blocks of ``stream_id`` in ``infos[0]`` from ``start``; fetches at most one
+        read-ahead window (or one prefetched range) beyond what is cached. ``window[0]`` doubles
+        after each GET. A sequential scan keeps its next GETs in flight meanwhile, on into the
+        objects ``infos[1:]`` that follow."""
+        info = infos[0]
+        if (
+            sequential
+            and self._ahead.budget_bytes
+            and info.object_id not in self._indexes
+            and start <= info.ranges[0].start_offset
+        ):
+            # The scan starts with this object: its index and first window at once.
+            self._ahead.prefetch_index(info, stream_id, end, window[0], head=True)
+        loading = self._ahead.index_load(info.object_id)
+        if loading is not None:
+            # Its index is being read ahead: wait for that instead of a second GET (a failure
+            # leaves nothing cached, and the index is read here again).
+            await asyncio.wait({loading})
         index = await self.index(info)
         entries = index.blocks_for(stream_id, start, end)
         seed = index.block_crc_seed
@@ -248,21 +270,34 @@ class ObjectReader:
                 result.append(cached)
                 position += 1
                 continue
-            # Fetch this block and, within the read-ahead window, the physically following
-            # blocks of the same stream with one ranged GET.
-            run = self._run_from(info, entries, position, window[0])
-            run_bytes = sum(item.size for item in run)
-            following = position + len(run)
-            ahead: list[list[IndexEntry]] = []
-            if window[0] > self.readahead_min_bytes and run_bytes >= window[0]:
-                # A sequential scan: its next windows are fetched while this one is decoded
-                # (with the sizes the scan will ask for: the window doubles after each GET).
-                next_window = window[0]
-                while following < len(entries) and len(ahead) < _PREFETCH_DEPTH:
-                    next_window = min(self.readahead_max_bytes, next_window * 2)
-                    ahead.append(self._run_from(info, entries, following, next_window))
-                    following += len(ahead[-1])
-            fetched = await self._fetch_run(info, run, seed, stream_id, ahead)
+            pending = self._ahead.claim(stream_id, info.object_id, entry)
+            if pending is not None:
+                # The blocks of the prefetched range from this one on (it starts before this
+                # block when the blocks before it were cached meanwhile).
+                run = [entry]
+                while position + len(run) < len(entries) and pending.holds(
+                    entries[position + len(run)]
+                ):
+                    run.append(entries[position + len(run)])
+            else:
+                run = run_from(self.blocks, info, entries, position, window[0])
+            run_bytes = run[-1].position + run[-1].size - run[0].position
+            if sequential or window[0] > self.readahead_min_bytes:
+                self._ahead.plan_from(
+                    infos,
+                    stream_id,
+                    entries,
+                    position + len(run),
+                    end,
+                    window[0],
+                    seed,
+                )
+            fetched = await self._fetch_run(
+                info,
+                run,
+                seed,
+                None if pending is None else await self._ahead.checked(pending, run),
+            )
             for number, decoded in enumerate(fetched):
                 if isinstance(decoded, CorruptionError):
                     if result or number > 0:
@@ -273,141 +308,34 @@ class ObjectReader:
             position += len(run)
             fetched_window = window[0]
             window[0] = min(self.readahead_max_bytes, window[0] * 2)
-            if run_bytes >= fetched_window:
-                break
+            if pending is not None or run_bytes >= fetched_window:
+                break  # one window (or prefetched range) beyond what was cached
         return result
-
-    def _run_from(
-        self, info: ObjectInfo, entries: list[IndexEntry], position: int, window_bytes: int
-    ) -> list[IndexEntry]:
-        """``entries[position]`` and the physically adjacent, uncached entries after it, up to
-        ``window_bytes`` (always at least the first)."""
-        run = [entries[position]]
-        run_bytes = run[0].size
-        while (
-            position + len(run) < len(entries)
-            and run_bytes < window_bytes
-            and entries[position + len(run)].position == run[-1].position + run[-1].size
-            and (info.object_id, entries[position + len(run)].position) not in self.blocks
-        ):
-            run.append(entries[position + len(run)])
-            run_bytes += run[-1].size
-        return run
-
-    def _start_prefetch(
-        self,
-        key: tuple[int, int, int | None],
-        size: int,
-        load: Callable[[], Coroutine[Any, Any, tuple[int, int, bytes] | None]],
-    ) -> None:
-        if key in self._prefetches:
-            return
-        budget = _PREFETCH_BUDGET_WINDOWS * self.readahead_max_bytes
-        while self._prefetches and self.prefetch_bytes + size > budget:
-            # The oldest first: a scan that stopped leaves its prefetches unclaimed.
-            dropped = self._drop_prefetch(next(iter(self._prefetches)))
-            assert dropped is not None
-            dropped.task.cancel()
-        task = asyncio.create_task(load())
-        # Nobody may await a prefetch: its failure is only logged (the read fetches again).
-        task.add_done_callback(_log_prefetch_failure)
-        self._prefetches[key] = _Prefetch(key[2], size, task)
-        self.prefetch_bytes += size
-
-    def _drop_prefetch(self, key: tuple[int, int, int | None]) -> _Prefetch | None:
-        pending = self._prefetches.pop(key, None)
-        if pending is not None:
-            self.prefetch_bytes -= pending.size
-        return pending
-
-    def _prefetch_run(self, info: ObjectInfo, stream_id: int, run: list[IndexEntry]) -> None:
-        first, last = run[0].position, run[-1].position + run[-1].size
-
-        async def load() -> tuple[int, int, bytes] | None:
-            return first, last, await self.objects.get(info.key, first, last)
-
-        self._start_prefetch((stream_id, info.object_id, first), last - first, load)
-
-    def _prefetch_object(
-        self, info: ObjectInfo, stream_id: int, start: int, end: int | None, window_bytes: int
-    ) -> None:
-        async def load() -> tuple[int, int, bytes] | None:
-            index = await self.index(info)
-            entries = index.blocks_for(stream_id, start, end)
-            if not entries or (info.object_id, entries[0].position) in self.blocks:
-                return None
-            run = self._run_from(info, entries, 0, window_bytes)
-            first, last = run[0].position, run[-1].position + run[-1].size
-            return first, last, await self.objects.get(info.key, first, last)
-
-        self._start_prefetch((stream_id, info.object_id, None), window_bytes, load)
-
-    def _claim_prefetch(self, info: ObjectInfo, stream_id: int, first: int) -> _Prefetch | None:
-        """Take the stream's prefetch of ``info``'s object if it may start at ``first``."""
-        return self._drop_prefetch((stream_id, info.object_id, first)) or self._drop_prefetch(
-            (stream_id, info.object_id, None)
-        )
-
-    async def _use_prefetch(
-        self, pending: _Prefetch, info: ObjectInfo, first: int, last: int
-    ) -> bytes | None:
-        """The bytes ``[first, last)`` of ``info``'s object from ``pending``, or their start
-        from it and the rest fetched here; ``None`` when it holds another range or failed (the
-        caller fetches the range itself)."""
-        # wait() neither raises the prefetch's error nor cancels it when this read is cancelled.
-        await asyncio.wait({pending.task})
-        if pending.task.cancelled() or pending.task.exception() is not None:
-            return None
-        loaded = pending.task.result()
-        if loaded is None or loaded[0] != first or len(loaded[2]) != loaded[1] - first:
-            return None  # another range, or a short read: fetched afresh, checked as usual
-        if loaded[1] < last:
-            # The window grew since the prefetch started: fetch only the rest.
-            self.gets += 1
-            return loaded[2] + await self.objects.get(info.key, loaded[1], last)
-        return loaded[2][: last - first]
 
     async def _fetch_run(
         self,
         info: ObjectInfo,
         run: list[IndexEntry],
         seed: int,
-        stream_id: int,
-        ahead: list[list[IndexEntry]] | None = None,
-    ) -> list[list[SequencedRecord] | CorruptionError]:
-        """Fetch the adjacent blocks of ``run`` with one ranged GET (or take them from the
-        stream's prefetch), and start prefetching ``ahead`` meanwhile. Each block is checked on
-        its own: a good block is cached and returned decoded, a bad one is returned as its
-        error (and not cached), so a bad block never fails its neighbours."""
-        first, last = run[0].position, run[-1].position + run[-1].size
+        prefetched: list[Checked] | None = None,
+    ) -> list[Checked]:
+        """The blocks of ``run`` checked: fetched with one ranged GET, or ``prefetched`` (what
+        the claimed read-ahead of these blocks checked). A good block is cached and returned
+        decoded, a bad one is returned as its error (and not cached), so a bad block never
+        fails its neighbours."""
         self.gets += 1
-        pending = self._claim_prefetch(info, stream_id, first)
-        for following in ahead or ():
-            self._prefetch_run(info, stream_id, following)
-        data = None if pending is None else await self._use_prefetch(pending, info, first, last)
-        if data is None:
-            data = await self.objects.get(info.key, first, last)
+        if prefetched is None:
+            first, last = run[0].position, run[-1].position + run[-1].size
+            checked = check_run(
+                info, run, seed, await self.objects.get(info.key, first, last), first
+            )
         else:
             self.prefetched_gets += 1
-        decoded_run: list[list[SequencedRecord] | CorruptionError] = []
-        for entry in run:
-            if entry.position + entry.size - first > len(data):
-                decoded_run.append(
-                    CorruptionError(
-                        f"object {info.key}: short read of {len(data)} of {last - first} bytes "
-                        f"at {first} misses the block at {entry.position} (truncated object?)"
-                    )
-                )
-                continue
-            block = data[entry.position - first : entry.position - first + entry.size]
-            try:
-                decoded = decode_block_records(block, entry, seed)
-            except CorruptionError as exc:
-                decoded_run.append(CorruptionError(f"object {info.key}: {exc}"))
-                continue
-            self.blocks.put((info.object_id, entry.position), decoded, entry.size)
-            decoded_run.append(decoded)
-        return decoded_run
+            checked = prefetched
+        for entry, decoded in zip(run, checked, strict=True):
+            if not isinstance(decoded, CorruptionError):
+                self.blocks.put((info.object_id, entry.position), decoded, entry.size)
+        return checked
 
     async def _explain(
         self, info: ObjectInfo, cached: ObjectIndex, error: CorruptionError
@@ -456,11 +384,7 @@ class ObjectReader:
     def forget_objects(self, object_ids: set[int]) -> None:
         self.blocks.discard_if(lambda key: key[0] in object_ids)
         self._indexes.discard_if(lambda key: key in object_ids)
-
-
-def _log_prefetch_failure(task: asyncio.Task[tuple[int, int, bytes] | None]) -> None:
-    if not task.cancelled() and (error := task.exception()) is not None:
-        log.debug("read-ahead failed (the read fetches the range itself): %s", error)
+        self._ahead.forget(object_ids)
 
 
 async def read_index(

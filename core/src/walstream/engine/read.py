@@ -242,17 +242,25 @@ async def read_committed(
 ) -> AsyncIterator[SequencedRecord]:
     """Every committed record of ``stream_id`` in ``[max(start, start_offset), end)``, in order,
     read straight from the object store (no node involved). Reaching a recorded data-loss gap
-    raises :class:`DataLossError` after the records before it were yielded."""
+    raises :class:`DataLossError` after the records before it were yielded. The scan reads ahead
+    from its first GET (see :class:`ObjectReader`); what it read ahead is released when it ends,
+    is closed early or is cancelled."""
     reader = reader or ObjectReader(objects, metadata)
     info = (await metadata.get_streams([stream_id])).get(stream_id)
     if info is None:
         return
     position = max(start, info.start_offset)
     stop = info.committed_end if end is None else min(end, info.committed_end)
-    while position < stop:
-        records = await reader.read(stream_id, position, stop, batch_records, 64 << 20)
-        if not records:
-            break
-        for record in records:
-            yield record
-        position = records[-1].offset + 1
+    try:
+        while position < stop:
+            records = await reader.read(
+                stream_id, position, stop, batch_records, 64 << 20, sequential=True
+            )
+            if not records:
+                break
+            for record in records:
+                yield record
+            position = records[-1].offset + 1
+    finally:
+        # Ended, closed early or cancelled: nothing read ahead for the scan will be read.
+        reader.release(stream_id)
