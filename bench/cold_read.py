@@ -11,12 +11,13 @@ The ``(no GET latency)`` row is the same read with the latency model off: what d
 checking the records costs, the ceiling of the latency rows. ``raw`` is the store alone:
 back-to-back ranged GETs over the same objects, neither checked nor decoded, of
 ``--raw-get-bytes`` by 1 and by ``--raw-concurrency`` readers, and of the reader's own GET size
-and depth (``readahead_max_bytes`` by ``readahead_depth`` readers). The latency model has no
-bandwidth term, so a GET of 32 MiB takes as long as one of 8 MiB: ranged-GET throughput here is
-the bytes in flight over the latency, and only the raw row with the reader's GET size and depth
-compares like with like. Requests are counted at the store: GETs, HEADs and LISTs per GiB read
-(and PUTs per GiB written by the upload). Prints a table, writes
-``bench/results/cold_read.json`` and a PNG (when matplotlib is installed).
+and depth (``readahead_max_bytes`` by ``readahead_depth`` readers). Every row is run
+``--runs`` times; run n of every row draws the same latencies (seed n), and the summary line
+compares medians. The latency model has no bandwidth term, so a GET of 32 MiB takes as long as
+one of 8 MiB: ranged-GET throughput here is the bytes in flight over the latency, and only the
+raw row with the reader's GET size and depth compares like with like. Requests are counted at
+the store: GETs, HEADs and LISTs per GiB read (and PUTs per GiB written by the upload). Prints a
+table, writes ``bench/results/cold_read.json`` and a PNG (when matplotlib is installed).
 
     .venv/bin/python bench/cold_read.py            # 512 MiB stream
     .venv/bin/python bench/cold_read.py --quick    # 128 MiB stream
@@ -149,26 +150,32 @@ async def raw_gets(
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    model = LatencyModel(0.0, 0.0)
-    bucket = MemoryBucket(model)
+    bucket = MemoryBucket(LatencyModel(0.0, 0.0))
     metadata, stream_id, written = await write_stream(
         bucket, args.stream_mib * MiB, args.record_bytes
     )
     upload = per_gib(bucket.requests, {}, written)
     objects = await metadata.list_objects(state=ObjectState.COMMITTED)
     keys = [(info.key, len(bucket.objects[SETTINGS.prefix + info.key])) for info in objects]
-    model.p50_ms, model.p99_ms = args.get_p50_ms, args.get_p99_ms
-    model.methods = frozenset({"GET", "HEAD"})
+
+    def latency(run: int) -> None:
+        # Run n of every row draws the same latencies (seed n): rows that make as many GETs
+        # wait as long, whatever ran before them.
+        bucket.latency = LatencyModel(
+            args.get_p50_ms, args.get_p99_ms, methods=frozenset({"GET", "HEAD"}), seed=run
+        )
+
     rows: list[dict[str, Any]] = []
-    for _ in range(args.runs):
+    for run_number in range(1, args.runs + 1):
         for pipelined in (True, False):
+            latency(run_number)
             with _profile.measured("cold_read pipelined", when=pipelined):
                 result = await cold_read(bucket, metadata, stream_id, pipelined)
             rows.append(
                 {"reader": "cold read_committed" + ("" if pipelined else " (serial)"), **result}
             )
             TABLE.print_row(rows[-1])
-    model.p50_ms = model.p99_ms = 0.0
+    bucket.latency = LatencyModel(0.0, 0.0)
     rows.append(
         {
             "reader": "cold read_committed (no GET latency)",
@@ -176,32 +183,38 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         }
     )
     TABLE.print_row(rows[-1])
-    model.p50_ms, model.p99_ms = args.get_p50_ms, args.get_p99_ms
     cache = CacheConfig()
     for concurrency, get_bytes in (
         (1, args.raw_get_bytes),
         (args.raw_concurrency, args.raw_get_bytes),
         (cache.readahead_depth, cache.readahead_max_bytes),
     ):
-        rows.append(
-            {
-                "reader": f"raw {concurrency} x {get_bytes // MiB}MiB GET",
-                **await raw_gets(bucket, keys, get_bytes, concurrency),
-            }
-        )
-        TABLE.print_row(rows[-1])
-    reads = sorted(row["mib_per_s"] for row in rows if row["reader"] == "cold read_committed")
-    serial = sorted(row["mib_per_s"] for row in rows if row["reader"].endswith("(serial)"))
-    median = reads[len(reads) // 2]
+        for run_number in range(1, args.runs + 1):
+            latency(run_number)
+            rows.append(
+                {
+                    "reader": f"raw {concurrency} x {get_bytes // MiB}MiB GET",
+                    **await raw_gets(bucket, keys, get_bytes, concurrency),
+                }
+            )
+            TABLE.print_row(rows[-1])
+
+    def median_of(reader: str) -> float:
+        values = sorted(row["mib_per_s"] for row in rows if row["reader"] == reader)
+        return float(values[len(values) // 2])
+
+    median = median_of("cold read_committed")
+    raws = list(dict.fromkeys(row["reader"] for row in rows if row["reader"].startswith("raw")))
+    ratios = {reader: round(median / median_of(reader), 2) for reader in raws}
     for row in rows:
-        if row["reader"].startswith("raw"):
-            row["cold_over_raw"] = round(median / row["mib_per_s"], 2)
+        if row["reader"] in ratios:
+            row["cold_over_raw"] = ratios[row["reader"]]
     print(
         f"objects: {len(objects)} ({written / len(objects) / MiB:.1f} MiB each); upload: "
-        f"{upload['puts_per_gib']} PUT/GiB; cold read median {median} MiB/s (serial "
-        f"{serial[len(serial) // 2]}) = "
+        f"{upload['puts_per_gib']} PUT/GiB; medians of {args.runs} runs: cold read {median} "
+        f"MiB/s (serial {median_of('cold read_committed (serial)')}) = "
         + ", ".join(
-            f"{row['cold_over_raw']}x {row['reader']}" for row in rows if "cold_over_raw" in row
+            f"{ratio}x {reader} ({median_of(reader)} MiB/s)" for reader, ratio in ratios.items()
         )
     )
     return rows
