@@ -245,14 +245,10 @@ class ObjectReader:
         after each GET. A sequential scan keeps its next GETs in flight meanwhile, on into the
         objects ``infos[1:]`` that follow."""
         info = infos[0]
-        if (
-            sequential
-            and self._ahead.budget_bytes
-            and info.object_id not in self._indexes
-            and start <= info.ranges[0].start_offset
-        ):
-            # The scan starts with this object: its index and first window at once.
-            self._ahead.prefetch_index(info, stream_id, end, window[0], head=True)
+        if sequential and info.object_id not in self._indexes:
+            # The scan starts with this object: its index and first window at once, and the
+            # indexes of the objects after it.
+            self._ahead.plan_start(infos, stream_id, start, end, window[0])
         loading = self._ahead.index_load(info.object_id)
         if loading is not None:
             # Its index is being read ahead: wait for that instead of a second GET (a failure

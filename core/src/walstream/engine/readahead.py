@@ -73,15 +73,17 @@ class Prefetch:
 @dataclass
 class _Plan:
     """Where a sequential scan reads next: ``entries[following]`` of ``infos[0]``'s object
-    (blocks checked with ``seed``), then the objects ``infos[1:]``, up to offset ``end``, with
-    GETs of ``window_bytes`` and more."""
+    (blocks checked with ``seed``; ``entries=None``: from offset ``start``, its index not read
+    yet), then the objects ``infos[1:]``, up to offset ``end``, with GETs of ``window_bytes``
+    and more."""
 
     infos: list[ObjectInfo]
-    entries: list[IndexEntry]
+    entries: list[IndexEntry] | None
     following: int
     end: int | None
     window_bytes: int
     seed: int
+    start: int = 0
 
 
 class ReadAhead:
@@ -143,15 +145,30 @@ class ReadAhead:
             self._plans[stream_id] = _Plan(infos, entries, following, end, window_bytes, seed)
             self._plan(stream_id)
 
+    def plan_start(
+        self,
+        infos: list[ObjectInfo],
+        stream_id: int,
+        start: int,
+        end: int | None,
+        window_bytes: int,
+    ) -> None:
+        """A scan starts at offset ``start`` of ``infos[0]``'s object, whose index is not read
+        yet: read its index (and first window) ahead, and the indexes of the objects after it;
+        their windows follow in order as the indexes arrive."""
+        if self.budget_bytes:
+            self._plans[stream_id] = _Plan(infos, None, 0, end, window_bytes, 0, start)
+            self._plan(stream_id)
+
     def _plan(self, stream_id: int) -> None:
         """Start the GETs of what the stream's scan reads next, in order, while the budget
         allows: the runs of its current object from where it reads, then of the objects that
         follow as long as they continue the stream. Each run is one GET sized as the scan will
         ask for it (the window doubles after each GET); ranges in flight count as they are.
         An object whose index is not cached yet gets its index read ahead (with its first
-        window, see :meth:`prefetch_index`); the runs after it are planned when it arrives,
-        and meanwhile the indexes of the objects after it are read ahead too, as far as the
-        budget would reach."""
+        window, see :meth:`prefetch_index`, when the objects before it are indexed) and room
+        kept for its blocks, which are planned when its index arrives; the objects after it
+        are planned on in the room left."""
         plan = self._plans.get(stream_id)
         if plan is None:
             return
@@ -160,23 +177,26 @@ class ReadAhead:
         ahead = 0
         indexed = True
         for number, info in enumerate(infos):
-            if number > 0:
-                stream_range = info.ranges[0]
-                if stream_range.start_offset != infos[number - 1].ranges[0].end_offset or (
-                    end is not None and stream_range.start_offset >= end
-                ):
-                    return
+            if number > 0 or entries is None:
+                first_offset = plan.start
+                if number > 0:
+                    first_offset = info.ranges[0].start_offset
+                    if first_offset != infos[number - 1].ranges[0].end_offset or (
+                        end is not None and first_offset >= end
+                    ):
+                        return
                 index = self._indexes.get(info.object_id)
-                if index is None or not indexed:
-                    if index is None:
-                        self.prefetch_index(info, stream_id, end, window_bytes, indexed)
+                if index is None:
+                    whole = first_offset <= info.ranges[0].start_offset
+                    self.prefetch_index(info, stream_id, end, window_bytes, indexed and whole)
                     indexed = False
-                    # At most this much of the object is the stream's.
+                    # Room kept for its blocks (at most this much of the object is the
+                    # stream's) before the objects after it take any.
                     ahead += info.size - info.index_size
                     if ahead >= self.budget_bytes:
                         return
                     continue
-                entries = index.blocks_for(stream_id, stream_range.start_offset, end)
+                entries = index.blocks_for(stream_id, first_offset, end)
                 seed = index.block_crc_seed
                 following = 0
             while following < len(entries):
@@ -188,8 +208,9 @@ class ReadAhead:
                 pending = self._holding(stream_id, info.object_id, entry)
                 if pending is None:
                     # As much of the window as the budget has room for (others' read-ahead
-                    # makes room), at least one block.
-                    room = self.budget_bytes - self._held_by(stream_id)
+                    # makes room, the room kept for objects before this one does not), at
+                    # least one block.
+                    room = self.budget_bytes - max(self._held_by(stream_id), ahead)
                     run = run_from(self._blocks, info, entries, following, window_bytes, room)
                     if run[0].size > room or not self._prefetch_run(info, stream_id, run, seed):
                         return  # the budget is full of the stream's own read-ahead
