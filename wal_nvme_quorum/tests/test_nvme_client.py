@@ -89,3 +89,38 @@ async def test_a_damaged_reply_fails_the_request_as_ambiguous_and_the_client_rec
     await asyncio.wait_for(replica.ping(), 5)
     assert connections == 2
     await replica.close()
+
+
+async def test_a_reply_split_across_segments_is_joined_and_an_impossible_length_is_refused(
+    scripted: Callable[[Script], Awaitable[str]],
+) -> None:
+    connections = 0
+
+    async def split_then_garble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                _, request_id = await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            reply = encode_frame(Status.OK, request_id)
+            if connections == 1:
+                # one reply in three segments, the length prefix itself cut in two
+                for piece in (reply[:2], reply[2:7], reply[7:]):
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.02)
+            else:
+                writer.write(struct.pack(">I", 2) + reply[4:])  # shorter than any frame
+                await writer.drain()
+
+    replica = ChunkServerReplica(await scripted(split_then_garble))
+    await asyncio.wait_for(replica.ping(), 5)
+    await asyncio.wait_for(replica.ping(), 5)
+    assert connections == 1
+    await replica.close()
+    replica = ChunkServerReplica(await scripted(split_then_garble))
+    with pytest.raises(AmbiguousError, match="impossible length 2"):
+        await asyncio.wait_for(replica.ping(), 5)
+    await replica.close()

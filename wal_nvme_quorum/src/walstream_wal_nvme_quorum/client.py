@@ -32,9 +32,9 @@ from walstream.errors import (
 from walstream.wal.quorum import LogIdentity, LogListing
 
 from .protocol import (
-    FRAME_PREFIX,
-    MIN_FRAME_LENGTH,
     FrameError,
+    FrameLengthError,
+    FrameReader,
     Op,
     Status,
     decode_listing,
@@ -44,7 +44,6 @@ from .protocol import (
     pack_str,
     pack_u32,
     pack_u64,
-    parse_frame,
 )
 
 __all__ = ["ChunkServerReplica", "parse_address"]
@@ -71,7 +70,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.pending: dict[int, asyncio.Future[tuple[int, bytes]]] = {}
         self.closed = False
-        self._buffer = bytearray()
+        self._frames = FrameReader(MAX_REPLY_BYTES)
         self._writable: asyncio.Future[None] | None = None
         """Set while the transport's write buffer is over its high-water mark."""
         self._reason = "the connection closed"
@@ -82,33 +81,20 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        if self._buffer:
-            self._buffer += data
-            data = bytes(self._buffer)
-            self._buffer.clear()
-        position, size = 0, len(data)
-        while size - position >= FRAME_PREFIX.size:
-            (length,) = FRAME_PREFIX.unpack_from(data, position)
-            if length < MIN_FRAME_LENGTH or length > MAX_REPLY_BYTES:
-                self._lost(f"a reply frame of impossible length {length}")
-                return
-            start = position + FRAME_PREFIX.size
-            end = start + length
-            if end > size:
-                break
-            position = end
-            try:
-                frame = parse_frame(data, start, end)
-            except FrameError as exc:
-                self._lost(f"a damaged reply ({exc})")
-                return
-            future = self.pending.pop(frame.request_id, None)
-            if future is not None and not future.done():
-                future.set_result((frame.code, frame.body))
-            elif frame.request_id == 0 and frame.code == Status.BAD_REQUEST:
-                log.warning("chunk server %s: %s", self.replica.name, frame.body.decode("replace"))
-        if position < size:
-            self._buffer += data[position:] if position else data
+        try:
+            for frame in self._frames.feed(data):
+                if isinstance(frame, FrameError):
+                    self._lost(f"a damaged reply ({frame})")
+                    return
+                future = self.pending.pop(frame.request_id, None)
+                if future is not None and not future.done():
+                    future.set_result((frame.code, frame.body))
+                elif frame.request_id == 0 and frame.code == Status.BAD_REQUEST:
+                    log.warning(
+                        "chunk server %s: %s", self.replica.name, frame.body.decode("replace")
+                    )
+        except FrameLengthError as exc:
+            self._lost(f"a reply frame of impossible length {exc.length}")
 
     def eof_received(self) -> bool:
         return False

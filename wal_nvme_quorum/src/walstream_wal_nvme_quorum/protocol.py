@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from walstream.format.frames import CRC_BYTES, crc_trailer_ok, with_crc
@@ -27,6 +28,8 @@ __all__ = [
     "BodyReader",
     "Frame",
     "FrameError",
+    "FrameLengthError",
+    "FrameReader",
     "Op",
     "Status",
     "decode_identity",
@@ -104,6 +107,61 @@ def parse_frame(payload: bytes, start: int = 0, end: int | None = None) -> Frame
         raise FrameError("frame checksum mismatch")
     code, request_id = _FRAME_HEAD.unpack_from(payload, start)
     return Frame(code, request_id, payload[start + _FRAME_HEAD.size : stop - CRC_BYTES])
+
+
+class FrameLengthError(FrameError):
+    """A length prefix no frame can have (below the smallest frame or over the bound): the
+    stream cannot be resynchronised, the connection must end."""
+
+    def __init__(self, length: int, max_length: int) -> None:
+        super().__init__(f"frame length {length} outside {MIN_FRAME_LENGTH}..{max_length}")
+        self.length = length
+
+
+class FrameReader:
+    """Splits the bytes a connection receives into frames, keeping a partial frame until the
+    rest arrives (both ends of the protocol use one per connection)."""
+
+    def __init__(self, max_length: int) -> None:
+        self.max_length = max_length
+        self._buffer = bytearray()
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of a frame not complete yet (0: the stream is between frames)."""
+        return len(self._buffer)
+
+    def clear(self) -> None:
+        self._buffer.clear()
+
+    def feed(self, data: bytes) -> Iterator[Frame | FrameError]:
+        """Each frame ``data`` completes, in order: a :class:`Frame`, or the
+        :class:`FrameError` of a damaged one (its length was sound: the next frame follows it).
+        Raises :class:`FrameLengthError` at an impossible length prefix. The rest of a partial
+        frame is kept once the iteration is complete (a caller that stops early, its connection
+        ending, drops it)."""
+        if self._buffer:
+            self._buffer += data
+            data = bytes(self._buffer)
+            self._buffer.clear()
+        position, size = 0, len(data)
+        while size - position >= FRAME_PREFIX.size:
+            (length,) = FRAME_PREFIX.unpack_from(data, position)
+            if length < MIN_FRAME_LENGTH or length > self.max_length:
+                raise FrameLengthError(length, self.max_length)
+            start = position + FRAME_PREFIX.size
+            end = start + length
+            if end > size:
+                break
+            position = end
+            try:
+                frame: Frame | FrameError = parse_frame(data, start, end)
+            except FrameError as exc:
+                frame = exc
+            yield frame
+        # Kept only when every frame was taken: a reader that stops early ends its connection.
+        if position < size:
+            self._buffer += data[position:] if position else data
 
 
 def pack_str(text: str) -> bytes:

@@ -32,16 +32,16 @@ from walstream.errors import (
 from .protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     FRAME_PREFIX,
-    MIN_FRAME_LENGTH,
     BodyReader,
     FrameError,
+    FrameLengthError,
+    FrameReader,
     Op,
     Status,
     decode_identity,
     encode_frame,
     encode_listing,
     pack_u64,
-    parse_frame,
 )
 from .store import DEFAULT_SEGMENT_BYTES, ChunkStore
 
@@ -195,7 +195,7 @@ class _Connection(asyncio.Protocol):
         self.server = server
         self.authenticated = server.token is None
         self._transport: asyncio.Transport | None = None
-        self._buffer = bytearray()
+        self._frames = FrameReader(server.max_frame_bytes)
         self._outstanding = 0
         self._reading_paused = False
         self._writing_paused = False
@@ -219,39 +219,19 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closed:
             return
-        if self._buffer:
-            self._buffer += data
-            data = bytes(self._buffer)
-            self._buffer.clear()
-        max_frame_bytes = self.server.max_frame_bytes
-        position = 0
-        size = len(data)
-        while size - position >= FRAME_PREFIX.size:
-            (length,) = FRAME_PREFIX.unpack_from(data, position)
-            if length < MIN_FRAME_LENGTH or length > max_frame_bytes:
-                self._reply(
-                    0,
-                    Status.BAD_REQUEST,
-                    f"frame length {length} outside {MIN_FRAME_LENGTH}.."
-                    f"{max_frame_bytes}; closing the connection".encode(),
-                )
-                self._close()
-                return
-            start = position + FRAME_PREFIX.size
-            end = start + length
-            if end > size:
-                break
-            position = end
-            try:
-                frame = parse_frame(data, start, end)
-            except FrameError as exc:
-                self._reply(0, Status.BAD_REQUEST, str(exc).encode())
-                continue
-            self._request(frame.code, frame.request_id, frame.body)
-            if self._closed:
-                return
-        if position < size:
-            self._buffer += data[position:] if position else data
+        try:
+            for frame in self._frames.feed(data):
+                if isinstance(frame, FrameError):
+                    self._reply(0, Status.BAD_REQUEST, str(frame).encode())
+                    continue
+                self._request(frame.code, frame.request_id, frame.body)
+                if self._closed:
+                    return
+        except FrameLengthError as exc:
+            self._reply(0, Status.BAD_REQUEST, f"{exc}; closing the connection".encode())
+            self._close()
+            return
+        if self._frames.buffered:
             if self._stall is None:
                 loop = asyncio.get_running_loop()
                 self._stall = loop.call_later(FRAME_READ_TIMEOUT_S, self._stalled)
@@ -260,10 +240,10 @@ class _Connection(asyncio.Protocol):
             self._stall = None
 
     def eof_received(self) -> bool:
-        if self._buffer:
+        if self._frames.buffered:
             message = (
                 b"truncated frame length"
-                if len(self._buffer) < FRAME_PREFIX.size
+                if self._frames.buffered < FRAME_PREFIX.size
                 else b"truncated frame"
             )
             self._reply(0, Status.BAD_REQUEST, message)
@@ -339,7 +319,7 @@ class _Connection(asyncio.Protocol):
 
     def _stalled(self) -> None:
         self._stall = None
-        if self._buffer and not self._closed:
+        if self._frames.buffered and not self._closed:
             self._reply(0, Status.BAD_REQUEST, b"truncated frame")
             self._close()
 
@@ -349,7 +329,7 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None and not self._closed:
             self._transport.close()
         self._closed = True
-        self._buffer.clear()
+        self._frames.clear()
 
     def abort(self) -> None:
         if self._transport is not None:
