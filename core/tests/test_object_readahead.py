@@ -65,6 +65,15 @@ class SlowStore(MemoryObjectStore):
         finally:
             self.in_flight -= 1
 
+    def gets_covering(self, key: str, position: int, size: int) -> list[int]:
+        """The reader's progress when each GET of ``key`` that covers bytes ``position`` to
+        ``position + size`` was issued."""
+        return [
+            progress
+            for got, start, end, progress in self.ranges
+            if got == key and 0 <= start <= position and end is not None and position + size <= end
+        ]
+
 
 async def cold_stream(
     store: SlowStore, records: int = RECORDS
@@ -302,14 +311,7 @@ async def test_bytes_damaged_on_the_way_to_a_prefetch_are_caught_by_the_read_tha
         position = batch[-1].offset + 1
     assert store.damage_once is None  # the damage was delivered ...
     # ... to a GET issued ahead, while the reader was still well before the block ...
-    first_get = next(
-        progress
-        for key, start, end, progress in store.ranges
-        if key == info.key
-        and 0 <= start <= damaged.position
-        and end is not None
-        and damaged.position + damaged.size <= end
-    )
+    first_get = store.gets_covering(info.key, damaged.position, damaged.size)[0]
     assert first_get < damaged.start_offset - 700
     # ... and checked like a range fetched on demand: no damaged value was returned, and at
     # most the read that needed the block saw an error (none when the block came after what
@@ -330,15 +332,7 @@ async def test_a_damaged_block_read_ahead_fails_only_the_read_that_reaches_it(wh
     await store.put(info.key, bytes(data))
 
     def gets_of_damaged() -> list[int]:
-        """The reader's progress when each GET that covers the damaged block was issued."""
-        return [
-            progress
-            for key, start, end, progress in store.ranges
-            if key == info.key
-            and 0 <= start <= damaged.position
-            and end is not None
-            and damaged.position + damaged.size <= end
-        ]
+        return store.gets_covering(info.key, damaged.position, damaged.size)
 
     reader = ObjectReader(
         store, metadata, readahead_min_bytes=64 << 10, readahead_max_bytes=1 << 20
