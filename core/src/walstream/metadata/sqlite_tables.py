@@ -9,6 +9,7 @@ walstream's typed errors through :func:`translate_error`.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -381,7 +382,7 @@ def open_connection(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
     connection = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
     try:
         connection.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        mode = _journal_mode_wal(connection, busy_timeout_s)
         if str(mode).lower() != "wal":
             raise ConfigError(
                 f"metadata.path: {str(path)!r} cannot use SQLite WAL journaling "
@@ -393,6 +394,25 @@ def open_connection(path: Path, busy_timeout_s: float) -> sqlite3.Connection:
         connection.close()
         raise
     return connection
+
+
+def _journal_mode_wal(connection: sqlite3.Connection, busy_timeout_s: float) -> object:
+    """``PRAGMA journal_mode = WAL``, retried while another connection holds the lock. Switching
+    the journal mode of a new file takes an exclusive lock, and SQLite answers "database is
+    locked" at once, without its busy handler, when connections opening the same new file at the
+    same moment would otherwise wait for each other."""
+    deadline = time.monotonic() + busy_timeout_s
+    pause = 0.001
+    while True:
+        try:
+            return connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError as error:
+            code = getattr(error, "sqlite_errorcode", None)
+            locked = isinstance(code, int) and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+            if not locked or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 def ensure_schema(tables: Tables, path: Path) -> None:
