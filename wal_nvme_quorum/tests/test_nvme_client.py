@@ -24,6 +24,16 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[int, int]:
     return frame.code, frame.request_id
 
 
+async def request_ids(reader: asyncio.StreamReader) -> AsyncIterator[int]:
+    """The id of each request the client sends, until it closes the connection."""
+    while True:
+        try:
+            _, request_id = await read_request(reader)
+        except asyncio.IncompleteReadError:
+            return
+        yield request_id
+
+
 @pytest.fixture
 async def scripted() -> AsyncIterator[Callable[[Script], Awaitable[str]]]:
     servers: list[asyncio.Server] = []
@@ -72,11 +82,7 @@ async def test_a_damaged_reply_fails_the_request_as_ambiguous_and_the_client_rec
     async def damage_the_first(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal connections
         connections += 1
-        while True:
-            try:
-                _, request_id = await read_request(reader)
-            except asyncio.IncompleteReadError:
-                return
+        async for request_id in request_ids(reader):
             reply = bytearray(encode_frame(Status.OK, request_id))
             if connections == 1:
                 reply[-1] ^= 0xFF
@@ -99,11 +105,7 @@ async def test_a_reply_split_across_segments_is_joined_and_an_impossible_length_
     async def split_then_garble(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal connections
         connections += 1
-        while True:
-            try:
-                _, request_id = await read_request(reader)
-            except asyncio.IncompleteReadError:
-                return
+        async for request_id in request_ids(reader):
             reply = encode_frame(Status.OK, request_id)
             if connections == 1:
                 # one reply in three segments, the length prefix itself cut in two
