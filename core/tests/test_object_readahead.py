@@ -32,8 +32,9 @@ def value(offset: int) -> bytes:
 
 class SlowStore(MemoryObjectStore):
     """GETs take a moment; records how many ran at once and which ranges were asked for (with
-    ``progress()`` at the time); can fail chosen GETs once, and damage the bytes of the first
-    GET that covers ``damage_once`` (key, position) in transit."""
+    ``progress()`` at the time); can fail chosen GETs once, damage the bytes of the first
+    GET that covers ``damage_once`` (key, position) in transit, and hold GETs of ``held`` keys
+    for a minute (unless cancelled)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -44,13 +45,14 @@ class SlowStore(MemoryObjectStore):
         self.ranges: list[tuple[str, int, int | None, int]] = []
         self.progress: Callable[[], int] = lambda: 0
         self.damage_once: tuple[str, int] | None = None
+        self.held: set[str] = set()
 
     async def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
         self.ranges.append((key, start, end, self.progress()))
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(60 if key in self.held else 0.002)
             if (key, start) in self.fail_once:
                 self.fail_once.discard((key, start))
                 self.failed.append((key, start))
@@ -201,6 +203,20 @@ async def test_a_closed_or_cancelled_scan_releases_its_read_ahead() -> None:
         await consumer
     assert reader.prefetch_bytes == 0
     # The GETs it had in flight were cancelled, not left running.
+    await asyncio.sleep(0.01)
+    assert store.in_flight == 0
+
+
+async def test_a_closed_scan_cancels_the_index_reads_it_started_ahead() -> None:
+    store = SlowStore()
+    metadata, stream_id, objects = await cold_stream(store)
+    ordered = sorted(objects, key=lambda info: info.ranges[0].start_offset)
+    store.held = {info.key for info in ordered[1:]}  # the next objects' GETs hang
+    reader = ObjectReader(store, metadata, readahead_max_bytes=1 << 20, readahead_depth=4)
+    scan = read_committed(store, metadata, stream_id, 0, batch_records=300, reader=reader)
+    assert (await anext(scan)).value == value(0)
+    assert store.in_flight > 0  # the following objects' indexes are read ahead at once
+    await scan.aclose()
     await asyncio.sleep(0.01)
     assert store.in_flight == 0
 

@@ -352,12 +352,18 @@ class ReadAhead:
         return claimed
 
     def release(self, stream_id: int) -> None:
-        """Drop (and cancel) what was read ahead for ``stream_id``: its scan will not read it."""
+        """Drop (and cancel) what was read ahead for ``stream_id``: its scan will not read it.
+        Index reads ahead that no other scan plans to use are cancelled too (a read waiting for
+        one reads the index itself)."""
         self._plans.pop(stream_id, None)
         for key in [key for key in self._prefetches if key[0] == stream_id]:
             dropped = self._drop(key)
             if dropped is not None:
                 dropped.task.cancel()
+        planned = {info.object_id for plan in self._plans.values() for info in plan.infos}
+        for object_id, loading in list(self._index_loads.items()):
+            if object_id not in planned:
+                loading.cancel()
 
     async def checked(self, pending: Prefetch, run: list[IndexEntry]) -> list[Checked] | None:
         """The blocks ``run`` as ``pending`` checked them once fetched, or ``None`` when it
