@@ -3,6 +3,11 @@
 No node is involved: metadata says which objects hold the slice, :class:`ObjectReader` fetches
 their blocks with ranged GETs. Only committed data exists here, so a reader sees a stream up to
 its ``committed_end`` — at most one upload interval behind the node's acknowledged tail.
+
+A slice is a sequential scan: its reader reads ahead from its first GET, with the deployment's
+``cache.readahead_*`` options (up to ``readahead_depth x readahead_max_bytes`` in flight per
+task), on the walstream event loop while Spark consumes the previous chunk; whatever was read
+ahead is dropped and its GETs cancelled when the slice ends or Spark stops reading it early.
 """
 
 from __future__ import annotations
@@ -43,7 +48,29 @@ _BLOCK_CACHE_BYTES = 32 << 20
 def read_slice(backends: DeploymentBackends, piece: ReadSlice) -> Iterator[list[SequencedRecord]]:
     """Chunks of the slice's records, in offset order; trimmed records and records older than
     ``piece.min_timestamp_ms`` are left out."""
-    reader = ObjectReader(backends.objects, backends.metadata, block_cache_bytes=_BLOCK_CACHE_BYTES)
+    cache = backends.engine_config.cache
+    reader = ObjectReader(
+        backends.objects,
+        backends.metadata,
+        block_cache_bytes=_BLOCK_CACHE_BYTES,
+        readahead_min_bytes=cache.readahead_min_bytes,
+        readahead_max_bytes=cache.readahead_max_bytes,
+        readahead_depth=cache.readahead_depth,
+    )
+    try:
+        yield from _read_chunks(backends, piece, reader)
+    finally:
+        run(_release(reader, piece.stream_id))
+
+
+async def _release(reader: ObjectReader, stream_id: int) -> None:
+    """On the loop that runs the reader's GETs: cancelling them is not thread-safe elsewhere."""
+    reader.release(stream_id)
+
+
+def _read_chunks(
+    backends: DeploymentBackends, piece: ReadSlice, reader: ObjectReader
+) -> Iterator[list[SequencedRecord]]:
     position = piece.start
     stop = piece.end
     while position < stop:
@@ -54,7 +81,11 @@ def read_slice(backends: DeploymentBackends, piece: ReadSlice) -> Iterator[list[
         stop = min(stop, max(info.committed_end, position))
         if position >= stop:
             return
-        records = run(reader.read(piece.stream_id, position, stop, _CHUNK_RECORDS, _CHUNK_BYTES))
+        records = run(
+            reader.read(
+                piece.stream_id, position, stop, _CHUNK_RECORDS, _CHUNK_BYTES, sequential=True
+            )
+        )
         if not records:
             # Trimmed meanwhile? The next round re-reads start_offset; otherwise it is a hole.
             info = run(backends.metadata.get_streams([piece.stream_id])).get(piece.stream_id)
