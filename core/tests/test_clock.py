@@ -18,6 +18,19 @@ async def test_system_clock_wait_reports_whether_the_event_was_set() -> None:
     assert await clock.wait(event, 0) is True  # already set: no waiting at all
 
 
+async def test_system_clock_wait_resumes_in_the_first_loop_step_after_the_event_is_set() -> None:
+    """No task of its own around the event: setting it schedules the waiter itself, so a
+    waiter set before another task yields once has resumed by the time that task resumes."""
+    clock = SystemClock()
+    event = asyncio.Event()
+    waiter = asyncio.create_task(clock.wait(event, 30.0))
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    event.set()
+    await asyncio.sleep(0)
+    assert waiter.done() and waiter.result() is True
+
+
 async def test_system_clock_wait_for_times_out_and_cancels_the_work() -> None:
     clock = SystemClock()
     assert await clock.wait_for(asyncio.sleep(0, result=7), 1.0) == 7

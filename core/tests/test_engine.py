@@ -217,6 +217,29 @@ async def test_tail_follows_new_records(backends: Backends) -> None:
         assert empty.records == [] and empty.tail == 30
 
 
+async def test_a_reader_waiting_at_the_tail_holds_the_record_when_its_append_returns(
+    backends: Backends,
+) -> None:
+    """The acknowledgement itself wakes a read waiting at the tail, ahead of the appender: by
+    the time ``append`` returns, the waiting read has returned the record. Before, the read's
+    wait resumed two steps of the event loop after the appender, behind whatever ran in
+    those steps (the next WAL write, an upload, a fence check)."""
+    async with backends.client() as client:
+        stream = await client.create_stream("waiting")
+        await stream.append([Record(b"before")])  # the stream is written here from now on
+        waiting = asyncio.create_task(stream.read(start=1, wait=30.0))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not waiting.done()  # at the tail, waiting
+        ack = await stream.append([Record(b"awaited")])
+        assert waiting.done()
+        result = waiting.result()
+        assert [(record.offset, record.value) for record in result.records] == [
+            (ack.start, b"awaited")
+        ]
+        assert result.tail == ack.end
+
+
 async def test_flipped_byte_in_object_raises_corruption(tmp_path: Path) -> None:
     backends = Backends("files", tmp_path)
     async with backends.client() as client:

@@ -56,8 +56,13 @@ class SystemClock:
     async def wait(self, event: asyncio.Event, timeout: float) -> bool:
         if event.is_set():
             return True
+        # The loop's own timeout around the event, as in wait_for: ``asyncio.wait_for`` would
+        # wrap event.wait() in a task of its own on Python 3.11, and a set event would then
+        # resume the waiter two steps of the loop later (a reader at the tail would see an
+        # acknowledged record only after the appender, and whatever it runs, went first).
         try:
-            await asyncio.wait_for(event.wait(), max(0.0, timeout))
+            async with asyncio.timeout(max(0.0, timeout)):
+                await event.wait()
         except TimeoutError:
             return event.is_set()
         return True

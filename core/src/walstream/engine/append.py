@@ -348,6 +348,8 @@ class StreamWriter:
         block.settle(index, wal_offset)
         if end > state.acked_tail:
             state.acked_tail = end
+        # Readers waiting at the tail first: they resume ahead of the appender and of what it
+        # does next (the next append, the WAL's next write).
         state.notify()
         if not answer.done():
             answer.set_result(None)

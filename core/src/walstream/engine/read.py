@@ -3,7 +3,9 @@
 :class:`StreamReader` serves a node's reads: acknowledged records still in the LogCache come from
 memory, older ones through the :class:`~walstream.engine.object_reader.ObjectReader`; at the tail
 a read waits (up to its ``wait``) for the next acknowledgement, or, for a stream another node
-writes, polls metadata for newly committed records.
+writes, polls metadata for newly committed records. The acknowledgement itself wakes a read
+waiting here, ahead of the appender: the read has returned the records by the time the
+``append`` that wrote them returns.
 
 :func:`read_committed` reads committed records with no node at all (Spark, tools on a stopped
 deployment).
