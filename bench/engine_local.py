@@ -23,6 +23,12 @@ goes to ``bench/results/engine_local.json`` and a plot to ``bench/results/engine
     .venv/bin/python bench/engine_local.py                    # 5 runs of 5 s
     .venv/bin/python bench/engine_local.py --quick --asyncio  # the same on asyncio's own loop
     .venv/bin/python bench/engine_local.py --quick --profile  # + cProfile of one engine run
+    .venv/bin/python bench/engine_local.py --tail-only        # only walstream's tail visibility
+
+``--tail-only`` runs walstream's tail measurement alone (no appends, no Redis, so neither
+``redis-server`` nor ``redis-benchmark`` is needed), with ``walstream.tune_gc()`` applied once
+before the first run as the appends measurement would have; for comparing engine changes. Its
+JSON goes to ``bench/results/engine_local_tail.json`` (no plot), so it never replaces a full run's.
 """
 
 from __future__ import annotations
@@ -363,8 +369,19 @@ def main() -> None:
         help="run walstream on asyncio's own event loop (default: uvloop when installed)",
     )
     parser.add_argument("--profile", action="store_true", help="cProfile one engine run")
-    parser.add_argument("--json", type=Path, default=RESULTS / "engine_local.json")
+    parser.add_argument(
+        "--tail-only",
+        action="store_true",
+        help="only walstream's tail visibility (no appends, no Redis)",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        help="default: bench/results/engine_local.json (--tail-only: engine_local_tail.json)",
+    )
     args = parser.parse_args()
+    if args.json is None:
+        args.json = RESULTS / ("engine_local_tail.json" if args.tail_only else "engine_local.json")
     if args.uvloop:
         try:
             import uvloop  # noqa: F401
@@ -373,7 +390,8 @@ def main() -> None:
     runs = args.runs or (3 if args.quick else 5)
     seconds = args.seconds or (2.0 if args.quick else 5.0)
     tail_records = args.tail_records or (500 if args.quick else 2000)
-    for tool in ("fio", "redis-server", "redis-benchmark"):
+    tools = ("fio",) if args.tail_only else ("fio", "redis-server", "redis-benchmark")
+    for tool in tools:
         if shutil.which(tool) is None:
             # Reported by bench/run_all.py as skipped (Debian packages fio, redis-server).
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), tool)
@@ -385,28 +403,41 @@ def main() -> None:
         node = workdir / "node"
         node.mkdir()
         pretouch(node)
-        with redis_server(workdir / "redis") as port:
+        if args.tail_only:
+            tune_gc()  # as engine_appends does before the tail runs of a full run
             for run in range(runs):
-                with _profile.measured("engine_appends"):
-                    appends = run_loop(
-                        lambda: engine_appends(node, args.clients, seconds), args.uvloop
-                    )
-                raw.setdefault("walstream_appends", []).append(appends)
-                # As many requests as walstream managed in the same time, at least 20k.
-                requests = max(20_000, int(raw["walstream_appends"][-1]["records_per_s"] * seconds))
-                raw.setdefault("redis_appends", []).append(
-                    redis_appends(port, args.clients, requests)
-                )
                 raw.setdefault("walstream_tail", []).append(
                     run_loop(
                         lambda: engine_tail(node, tail_records, args.tail_interval), args.uvloop
                     )
                 )
-                raw.setdefault("redis_tail", []).append(
-                    asyncio.run(redis_tail(port, tail_records, args.tail_interval))
-                )
                 print(f"run {run + 1}/{runs} done", flush=True)
-        if args.profile:
+        else:
+            with redis_server(workdir / "redis") as port:
+                for run in range(runs):
+                    with _profile.measured("engine_appends"):
+                        appends = run_loop(
+                            lambda: engine_appends(node, args.clients, seconds), args.uvloop
+                        )
+                    raw.setdefault("walstream_appends", []).append(appends)
+                    # As many requests as walstream managed in the same time, at least 20k.
+                    requests = max(
+                        20_000, int(raw["walstream_appends"][-1]["records_per_s"] * seconds)
+                    )
+                    raw.setdefault("redis_appends", []).append(
+                        redis_appends(port, args.clients, requests)
+                    )
+                    raw.setdefault("walstream_tail", []).append(
+                        run_loop(
+                            lambda: engine_tail(node, tail_records, args.tail_interval),
+                            args.uvloop,
+                        )
+                    )
+                    raw.setdefault("redis_tail", []).append(
+                        asyncio.run(redis_tail(port, tail_records, args.tail_interval))
+                    )
+                    print(f"run {run + 1}/{runs} done", flush=True)
+        if args.profile and not args.tail_only:
             profiler = cProfile.Profile()
             profiler.enable()
             run_loop(lambda: engine_appends(node, args.clients, seconds), args.uvloop)
@@ -418,21 +449,32 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
     results = {name: median_of(values) for name, values in raw.items()}
-    ratios = {
-        "throughput_over_redis": results["walstream_appends"]["records_per_s"]
-        / results["redis_appends"]["records_per_s"],
-        "p99_over_redis_p99": results["walstream_appends"]["p99_ms"]
-        / results["redis_appends"]["p99_ms"],
-        "tail_p99_ms": results["walstream_tail"]["p99_ms"],
-        "tail_p99_over_redis_tail_p99": results["walstream_tail"]["p99_ms"]
-        / max(results["redis_tail"]["p99_ms"], 1e-6),
-    }
-    loop_name = "uvloop" if args.uvloop else "asyncio"
-    print(
-        f"\nin-process engine vs Redis on {args.dir} ({'quick' if args.quick else 'full'}: "
-        f"{runs} runs x {seconds:g} s, medians; {args.clients} clients x {VALUE_BYTES} B; "
-        f"walstream on {loop_name})"
+    ratios = (
+        {"tail_p99_ms": results["walstream_tail"]["p99_ms"]}
+        if args.tail_only
+        else {
+            "throughput_over_redis": results["walstream_appends"]["records_per_s"]
+            / results["redis_appends"]["records_per_s"],
+            "p99_over_redis_p99": results["walstream_appends"]["p99_ms"]
+            / results["redis_appends"]["p99_ms"],
+            "tail_p99_ms": results["walstream_tail"]["p99_ms"],
+            "tail_p99_over_redis_tail_p99": results["walstream_tail"]["p99_ms"]
+            / max(results["redis_tail"]["p99_ms"], 1e-6),
+        }
     )
+    loop_name = "uvloop" if args.uvloop else "asyncio"
+    if args.tail_only:
+        print(
+            f"\nin-process engine, tail visibility only, on {args.dir} ({runs} runs x "
+            f"{tail_records} records every {args.tail_interval * 1e3:g} ms, medians; "
+            f"walstream on {loop_name})"
+        )
+    else:
+        print(
+            f"\nin-process engine vs Redis on {args.dir} ({'quick' if args.quick else 'full'}: "
+            f"{runs} runs x {seconds:g} s, medians; {args.clients} clients x {VALUE_BYTES} B; "
+            f"walstream on {loop_name})"
+        )
     print(f"{'case':<22}{'rec/s':>12}{'p50 ms':>10}{'p99 ms':>10}{'p999 ms':>10}")
     for name, row in results.items():
         rate = f"{row['records_per_s']:>12.0f}" if "appends" in name else f"{'-':>12}"
@@ -452,6 +494,7 @@ def main() -> None:
             {
                 "benchmark": "engine_local",
                 "quick": args.quick,
+                "tail_only": args.tail_only,
                 "runs": runs,
                 "seconds_per_measurement": seconds,
                 "clients": args.clients,
@@ -471,6 +514,9 @@ def main() -> None:
         )
     )
     png = args.json.with_suffix(".png")
+    if args.tail_only:
+        print(f"\nwrote {args.json}")
+        return
     drawn = plot(png, results, ratios)
     print(f"\nwrote {args.json}" + (f" and {png}" if drawn else " (no PNG: matplotlib missing)"))
 
