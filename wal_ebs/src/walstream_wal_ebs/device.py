@@ -15,11 +15,18 @@ stable media — the kernel issues it with FUA or follows it with a cache flush 
 the sliding window is durable on its own completion, in one system call, without waiting for the
 other in-flight writes the way an ``fdatasync`` of the whole file would. (An AIO ``fdatasync``
 command is also refused by most filesystems.)
+
+Each AIO request costs little Python (:class:`_Aio`): the control blocks are allocated once per
+open and reused; a request fills five fields of a free one and goes to ``io_submit`` through the
+``ctypes`` declarations of the ``libaio`` package, and completions are collected into one
+preallocated event array. (The package's object layer built a control block, an iovec array and a
+bookkeeping entry per request, and a 512-event array per collection.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import errno
 import mmap
 import os
@@ -42,6 +49,12 @@ __all__ = [
 ]
 
 _AIO_MAX_EVENTS = 512
+_REAP_BATCH = 64
+"""Completion events collected per ``io_getevents`` call (more calls when more are ready)."""
+_IO_CMD_PREAD = 0
+_IO_CMD_PWRITE = 1
+_IOCB_FLAG_RESFD = 1
+"""``struct iocb`` flag: signal ``aio_resfd`` (an eventfd) when the request completes."""
 
 WriteBuffer = mmap.mmap | memoryview
 """A page-aligned buffer, or a view of one starting at its first byte."""
@@ -144,9 +157,7 @@ class WalDevice:
         self.is_block_device = stat.S_ISBLK(mode)
         self.size_bytes = os.lseek(self.fd, 0, os.SEEK_END)
         self._loop: asyncio.AbstractEventLoop | None = None
-        # libaio ships no type information: its context and eventfd are untyped.
-        self._context: Any = None
-        self._eventfd: Any = None
+        self._aio: _Aio | None = None
         self._read_buffers = BufferPool(max_pooled_bytes=1 << 20)
         """Read buffers are reused: a header read (every fence check) would otherwise map and
         unmap a fresh buffer, and unmapping is a costly system call."""
@@ -158,22 +169,16 @@ class WalDevice:
         self._loop = loop
         if not self.direct:
             return
-        import libaio
-
-        self._context = libaio.AIOContext(_AIO_MAX_EVENTS)
-        efd = libaio.EventFD(0, libaio.EFD_NONBLOCK | libaio.EFD_CLOEXEC)
-        self._eventfd = efd
-        loop.add_reader(efd.fileno(), self._reap)
+        aio = _Aio(self.fd, _AIO_MAX_EVENTS)
+        self._aio = aio
+        loop.add_reader(aio.eventfd, aio.reap)
 
     def close(self) -> None:
-        if self._eventfd is not None and self._loop is not None:
-            self._loop.remove_reader(self._eventfd.fileno())
-        if self._context is not None:
-            self._context.close()
-            self._context = None
-        if self._eventfd is not None:
-            self._eventfd.close()
-            self._eventfd = None
+        if self._aio is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(self._aio.eventfd)
+            self._aio.close()
+            self._aio = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -252,32 +257,10 @@ class WalDevice:
 
     def _issue(self, requests: Sequence[tuple[WriteBuffer, int]], *, write: bool) -> _Issued:
         """``io_submit`` the requests now; :meth:`_complete` waits for them."""
-        import libaio
-
-        loop = self._require_loop()
-        futures: list[asyncio.Future[int]] = []
-        blocks = []
-        mode = libaio.AIOBLOCK_MODE_WRITE if write else libaio.AIOBLOCK_MODE_READ
-        for buffer, position in requests:
-            future: asyncio.Future[int] = loop.create_future()
-            futures.append(future)
-            blocks.append(
-                libaio.AIOBlock(
-                    mode,
-                    target_file=self.fd,
-                    buffer_list=[buffer],
-                    offset=position,
-                    eventfd=self._eventfd,
-                    onCompletion=_completer(future),
-                )
-            )
-        submitted = 0
-        try:
-            while submitted < len(blocks):
-                submitted += self._context.submit(blocks[submitted:])
-        except OSError as exc:
-            return _Issued(futures, submitted, exc)
-        return _Issued(futures, submitted, None)
+        aio = self._aio
+        if aio is None:
+            raise RuntimeError("WalDevice.attach() was not called")
+        return aio.submit(self._require_loop(), requests, write=write)
 
     async def _complete(self, issued: _Issued, *, write: bool) -> list[int]:
         futures, submitted, exc = issued.futures, issued.submitted, issued.error
@@ -293,14 +276,6 @@ class WalDevice:
         if len(futures) == 1:
             return [await futures[0]]  # no gathering: one hop of the loop less
         return list(await asyncio.gather(*futures))
-
-    def _reap(self) -> None:
-        try:
-            self._eventfd.read()
-        except BlockingIOError:
-            pass
-        # The completion callbacks resolve the futures created in _submit.
-        self._context.getEvents(min_nr=0, timeout=0)
 
     def _io_problem(self, action: str, position: int, length: int, result: int) -> str:
         if result < 0:
@@ -322,12 +297,131 @@ class _Issued:
     error: OSError | None
 
 
-def _completer(future: asyncio.Future[int]):  # type: ignore[no-untyped-def]
-    def on_completion(_block: object, result: int, _result2: int) -> None:
-        if not future.done():
-            future.set_result(result)
+class _Aio:
+    """A Linux AIO context for one descriptor, with ``slots`` control blocks allocated once.
 
-    return on_completion
+    A request takes a free block, fills in its operation, buffer, length and position (the
+    descriptor and the eventfd to signal are set once) and is submitted with ``io_submit``; its
+    future and buffer stay in the block's slot until :meth:`reap` collects its completion event
+    (the block's ``data`` field names the slot), resolves the future with the result (bytes
+    transferred or ``-errno``) and frees the slot. A request that was not submitted frees its
+    slot at once. Buffers must be writable (``mmap`` or a view of one): their address is taken
+    through ``ctypes``."""
+
+    def __init__(self, fd: int, slots: int) -> None:
+        from libaio import libaio as raw  # ctypes declarations of libaio.h; no type information
+
+        self._raw: Any = raw
+        context = raw.io_context_t()
+        raw.io_setup(slots, ctypes.byref(context))
+        self._context: Any = context
+        try:
+            self.eventfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        except OSError:
+            raw.io_destroy(context)
+            raise
+        blocks = (raw.iocb * slots)()
+        self._blocks: Any = blocks
+        self._common: list[Any] = []
+        """Each block's read/write part (``u.c``), looked up once."""
+        self._pointers: list[Any] = []
+        for index in range(slots):
+            block = blocks[index]
+            block.aio_fildes = fd
+            block.data = index + 1  # 0 would read back as None
+            common = block.u.c
+            common.flags = _IOCB_FLAG_RESFD
+            common.resfd = self.eventfd
+            self._common.append(common)
+            self._pointers.append(ctypes.pointer(block))
+        self._submit_list: Any = (raw.iocb_p * slots)()
+        self._free = list(range(slots - 1, -1, -1))
+        self._futures: list[asyncio.Future[int] | None] = [None] * slots
+        self._buffers: list[WriteBuffer | None] = [None] * slots
+        """What each submitted request reads from or writes into: kept alive until it completes."""
+        self._events: Any = (raw.io_event * _REAP_BATCH)()
+        self._no_wait: Any = ctypes.byref(raw.timespec(0, 0))
+
+    def submit(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        requests: Sequence[tuple[WriteBuffer, int]],
+        *,
+        write: bool,
+    ) -> _Issued:
+        futures: list[asyncio.Future[int]] = []
+        taken: list[int] = []
+        opcode = _IO_CMD_PWRITE if write else _IO_CMD_PREAD
+        blocks, common, submit_list = self._blocks, self._common, self._submit_list
+        try:
+            for buffer, position in requests:
+                if not self._free:
+                    raise OSError(errno.EAGAIN, "no free AIO control block")
+                index = self._free.pop()
+                taken.append(index)
+                blocks[index].aio_lio_opcode = opcode
+                part = common[index]
+                part.buf = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+                part.nbytes = len(buffer)
+                part.offset = position
+                future: asyncio.Future[int] = loop.create_future()
+                futures.append(future)
+                self._futures[index] = future
+                self._buffers[index] = buffer
+                submit_list[len(taken) - 1] = self._pointers[index]
+        except (OSError, TypeError, ValueError) as exc:
+            self._release(taken)
+            problem = exc if isinstance(exc, OSError) else OSError(errno.EINVAL, str(exc))
+            return _Issued([], 0, problem)
+        submitted = 0
+        try:
+            while submitted < len(taken):
+                if submitted:
+                    for at, index in enumerate(taken[submitted:]):
+                        submit_list[at] = self._pointers[index]
+                submitted += self._raw.io_submit(self._context, len(taken) - submitted, submit_list)
+        except OSError as exc:
+            self._release(taken[submitted:])
+            return _Issued(futures, submitted, exc)
+        return _Issued(futures, submitted, None)
+
+    def _release(self, indexes: Sequence[int]) -> None:
+        for index in indexes:
+            self._futures[index] = None
+            self._buffers[index] = None
+            self._free.append(index)
+
+    def reap(self) -> None:
+        """Collect every completion the kernel has (never waiting); resolve their futures."""
+        try:
+            os.eventfd_read(self.eventfd)
+        except BlockingIOError:
+            pass
+        raw, events, futures, buffers, free = (
+            self._raw,
+            self._events,
+            self._futures,
+            self._buffers,
+            self._free,
+        )
+        while True:
+            count = raw.io_getevents(self._context, 0, _REAP_BATCH, events, self._no_wait)
+            for at in range(count):
+                event = events[at]
+                index = event.data - 1
+                future = futures[index]
+                futures[index] = None
+                buffers[index] = None
+                free.append(index)
+                if future is not None and not future.done():
+                    future.set_result(event.res)
+            if count < _REAP_BATCH:
+                return
+
+    def close(self) -> None:
+        """Destroy the context (waiting for requests in flight), then close the eventfd."""
+        self._raw.io_destroy(self._context)
+        os.close(self.eventfd)
 
 
 def _pwrite_or_errno(fd: int, buffer: WriteBuffer, position: int) -> int:
