@@ -5,8 +5,20 @@ latency (p50/p99/p999, from the call to the acknowledgement) and throughput (rec
 fio gives the physical limit on the same file: QD1 4 KiB random writes with O_DIRECT + O_DSYNC
 (the WAL's own durability mode) for latency, and 1 MiB sequential O_DIRECT + O_DSYNC writes at
 queue depth 1 and at the WAL's window (``max_inflight``) for bandwidth — and the same with the
-WAL's own IO size for a 1 MiB append (1 MiB + 4 KiB: the record header needs a block more), which
-shows how much of the gap the IO's shape explains. Each measurement runs
+WAL's own IO size for a 1 MiB append (1 MiB + 4 KiB: the record header needs a block more) and,
+for latency, sequential 8 KiB writes at QD1 (a 4 KiB append's record header, too, takes a block
+more), which show how much of the gap the IO's shape explains. The targets stay the ratios to
+fio's own shapes (4 KiB QD1; 1 MiB at QD1 and at ``max_inflight``).
+
+Both sides see the same conditions: the same file and region (the record area); every block
+written once before anything is measured (the file is created with ``fallocate``, and the first
+write into an unwritten extent also converts it, which would slow whoever writes first); fio and
+the WAL alternating within each run (each run measures every fio job, then every WAL case); the
+medians of several runs. fio's latency is its completion latency, which for ``psync`` is the
+whole system call; the WAL's runs from the call to ``append`` to its acknowledgement, with all
+the WAL does for it: the record's header and CRC, the copy into an aligned buffer, the fence
+check and, every 100 ms, a trim (two header reads and two header writes, as the uploader's trims
+cost a real node). Each measurement runs
 several times; the table shows medians and the ratios to fio. JSON goes to
 ``bench/results/wal_ebs.json``, a plot to ``bench/results/wal_ebs.png`` (when matplotlib is
 installed).
@@ -43,6 +55,8 @@ RESULTS = Path(__file__).resolve().parent / "results" / "wal_ebs.json"
 WAL_IO_BYTES = (1 << 20) + 4096
 """The one write a 1 MiB append takes: its 32-byte record header and the closing padding
 record need one 4 KiB block more."""
+WAL_SMALL_IO_BYTES = 8192
+"""The one write a 4 KiB append takes (its record header needs a block more)."""
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:
@@ -177,6 +191,7 @@ def main() -> None:
     wal_runs: dict[str, list[dict[str, float]]] = {}
     fio_runs: dict[str, list[dict[str, Any]]] = {
         "lat_4k_qd1": [],
+        "lat_walio_qd1": [],
         "bw_1m_qd1": [],
         "bw_1m_qdN": [],
         "bw_walio_qd1": [],
@@ -191,6 +206,18 @@ def main() -> None:
             fio_runs["lat_4k_qd1"].append(
                 run_fio(
                     path, area_bytes, seconds, rw="randwrite", bs="4k", iodepth=1, ioengine="psync"
+                )
+            )
+            # The WAL's own IO for a 4 KiB append: sequential, and a block more.
+            fio_runs["lat_walio_qd1"].append(
+                run_fio(
+                    path,
+                    area_bytes,
+                    seconds,
+                    rw="write",
+                    bs=str(WAL_SMALL_IO_BYTES),
+                    iodepth=1,
+                    ioengine="psync",
                 )
             )
             fio_runs["bw_1m_qd1"].append(
@@ -238,6 +265,9 @@ def main() -> None:
     fio = {name: median_of(values) for name, values in fio_runs.items()}
     ratios = {
         "p99_1x4KiB_over_fio_qd1_p99": wal["1x4KiB"]["p99_us"] / fio["lat_4k_qd1"]["p99_us"],
+        "p99_1x4KiB_over_fio_walio_qd1_p99": (
+            wal["1x4KiB"]["p99_us"] / fio["lat_walio_qd1"]["p99_us"]
+        ),
         "bw_1x1MiB_over_fio_qd1_bw": wal["1x1MiB"]["mb_per_s"] / fio["bw_1m_qd1"]["mb_per_s"],
         f"bw_64x1MiB_over_fio_qd{MAX_INFLIGHT}_bw": (
             wal["64x1MiB"]["mb_per_s"] / fio["bw_1m_qdN"]["mb_per_s"]
