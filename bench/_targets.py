@@ -84,9 +84,12 @@ def _engine_p99(doc: dict[str, Any]) -> Reading:
 
 def _tail(doc: dict[str, Any]) -> Reading:
     ours, redis = doc["results"]["walstream_tail"], doc["results"]["redis_tail"]
+    # The reader is woken by the acknowledgement itself, so the path from the append call to
+    # the reader (durable, then delivered) is shown beside it.
     return (
-        f"p99 {ours['p99_ms']:.2f} ms",
-        f"Redis XADD -> XREAD BLOCK p99 {redis['p99_ms']:.2f} ms",
+        f"p99 {ours['p99_ms']:.2f} ms; from the append call {ours['from_call_p99_ms']:.2f} ms",
+        f"Redis XADD -> XREAD BLOCK p99 {redis['p99_ms']:.2f} ms; from the XADD call "
+        f"{redis['from_call_p99_ms']:.2f} ms",
         ours["p99_ms"] / 1.0,
         ours["p99_ms"] <= 1.0,
     )
