@@ -3,6 +3,7 @@ corruption and truncation, identity (format version 2) and reading version-1 obj
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 from collections import Counter
@@ -126,6 +127,22 @@ def test_round_trip_through_index_and_blocks() -> None:
     assert index.stream_ids() == [2, 5, 7]
     for stream_id, batches in streams:
         assert read_stream(built.data, index, stream_id, 0) == expected_records(stream_id, batches)
+
+
+def test_decoded_records_are_ordinary_frozen_sequenced_records() -> None:
+    # Decoders make records through make_sequenced_record, not the constructor.
+    records = [Record(b"v", key=b"k", headers=(("h", b"x"),)), Record(b"w")]
+    _, decoded = decode_batch(encode_batch(7, 1, 40, records, [5, 6]))
+    expected = [
+        SequencedRecord(40, b"v", b"k", (("h", b"x"),), 5),
+        SequencedRecord(41, b"w", None, (), 6),
+    ]
+    assert decoded == expected
+    assert [repr(record) for record in decoded] == [repr(record) for record in expected]
+    assert {hash(record) for record in decoded} == {hash(record) for record in expected}
+    assert all(type(record) is SequencedRecord for record in decoded)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        decoded[0].value = b"changed"  # type: ignore[misc]
 
 
 def test_slices_describe_each_stream_in_added_order() -> None:

@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 import re
 import struct
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from walstream.errors import InvalidArgument
@@ -353,6 +353,41 @@ class SequencedRecord:
     key: bytes | None = None
     headers: Headers = ()
     timestamp_ms: int = 0
+
+
+_RecordMaker = Callable[[int, bytes, bytes | None, Headers, int], SequencedRecord]
+
+
+def _sequenced_record_maker() -> _RecordMaker:
+    """A constructor of :class:`SequencedRecord` for decoders, which make thousands per block:
+    it fills the slots through their descriptors, in the order of the dataclass's fields,
+    instead of the frozen ``__init__``'s ``object.__setattr__`` per field (half the time). Same
+    values, same type, equal to what the class's own constructor makes."""
+    names = [item.name for item in fields(SequencedRecord)]
+    if names != ["offset", "value", "key", "headers", "timestamp_ms"]:
+        raise TypeError(f"SequencedRecord's fields changed ({names}): update this maker")
+    set_offset, set_value, set_key, set_headers, set_timestamp = (
+        getattr(SequencedRecord, name).__set__ for name in names
+    )
+    new = object.__new__
+
+    def make(
+        offset: int, value: bytes, key: bytes | None, headers: Headers, timestamp_ms: int
+    ) -> SequencedRecord:
+        record: SequencedRecord = new(SequencedRecord)
+        set_offset(record, offset)
+        set_value(record, value)
+        set_key(record, key)
+        set_headers(record, headers)
+        set_timestamp(record, timestamp_ms)
+        return record
+
+    return make
+
+
+make_sequenced_record = _sequenced_record_maker()
+"""``make_sequenced_record(offset, value, key, headers, timestamp_ms)``: a
+:class:`SequencedRecord`, made twice as fast as by its constructor (no argument checks)."""
 
 
 @dataclass(frozen=True, slots=True)

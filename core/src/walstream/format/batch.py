@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from walstream.errors import CorruptionError, InvalidArgument
-from walstream.records import Record, SequencedRecord
+from walstream.records import Record, SequencedRecord, make_sequenced_record
 
 __all__ = [
     "BATCH_HEADER",
@@ -173,6 +173,7 @@ def decode_records_into(
     unpack_i32 = _I32.unpack_from
     unpack_u16 = _U16.unpack_from
     append = records.append
+    make = make_sequenced_record
     pos = position + BATCH_HEADER.size
     end = pos + header.payload_len
     base_offset = header.base_offset
@@ -207,7 +208,7 @@ def decode_records_into(
                 headers = tuple(pairs)
             if pos > end:
                 raise CorruptionError("record overruns its batch")
-            append(SequencedRecord(offset, value, key, headers, timestamp_ms))
+            append(make(offset, value, key, headers, timestamp_ms))
     except (struct.error, UnicodeDecodeError) as exc:
         raise CorruptionError(f"malformed record in batch at byte {position}: {exc}") from exc
     if pos != end:
