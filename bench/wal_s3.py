@@ -22,6 +22,7 @@ of). A table is printed, JSON goes to ``bench/results/wal_s3.json`` and a plot t
 
     .venv/bin/python bench/wal_s3.py            # 10 s per measurement
     .venv/bin/python bench/wal_s3.py --quick    # 3 s per measurement
+    .venv/bin/python bench/wal_s3.py --quick --fence-lease 0   # a LIST after every group
 """
 
 from __future__ import annotations
@@ -42,9 +43,12 @@ from walstream_wal_s3 import S3ObjectStore, S3Settings, S3Wal
 from walstream_wal_s3.testing.latency import LatencyModel
 from walstream_wal_s3.testing.memory_s3 import MemoryBucket, MemoryS3Client
 from walstream_wal_s3.testing.moto import TEST_CREDENTIALS, MotoServer
+from walstream_wal_s3.wal import DEFAULT_FENCE_LEASE_S
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wal_s3.json"
 BUCKET = "walstream-bench"
+FENCE_LEASE_S = [DEFAULT_FENCE_LEASE_S]
+"""The WAL's fence lease (``--fence-lease``)."""
 PUT_P50_MS, PUT_P99_MS = 50.0, 150.0
 GiB = 1 << 30
 MiB = 1 << 20
@@ -89,7 +93,12 @@ async def measure_wal(
     record_bytes: int,
     seconds: float,
 ) -> dict[str, Any]:
-    wal = S3Wal(store_for(endpoint_url, model), max_batch_bytes=8 << 20, max_batch_interval_s=0.25)
+    wal = S3Wal(
+        store_for(endpoint_url, model),
+        max_batch_bytes=8 << 20,
+        max_batch_interval_s=0.25,
+        fence_lease_s=FENCE_LEASE_S[0],
+    )
     await wal.start(node_id, 1, WalMode.READ_WRITE)
     _ = [record async for record in wal.recover()]
     counts_before = dict(wal.store.client.request_counts)
@@ -238,7 +247,15 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 s per measurement")
+    parser.add_argument(
+        "--fence-lease",
+        type=float,
+        default=DEFAULT_FENCE_LEASE_S,
+        help="the WAL's fence_lease in seconds (0: a LIST after every group, as before the "
+        f"lease; default {DEFAULT_FENCE_LEASE_S:g})",
+    )
     args = parser.parse_args()
+    FENCE_LEASE_S[0] = args.fence_lease
     logging.basicConfig(level=logging.WARNING)
     seconds = 3.0 if args.quick else 10.0
     with MotoServer() as moto:
@@ -254,7 +271,12 @@ def main() -> None:
             "put_p99_ms": PUT_P99_MS,
             "applies_to": "every PUT, GET and LIST of a WAL key, in-memory bucket",
         },
-        "wal": {"max_batch_bytes": 8 << 20, "max_batch_interval_ms": 250, "max_inflight": 8},
+        "wal": {
+            "max_batch_bytes": 8 << 20,
+            "max_batch_interval_ms": 250,
+            "max_inflight": 8,
+            "fence_lease_s": args.fence_lease,
+        },
         "machine": machine(),
         "results": results,
     }

@@ -262,3 +262,89 @@ async def test_s3_wal_factory(s3_bucket: Any) -> None:
 
     assert any(ep.name == "s3" for ep in entry_points(group="walstream.wal"))
     assert any(ep.name == "s3" for ep in entry_points(group="walstream.object_store"))
+
+
+def hold_data_puts(wal: S3Wal, gate: asyncio.Event, started: asyncio.Event) -> None:
+    """The WAL's data PUTs wait for ``gate`` (``started`` is set when one does)."""
+    put = wal.store.put
+    data = WalKeys.for_node(7).data
+
+    async def held_put(key: str, body: bytes) -> None:
+        if key.startswith(data) and not gate.is_set():
+            started.set()
+            await gate.wait()
+        await put(key, body)
+
+    wal.store.put = held_put  # type: ignore[method-assign]
+
+
+async def test_s3_wal_under_its_fence_lease_acknowledges_without_a_list_per_group(
+    make_wal: Any,
+) -> None:
+    leased = make_wal(fence_lease_s=30)
+    await start(leased, 1)
+    checks = leased.describe()["fence_checks"]
+    offsets = [await leased.append(f"r{index}".encode()) for index in range(20)]
+    assert leased.objects_written == 20
+    assert leased.describe()["fence_checks"] == checks  # all within the lease of the start's
+    await leased.close()
+    unleased = make_wal(fence_lease_s=0)
+    assert [record.offset for record in await start(unleased, 2)] == offsets
+    checks = unleased.describe()["fence_checks"]
+    for index in range(5):
+        await unleased.append(f"s{index}".encode())
+    assert unleased.describe()["fence_checks"] == checks + 5  # a LIST after every group
+    await unleased.close()
+
+
+async def test_s3_wal_new_owner_waits_out_the_lease_of_a_zombie_acknowledging_under_it(
+    make_wal: Any,
+) -> None:
+    # The zombie's lease comes from a LIST that ran before the new owner's marker existed; its
+    # PUT completes after that marker exists and is acknowledged under the lease. The new owner
+    # must list the data objects only after that lease ran out, or it loses an acknowledged
+    # record.
+    zombie = make_wal(fence_lease_s=3.0)
+    await start(zombie, 1)
+    gate, put_started = asyncio.Event(), asyncio.Event()
+    hold_data_puts(zombie, gate, put_started)
+    write = asyncio.ensure_future(zombie.append(b"acknowledged under the lease"))
+    await asyncio.wait_for(put_started.wait(), 10)
+    rescuer = make_wal()
+    takeover = asyncio.create_task(start(rescuer, 2, WalMode.FAILOVER))
+    marker = WalKeys.for_node(7).epoch(2)
+    while not [meta async for meta in rescuer.store.list(marker)]:
+        assert not takeover.done()
+        await asyncio.sleep(0.005)
+    # The zombie's PUT completes well after the new marker exists (when a new owner that did
+    # not wait would have listed the data objects already), within the zombie's lease.
+    await asyncio.sleep(0.5)
+    gate.set()
+    offset = await write
+    recovered = await takeover
+    assert [(record.offset, record.data) for record in recovered] == [
+        (offset, b"acknowledged under the lease")
+    ]
+    await rescuer.close()
+    await zombie.close()
+
+
+async def test_s3_wal_a_clean_close_gives_the_lease_back(make_wal: Any) -> None:
+    from walstream.clock import ManualClock
+
+    clock = ManualClock()
+    closed = make_wal(fence_lease_s=10, clock=clock)
+    await start(closed, 1)
+    await closed.append(b"a")
+    await closed.close()
+    before = clock.monotonic()
+    crashed = make_wal(fence_lease_s=10, clock=clock)
+    assert [record.data for record in await start(crashed, 2)] == [b"a"]
+    assert clock.monotonic() == before  # closed cleanly: nothing to wait out
+    await crashed.append(b"b")  # and then it is not closed: a crash as far as the WAL knows
+    before = clock.monotonic()
+    taker = make_wal(clock=clock)
+    assert [record.data for record in await start(taker, 3, WalMode.FAILOVER)] == [b"a", b"b"]
+    assert clock.monotonic() - before >= 10 * 1.25  # the crashed writer's lease, with margin
+    await taker.close()
+    await crashed.store.close()

@@ -63,6 +63,10 @@ _WAL_OPTIONS: tuple[Option, ...] = (
            "while PUTs are in flight, appends wait at most this long for company",
            default="250ms"),
     Option("max_inflight", "int", "WAL object PUTs in flight at once", default=8, minimum=1),
+    Option("fence_lease", "duration",
+           "acknowledge without a LIST of epoch markers this long after one showed this writer "
+           "the owner; a new owner waits it out unless the writer closed cleanly (0: a LIST "
+           "after every group)", default="1s"),
 )
 
 
@@ -81,6 +85,7 @@ def _make_wal(options: dict[str, Any], context: BuildContext) -> S3Wal:
         max_batch_bytes=options["max_batch_bytes"],
         max_batch_interval_s=options["max_batch_interval"],
         max_inflight=options["max_inflight"],
+        fence_lease_s=options["fence_lease"],
     )
 
 

@@ -167,16 +167,19 @@ class EpochMarker:
     """What an ``epochs/<epoch>`` marker says about the writer that claimed the epoch.
 
     Format 2 is one line of ``key=value`` words: ``walstream-s3-wal-epoch format=2 node=7
-    epoch=3 mode=read_write deployment=<32 hex digits or none> max_inflight=8 token=<hex>``
-    (the token makes every claim's bytes unique, so a retried conditional create that finds the
-    marker can tell its own from a competitor's). Format 1 markers hold ``node=7 epoch=3
-    mode=read_write`` and parse with an empty deployment id and no ``max_inflight``.
+    epoch=3 mode=read_write deployment=<32 hex digits or none> max_inflight=8
+    fence_lease_ms=1000 token=<hex>`` (the token makes every claim's bytes unique, so a retried
+    conditional create that finds the marker can tell its own from a competitor's;
+    ``fence_lease_ms``, the writer's fence lease, is absent for none). Format 1 markers hold
+    ``node=7 epoch=3 mode=read_write`` and parse with an empty deployment id, no
+    ``max_inflight`` and no lease.
     """
 
     node_id: int
     epoch: int
     deployment_id: bytes = b""
     max_inflight: int | None = None
+    fence_lease_ms: int = 0
 
     def encode(self, mode: str, token: str) -> bytes:
         deployment = self.deployment_id.hex() if self.deployment_id else "none"
@@ -184,6 +187,7 @@ class EpochMarker:
             f"walstream-s3-wal-epoch format=2 node={self.node_id} epoch={self.epoch} "
             f"mode={mode} deployment={deployment} "
             + (f"max_inflight={self.max_inflight} " if self.max_inflight else "")
+            + (f"fence_lease_ms={self.fence_lease_ms} " if self.fence_lease_ms else "")
             + f"token={token}"
         ).encode()
 
@@ -199,6 +203,7 @@ class EpochMarker:
                 epoch=int(fields["epoch"]),
                 deployment_id=b"" if deployment == "none" else bytes.fromhex(deployment),
                 max_inflight=None if max_inflight is None else int(max_inflight),
+                fence_lease_ms=int(fields.get("fence_lease_ms", "0")),
             )
         except (UnicodeDecodeError, KeyError, ValueError):
             raise CorruptionError(
@@ -243,6 +248,10 @@ class WalKeys:
         return self.root + "data/"
 
     @property
+    def releases(self) -> str:
+        return self.root + "released/"
+
+    @property
     def trims(self) -> str:
         return self.root + "trim/"
 
@@ -251,6 +260,9 @@ class WalKeys:
 
     def base(self, epoch: int) -> str:
         return self.bases + _number(epoch)
+
+    def release(self, epoch: int) -> str:
+        return self.releases + _number(epoch)
 
     def trim(self, start: int) -> str:
         return self.trims + _number(start)

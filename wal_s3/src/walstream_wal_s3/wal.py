@@ -11,6 +11,7 @@ Layout under ``<prefix>wal/<node_id>/``::
                                 which deployment and node it belongs to and the writer's
                                 max_inflight
     bases/<epoch>               first offset epoch <epoch> may write (written after its recovery)
+    released/<epoch>            epoch <epoch> closed cleanly: it acknowledges nothing more
     data/<first>-<last>-<epoch> WAL object holding records first..last (inclusive)
     trim/<start>                records below <start> are trimmed (the largest key wins)
 
@@ -40,7 +41,20 @@ read-after-write and list-after-write, so:
   records are recovered.
 
 So no record is acknowledged by a zombie after the new owner's fence, and every record it did
-acknowledge is recovered. Objects of epoch ``e`` that land later (a PUT in flight when the
+acknowledge is recovered.
+
+**Fence lease.** A writer (READ_WRITE) holds a lease of ``fence_lease_s`` from the *start* of
+each LIST of ``epochs/`` that found no newer marker: a group whose PUT completed before the lease
+runs out is acknowledged without another LIST (a background LIST renews the lease while groups
+keep completing; a group completing later waits for a LIST as above). Its epoch marker records
+the lease (``fence_lease_ms``), and a new owner, after creating its marker, waits out the longest
+lease of the epochs that may still be writing — every epoch from the newest one with a base on
+(an epoch writes its base only after it waited out the ones before it), except those that closed
+cleanly (``released/<epoch>``) — times ``_LEASE_MARGIN`` (room for the two clocks' rates to
+differ) before it lists the data objects. A zombie's LIST that missed the new marker started
+before the marker existed, so a group it acknowledges under that lease completed before the new
+owner lists: the argument above holds with "the check started after the PUT" replaced by "the
+lease of a check covers the PUT". Lease 0: a LIST after every group, as before. Objects of epoch ``e`` that land later (a PUT in flight when the
 zombie paused) were never acknowledged; to keep them out of every later recovery, the new
 owner writes ``bases/f`` = the first offset after the chain it recovered, and recovery ignores
 an object of epoch ``e`` starting at or after ``bases/f`` for any ``f > e`` (zombie objects).
@@ -97,6 +111,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import math
 import random
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -156,6 +171,11 @@ log = logging.getLogger(__name__)
 
 _RECOVERY_PREFETCH = 8
 _RESCANS = 3
+DEFAULT_FENCE_LEASE_S = 1.0
+"""How long a LIST of ``epochs/`` that found no newer owner covers acknowledgements."""
+_MAX_FENCE_LEASE_S = 60.0
+_LEASE_MARGIN = 1.25
+"""A new owner waits this many leases (plus a millisecond): room for the clocks' rates to differ."""
 _REASONS_SHOWN = 4
 
 
@@ -268,7 +288,12 @@ class S3Wal(GroupCommitWal):
         owns_store: bool = True,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        fence_lease_s: float = DEFAULT_FENCE_LEASE_S,
     ) -> None:
+        if not 0 <= fence_lease_s <= _MAX_FENCE_LEASE_S:
+            raise InvalidArgument(
+                f"wal.fence_lease: between 0 and {_MAX_FENCE_LEASE_S:g} s, got {fence_lease_s!r}"
+            )
         super().__init__(
             capabilities=WalCapabilities(
                 max_record_bytes=max_record_bytes,
@@ -300,6 +325,10 @@ class S3Wal(GroupCommitWal):
         self._unfinished: set[int] = set()
         """First offsets of groups whose PUT or fence check has not completed."""
         self._fence = SupersededCheck(self._check_not_fenced)
+        self.fence_lease_s = fence_lease_s
+        self._lease_until = -math.inf
+        """Groups whose PUT completed before this (monotonic) time may be acknowledged."""
+        self._renewal: asyncio.Task[None] | None = None
         self._trim_lock: asyncio.Lock | None = None
         self._rng = rng or make_rng(None)
         """Draws the token that makes each epoch claim's marker unique."""
@@ -418,7 +447,10 @@ class S3Wal(GroupCommitWal):
                 f"S3 WAL of node {self.node_id} is owned by epoch {newest} >= {node_epoch}; "
                 "start the node with a newer epoch"
             )
-        marker = EpochMarker(self.node_id, node_epoch, self.deployment_id, self.max_inflight)
+        lease_ms = round(self.fence_lease_s * 1000) if self.mode is WalMode.READ_WRITE else 0
+        marker = EpochMarker(
+            self.node_id, node_epoch, self.deployment_id, self.max_inflight, lease_ms
+        )
         mode = self.mode.value if self.mode else "none"
         data = marker.encode(mode, f"{self._rng.getrandbits(64):016x}")
         try:
@@ -429,16 +461,72 @@ class S3Wal(GroupCommitWal):
                 "process; start with a newer epoch"
             ) from None
         self._markers[node_epoch] = marker
+        await self._outwait_leases(node_epoch)
+
+    async def _numbers(self, folder: str) -> list[int]:
+        """The numbers of the keys in ``folder``."""
+        numbers = []
+        async for meta in self.store.list(folder):
+            number = self._keys.parse_number(meta.key, folder)
+            if number is not None:
+                numbers.append(number)
+        return numbers
+
+    async def _outwait_leases(self, node_epoch: int) -> None:
+        """Wait out the fence leases of the epochs before ``node_epoch`` that may still be
+        acknowledging, before anything of theirs is listed (module docstring, *Fence lease*).
+        Listed after our marker exists: an epoch that got a lease from a check missing our
+        marker created its own marker before that check, so it is listed here."""
+        based = await self._numbers(self._keys.bases)
+        released = set(await self._numbers(self._keys.releases))
+        floor = max((epoch for epoch in based if epoch < node_epoch), default=-1)
+        lease_ms, holder = 0, -1
+        for epoch in await self._numbers(self._keys.epochs):
+            if floor <= epoch < node_epoch and epoch not in released:
+                marker = await self._marker(epoch)
+                if marker is not None and marker.fence_lease_ms > lease_ms:
+                    lease_ms, holder = marker.fence_lease_ms, epoch
+        if lease_ms:
+            wait_s = lease_ms / 1000 * _LEASE_MARGIN + 0.001
+            log.info(
+                "S3 WAL node=%d: waiting %.0f ms for the fence lease of epoch %d to run out",
+                self.node_id,
+                wait_s * 1000,
+                holder,
+            )
+            await self.clock.sleep(wait_s)
+        # Releases before our epoch matter no more once we own it (a later owner that misses
+        # one waits that lease out: slower, never unsafe).
+        await self.store.delete(
+            self._keys.release(epoch) for epoch in released if epoch < node_epoch
+        )
 
     async def _check_not_fenced(self) -> None:
+        started = self.clock.monotonic()
         async for meta in self.store.list(
             self._keys.epochs, start_after=self._keys.epoch(self.node_epoch), limit=1
         ):
+            self._lease_until = -math.inf
             newer = self._keys.parse_number(meta.key, self._keys.epochs)
             raise FencedError(
                 f"S3 WAL of node {self.node_id} was taken over by epoch {newer}; this writer "
                 f"(epoch {self.node_epoch}) is fenced and acknowledges nothing more"
             )
+        if self.mode is WalMode.READ_WRITE:
+            # No newer owner when the LIST started: a new one waits this long before listing.
+            self._lease_until = max(self._lease_until, started + self.fence_lease_s)
+
+    def _renew_lease(self) -> None:
+        """A check in the background, nobody waiting for it: a group completing after the
+        lease runs out checks for itself."""
+        if self._renewal is None or self._renewal.done():
+            self._renewal = asyncio.get_running_loop().create_task(self._renew())
+
+    async def _renew(self) -> None:
+        try:
+            await self._fence.confirm()
+        except WalstreamError as exc:
+            log.info("S3 WAL node=%d: fence lease not renewed: %s", self.node_id, exc)
 
     async def _scan(self) -> _Scan:
         scan = _Scan()
@@ -640,7 +728,13 @@ class S3Wal(GroupCommitWal):
         await self.store.put(name.key, body)
         self.objects_written += 1
         self.bytes_written += len(body)
-        await self._fence.confirm()
+        # Completed now: under the fence lease it may be acknowledged as it is.
+        now = self.clock.monotonic()
+        if now < self._lease_until and self._fence.fenced is None:
+            if self._lease_until - now < self.fence_lease_s / 2:
+                self._renew_lease()
+        else:
+            await self._fence.confirm()
         self._unfinished.discard(name.first)
 
     # -- recover -----
@@ -775,8 +869,30 @@ class S3Wal(GroupCommitWal):
                 log.warning("S3 WAL trim to %d left objects behind: %s", start, exc)
 
     async def _close(self) -> None:
-        if self._owns_store:
-            await self.store.close()
+        try:
+            if self._renewal is not None:
+                self._renewal.cancel()
+                await asyncio.gather(self._renewal, return_exceptions=True)
+            if (
+                self.mode is WalMode.READ_WRITE
+                and self.fence_lease_s
+                and self._fence.fenced is None
+                and self.node_epoch in self._markers
+            ):
+                # Every group completed (close waited for them) and no more are acknowledged:
+                # the next owner need not wait out this writer's lease.
+                try:
+                    await self.store.put(self._keys.release(self.node_epoch), b"")
+                except WalstreamError as exc:
+                    log.warning(
+                        "S3 WAL node=%d: could not record the clean close (the next owner "
+                        "waits out the fence lease): %s",
+                        self.node_id,
+                        exc,
+                    )
+        finally:
+            if self._owns_store:
+                await self.store.close()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -789,6 +905,7 @@ class S3Wal(GroupCommitWal):
             "trim_start": self._trim_start,
             "objects_written": self.objects_written,
             "fence_checks": self._fence.checks,
+            "fence_lease_s": self.fence_lease_s,
             "damaged_gaps": len(self._gaps),
             "torn_objects": self.torn_objects,
             **self.store.settings.describe(),
