@@ -1,7 +1,6 @@
 """The chunk server's storage: append-only segment files on a local disk.
 
-A data folder holds numbered segment files ``0000000001.seg`` … Each is a sequence of records,
-from byte 0 on, optionally followed by zeros (space prepared for more records)::
+A data folder holds numbered segment files ``0000000001.seg`` … Each is a sequence of records::
 
     kind u8 | body_len u32 | body | crc32c u32      (CRC over kind, body_len and body)
 
@@ -15,21 +14,6 @@ version writes, CHECKPOINT is still read). Every segment starts with a checkpoin
 whose chunks are all trimmed or replaced can be deleted without losing any log's epochs, trim
 point or identity.
 
-Segments written in place: a segment is created with its first ``PREALLOCATE_FIRST_BYTES`` of
-zeros written and synced (file and folder) before its first record. While it is written, a
-background thread appends more zeros ahead of the writes (``PREALLOCATE_STEP_BYTES`` at a time,
-synced every ``PREALLOCATE_SYNC_BYTES``, up to ``segment_bytes``); the writer uses the zeros an
-extension synced once it is done. Records overwrite the zeros from the written end (a
-descriptor without ``O_APPEND``, positioned there), so the ``fdatasync`` that makes them durable
-has no file size or extent to commit through the file system's journal. A record that does not
-fit in the synced zeros never waits: it stops the extension under way (which then writes no
-more zeros) and is appended past them (as durable; that sync also commits the new size), and the
-next extension starts from the new end of the file. No record starts with a zero byte (no kind is 0), so the records of a segment
-end where only zeros follow. A segment closed cleanly is cut to its written end, so that it
-reads like a segment of the previous format (never preallocated, ending where its records do;
-those are still read: nothing in them changed); rotated segments and the one a server was
-writing when it stopped keep their zeros (an older version would take them for damage).
-
 Durability: a request is answered only after its record was written and ``fdatasync`` returned.
 Group commit: the records written while the event loop works through what arrived together share
 one ``fdatasync``, run on the loop's thread at the end of that turn (:meth:`ChunkStore.when_durable`);
@@ -38,21 +22,16 @@ write) stops the store acknowledging anything until a restart replays what is re
 later sync that succeeds does not prove the earlier pages reached the disk. On start the store
 replays every segment in order.
 
-Damage on disk: a torn record at the very end of the last segment (a crash mid-write: nothing
-valid follows it before the zeros) is cut off: zeroed in place within the size the manifest
-recorded, truncated beyond it (the zeros before it stay). Zeros followed by a valid record are
-damage, not the end. A record that fails its checksum anywhere else is *skipped* and replay
-resumes at the next position where a complete record with a valid checksum starts: the chunks
-lost with it are simply missing from this server's listings, and the quorum WAL repairs them
-from the peers (or, when no peer has a valid copy either, reports them as damage). The control
-state lost with a damaged record comes back from the checkpoint of the next segment (claims,
-seals and trim points only grow). The server keeps serving; ``damaged_records`` counts what was skipped.
-Truncation: ``segments.manifest`` records every segment at each rotation and clean close (written
-atomically, one line per segment): ``index end size``, where its records end and its durable file
-size, or ``index end`` when the two are equal (a finished segment; the line of the previous format,
-which recorded the size alone). A segment whose valid records end before the recorded end, or
-whose file is shorter than the recorded size, lost bytes that were durable, so no crash explains
-it; neither does a damaged record with valid records after it. In all these cases the
+Damage on disk: a torn record at the very end of the last segment (a crash mid-write) is cut
+off. A record that fails its checksum anywhere else is *skipped* and replay resumes at the next
+position where a complete record with a valid checksum starts: the chunks lost with it are
+simply missing from this server's listings, and the quorum WAL repairs them from the peers (or,
+when no peer has a valid copy either, reports them as damage). The control state lost with a
+damaged record comes back from the checkpoint of the next segment (claims, seals and trim
+points only grow). The server keeps serving; ``damaged_records`` counts what was skipped.
+Truncation: ``segments.manifest`` records every segment's size at each rotation and clean close
+(written atomically). A segment found shorter than recorded lost bytes that were durable, so no
+crash explains it; neither does a damaged record with valid records after it. In both cases the
 store appends a TAIL_LOST record and every log it holds (and every log
 it learns later) lists itself as *incomplete* until its next seal, which tells recovery that
 this server cannot vouch for the end of the log. CHECKPOINT2 carries these flags.
@@ -65,11 +44,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import struct
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -109,18 +85,7 @@ KIND_IDENTITY = 6
 KIND_CHECKPOINT2 = 7
 KIND_TAIL_LOST = 8
 _KINDS = frozenset(range(KIND_CHUNK, KIND_TAIL_LOST + 1))
-_KIND_BYTE = re.compile(b"[" + bytes(sorted(_KINDS)) + b"]")
 MANIFEST = "segments.manifest"
-
-PREALLOCATE_FIRST_BYTES = 2 << 20
-"""Zeros written (and synced) when a segment is created, before its first record."""
-PREALLOCATE_STEP_BYTES = 2 << 20
-"""Zeros one background extension of the active segment appends (and syncs)."""
-PREALLOCATE_SYNC_BYTES = 256 << 10
-"""An extension syncs its zeros this many at a time."""
-PREALLOCATE_AHEAD_BYTES = (2 << 20) - (256 << 10)
-"""An extension starts when less than this much zeroed space is left ahead of the writes."""
-_ZEROS = bytes(1 << 20)
 
 
 @dataclass(slots=True)
@@ -152,10 +117,6 @@ class _Segment:
     path: Path
     read_fd: int
     live_chunks: int = 0
-    end: int = 0
-    """Where its records end (the written end); for the active segment see ``_active_size``."""
-    size: int = 0
-    """Its file size known to be durable (records and zeros)."""
 
 
 class SegmentIO(Protocol):
@@ -197,15 +158,6 @@ class ChunkStore:
         self._active: _Segment | None = None
         self._active_fd = -1
         self._active_size = 0
-        self._prepared = 0
-        """Bytes of the active segment that are zeros or records, synced: records written
-        within them change no file size or extent, so their ``fdatasync`` commits no metadata."""
-        self._zeroing: Future[int] | None = None
-        """The background extension of the active segment under way (it appends zeros)."""
-        self._extension = _Extension()
-        self._zeroer: ThreadPoolExecutor | None = None
-        self._zeroing_stopped = False
-        """An extension of the active segment failed: no more until the next segment."""
         self._written = 0
         self._synced = 0
         self._durable_waiters: list[DurableCallback] = []
@@ -229,27 +181,22 @@ class ChunkStore:
         self.root.mkdir(parents=True, exist_ok=True)
         indexes = sorted(int(path.stem) for path in self.root.glob("*.seg") if path.stem.isdigit())
         recorded = self._read_manifest()
-        lost: dict[int, int] = {}
+        sizes = {index: (self.root / _segment_name(index)).stat().st_size for index in indexes}
         for position, index in enumerate(indexes):
-            end, size = recorded.get(index, (0, 0))
-            segment = self._replay(
-                index, last=position == len(indexes) - 1, durable=end, durable_size=size
-            )
-            if end > segment.end or size > segment.size:
-                lost[index] = max(end - segment.end, size - segment.size)
-        if indexes:
-            # What a killed server left in the page cache becomes durable before the manifest
-            # records its size (a power cut later must not make it look truncated).
-            self._io.fdatasync(self._segments[indexes[-1]].read_fd)
+            self._replay(index, last=position == len(indexes) - 1, durable=recorded.get(index, 0))
         for state in self._logs.values():
             for stored in state.chunks.values():
                 self._segments[stored.segment].live_chunks += 1
+        lost = {
+            index: recorded[index] - size
+            for index, size in sizes.items()
+            if recorded.get(index, 0) > size
+        }
         self._rotate(next_index=(indexes[-1] + 1) if indexes else 1)
         if lost or self.damaged_records:
-            # Bytes this server once made durable are gone (cut off, zeroed, or skipped as
-            # damaged while valid records follow: no crash explains either). Whatever chunks
-            # they held cannot be named any more, so every log is marked incomplete until its
-            # next seal.
+            # Bytes this server once made durable are gone (cut off, or skipped as damaged
+            # while valid records follow: no crash explains either). Whatever chunks they held
+            # cannot be named any more, so every log is marked incomplete until its next seal.
             self.lost_bytes = sum(lost.values())
             log.error(
                 "segments %s are shorter than this server wrote them (%d bytes lost) and %d "
@@ -265,22 +212,14 @@ class ChunkStore:
             self._synced = self._written
         self._delete_dead_segments()
 
-    def _read_manifest(self) -> dict[int, tuple[int, int]]:
-        """``index -> (written end, file size)`` recorded at the last rotation or clean close
-        (empty when unreadable). A line of the previous format, ``index size``, is a segment
-        that was never preallocated: its records end where the file does."""
+    def _read_manifest(self) -> dict[int, int]:
+        """Segment sizes recorded at the last rotation or clean close (empty when unreadable)."""
         try:
             text = (self.root / MANIFEST).read_text()
-            recorded: dict[int, tuple[int, int]] = {}
-            for line in text.split("\n"):
-                fields = [int(field) for field in line.split()]
-                if len(fields) == 2:
-                    recorded[fields[0]] = (fields[1], fields[1])
-                elif len(fields) == 3:
-                    recorded[fields[0]] = (fields[1], fields[2])
-                elif fields:
-                    raise ValueError(f"a line of {len(fields)} fields")
-            return recorded
+            return {
+                int(index): int(size)
+                for index, size in (line.split() for line in text.split("\n") if line)
+            }
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as exc:
@@ -288,52 +227,54 @@ class ChunkStore:
             return {}
 
     def _write_manifest(self) -> None:
-        """Record every segment's written end and durable size (a later open finds segments
-        that lost records or were truncated)."""
+        """Record every segment's size durably (a later open finds truncated segments)."""
         lines = []
         for index, segment in sorted(self._segments.items()):
-            if segment is self._active:
-                end, size = self._active_size, max(self._prepared, self._active_size)
-            else:
-                end, size = segment.end, segment.size
-            # A segment without zeros after its records: the line of the previous format.
-            lines.append(f"{index} {end}\n" if end == size else f"{index} {end} {size}\n")
+            size = (
+                self._active_size
+                if segment is self._active
+                else self._io.fstat(segment.read_fd).st_size
+            )
+            lines.append(f"{index} {size}\n")
         temporary = self.root / (MANIFEST + ".tmp")
         with open(temporary, "w") as file:
             file.write("".join(lines))
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, self.root / MANIFEST)
-        _fsync_directory(self.root)
+        directory = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
 
     def _mark_tail_lost(self) -> None:
         self._tail_lost = True
         for state in self._logs.values():
             state.incomplete = True
 
-    def _replay(
-        self, index: int, *, last: bool, durable: int = 0, durable_size: int = 0
-    ) -> _Segment:
-        """Replay one segment; ``durable`` is where the manifest says its records ended at a
-        clean close or rotation (damage before it is never a torn tail) and ``durable_size``
-        its file size then (a torn tail is never cut below it)."""
+    def _replay(self, index: int, *, last: bool, durable: int = 0) -> None:
+        """Replay one segment; ``durable`` is how many of its bytes the manifest says were
+        written before a clean close or rotation (damage there is never a torn tail)."""
         path = self.root / _segment_name(index)
         with open(path, "rb") as file:
             data = file.read()
-        segment = _Segment(index, path, self._io.open(str(path), os.O_RDONLY), size=len(data))
-        self._segments[index] = segment
-        written = _nonzero_end(data)  # only zeros after it: space not written yet
+        self._segments[index] = _Segment(index, path, self._io.open(str(path), os.O_RDONLY))
         position = 0
-        while position < written:
+        while position < len(data):
             problem, end = self._check_record(data, position)
             if (
                 problem is not None
                 and last
                 and position >= durable
-                and self._torn_tail(data, position, written)
+                and self._torn_tail(data, position, end)
             ):
-                segment.size = self._cut_torn_tail(path, data, position, written, durable_size)
-                return segment
+                self.truncated_bytes = len(data) - position
+                log.warning("cutting a torn tail of %d bytes off %s", self.truncated_bytes, path)
+                with open(path, "r+b") as file:
+                    file.truncate(position)
+                    os.fsync(file.fileno())
+                return
             if problem is None:
                 kind = data[position]
                 body_start = position + _RECORD_HEAD.size
@@ -342,9 +283,9 @@ class ChunkStore:
                 except FrameError as exc:
                     problem = f"an unreadable record ({exc})"
             if problem is None:
-                position = segment.end = end
+                position = end
                 continue
-            resume = self._next_record(data, position + 1, written)
+            resume = self._next_record(data, position + 1)
             self.damaged_records += 1
             log.error(
                 "segment %s has %s at byte %d; skipping %d bytes to the next valid record (the "
@@ -355,29 +296,6 @@ class ChunkStore:
                 resume - position,
             )
             position = resume
-        return segment
-
-    def _cut_torn_tail(
-        self, path: Path, data: bytes, position: int, written: int, durable_size: int
-    ) -> int:
-        """Remove the torn bytes from ``position`` to ``written`` (the zeros before them stay):
-        zeroed in place inside the size the manifest recorded, cut off beyond it. Returns the
-        file's new size."""
-        start = _first_nonzero(data, position)
-        keep = max(start, durable_size)
-        self.truncated_bytes = written - start
-        log.warning("cutting a torn tail of %d bytes off %s", self.truncated_bytes, path)
-        with open(path, "r+b") as file:
-            if min(written, keep) > start:
-                file.seek(start)
-                file.write(bytes(min(written, keep) - start))
-            size = len(data)
-            if written > keep:
-                file.truncate(keep)
-                size = keep
-            file.flush()
-            os.fsync(file.fileno())
-        return size
 
     @staticmethod
     def _check_record(data: bytes, position: int) -> tuple[str | None, int]:
@@ -394,18 +312,17 @@ class ChunkStore:
             return f"a record of unknown kind {kind}", end
         return None, end
 
-    def _next_record(self, data: bytes, start: int, written: int) -> int:
-        """The first position from ``start`` (and before ``written``, where only zeros follow)
-        where a valid record begins, or the end of ``data``."""
-        for match in _KIND_BYTE.finditer(data, start, written):
-            if self._check_record(data, match.start())[0] is None:
-                return match.start()
+    def _next_record(self, data: bytes, start: int) -> int:
+        """The first position at or after ``start`` where a valid record begins (or the end)."""
+        for position in range(start, len(data) - _RECORD_HEAD.size - 3):
+            if data[position] in _KINDS and self._check_record(data, position)[0] is None:
+                return position
         return len(data)
 
-    def _torn_tail(self, data: bytes, position: int, written: int) -> bool:
+    def _torn_tail(self, data: bytes, position: int, end: int) -> bool:
         """Whether the damage at ``position`` is what a crash mid-append leaves: nothing valid
         follows it in the last segment."""
-        return self._next_record(data, position + 1, written) >= len(data)
+        return self._next_record(data, position + 1) >= len(data)
 
     def _apply_record(self, kind: int, body: bytes, segment: int, body_start: int) -> None:
         reader = BodyReader(body)
@@ -511,12 +428,6 @@ class ChunkStore:
         record = with_crc(head, body)
         body_position = self._active_size + len(head)
         try:
-            if self._active_size + len(record) > self._prepared:
-                # Beyond the synced zeros: take what the extension under way synced if it is
-                # done, else stop it (it writes nothing more) and append past the zeros (this
-                # sync then commits the new size too) rather than wait for it.
-                self._finish_zeroing(wait=False)
-            # The descriptor is not O_APPEND: its position is the written end.
             written = self._io.write(self._active_fd, record)
             if written != len(record):
                 raise OSError(f"short write of {written} of {len(record)} bytes to a segment")
@@ -524,7 +435,6 @@ class ChunkStore:
             raise self._fail("write", exc) from None
         self._active_size += len(record)
         self._written += 1
-        self._zero_ahead()
         return self._active_index, body_position
 
     @property
@@ -532,96 +442,27 @@ class ChunkStore:
         assert self._active is not None
         return self._active.index
 
-    def _zero_ahead(self) -> None:
-        """Start appending zeros to the active segment in the background when little zeroed
-        space is left ahead of the writes (one extension at a time)."""
-        if self._zeroing is not None:
-            if not self._zeroing.done():
-                return
-            self._finish_zeroing(wait=True)
-        if (
-            self._zeroing_stopped
-            or self._active is None
-            or self._prepared >= self.segment_bytes
-            or self._prepared - self._active_size >= PREALLOCATE_AHEAD_BYTES
-        ):
-            return
-        try:
-            start = self._io.fstat(self._active_fd).st_size  # where the file ends
-        except OSError:
-            return  # the next write or sync reports what is wrong
-        target = min(self.segment_bytes, start + PREALLOCATE_STEP_BYTES)
-        if target <= start:
-            return
-        if self._zeroer is None:
-            self._zeroer = ThreadPoolExecutor(1, thread_name_prefix="chunkd-zeros")
-        self._extension = _Extension()
-        self._zeroing = self._zeroer.submit(
-            _append_zeros, self._io, str(self._active.path), start, target, self._extension
-        )
-
-    def _finish_zeroing(self, *, wait: bool) -> None:
-        """Stop the extension under way (if any: it writes no more zeros), and once it is done
-        (at once with ``wait``) take the space it synced."""
-        job = self._zeroing
-        if job is None:
-            return
-        with self._extension.lock:
-            self._extension.stopped = True
-        if not wait and not job.done():
-            return
-        self._zeroing = None
-        try:
-            self._prepared = max(self._prepared, job.result())
-        except OSError as exc:
-            # Records are then appended past the zeros: as durable, slower to sync.
-            self._zeroing_stopped = True
-            log.warning("preallocating segment space failed (%s); appending instead", exc)
-
     def _rotate(self, next_index: int) -> None:
         io = self._io
         try:
-            if self._active_fd >= 0 and self._active is not None:
-                self._finish_zeroing(wait=True)
+            if self._active_fd >= 0:
                 io.fdatasync(self._active_fd)
-                self._synced = self._written
-                # Zeros may stay after its records; the manifest records both.
-                self._active.end = self._active_size
-                self._active.size = max(self._prepared, self._active_size)
                 io.close(self._active_fd)
-                self._active_fd = -1
+                self._synced = self._written
             path = self.root / _segment_name(next_index)
-            # Created with its first zeros written and synced, file and folder, before any
-            # record goes in.
-            prepared = min(self.segment_bytes, PREALLOCATE_FIRST_BYTES)
-            fd = io.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-            try:
-                _write_zeros(io, fd, prepared)
-                io.fdatasync(fd)
-            finally:
-                io.close(fd)
-            _fsync_directory(self.root)
-            self._active_fd = io.open(str(path), os.O_WRONLY)
+            self._active_fd = io.open(
+                str(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644
+            )
             self._active = self._segments[next_index] = _Segment(
                 next_index, path, io.open(str(path), os.O_RDONLY)
             )
             self._active_size = 0
-            self._prepared = prepared
-            self._zeroing_stopped = False
             self._append_record(KIND_CHECKPOINT2, self._checkpoint_body())
             io.fdatasync(self._active_fd)
         except OSError as exc:
             raise self._fail("segment rotation", exc) from None
         self._synced = self._written
         self._write_manifest()
-
-    def _cut_zeros(self, segment: _Segment, fd: int, end: int) -> None:
-        """Cut the zeros after the written ``end`` of a segment closed cleanly (durably), so
-        that it reads as the segments of the previous format did."""
-        segment.end = segment.size = end
-        if self._io.fstat(fd).st_size > end:
-            os.truncate(segment.path, end)
-            self._io.fdatasync(fd)
 
     def _checkpoint_body(self) -> bytes:
         parts = [_U32.pack(len(self._logs))]
@@ -714,7 +555,11 @@ class ChunkStore:
             self._io.close(segment.read_fd)
             segment.path.unlink(missing_ok=True)
         if dead:
-            _fsync_directory(self.root)
+            directory = os.open(self.root, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
 
     # -- the operations ----------
 
@@ -859,7 +704,6 @@ class ChunkStore:
         waiters, self._durable_waiters = self._durable_waiters, []
         error = self._failure
         if self._active_fd >= 0:
-            self._finish_zeroing(wait=True)
             if error is None:
                 try:
                     self._io.fdatasync(self._active_fd)
@@ -867,24 +711,12 @@ class ChunkStore:
                     error = self._fail("fdatasync", exc)
                 else:
                     self._synced = self._written
-                    # Manifest first (it records the written end as the size), then the zeros
-                    # go: a crash between the two leaves zeros the manifest allows for.
-                    active, self._active = self._active, None
-                    assert active is not None
-                    active.end = active.size = self._active_size
                     self._write_manifest()
-                    try:
-                        self._cut_zeros(active, self._active_fd, self._active_size)
-                    except OSError as exc:
-                        log.warning("could not cut the zeros off %s: %s", active.path, exc)
             self._io.close(self._active_fd)
             self._active_fd = -1
         for segment in self._segments.values():
             self._io.close(segment.read_fd)
         self._segments.clear()
-        if self._zeroer is not None:
-            self._zeroer.shutdown(wait=True)
-            self._zeroer = None
         for callback in waiters:
             callback(error)
 
@@ -896,72 +728,3 @@ def _pack_identity(identity: LogIdentity) -> bytes:
 def _read_identity(reader: BodyReader) -> LogIdentity:
     deployment_id = reader.take(DEPLOYMENT_ID_BYTES)
     return LogIdentity(deployment_id, reader.u64())
-
-
-def _fsync_directory(path: Path) -> None:
-    directory = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
-def _write_zeros(io: SegmentIO, fd: int, count: int) -> None:
-    while count > 0:
-        written = io.write(fd, _ZEROS[: min(count, len(_ZEROS))])
-        if written <= 0:
-            raise OSError(f"short write of zeros ({written} bytes) to a segment")
-        count -= written
-
-
-@dataclass
-class _Extension:
-    """Shared by the writer and one extension: once ``stopped`` (set under ``lock``) the
-    extension writes no more zeros, so the writer may append past them."""
-
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    stopped: bool = False
-
-
-def _append_zeros(io: SegmentIO, path: str, start: int, target: int, extension: _Extension) -> int:
-    """Extend the segment at ``path`` (whose file ends at ``start``) with zeros towards
-    ``target``, synced a piece at a time, until done or stopped; returns where the synced
-    zeros end. Runs on the zeroing thread."""
-    fd = io.open(path, os.O_WRONLY | os.O_APPEND)
-    synced = position = start
-    try:
-        while position < target:
-            step = min(target - position, PREALLOCATE_SYNC_BYTES)
-            with extension.lock:
-                if extension.stopped:
-                    break
-                size = io.fstat(fd).st_size
-                if size != position:
-                    raise OSError(f"segment {path} ends at {size}, not at {position} as expected")
-                _write_zeros(io, fd, step)
-            position += step
-            io.fdatasync(fd)  # small pieces: a sync of records made meanwhile flushes little
-            synced = position
-    finally:
-        io.close(fd)
-    return synced
-
-
-def _nonzero_end(data: bytes) -> int:
-    """The position after the last byte of ``data`` that is not zero (0 when all are)."""
-    end = len(data)
-    while end > 0:
-        start = max(0, end - len(_ZEROS))
-        kept = len(data[start:end].rstrip(b"\0"))
-        if kept:
-            return start + kept
-        end = start
-    return 0
-
-
-_NONZERO = re.compile(b"[^\x00]")
-
-
-def _first_nonzero(data: bytes, start: int) -> int:
-    match = _NONZERO.search(data, start)
-    return match.start() if match is not None else len(data)
