@@ -47,6 +47,7 @@ from walstream_wal_s3express import (
     S3ExpressWal,
     ZonalBucketReplica,
 )
+from walstream_wal_s3express.replica import DEFAULT_FENCE_LEASE_S
 from walstream_wal_s3express.testing.zones import TEST_CREDENTIALS
 
 RESULTS = Path(__file__).resolve().parent / "results" / "wal_s3express.json"
@@ -57,6 +58,8 @@ WORKLOADS = (("1 x 4KiB", 1, 4 << 10), ("64 x 16KiB", 64, 16 << 10))
 
 
 ZONES = ("use1-az4", "use1-az5", "use1-az6")
+FENCE_LEASE_S = [DEFAULT_FENCE_LEASE_S]
+"""The zones' fence lease (``--fence-lease``)."""
 
 
 def zone_settings(zone: str, prefix: str = "") -> S3Settings:
@@ -81,7 +84,10 @@ def build_wal(buckets: list[MemoryBucket], run: int) -> S3ExpressWal:
     )
     replicas = [
         ZonalBucketReplica(
-            MemoryS3Client(zone_settings(zone, f"bench-{run}/"), bucket), node_id=1, name=zone
+            MemoryS3Client(zone_settings(zone, f"bench-{run}/"), bucket),
+            node_id=1,
+            name=zone,
+            fence_lease_s=FENCE_LEASE_S[0],
         )
         for zone, bucket in zip(ZONES, buckets, strict=True)
     ]
@@ -223,7 +229,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 s per measurement")
     parser.add_argument("--seconds", type=float, default=None)
+    parser.add_argument(
+        "--fence-lease",
+        type=float,
+        default=DEFAULT_FENCE_LEASE_S,
+        help="the zones' fence_lease in seconds (0: a successor check after every chunk, as "
+        f"before the lease; default {DEFAULT_FENCE_LEASE_S:g})",
+    )
     args = parser.parse_args()
+    FENCE_LEASE_S[0] = args.fence_lease
     logging.basicConfig(level=logging.ERROR)
     seconds = args.seconds or (3.0 if args.quick else 10.0)
     rows = asyncio.run(run_all(seconds))
@@ -247,6 +261,7 @@ def main() -> None:
                 "slow_zone_extra_ms": SLOW_EXTRA_MS,
             },
             "seconds_per_measurement": seconds,
+            "fence_lease_s": args.fence_lease,
             "python": platform.python_version(),
             "rows": rows,
             "p99_slow_over_healthy": ratio,

@@ -31,7 +31,7 @@ from walstream.wal.quorum import (
 )
 from walstream_wal_s3.client import RetryPolicy, S3Settings
 
-from .replica import ZonalBucketReplica, ZonalS3Client
+from .replica import DEFAULT_FENCE_LEASE_S, ZonalBucketReplica, ZonalS3Client
 
 __all__ = [
     "S3EXPRESS_WAL",
@@ -123,7 +123,13 @@ def build_replicas(options: dict[str, Any], node_id: int) -> list[ZonalBucketRep
             )
         except ValueError as exc:
             raise ConfigError(f"wal: {exc}") from None
-        replicas.append(ZonalBucketReplica.from_settings(settings, node_id=node_id))
+        replicas.append(
+            ZonalBucketReplica.from_settings(
+                settings,
+                node_id=node_id,
+                fence_lease_s=float(options.get("fence_lease", DEFAULT_FENCE_LEASE_S)),
+            )
+        )
     return replicas
 
 
@@ -182,6 +188,14 @@ S3EXPRESS_WAL: BackendFactory[S3ExpressWal] = BackendFactory(
         _QUORUM.write_quorum,
         *_QUORUM.tuning,
         Option("max_pool_connections", "int", "HTTP connections per zone", default=32, minimum=1),
+        Option(
+            "fence_lease",
+            "duration",
+            "a chunk counts towards the quorum without a successor check this long after one "
+            "found this writer unsuperseded on its zone; a claim over the writer waits it out "
+            "(0: a check after every chunk)",
+            default="500ms",
+        ),
         Option("access_key_id", "str", "access key (unset: the AWS credential chain); use ${ENV}"),
         Option("secret_access_key", "str", "secret key, with access_key_id; use ${ENV}"),
         Option("session_token", "str", "temporary session token; use ${ENV}"),

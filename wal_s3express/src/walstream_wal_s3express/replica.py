@@ -42,7 +42,18 @@ chunks afterwards, so on every zone either the claim came first (the old writer'
 the marker: no acknowledgement from that zone) or the chunk came first (the recovery's listing
 sees it). A recovery's claim zones and any write quorum intersect, so no chunk of the old
 writer is acknowledged after the claim completed without the recovery seeing it. Concurrent
-checks share one read. (This assumes a zone keeps its objects: a zone that lost its storage
+checks share one read.
+
+**Fence lease.** A check that found no successor marker covers, for ``fence_lease_s`` from its
+*start*, the chunk PUTs of its epoch on that zone that complete meanwhile: they count towards
+the quorum without another read (a background check renews the lease while chunks keep
+completing). The control state records the lease of its claimed epoch's writer
+(``fence_lease_ms``: the longest lease any writer of the log recorded there, since a claimant
+that crashed while waiting leaves the older writer's lease running); a claim over an older
+epoch, once its successor marker and state are in place, waits out that lease (times ``LEASE_MARGIN``: room for the clocks' rates to differ)
+before it lists the zone. A check that missed the marker started before the marker existed, so
+a chunk it covers completed before the claim's listing: the argument above holds with "checked
+after the PUT" replaced by "covered by a check's lease". Lease 0: a read after every chunk. (This assumes a zone keeps its objects: a zone that lost its storage
 and came back empty has no marker until the writer's catch-up reaches it.)
 """
 
@@ -51,6 +62,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -87,6 +99,10 @@ KEPT_STATE_VERSIONS = 3
 #: A trim deletes the chunks this client knows of; every so many trims it lists the zone.
 SWEEP_EVERY_TRIMS = 64
 _DELETE_BATCH = 1000
+DEFAULT_FENCE_LEASE_S = 0.5
+"""How long a successor check that found none covers chunk writes of its epoch on its zone."""
+LEASE_MARGIN = 1.25
+"""A claim waits this many leases of the writer it supersedes (plus a millisecond)."""
 
 
 class ZonalS3Client(S3Client):
@@ -136,6 +152,8 @@ class _ControlState:
     trim_offset: int = -1
     seals: tuple[Seal, ...] = ()
     identity: LogIdentity | None = None
+    fence_lease_ms: int = 0
+    """The fence lease of the claimed epoch's writer on this zone (absent in older states: 0)."""
 
     def encode(self) -> bytes:
         raw: dict[str, Any] = {
@@ -147,6 +165,8 @@ class _ControlState:
         if self.identity is not None:
             raw["deployment_id"] = self.identity.deployment_id.hex()
             raw["node_id"] = self.identity.node_id
+        if self.fence_lease_ms:
+            raw["fence_lease_ms"] = self.fence_lease_ms
         return json.dumps(raw, separators=(",", ":")).encode()
 
     @classmethod
@@ -163,6 +183,7 @@ class _ControlState:
                 trim_offset=int(raw["trim_offset"]),
                 seals=tuple(Seal(int(epoch), int(end)) for epoch, end in raw["seals"]),
                 identity=identity,
+                fence_lease_ms=int(raw.get("fence_lease_ms", 0)),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptionError(f"{where}: unreadable control state ({exc})") from None
@@ -184,6 +205,10 @@ class _LogCache:
     fence: SupersededCheck | None = None
     """The post-write check of ``fence_epoch`` (one per epoch: a superseded one stays so)."""
     fence_epoch: int = -1
+    lease_until: float = -math.inf
+    """Chunks of ``fence_epoch`` completing before this (monotonic) time need no check."""
+    renewal: asyncio.Task[None] | None = None
+    """The background check renewing the lease, while it runs."""
     chunk_keys: dict[int, list[_StoredChunk]] = field(default_factory=dict)
     stale_keys: list[str] = field(default_factory=list)
     """Old control states to delete with the next batch of deletes."""
@@ -205,7 +230,11 @@ class ZonalBucketReplica:
         node_id: int = 0,
         name: str | None = None,
         clock: Clock | None = None,
+        fence_lease_s: float = DEFAULT_FENCE_LEASE_S,
     ) -> None:
+        if not 0 <= fence_lease_s <= 60:
+            raise ValueError(f"fence_lease_s: between 0 and 60 s, got {fence_lease_s!r}")
+        self.fence_lease_s = fence_lease_s
         self.client = client
         self.name = name or client.settings.bucket
         self.node_id = node_id
@@ -401,6 +430,13 @@ class ZonalBucketReplica:
                 precheck(state)
             self._check_epoch(state, log_id, epoch)
             updated = change(replace(state, claimed_epoch=max(state.claimed_epoch, epoch)))
+            if updated.claimed_epoch == epoch:
+                # Whoever claims over this epoch waits this lease out (module doc). Never less
+                # than the recorded one: a superseded writer's lease may still run while a
+                # claim over it has not finished waiting (a crash of the claimant), and the
+                # next claim must wait it too.
+                own_ms = round(self.fence_lease_s * 1000)
+                updated = replace(updated, fence_lease_ms=max(own_ms, state.fence_lease_ms))
             if updated == state and not registering:
                 if await self._superseded(log_id, epoch):
                     raise self._fenced(log_id, epoch)
@@ -453,11 +489,45 @@ class ZonalBucketReplica:
         if cache.fence is None or cache.fence_epoch != epoch:
 
             async def check() -> None:
+                started = self.clock.monotonic()
                 if await self._superseded(log_id, epoch):
+                    cache.lease_until = -math.inf
                     raise self._fenced(log_id, epoch)
+                if cache.fence_epoch == epoch:
+                    cache.lease_until = max(cache.lease_until, started + self.fence_lease_s)
 
             cache.fence, cache.fence_epoch = SupersededCheck(check), epoch
+            cache.lease_until = -math.inf
         return cache.fence
+
+    async def _confirm_written(self, log_id: str, epoch: int) -> None:
+        """A chunk of ``epoch`` is on this zone: return when it may count towards the quorum
+        (under the fence lease at once; else after a check that started after it)."""
+        cache = self._cache(log_id)
+        fence = self._fence(log_id, epoch)
+        now = self.clock.monotonic()
+        if now < cache.lease_until and fence.fenced is None:
+            if cache.lease_until - now < self.fence_lease_s / 2:
+                self._renew_lease(cache, fence)
+            return
+        await fence.confirm()
+
+    def _renew_lease(self, cache: _LogCache, fence: SupersededCheck) -> None:
+        """A check nobody waits for (one at a time): a chunk completing after the lease runs
+        out checks for itself."""
+        if cache.renewal is not None and not cache.renewal.done():
+            return
+
+        async def renew() -> None:
+            try:
+                await fence.confirm()
+            except WalstreamError as exc:
+                log.debug("zone %s: fence lease not renewed: %s", self.name, exc)
+
+        task = asyncio.ensure_future(renew())
+        cache.renewal = task
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     # -- the Replica operations ---------------------------------------------------------------------
 
@@ -492,12 +562,19 @@ class ZonalBucketReplica:
             self._identities[log_id] = identity
         check_identity = self._identity_check(log_id, identity)
 
+        superseded_lease_ms = [0]
+
         def identify(state: _ControlState) -> _ControlState:
+            # The lease of the writer this claim supersedes (the state's own until updated).
+            superseded_lease_ms[0] = state.fence_lease_ms
             return state if identity is None else replace(state, identity=identity)
 
         state = await self._update(log_id, epoch, identify, register=True, precheck=check_identity)
-        # Listed after the claim is in place: any chunk an older writer got acknowledged here
-        # is in this listing (see the module doc).
+        if superseded_lease_ms[0]:
+            # That writer's checks that missed our marker cover its chunks for this long.
+            await self.clock.sleep(superseded_lease_ms[0] / 1000 * LEASE_MARGIN + 0.001)
+        # Listed after the claim is in place and the superseded writer's lease ran out: any
+        # chunk an older writer got acknowledged here is in this listing (see the module doc).
         scan = await self._scan(log_id)
         state = await self._state_at(log_id, scan.versions) if scan.versions else state
         self._check_epoch(state, log_id, epoch)
@@ -546,7 +623,7 @@ class ZonalBucketReplica:
                     f"zone {self.name}: chunk {seq} of epoch {epoch} exists with other bytes"
                 )
         cache.chunk_keys.setdefault(seq, []).append(_StoredChunk(seq, epoch, crc, len(data), key))
-        await self._fence(log_id, epoch).confirm()
+        await self._confirm_written(log_id, epoch)
 
     async def read_chunk(self, log_id: str, seq: int) -> tuple[int, bytes]:
         for attempt in range(2):
