@@ -1,13 +1,16 @@
 """The coalesced superseded-epoch check (walstream.wal.fencing) shared by the s3 and s3express
-WALs: a write is confirmed only by a check that started after it, and checks are shared."""
+WALs: a write is confirmed only by a check that started after it, and checks are shared; and
+the fence lease over it: a check that found no newer owner covers, for the lease from its start,
+the writes completing meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
+from walstream.clock import ManualClock
 from walstream.errors import BackendUnavailable, FencedError
-from walstream.wal import SupersededCheck
+from walstream.wal import FenceLease, SupersededCheck, lease_wait_s
 
 
 class Medium:
@@ -113,3 +116,68 @@ async def test_close_stops_the_run_in_progress() -> None:
     with pytest.raises(asyncio.CancelledError):
         await queued
     assert fence.checks == 1
+
+
+# -- FenceLease ----------------------------------------------------------------------------------
+
+
+async def test_a_lease_covers_writes_completing_within_it_from_its_runs_start() -> None:
+    clock = ManualClock()
+    medium = Medium()
+
+    async def slow_check() -> None:
+        clock.advance(0.3)  # the read takes 0.3 s: the lease counts from its start
+        await medium.check()
+
+    lease = FenceLease(slow_check, 1.0, clock)
+    await lease.written()  # no lease yet: waits for a run
+    assert medium.reads == 1
+    clock.advance(0.1)  # 0.4 s after the run started
+    await lease.written()
+    assert medium.reads == 1  # covered: no read
+    clock.advance(0.65)  # 1.05 s after the run started: the lease ran out
+    await lease.written()
+    assert medium.reads == 2
+
+
+async def test_a_lease_is_renewed_in_the_background_past_its_half() -> None:
+    clock = ManualClock()
+    medium = Medium()
+    lease = FenceLease(medium.check, 1.0, clock)
+    await lease.confirm()
+    clock.advance(0.6)
+    await lease.written()  # covered, and a renewal starts
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert medium.reads == 2
+    clock.advance(0.6)  # 1.2 s after the first run, 0.6 s after the renewal's
+    await lease.written()
+    assert medium.reads == 2
+    await lease.close()
+
+
+async def test_a_run_that_finds_a_newer_owner_ends_the_lease() -> None:
+    clock = ManualClock()
+    medium = Medium()
+    lease = FenceLease(medium.check, 1.0, clock)
+    await lease.confirm()
+    medium.superseded = True
+    clock.advance(0.6)
+    await lease.written()  # still covered: the renewal it starts finds the newer owner
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert isinstance(lease.fenced, FencedError)
+    with pytest.raises(FencedError):
+        await lease.written()
+    await lease.close()
+
+
+async def test_without_a_lease_every_write_waits_for_a_run() -> None:
+    clock = ManualClock()
+    medium = Medium()
+    lease = FenceLease(medium.check, 0.0, clock)
+    for _ in range(3):
+        await lease.written()
+    assert medium.reads == 3
+    assert lease_wait_s(0.0) == 0.0
+    assert lease_wait_s(1.0) == pytest.approx(1.251)

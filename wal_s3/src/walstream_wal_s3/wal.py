@@ -50,7 +50,7 @@ keep completing; a group completing later waits for a LIST as above). Its epoch 
 the lease (``fence_lease_ms``), and a new owner, after creating its marker, waits out the longest
 lease of the epochs that may still be writing — every epoch from the newest one with a base on
 (an epoch writes its base only after it waited out the ones before it), except those that closed
-cleanly (``released/<epoch>``) — times ``_LEASE_MARGIN`` (room for the two clocks' rates to
+cleanly (``released/<epoch>``) — times ``walstream.wal.fencing.LEASE_MARGIN`` (room for the two clocks' rates to
 differ) before it lists the data objects. A zombie's LIST that missed the new marker started
 before the marker existed, so a group it acknowledges under that lease completed before the new
 owner lists: the argument above holds with "the check started after the PUT" replaced by "the
@@ -111,7 +111,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
-import math
 import random
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -137,7 +136,7 @@ from walstream.wal import (
     WalOffset,
     WalRecord,
 )
-from walstream.wal.fencing import SupersededCheck
+from walstream.wal.fencing import FenceLease, lease_wait_s
 
 from .layout import (
     FORMAT_VERSION,
@@ -174,8 +173,6 @@ _RESCANS = 3
 DEFAULT_FENCE_LEASE_S = 1.0
 """How long a LIST of ``epochs/`` that found no newer owner covers acknowledgements."""
 _MAX_FENCE_LEASE_S = 60.0
-_LEASE_MARGIN = 1.25
-"""A new owner waits this many leases (plus a millisecond): room for the clocks' rates to differ."""
 _REASONS_SHOWN = 4
 
 
@@ -324,11 +321,9 @@ class S3Wal(GroupCommitWal):
         """Objects that may exist, in offset order: deleted once a trim covers them."""
         self._unfinished: set[int] = set()
         """First offsets of groups whose PUT or fence check has not completed."""
-        self._fence = SupersededCheck(self._check_not_fenced)
         self.fence_lease_s = fence_lease_s
-        self._lease_until = -math.inf
-        """Groups whose PUT completed before this (monotonic) time may be acknowledged."""
-        self._renewal: asyncio.Task[None] | None = None
+        self._fence = FenceLease(self._check_not_fenced, 0.0, self.clock)
+        """Its lease is ``fence_lease_s`` once started READ_WRITE (module doc, *Fence lease*)."""
         self._trim_lock: asyncio.Lock | None = None
         self._rng = rng or make_rng(None)
         """Draws the token that makes each epoch claim's marker unique."""
@@ -344,6 +339,7 @@ class S3Wal(GroupCommitWal):
     async def _open(self, node_id: int, node_epoch: int, mode: WalMode) -> None:
         if node_id < 0 or node_epoch < 0:
             raise InvalidArgument(f"node id and epoch must be >= 0, got {node_id}/{node_epoch}")
+        self._fence.lease_s = self.fence_lease_s if mode is WalMode.READ_WRITE else 0.0
         self._keys = WalKeys.for_node(node_id)
         self._trim_lock = asyncio.Lock()
         if mode is not WalMode.READ_ONLY:
@@ -487,7 +483,7 @@ class S3Wal(GroupCommitWal):
                 if marker is not None and marker.fence_lease_ms > lease_ms:
                     lease_ms, holder = marker.fence_lease_ms, epoch
         if lease_ms:
-            wait_s = lease_ms / 1000 * _LEASE_MARGIN + 0.001
+            wait_s = lease_wait_s(lease_ms / 1000)
             log.info(
                 "S3 WAL node=%d: waiting %.0f ms for the fence lease of epoch %d to run out",
                 self.node_id,
@@ -502,31 +498,14 @@ class S3Wal(GroupCommitWal):
         )
 
     async def _check_not_fenced(self) -> None:
-        started = self.clock.monotonic()
         async for meta in self.store.list(
             self._keys.epochs, start_after=self._keys.epoch(self.node_epoch), limit=1
         ):
-            self._lease_until = -math.inf
             newer = self._keys.parse_number(meta.key, self._keys.epochs)
             raise FencedError(
                 f"S3 WAL of node {self.node_id} was taken over by epoch {newer}; this writer "
                 f"(epoch {self.node_epoch}) is fenced and acknowledges nothing more"
             )
-        if self.mode is WalMode.READ_WRITE:
-            # No newer owner when the LIST started: a new one waits this long before listing.
-            self._lease_until = max(self._lease_until, started + self.fence_lease_s)
-
-    def _renew_lease(self) -> None:
-        """A check in the background, nobody waiting for it: a group completing after the
-        lease runs out checks for itself."""
-        if self._renewal is None or self._renewal.done():
-            self._renewal = asyncio.get_running_loop().create_task(self._renew())
-
-    async def _renew(self) -> None:
-        try:
-            await self._fence.confirm()
-        except WalstreamError as exc:
-            log.info("S3 WAL node=%d: fence lease not renewed: %s", self.node_id, exc)
 
     async def _scan(self) -> _Scan:
         scan = _Scan()
@@ -729,12 +708,7 @@ class S3Wal(GroupCommitWal):
         self.objects_written += 1
         self.bytes_written += len(body)
         # Completed now: under the fence lease it may be acknowledged as it is.
-        now = self.clock.monotonic()
-        if now < self._lease_until and self._fence.fenced is None:
-            if self._lease_until - now < self.fence_lease_s / 2:
-                self._renew_lease()
-        else:
-            await self._fence.confirm()
+        await self._fence.written()
         self._unfinished.discard(name.first)
 
     # -- recover -----
@@ -870,9 +844,7 @@ class S3Wal(GroupCommitWal):
 
     async def _close(self) -> None:
         try:
-            if self._renewal is not None:
-                self._renewal.cancel()
-                await asyncio.gather(self._renewal, return_exceptions=True)
+            await self._fence.close()
             if (
                 self.mode is WalMode.READ_WRITE
                 and self.fence_lease_s

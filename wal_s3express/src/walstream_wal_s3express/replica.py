@@ -42,19 +42,20 @@ chunks afterwards, so on every zone either the claim came first (the old writer'
 the marker: no acknowledgement from that zone) or the chunk came first (the recovery's listing
 sees it). A recovery's claim zones and any write quorum intersect, so no chunk of the old
 writer is acknowledged after the claim completed without the recovery seeing it. Concurrent
-checks share one read.
-
-**Fence lease.** A check that found no successor marker covers, for ``fence_lease_s`` from its
-*start*, the chunk PUTs of its epoch on that zone that complete meanwhile: they count towards
-the quorum without another read (a background check renews the lease while chunks keep
-completing). The control state records the lease of its claimed epoch's writer
-(``fence_lease_ms``: the longest lease any writer of the log recorded there, since a claimant
-that crashed while waiting leaves the older writer's lease running); a claim over an older
-epoch, once its successor marker and state are in place, waits out that lease (times ``LEASE_MARGIN``: room for the clocks' rates to differ)
-before it lists the zone. A check that missed the marker started before the marker existed, so
-a chunk it covers completed before the claim's listing: the argument above holds with "checked
-after the PUT" replaced by "covered by a check's lease". Lease 0: a read after every chunk. (This assumes a zone keeps its objects: a zone that lost its storage
+checks share one read. (This assumes a zone keeps its objects: a zone that lost its storage
 and came back empty has no marker until the writer's catch-up reaches it.)
+
+**Fence lease** (:class:`walstream.wal.fencing.FenceLease`). A check that found no successor
+marker covers, for ``fence_lease_s`` from its *start*, the chunk PUTs of its epoch on that zone
+that complete meanwhile: they count towards the quorum without another read (a background check
+renews the lease while chunks keep completing). The control state records the lease of its
+claimed epoch's writer (``fence_lease_ms``: the longest lease any writer of the log recorded
+there, since a claimant that crashed while waiting leaves the older writer's lease running); a
+claim over an older epoch, once its successor marker and state are in place, waits out that
+lease (:func:`walstream.wal.fencing.lease_wait_s`: times a margin for the clocks' rates) before
+it lists the zone. A check that missed the marker started before the marker existed, so a chunk
+it covers completed before the claim's listing: the argument above holds with "checked after
+the PUT" replaced by "covered by a check's lease". Lease 0: a read after every chunk.
 """
 
 from __future__ import annotations
@@ -62,7 +63,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -78,7 +78,7 @@ from walstream.errors import (
     PreconditionFailed,
     WalstreamError,
 )
-from walstream.wal.fencing import SupersededCheck
+from walstream.wal.fencing import FenceLease, lease_wait_s
 from walstream.wal.quorum import (
     MAX_SEALS,
     ChunkInfo,
@@ -101,8 +101,6 @@ SWEEP_EVERY_TRIMS = 64
 _DELETE_BATCH = 1000
 DEFAULT_FENCE_LEASE_S = 0.5
 """How long a successor check that found none covers chunk writes of its epoch on its zone."""
-LEASE_MARGIN = 1.25
-"""A claim waits this many leases of the writer it supersedes (plus a millisecond)."""
 
 
 class ZonalS3Client(S3Client):
@@ -202,13 +200,10 @@ class _LogCache:
     state: _ControlState | None = None
     registered_epoch: int = -1
     """The epoch whose claim this client made or confirmed on this zone."""
-    fence: SupersededCheck | None = None
-    """The post-write check of ``fence_epoch`` (one per epoch: a superseded one stays so)."""
+    fence: FenceLease | None = None
+    """The post-write check of ``fence_epoch`` and its lease (one per epoch: a superseded one
+    stays so)."""
     fence_epoch: int = -1
-    lease_until: float = -math.inf
-    """Chunks of ``fence_epoch`` completing before this (monotonic) time need no check."""
-    renewal: asyncio.Task[None] | None = None
-    """The background check renewing the lease, while it runs."""
     chunk_keys: dict[int, list[_StoredChunk]] = field(default_factory=dict)
     stale_keys: list[str] = field(default_factory=list)
     """Old control states to delete with the next batch of deletes."""
@@ -483,51 +478,18 @@ class ZonalBucketReplica:
             "concurrent updates; retry"
         )
 
-    def _fence(self, log_id: str, epoch: int) -> SupersededCheck:
+    def _fence(self, log_id: str, epoch: int) -> FenceLease:
         """The shared post-write check of ``epoch`` on ``log_id`` (one GET per run)."""
         cache = self._cache(log_id)
         if cache.fence is None or cache.fence_epoch != epoch:
 
             async def check() -> None:
-                started = self.clock.monotonic()
                 if await self._superseded(log_id, epoch):
-                    cache.lease_until = -math.inf
                     raise self._fenced(log_id, epoch)
-                if cache.fence_epoch == epoch:
-                    cache.lease_until = max(cache.lease_until, started + self.fence_lease_s)
 
-            cache.fence, cache.fence_epoch = SupersededCheck(check), epoch
-            cache.lease_until = -math.inf
+            cache.fence = FenceLease(check, self.fence_lease_s, self.clock)
+            cache.fence_epoch = epoch
         return cache.fence
-
-    async def _confirm_written(self, log_id: str, epoch: int) -> None:
-        """A chunk of ``epoch`` is on this zone: return when it may count towards the quorum
-        (under the fence lease at once; else after a check that started after it)."""
-        cache = self._cache(log_id)
-        fence = self._fence(log_id, epoch)
-        now = self.clock.monotonic()
-        if now < cache.lease_until and fence.fenced is None:
-            if cache.lease_until - now < self.fence_lease_s / 2:
-                self._renew_lease(cache, fence)
-            return
-        await fence.confirm()
-
-    def _renew_lease(self, cache: _LogCache, fence: SupersededCheck) -> None:
-        """A check nobody waits for (one at a time): a chunk completing after the lease runs
-        out checks for itself."""
-        if cache.renewal is not None and not cache.renewal.done():
-            return
-
-        async def renew() -> None:
-            try:
-                await fence.confirm()
-            except WalstreamError as exc:
-                log.debug("zone %s: fence lease not renewed: %s", self.name, exc)
-
-        task = asyncio.ensure_future(renew())
-        cache.renewal = task
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     # -- the Replica operations ---------------------------------------------------------------------
 
@@ -572,7 +534,7 @@ class ZonalBucketReplica:
         state = await self._update(log_id, epoch, identify, register=True, precheck=check_identity)
         if superseded_lease_ms[0]:
             # That writer's checks that missed our marker cover its chunks for this long.
-            await self.clock.sleep(superseded_lease_ms[0] / 1000 * LEASE_MARGIN + 0.001)
+            await self.clock.sleep(lease_wait_s(superseded_lease_ms[0] / 1000))
         # Listed after the claim is in place and the superseded writer's lease ran out: any
         # chunk an older writer got acknowledged here is in this listing (see the module doc).
         scan = await self._scan(log_id)
@@ -623,7 +585,8 @@ class ZonalBucketReplica:
                     f"zone {self.name}: chunk {seq} of epoch {epoch} exists with other bytes"
                 )
         cache.chunk_keys.setdefault(seq, []).append(_StoredChunk(seq, epoch, crc, len(data), key))
-        await self._confirm_written(log_id, epoch)
+        # Under the fence lease it counts at once; else after a check that started after it.
+        await self._fence(log_id, epoch).written()
 
     async def read_chunk(self, log_id: str, seq: int) -> tuple[int, bytes]:
         for attempt in range(2):

@@ -13,7 +13,7 @@ from walstream.wal.contract import (
     WalRecord,
     WriteAheadLog,
 )
-from walstream.wal.fencing import SupersededCheck
+from walstream.wal.fencing import LEASE_MARGIN, FenceLease, SupersededCheck, lease_wait_s
 from walstream.wal.group_commit import (
     GroupCommitWal,
     PreparedGroup,
@@ -21,6 +21,8 @@ from walstream.wal.group_commit import (
 
 __all__ = [
     "DEPLOYMENT_ID_BYTES",
+    "LEASE_MARGIN",
+    "FenceLease",
     "GroupCommitWal",
     "PreparedGroup",
     "SupersededCheck",
@@ -30,4 +32,5 @@ __all__ = [
     "WalOffset",
     "WalRecord",
     "WriteAheadLog",
+    "lease_wait_s",
 ]
