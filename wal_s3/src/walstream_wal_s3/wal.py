@@ -41,23 +41,24 @@ read-after-write and list-after-write, so:
   records are recovered.
 
 So no record is acknowledged by a zombie after the new owner's fence, and every record it did
-acknowledge is recovered.
-
-**Fence lease.** A writer (READ_WRITE) holds a lease of ``fence_lease_s`` from the *start* of
-each LIST of ``epochs/`` that found no newer marker: a group whose PUT completed before the lease
-runs out is acknowledged without another LIST (a background LIST renews the lease while groups
-keep completing; a group completing later waits for a LIST as above). Its epoch marker records
-the lease (``fence_lease_ms``), and a new owner, after creating its marker, waits out the longest
-lease of the epochs that may still be writing — every epoch from the newest one with a base on
-(an epoch writes its base only after it waited out the ones before it), except those that closed
-cleanly (``released/<epoch>``) — times ``walstream.wal.fencing.LEASE_MARGIN`` (room for the two clocks' rates to
-differ) before it lists the data objects. A zombie's LIST that missed the new marker started
-before the marker existed, so a group it acknowledges under that lease completed before the new
-owner lists: the argument above holds with "the check started after the PUT" replaced by "the
-lease of a check covers the PUT". Lease 0: a LIST after every group, as before. Objects of epoch ``e`` that land later (a PUT in flight when the
+acknowledge is recovered. Objects of epoch ``e`` that land later (a PUT in flight when the
 zombie paused) were never acknowledged; to keep them out of every later recovery, the new
 owner writes ``bases/f`` = the first offset after the chain it recovered, and recovery ignores
 an object of epoch ``e`` starting at or after ``bases/f`` for any ``f > e`` (zombie objects).
+
+**Fence lease** (:class:`walstream.wal.fencing.FenceLease`). A writer (READ_WRITE) holds a lease
+of ``fence_lease_s`` from the *start* of each LIST of ``epochs/`` that found no newer marker: a
+group whose PUT completed before the lease runs out is acknowledged without another LIST (a
+background LIST renews the lease while groups keep completing; a group completing later waits
+for a LIST as above). Its epoch marker records the lease (``fence_lease_ms``), and a new owner,
+after creating its marker, waits out the longest lease of the epochs that may still be writing
+— every epoch from the newest one with a base on (an epoch writes its base only after it waited
+out the ones before it), except those that closed cleanly (``released/<epoch>``) — times a
+margin for the two clocks' rates (:func:`walstream.wal.fencing.lease_wait_s`) before it lists
+the data objects. A zombie's LIST that missed the new marker started before the marker existed,
+so a group it acknowledges under that lease completed before the new owner lists: the argument
+above holds with "the check started after the PUT" replaced by "the lease of a check covers the
+PUT". Lease 0: a LIST after every group, as before.
 
 **Recovery** reads the trim point (largest ``trim/`` key), drops zombie objects, then walks the
 objects from the trim point in offset order (at equal first offsets, the newer epoch wins). A PUT
@@ -388,12 +389,7 @@ class S3Wal(GroupCommitWal):
         )
 
     async def _newest_epoch(self) -> int:
-        newest = -1
-        async for meta in self.store.list(self._keys.epochs):
-            epoch = self._keys.parse_number(meta.key, self._keys.epochs)
-            if epoch is not None:
-                newest = max(newest, epoch)
-        return newest
+        return max(await self._numbers(self._keys.epochs), default=-1)
 
     def _location(self) -> str:
         settings = self.store.settings

@@ -74,6 +74,7 @@ from walstream.errors import (
     BackendUnavailable,
     CorruptionError,
     FencedError,
+    InvalidArgument,
     NotFound,
     PreconditionFailed,
     WalstreamError,
@@ -228,7 +229,7 @@ class ZonalBucketReplica:
         fence_lease_s: float = DEFAULT_FENCE_LEASE_S,
     ) -> None:
         if not 0 <= fence_lease_s <= 60:
-            raise ValueError(f"fence_lease_s: between 0 and 60 s, got {fence_lease_s!r}")
+            raise InvalidArgument(f"wal.fence_lease: between 0 and 60 s, got {fence_lease_s!r}")
         self.fence_lease_s = fence_lease_s
         self.client = client
         self.name = name or client.settings.bucket
