@@ -3,9 +3,20 @@
     python bench/spark_replay.py [--quick] [--streams 3] [--records 200000] [--value-bytes 200]
 
 Fills a fresh embedded deployment (local object store, SQLite metadata), then for each master
-runs a full replay (every column decoded, values summed so nothing is pruned) once to warm up
-and ``--runs`` times measured; reports the best run. Prints a table and writes
-``bench/results/spark_replay.json`` and a plot beside it.
+runs a full replay (every column decoded, values summed so nothing is pruned) ``--warmup`` times
+to warm up (Python workers, page cache, the JVM's JIT) and measures once; ``--runs`` rounds
+alternate the two masters (one warm-up replay each after the first round), so the JVM's
+compilations, which go on for several replays, warm both and not only the later one; reports
+each master's best run.
+
+What bounds the scaling is measured in the same runs, since py-spy sees only the Python side:
+the CPU seconds each process spent in the best run — the JVM (Spark's task threads, Arrow to
+rows, the aggregation), the Python workers (walstream reading and decoding, Arrow batches) and
+this driver — read from ``/proc`` for this process and its descendants, and the cores they kept
+busy. Two ceilings follow for local[2] over local[1]: the CPU one, ``cpus x seconds(local[1]) /
+cpu_seconds(local[2])`` (local[2] doing its work with every core busy), and the task balance one,
+``tasks / ceil(tasks / 2)`` (a task is one slice; equal slices on 2 slots). Prints a table and
+writes ``bench/results/spark_replay.json`` and a plot beside it.
 """
 
 from __future__ import annotations
@@ -45,12 +56,61 @@ async def fill(config: Path, streams: int, records: int, value_bytes: int) -> in
     return payload
 
 
-def replay_once(spark: Any, config: Path, names: str) -> tuple[float, int]:
+def _descendants_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) of this process and every descendant, by pid, with the kind
+    of process: ``jvm``, ``python_workers`` (PySpark's daemon and the workers it forks),
+    ``driver`` (this process) or ``other``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    table: dict[int, tuple[int, str, float, str]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                name, _, rest = stat.read().rpartition(")")
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        fields = rest.split()
+        parent, cpu = int(fields[1]), (int(fields[11]) + int(fields[12])) / tick
+        table[int(entry)] = (parent, name.partition("(")[2], cpu, command)
+    mine = os.getpid()
+    found: dict[int, tuple[str, float]] = {}
+    for pid, (_, comm, cpu, command) in table.items():
+        ancestor = pid
+        while ancestor not in (0, 1, mine) and ancestor in table:
+            ancestor = table[ancestor][0]
+        if ancestor != mine and pid != mine:
+            continue
+        if pid == mine:
+            kind = "driver"
+        elif comm == "java":
+            kind = "jvm"
+        elif "pyspark.daemon" in command or "pyspark/daemon" in command:
+            kind = "python_workers"
+        else:
+            kind = "other"
+        found[pid] = (kind, cpu)
+    return found
+
+
+def cpu_spent(before: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds spent by kind of process since ``before`` (processes started meanwhile
+    count whole)."""
+    spent: dict[str, float] = {}
+    for pid, (kind, cpu) in _descendants_cpu().items():
+        spent[kind] = spent.get(kind, 0.0) + cpu - before.get(pid, (kind, 0.0))[1]
+    return {kind: round(seconds, 3) for kind, seconds in sorted(spent.items())}
+
+
+def replay_once(spark: Any, config: Path, names: str) -> tuple[float, int, dict[str, float]]:
     from pyspark.sql import functions as F
 
     frame = (
         spark.read.format("walstream").option("config", str(config)).option("streams", names).load()
     )
+    before = _descendants_cpu()
     started = time.perf_counter()
     row = frame.agg(
         F.count("*").alias("n"),
@@ -59,7 +119,16 @@ def replay_once(spark: Any, config: Path, names: str) -> tuple[float, int]:
         F.count("key"),
         F.count("headers"),
     ).collect()[0]
-    return time.perf_counter() - started, int(row["n"])
+    elapsed = time.perf_counter() - started
+    return elapsed, int(row["n"]), cpu_spent(before)
+
+
+def tasks_of(spark: Any, config: Path, names: str) -> int:
+    """How many Spark tasks (slices) a replay runs."""
+    frame = (
+        spark.read.format("walstream").option("config", str(config)).option("streams", names).load()
+    )
+    return int(frame.rdd.getNumPartitions())
 
 
 TABLE = Table(
@@ -69,6 +138,10 @@ TABLE = Table(
         Column("seconds", width=10),
         Column("records_per_s", "records/s", 12),
         Column("mib_per_s", "MiB/s", 9),
+        Column("tasks", width=7),
+        Column("jvm_cpu_s", "JVM cpu s", 11),
+        Column("python_cpu_s", "Python cpu s", 14),
+        Column("cores_busy", "cores busy", 12),
     ],
     separator="",
 )
@@ -87,16 +160,30 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     save_plot(path, draw, figsize=(6, 4))
 
 
+def ceilings(results: list[dict[str, Any]], cpus: int) -> dict[str, Any]:
+    """The scaling reached and the two ceilings of the module docstring."""
+    one, two = results[0], results[1]
+    two_cpu = sum(two["cpu_seconds"].values())
+    tasks = two["tasks"]
+    return {
+        "scaling": round(one["seconds"] / two["seconds"], 3),
+        "cpus": cpus,
+        "cpu_ceiling": round(cpus * one["seconds"] / two_cpu, 3) if two_cpu else float("inf"),
+        "balance_ceiling": round(tasks / -(-tasks // 2), 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small data, one measured run")
     parser.add_argument("--streams", type=int, default=3)
     parser.add_argument("--records", type=int, default=200_000, help="records per stream")
     parser.add_argument("--value-bytes", type=int, default=200)
-    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=3, help="replays before measuring")
     args = parser.parse_args()
     if args.quick:
-        args.records, args.runs = 30_000, 1
+        args.records = 30_000
 
     from walstream_spark import local_session
 
@@ -110,28 +197,49 @@ def main() -> None:
         payload = asyncio.run(fill(config, args.streams, args.records, args.value_bytes))
         names = ",".join(f"replay-{index}" for index in range(args.streams))
         total = args.streams * args.records
+        masters = ("local[1]", "local[2]")
+        runs: dict[str, list[tuple[float, int, dict[str, float]]]] = {m: [] for m in masters}
+        tasks: dict[str, int] = {}
+        # Rounds alternate the masters: each JVM compilation warms both, not the later one.
+        for round_number in range(args.runs):
+            for master in masters:
+                spark = local_session(master, "walstream-replay-bench")
+                try:
+                    # Python workers, JIT, page cache
+                    for _ in range(args.warmup if round_number == 0 else 1):
+                        replay_once(spark, config, names)
+                    with _profile.measured(f"replay_once {master}"):
+                        runs[master].append(replay_once(spark, config, names))
+                    tasks[master] = tasks_of(spark, config, names)
+                finally:
+                    spark.stop()
         results = []
-        for master in ("local[1]", "local[2]"):
-            spark = local_session(master, "walstream-replay-bench")
-            try:
-                replay_once(spark, config, names)  # warm-up: Python workers, JIT, page cache
-                with _profile.measured(f"replay_once {master}"):
-                    best = min(replay_once(spark, config, names) for _ in range(args.runs))
-                seconds, count = best
-                assert count == total, f"replayed {count} records, expected {total}"
-                results.append(
-                    {
-                        "master": master,
-                        "records": total,
-                        "payload_bytes": payload,
-                        "seconds": round(seconds, 3),
-                        "records_per_s": round(total / seconds),
-                        "mib_per_s": round(payload / seconds / (1 << 20), 2),
-                    }
-                )
-            finally:
-                spark.stop()
+        for master in masters:
+            seconds, count, cpu = min(runs[master], key=lambda run: run[0])
+            assert count == total, f"replayed {count} records, expected {total}"
+            results.append(
+                {
+                    "master": master,
+                    "records": total,
+                    "payload_bytes": payload,
+                    "seconds": round(seconds, 3),
+                    "records_per_s": round(total / seconds),
+                    "mib_per_s": round(payload / seconds / (1 << 20), 2),
+                    "tasks": tasks[master],
+                    "cpu_seconds": cpu,
+                    "jvm_cpu_s": cpu.get("jvm", 0.0),
+                    "python_cpu_s": cpu.get("python_workers", 0.0),
+                    "cores_busy": round(sum(cpu.values()) / seconds, 2),
+                }
+            )
     TABLE.print(results)
+    bounds = ceilings(results, os.cpu_count() or 1)
+    print(
+        f"local[2] / local[1] = {bounds['scaling']:.2f}x; this machine allows at most "
+        f"{bounds['cpu_ceiling']:.2f}x by CPU ({bounds['cpus']} cores, local[1] keeps "
+        f"{results[0]['cores_busy']:.2f} busy) and {bounds['balance_ceiling']:.2f}x by task "
+        f"balance ({results[1]['tasks']} tasks on 2 slots)"
+    )
     write_json(
         RESULTS,
         {
@@ -142,6 +250,7 @@ def main() -> None:
             "value_bytes": args.value_bytes,
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
             "results": results,
+            "bounds": bounds,
         },
     )
     plot(results, RESULTS.with_suffix(".png"))
