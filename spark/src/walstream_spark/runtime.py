@@ -8,6 +8,7 @@ reopen SQLite or re-read the YAML for every task.
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from collections.abc import Awaitable
@@ -21,7 +22,7 @@ from walstream.metadata import MetadataStore
 from walstream.objects import ObjectStore
 from walstream.sync import EventLoopThread
 
-__all__ = ["DeploymentBackends", "backends_for", "run"]
+__all__ = ["DeploymentBackends", "backends_for", "freeze_long_lived", "run"]
 
 T = TypeVar("T")
 
@@ -29,6 +30,7 @@ _lock = threading.Lock()
 _runner: EventLoopThread | None = None
 _runner_pid: int | None = None
 _backends: dict[str, DeploymentBackends] = {}
+_frozen_pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,25 @@ def _loop() -> EventLoopThread:
             _runner_pid = os.getpid()
             _backends.clear()
         return _runner
+
+
+def freeze_long_lived() -> None:
+    """Once per process, at a task's start: collect, then move what the process holds (the
+    modules of walstream, pyarrow and the object store client, the deployment's stores) to the
+    collector's permanent generation (``gc.freeze``).
+
+    PySpark's worker runs a full ``gc.collect()`` after every task it runs (``pyspark/daemon.py``),
+    which walks every object the collector tracks: some 90,000 once a task has read a slice, 60-70
+    ms per task on a 2-core machine, as long as the read of a 30,000-record slice itself. Frozen
+    objects are no longer walked; the collection first frees what is garbage now, so nothing
+    collectable is frozen, and what later tasks allocate is collected as before."""
+    global _frozen_pid
+    with _lock:
+        if _frozen_pid == os.getpid():
+            return
+        _frozen_pid = os.getpid()
+    gc.collect()
+    gc.freeze()
 
 
 def run(awaitable: Awaitable[T]) -> T:
