@@ -5,6 +5,8 @@ never fails a read (the range is fetched again on demand)."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import Callable
 
 import pytest
@@ -16,6 +18,7 @@ from walstream.errors import BackendUnavailable
 from walstream.metadata import ObjectInfo, ObjectState
 from walstream.metadata.memory import MemoryMetadataStore
 from walstream.objects.memory import MemoryObjectStore
+from walstream.records import SequencedRecord
 from walstream.wal.memory import MemoryWal
 
 RECORDS = 6000
@@ -124,6 +127,35 @@ async def test_sequential_cold_read_keeps_the_next_window_in_flight() -> None:
     assert store.most_in_flight >= 2
     assert reader.prefetched_gets > 0
     assert reader.prefetch_bytes <= 4 * (256 << 10)
+
+
+def records_alive() -> int:
+    return sum(1 for item in gc.get_objects() if type(item) is SequencedRecord)
+
+
+async def test_a_finished_reader_and_its_decoded_blocks_are_freed_without_the_cycle_collector() -> (
+    None
+):
+    # A reference cycle through the reader would keep its block cache (a scan's decoded records)
+    # until a full collection: in a Spark worker, one after every task.
+    store = SlowStore()
+    metadata, stream_id, objects = await cold_stream(store)
+    reader = reader_for(store, metadata)
+    assert len(await read_values(store, metadata, stream_id, reader)) == RECORDS
+    await asyncio.sleep(0)  # let the released read-ahead's cancelled GETs finish
+    block = reader.blocks.get((objects[-1].object_id, 0))
+    assert block, "the last object's first block is cached"
+    cached = len(block)
+    del block
+    freed_reader = weakref.ref(reader)
+    gc.disable()
+    try:
+        before = records_alive()
+        del reader
+        assert freed_reader() is None, "the reader outlived its last reference (a cycle)"
+        assert before - records_alive() >= cached, "its decoded records outlived it"
+    finally:
+        gc.enable()
 
 
 async def test_read_ahead_keeps_several_gets_in_flight_and_within_its_budget() -> None:

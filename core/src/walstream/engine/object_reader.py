@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from walstream.config.engine import CacheConfig
@@ -107,7 +109,12 @@ class ObjectReader:
         self._sequential: dict[int, _Sequential] = {}
         self._hooks: EngineHooks = hooks or NullHooks()
         self._ahead = ReadAhead(
-            objects, self.blocks, self._indexes, self.index, readahead_max_bytes, readahead_depth
+            objects,
+            self.blocks,
+            self._indexes,
+            _weakly(self.index),
+            readahead_max_bytes,
+            readahead_depth,
         )
         self.gets = 0
         self.prefetched_gets = 0
@@ -381,6 +388,24 @@ class ObjectReader:
         self.blocks.discard_if(lambda key: key[0] in object_ids)
         self._indexes.discard_if(lambda key: key in object_ids)
         self._ahead.forget(object_ids)
+
+
+def _weakly(
+    method: Callable[[ObjectInfo], Awaitable[ObjectIndex]],
+) -> Callable[[ObjectInfo], Awaitable[ObjectIndex]]:
+    """``method``, called without holding its object: the read-ahead a reader owns would
+    otherwise hold the reader in a reference cycle, and with it the reader's block cache (a
+    scan's decoded records, tens of thousands of tracked objects), until a full collection of
+    the cyclic garbage collector — which, in a Spark worker, runs after every task."""
+    weak = weakref.WeakMethod(method)
+
+    def call(info: ObjectInfo) -> Awaitable[ObjectIndex]:
+        bound = weak()
+        if bound is None:
+            raise RuntimeError("the ObjectReader of this read-ahead is gone")
+        return bound(info)
+
+    return call
 
 
 async def read_index(
