@@ -30,7 +30,8 @@ _lock = threading.Lock()
 _runner: EventLoopThread | None = None
 _runner_pid: int | None = None
 _backends: dict[str, DeploymentBackends] = {}
-_frozen_pid: int | None = None
+_FREEZE_ABOVE = 10_000
+"""Objects in the collector's oldest generation above which :func:`freeze_long_lived` freezes."""
 
 
 @dataclass(frozen=True)
@@ -55,20 +56,21 @@ def _loop() -> EventLoopThread:
 
 
 def freeze_long_lived() -> None:
-    """Once per process, at a task's start: collect, then move what the process holds (the
-    modules of walstream, pyarrow and the object store client, the deployment's stores) to the
-    collector's permanent generation (``gc.freeze``).
+    """At a task's start (every use of a deployment, :func:`backends_for`): when the cyclic
+    collector's oldest generation holds more than ``_FREEZE_ABOVE`` objects, collect, then move
+    what the process holds to the collector's permanent generation (``gc.freeze``).
 
     PySpark's worker runs a full ``gc.collect()`` after every task it runs (``pyspark/daemon.py``),
-    which walks every object the collector tracks: some 90,000 once a task has read a slice, 60-70
-    ms per task on a 2-core machine, as long as the read of a 30,000-record slice itself. Frozen
-    objects are no longer walked; the collection first frees what is garbage now, so nothing
-    collectable is frozen, and what later tasks allocate is collected as before."""
-    global _frozen_pid
-    with _lock:
-        if _frozen_pid == os.getpid():
-            return
-        _frozen_pid = os.getpid()
+    which walks every object the collector tracks: some 60,000 to 90,000 once walstream, pyarrow,
+    the object store client and PySpark's own serializers (pandas, numpy) are loaded, 20-90 ms per
+    task on a 2-core machine, as long as the read of a 30,000-record slice itself; the planning
+    workers on the driver pay it too. Frozen objects are no longer walked. The collection first
+    frees what is garbage now, so nothing collectable is frozen; what a task allocates and drops
+    is freed as before. A task's own imports (PySpark's serializers import pandas during the first
+    task) are in the oldest generation at the next task's start, after PySpark's collection, and
+    are frozen then. Costs a look at the oldest generation per call (well under a millisecond)."""
+    if len(gc.get_objects(generation=2)) <= _FREEZE_ABOVE:
+        return
     gc.collect()
     gc.freeze()
 
@@ -81,6 +83,7 @@ def run(awaitable: Awaitable[T]) -> T:
 def backends_for(config: str) -> DeploymentBackends:
     """The object store and metadata store of the deployment at ``config`` (cached per process)."""
     _loop()
+    freeze_long_lived()  # a task starts: see freeze_long_lived
     with _lock:
         cached = _backends.get(config)
         if cached is not None:

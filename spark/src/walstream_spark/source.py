@@ -66,7 +66,7 @@ from .options import (
 )
 from .planning import ReadSlice, StreamRequest, plan_slices, resolve_requests
 from .reading import SCHEMA, read_slice_batches
-from .runtime import backends_for, freeze_long_lived, run
+from .runtime import backends_for, run
 from .user_errors import shortened, user_errors
 
 __all__ = ["WalstreamDataSource", "WalstreamReader", "WalstreamStreamReader"]
@@ -169,9 +169,7 @@ def _read(config: str, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, SlicePartition):
         return  # Spark's placeholder when the plan has no slice at all
     with shortened():
-        backends = backends_for(config)
-        freeze_long_lived()  # PySpark collects after every task: see freeze_long_lived
-        yield from read_slice_batches(backends, partition.piece)
+        yield from read_slice_batches(backends_for(config), partition.piece)
 
 
 class WalstreamReader(DataSourceReader):

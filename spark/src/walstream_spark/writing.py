@@ -74,7 +74,7 @@ from walstream.records import Record, SequencedRecord
 from walstream.wal.memory import MemoryWal
 
 from .options import optional_int, required
-from .runtime import DeploymentBackends, backends_for, freeze_long_lived, run
+from .runtime import DeploymentBackends, backends_for, run
 from .user_errors import user_errors
 
 __all__ = [
@@ -292,7 +292,6 @@ def _write_partition(
     if first_row is None:
         return WriteCommit(identity.partition, 0, 0, None, None)
     backends = backends_for(target.config)
-    freeze_long_lived()  # PySpark collects after every task: see freeze_long_lived
     client = run(_open_client(backends, identity.node_id))
     try:
         stream = run(client.open_stream(target.stream))
