@@ -175,12 +175,18 @@ def ceilings(results: list[dict[str, Any]], cpus: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small data, one measured run")
+    parser.add_argument(
+        "--quick", action="store_true", help="small data: 30,000 records per stream"
+    )
     parser.add_argument("--streams", type=int, default=3)
     parser.add_argument("--records", type=int, default=200_000, help="records per stream")
     parser.add_argument("--value-bytes", type=int, default=200)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=3, help="replays before measuring")
+    parser.add_argument(
+        "--runs", type=int, default=3, help="measured rounds, each alternating the two masters"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=3, help="replays before the first round's measurement"
+    )
     args = parser.parse_args()
     if args.quick:
         args.records = 30_000
