@@ -68,7 +68,11 @@ def freeze_long_lived() -> None:
     frees what is garbage now, so nothing collectable is frozen; what a task allocates and drops
     is freed as before. A task's own imports (PySpark's serializers import pandas during the first
     task) are in the oldest generation at the next task's start, after PySpark's collection, and
-    are frozen then. Costs a look at the oldest generation per call (well under a millisecond)."""
+    are frozen then. Costs a look at the oldest generation per call (well under a millisecond).
+
+    The price: an object frozen while alive that later becomes unreachable inside a reference
+    cycle is never freed (reference counting still frees the others). Only what survived a full
+    collection is frozen, which in a worker is what it keeps: modules, the deployment's stores."""
     if len(gc.get_objects(generation=2)) <= _FREEZE_ABOVE:
         return
     gc.collect()
