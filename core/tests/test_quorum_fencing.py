@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 from walstream.clock import ManualClock
-from walstream.errors import BackendUnavailable, FencedError
-from walstream.wal import FenceLease, SupersededCheck, lease_wait_s
+from walstream.errors import BackendUnavailable, FencedError, InvalidArgument
+from walstream.wal import FenceLease, SupersededCheck, checked_lease_s, lease_wait_s
 
 
 class Medium:
@@ -181,3 +181,11 @@ async def test_without_a_lease_every_write_waits_for_a_run() -> None:
     assert medium.reads == 3
     assert lease_wait_s(0.0) == 0.0
     assert lease_wait_s(1.0) == pytest.approx(1.251)
+
+
+def test_a_fence_lease_outside_zero_to_the_wals_maximum_is_refused() -> None:
+    assert checked_lease_s(0.0, 10.0) == 0.0
+    assert checked_lease_s(10.0, 10.0) == 10.0
+    for wrong in (-0.001, 10.001):
+        with pytest.raises(InvalidArgument, match=r"wal.fence_lease: between 0 and 10 s"):
+            checked_lease_s(wrong, 10.0)

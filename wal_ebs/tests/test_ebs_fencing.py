@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from walstream.clock import ManualClock
-from walstream.errors import FencedError, WalstreamError
+from walstream.errors import FencedError, InvalidArgument, WalstreamError
 from walstream.wal import WalMode
 from walstream_wal_ebs import EbsWal
 from walstream_wal_ebs.layout import BLOCK_BYTES, FORMAT_VERSION, HeaderSlot, pick_header
@@ -232,3 +232,12 @@ async def test_write_durable_after_the_lease_of_the_read_under_way_waits_for_the
     assert offset in [record.offset for record in recovered]
     await taker.close()
     await zombie.close()
+
+
+@pytest.mark.parametrize("lease_s", [-0.5, 10.5])
+def test_an_out_of_range_fence_lease_is_refused_before_the_file_is_touched(
+    tmp_path: Path, lease_s: float
+) -> None:
+    with pytest.raises(InvalidArgument, match=r"wal.fence_lease: between 0 and 10 s"):
+        EbsWal(tmp_path / "wal.img", capacity_bytes=1 << 20, fence_lease_s=lease_s)
+    assert not (tmp_path / "wal.img").exists()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from walstream.config import BuildContext
@@ -348,3 +348,9 @@ async def test_s3_wal_a_clean_close_gives_the_lease_back(make_wal: Any) -> None:
     assert clock.monotonic() - before >= 10 * 1.25  # the crashed writer's lease, with margin
     await taker.close()
     await crashed.store.close()
+
+
+@pytest.mark.parametrize("lease_s", [-1.0, 61.0])
+def test_s3_wal_refuses_an_out_of_range_fence_lease(lease_s: float) -> None:
+    with pytest.raises(InvalidArgument, match=r"wal.fence_lease: between 0 and 60 s"):
+        S3Wal(cast(Any, None), fence_lease_s=lease_s)

@@ -5,10 +5,11 @@ cannot be conditional on another object). Runs on in-memory zones, so it is fast
 from __future__ import annotations
 
 import asyncio
+from typing import Any, cast
 
 import pytest
 from walstream.clock import Clock, ManualClock
-from walstream.errors import FencedError
+from walstream.errors import FencedError, InvalidArgument
 from walstream.wal import WalMode
 from walstream_wal_s3.client import S3Settings
 from walstream_wal_s3.testing.latency import LatencyModel
@@ -128,3 +129,9 @@ async def test_a_claim_records_the_longer_of_its_lease_and_the_superseded_one() 
     assert [record.data async for record in successor.recover()] == [b"a"]
     for wal in (successor, claimant, writer):
         await wal.close()
+
+
+@pytest.mark.parametrize("lease_s", [-1.0, 61.0])
+def test_a_zone_refuses_an_out_of_range_fence_lease(lease_s: float) -> None:
+    with pytest.raises(InvalidArgument, match=r"wal.fence_lease: between 0 and 60 s"):
+        ZonalBucketReplica(cast(Any, None), fence_lease_s=lease_s)

@@ -19,8 +19,8 @@ read (a background read renews the lease while groups keep completing); a group 
 waits for a header read that starts after the write, or for the read under way when the lease that
 read yields (from its start) covers the write. The lease is recorded in the header (format
 version 3), and whoever takes the WAL over (FAILOVER, or a restart with a higher epoch) waits it
-out — ``_LEASE_MARGIN`` times the lease plus a millisecond — after fencing the writer and before
-reading the log. So a write the old writer acknowledges was durable before the taker reads the
+out (:func:`walstream.wal.fencing.lease_wait_s`: the lease times a margin, plus a millisecond)
+after fencing the writer and before reading the log. So a write the old writer acknowledges was durable before the taker reads the
 log, exactly as when every group re-read the header. Both sides measure the lease on their
 :class:`~walstream.clock.Clock`, whose rate the margin assumes to agree within 20%.
 
@@ -83,6 +83,8 @@ from walstream.wal import (
     WalMode,
     WalOffset,
     WalRecord,
+    checked_lease_s,
+    lease_wait_s,
 )
 
 from .device import BufferPool, WalDevice, aligned_buffer, create_preallocated_file
@@ -114,7 +116,6 @@ DEFAULT_FENCE_LEASE_S = 0.02
 docstring, *Fencing*): what a takeover waits, against one header read per lease instead of one
 per group."""
 _MAX_FENCE_LEASE_S = 10.0
-_LEASE_MARGIN = 1.25
 #: Records smaller than this are joined with their headers before one copy into a group's
 #: buffer; larger ones are copied into it directly.
 _JOIN_BELOW_BYTES = 16 << 10
@@ -143,10 +144,7 @@ class EbsWal(GroupCommitWal):
         salt: int | None = None,
         fence_lease_s: float = DEFAULT_FENCE_LEASE_S,
     ) -> None:
-        if not 0 <= fence_lease_s <= _MAX_FENCE_LEASE_S:
-            raise ConfigError(
-                f"wal.fence_lease: between 0 and {_MAX_FENCE_LEASE_S:g} s, got {fence_lease_s!r}"
-            )
+        checked_lease_s(fence_lease_s, _MAX_FENCE_LEASE_S)
         if capacity_bytes < MIN_CAPACITY_BYTES:
             raise ConfigError(
                 f"wal.capacity: at least {MIN_CAPACITY_BYTES} bytes, got {capacity_bytes}"
@@ -411,7 +409,7 @@ class EbsWal(GroupCommitWal):
             return  # a version-1/2 writer, a clean close, or a FAILOVER reader: no lease held
         if (displaced.node_id, displaced.node_epoch) == (self.node_id, self.node_epoch):
             return  # the same owner again: nobody is fenced
-        wait_s = displaced.fence_lease_us / 1e6 * _LEASE_MARGIN + 0.001
+        wait_s = lease_wait_s(displaced.fence_lease_us / 1e6)
         log.info(
             "WAL %s: waiting %.1f ms for the fence lease of node %d epoch %d to run out",
             self.path,

@@ -137,7 +137,7 @@ from walstream.wal import (
     WalOffset,
     WalRecord,
 )
-from walstream.wal.fencing import FenceLease, lease_wait_s
+from walstream.wal.fencing import FenceLease, checked_lease_s, lease_wait_s
 
 from .layout import (
     FORMAT_VERSION,
@@ -288,10 +288,7 @@ class S3Wal(GroupCommitWal):
         rng: random.Random | None = None,
         fence_lease_s: float = DEFAULT_FENCE_LEASE_S,
     ) -> None:
-        if not 0 <= fence_lease_s <= _MAX_FENCE_LEASE_S:
-            raise InvalidArgument(
-                f"wal.fence_lease: between 0 and {_MAX_FENCE_LEASE_S:g} s, got {fence_lease_s!r}"
-            )
+        checked_lease_s(fence_lease_s, _MAX_FENCE_LEASE_S)
         super().__init__(
             capabilities=WalCapabilities(
                 max_record_bytes=max_record_bytes,

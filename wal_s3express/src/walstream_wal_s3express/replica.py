@@ -74,12 +74,11 @@ from walstream.errors import (
     BackendUnavailable,
     CorruptionError,
     FencedError,
-    InvalidArgument,
     NotFound,
     PreconditionFailed,
     WalstreamError,
 )
-from walstream.wal.fencing import FenceLease, lease_wait_s
+from walstream.wal.fencing import FenceLease, checked_lease_s, lease_wait_s
 from walstream.wal.quorum import (
     MAX_SEALS,
     ChunkInfo,
@@ -102,6 +101,7 @@ SWEEP_EVERY_TRIMS = 64
 _DELETE_BATCH = 1000
 DEFAULT_FENCE_LEASE_S = 0.5
 """How long a successor check that found none covers chunk writes of its epoch on its zone."""
+_MAX_FENCE_LEASE_S = 60.0
 
 
 class ZonalS3Client(S3Client):
@@ -228,9 +228,7 @@ class ZonalBucketReplica:
         clock: Clock | None = None,
         fence_lease_s: float = DEFAULT_FENCE_LEASE_S,
     ) -> None:
-        if not 0 <= fence_lease_s <= 60:
-            raise InvalidArgument(f"wal.fence_lease: between 0 and 60 s, got {fence_lease_s!r}")
-        self.fence_lease_s = fence_lease_s
+        self.fence_lease_s = checked_lease_s(fence_lease_s, _MAX_FENCE_LEASE_S)
         self.client = client
         self.name = name or client.settings.bucket
         self.node_id = node_id

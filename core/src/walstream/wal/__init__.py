@@ -13,7 +13,13 @@ from walstream.wal.contract import (
     WalRecord,
     WriteAheadLog,
 )
-from walstream.wal.fencing import LEASE_MARGIN, FenceLease, SupersededCheck, lease_wait_s
+from walstream.wal.fencing import (
+    LEASE_MARGIN,
+    FenceLease,
+    SupersededCheck,
+    checked_lease_s,
+    lease_wait_s,
+)
 from walstream.wal.group_commit import (
     GroupCommitWal,
     PreparedGroup,
@@ -32,5 +38,6 @@ __all__ = [
     "WalOffset",
     "WalRecord",
     "WriteAheadLog",
+    "checked_lease_s",
     "lease_wait_s",
 ]

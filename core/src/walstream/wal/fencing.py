@@ -22,15 +22,23 @@ import math
 from collections.abc import Awaitable, Callable
 
 from walstream.clock import Clock
-from walstream.errors import FencedError, WalstreamError
+from walstream.errors import FencedError, InvalidArgument, WalstreamError
 
-__all__ = ["LEASE_MARGIN", "FenceLease", "SupersededCheck", "lease_wait_s"]
+__all__ = ["LEASE_MARGIN", "FenceLease", "SupersededCheck", "checked_lease_s", "lease_wait_s"]
 
 log = logging.getLogger(__name__)
 
 LEASE_MARGIN = 1.25
 """A new owner waits this many leases (plus a millisecond): room for the two clocks' rates to
 differ."""
+
+
+def checked_lease_s(lease_s: float, maximum_s: float) -> float:
+    """``lease_s``, the ``wal.fence_lease`` option of a WAL, if it is between 0 and the WAL's
+    ``maximum_s``; else :class:`InvalidArgument`."""
+    if not 0 <= lease_s <= maximum_s:
+        raise InvalidArgument(f"wal.fence_lease: between 0 and {maximum_s:g} s, got {lease_s!r}")
+    return lease_s
 
 
 def lease_wait_s(lease_s: float) -> float:
