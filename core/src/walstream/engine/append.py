@@ -2,6 +2,8 @@
 
 ``append`` reserves offsets under the stream's lock, puts the encoded batch in the LogCache and
 hands it to the WAL in the same step (so WAL order = cache order); the WAL acknowledges in order;
+appends to one stream get their offsets in the order their calls began (an append that must wait
+holds back every later one, see :meth:`StreamWriter.append`);
 the acknowledgement makes the records readable and wakes tailing readers. The uploader moves
 sealed cache blocks to object storage; when too much is not yet uploaded, appends wait for it
 (backpressure) and give up with :class:`CapacityError` after ``append_timeout_s``.
@@ -146,8 +148,12 @@ class StreamWriter:
         if state.claimed:
             return
         async with state.lock:
-            if state.claimed:
-                return
+            await self._claim_locked(state)
+
+    async def _claim_locked(self, state: LocalStream) -> None:
+        """Claim ``state``'s stream for this node, unless it is claimed already; the caller
+        holds ``state.lock``."""
+        if not state.claimed:
             info = await self._metadata.claim_stream(
                 state.info.stream_id, self._gate.node_id, self._node_epoch
             )
@@ -182,36 +188,48 @@ class StreamWriter:
             check_optional_int(match_tail, "match_tail")
         if fencing_token is not None:
             check_optional_text(fencing_token, "fencing_token", MAX_FENCING_TOKEN_BYTES)
-        if not state.claimed:
-            await self._claim(state)
-            gate.check_writable(state)
         started = self._clock.monotonic() if self._report_appends else 0.0
         lock = state.lock
         submitted: _Submitted | _MustWait | None = None
-        if not lock.locked():
-            # Nobody holds the stream (no append waiting for space or for its tail, no trim,
-            # release or claim under way): an append that need not wait reserves its offsets
-            # and reaches the WAL in this step of the event loop, which nothing can interleave,
-            # so it needs no lock. One that must wait takes the lock below.
+        if state.claimed and not state.queued and not lock.locked():
+            # Nobody holds the stream or waits for it (no append waiting to claim it, for space,
+            # for its tail or for its turn; no trim or release under way): an append that need
+            # not wait reserves its offsets and reaches the WAL in this step of the event loop,
+            # which nothing can interleave, so it needs no lock. One that must wait queues below.
             submitted = self._submit(state, records, match_tail, fencing_token, started)
         if type(submitted) is not _Submitted:
-            async with lock:
-                while True:
-                    gate.check_writable(state)
-                    submitted = self._submit(state, records, match_tail, fencing_token, started)
-                    if type(submitted) is _Submitted:
-                        break
-                    assert type(submitted) is _MustWait
-                    if submitted.space_bytes:
-                        await self._wait_for_space(submitted.space_bytes)
-                        continue
-                    # Report a tail that reads agree with: let this stream's appends in
-                    # flight settle.
-                    await self._wait_acked(state)
-                    raise TailMismatchError(
-                        f"match_tail={match_tail} but the tail is {state.next_offset}",
-                        state.next_offset,
-                    )
+            # Queue up in the order the appends began: the count makes every later append queue
+            # too (even in the moment between a release of the lock and the wake-up of its next
+            # waiter, when the lock reads as free), and the lock hands itself over first come,
+            # first served.
+            must_claim = not state.claimed
+            state.queued += 1
+            try:
+                async with lock:
+                    if must_claim:
+                        # Only an append that found the stream unclaimed claims it: one queued
+                        # behind a release fails in _submit, as the release promises.
+                        await self._claim_locked(state)
+                    while True:
+                        gate.check_writable(state)
+                        submitted = self._submit(
+                            state, records, match_tail, fencing_token, started
+                        )
+                        if type(submitted) is _Submitted:
+                            break
+                        assert type(submitted) is _MustWait
+                        if submitted.space_bytes:
+                            await self._wait_for_space(submitted.space_bytes)
+                            continue
+                        # Report a tail that reads agree with: let this stream's appends in
+                        # flight settle.
+                        await self._wait_acked(state)
+                        raise TailMismatchError(
+                            f"match_tail={match_tail} but the tail is {state.next_offset}",
+                            state.next_offset,
+                        )
+            finally:
+                state.queued -= 1
         assert type(submitted) is _Submitted
         await submitted.answer
         if gate.lease_deadline is not None:

@@ -39,6 +39,11 @@ class LocalStream:
     last_timestamp_ms: int = 0
     fencing_token: str | None = None
     deleted: bool = False
+    queued: int = 0
+    """Appends that began and wait for their turn under :attr:`lock` (to claim the stream, for
+    room under the upload bound, or behind another waiting append). While any waits, a new
+    append queues behind them instead of taking the lock-free path, so appends reach the WAL in
+    the order they began."""
     _changed: asyncio.Event | None = field(default=None, repr=False)
 
     @property
