@@ -147,7 +147,7 @@ def test_ambiguous_append_may_appear_later_or_never() -> None:
 
 
 needs_engine = pytest.mark.skipif(
-    importlib.util.find_spec("walstream.engine.node") is None, reason="engine not installed"
+    importlib.util.find_spec("walstream.engine.client") is None, reason="engine not installed"
 )
 
 

@@ -457,7 +457,7 @@ from walstream.cli import runner
 runner.configure_logging(int(sys.argv[1]))
 logging.getLogger("botocore.endpoint").debug("third-party debug")
 logging.getLogger("botocore.endpoint").info("third-party info")
-logging.getLogger("walstream.engine.node").debug("core debug")
+logging.getLogger("walstream.engine.client").debug("core debug")
 logging.getLogger("walstream_wal_s3.wal").debug("plugin debug")
 """
 
@@ -487,11 +487,11 @@ def test_verbose_keeps_third_party_debug_logging_for_vv(
 
 
 def test_python_read_of_a_negative_offset_is_invalid_argument(deployment: Path) -> None:
-    import walstream.sync
+    import walstream.blocking
     from walstream import Record
     from walstream.errors import InvalidArgument
 
-    with walstream.sync.open(str(deployment)) as client:
+    with walstream.blocking.open(str(deployment)) as client:
         stream = client.create_stream("neg")
         stream.append([Record(b"a")])
         with pytest.raises(InvalidArgument, match=r"start: must be between 0 and .*, got -1"):

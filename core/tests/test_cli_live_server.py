@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from walstream.engine import live
+from walstream.engine import node_lock
 from walstream.errors import BackendUnavailable
 from walstream_conformance.harness.serve import WalstreamServe
 
@@ -230,7 +230,7 @@ def test_a_node_held_by_a_process_without_a_server_reads_committed_and_refuses_w
     cli("streams", "create", "orders")
     cli("append", "orders", input="a\nb\n")  # closing the node uploads them
     path = tmp_path / "data" / "meta.db.node-1.lock"
-    holder = live.NodeLock.acquire(path, 1, "walstream tail")
+    holder = node_lock.NodeLock.acquire(path, 1, "walstream tail")
     try:
         read = cli("read", "orders")
         assert read.stdout.splitlines() == ["0\ta", "1\tb"]
@@ -252,7 +252,7 @@ def test_python_open_of_a_served_node_refuses_instead_of_fencing_the_server(
     server.append("py", "one")
     script = (
         "import asyncio, sys, walstream\n"
-        "from walstream.engine.live import NodeBusy\n"
+        "from walstream.engine.node_lock import NodeBusy\n"
         "async def main():\n"
         "    try:\n"
         "        async with walstream.open(sys.argv[1]):\n"
@@ -282,24 +282,24 @@ async def test_python_open_locks_the_node_while_open_and_releases_it_on_close(
     from walstream_plugins import load_deployment
 
     monkeypatch.chdir(tmp_path)
-    path = live.lock_path(load_deployment(deployment))
+    path = node_lock.lock_path(load_deployment(deployment))
     assert path is not None
     async with walstream.open(deployment) as client:
         await client.create_stream("locked")
-        holder = live.probe(path)
+        holder = node_lock.probe(path)
         assert holder is not None and holder.pid == os.getpid()
         assert (holder.command or "").startswith("walstream.open in ")
         # A caller that locked first (the CLI, serve) opens under its own lock.
-        assert live.held_here(path)
-    assert live.probe(path) is None
-    assert not live.held_here(path)
-    own = live.NodeLock.acquire(path, 1, "walstream test")
+        assert node_lock.held_here(path)
+    assert node_lock.probe(path) is None
+    assert not node_lock.held_here(path)
+    own = node_lock.NodeLock.acquire(path, 1, "walstream test")
     try:
         async with walstream.open(deployment) as client:
             assert [info.name for info in await client.list_streams()] == ["locked"]
         # ... and leaves that lock to its holder when it closes.
-        assert live.held_here(path)
-        still = live.probe(path)
+        assert node_lock.held_here(path)
+        still = node_lock.probe(path)
         assert still is not None and still.command == "walstream test"
     finally:
         own.release()

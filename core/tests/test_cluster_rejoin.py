@@ -158,7 +158,7 @@ async def test_only_a_fenced_cluster_node_is_rejoined() -> None:
     from types import SimpleNamespace
     from typing import cast
 
-    from walstream.engine.node import Client
+    from walstream.engine.client import Client
     from walstream.errors import BackendUnavailable, FencedError
     from walstream.server.serve import rejoinable
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import walstream.sync
+import walstream.blocking
 from pyspark.sql import functions as F
 from walstream import Record
 
@@ -21,7 +21,7 @@ def expected_value(stream: str, offset: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def filled(module_deployment: Path) -> Path:
-    with walstream.sync.open(str(module_deployment)) as client:
+    with walstream.blocking.open(str(module_deployment)) as client:
         for name in STREAMS:
             stream = client.create_stream(name)
             for start in range(0, RECORDS, BATCH):
@@ -118,14 +118,14 @@ def test_spark_batch_read_from_timestamp(spark: Any, filled: Path) -> None:
 
 
 def test_spark_batch_read_after_trim_skips_trimmed(spark: Any, filled: Path) -> None:
-    with walstream.sync.open(str(filled)) as client:
+    with walstream.blocking.open(str(filled)) as client:
         client.open_stream("alpha").trim(30_000)
         client.open_stream("gamma").trim(99_999)
     check_exact(spark, filled, {"alpha": 30_000, "beta": 0, "gamma": 99_999})
 
 
 def test_spark_batch_read_after_compaction_is_unchanged(spark: Any, filled: Path) -> None:
-    with walstream.sync.open(str(filled)) as client:
+    with walstream.blocking.open(str(filled)) as client:
         metadata = client.async_client.metadata
         before = {info.key for info in client.run(metadata.list_objects())}
         assert client.run(client.async_client.compact())

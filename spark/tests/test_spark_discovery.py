@@ -14,12 +14,12 @@ SPARK_DIST = Path(__file__).resolve().parents[1]
 FRESH_SESSION_READ = textwrap.dedent(
     """
     import sys
-    import walstream.sync
+    import walstream.blocking
     from walstream import Record
     from walstream_spark import local_session
 
     config = sys.argv[1]
-    with walstream.sync.open(config) as client:
+    with walstream.blocking.open(config) as client:
         stream = client.create_stream("clicks")
         stream.append([Record(b"one"), Record(b"two"), Record(b"three")])
     spark = local_session("local[1]", "walstream-discovery", register_source=False)

@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import walstream.sync
+import walstream.blocking
 from walstream import Record
 
 
 def append_range(config: Path, stream: str, start: int, end: int, batch: int = 500) -> None:
-    with walstream.sync.open(str(config)) as client:
+    with walstream.blocking.open(str(config)) as client:
         try:
             handle = client.open_stream(stream)
         except walstream.errors.StreamNotFound:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import walstream.sync
+import walstream.blocking
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType
 from walstream import Record
@@ -14,7 +14,7 @@ from walstream_spark.writing import MARKER_WRITER, WRITER_NODE_BASE
 
 
 def stream_values(config: Path, name: str) -> list[bytes]:
-    with walstream.sync.open(str(config)) as client:
+    with walstream.blocking.open(str(config)) as client:
         stream = client.open_stream(name)
         values: list[bytes] = []
         position = 0
@@ -27,7 +27,7 @@ def stream_values(config: Path, name: str) -> list[bytes]:
 
 
 def writer_nodes(config: Path) -> list[Any]:
-    with walstream.sync.open(str(config)) as client:
+    with walstream.blocking.open(str(config)) as client:
         nodes = client.run(client.async_client.metadata.list_nodes())
     return [node for node in nodes if node.node_id >= WRITER_NODE_BASE]
 
@@ -84,7 +84,7 @@ def test_spark_write_task_retry_does_not_duplicate(spark: Any, deployment: Path)
 def test_spark_write_stream_rerun_batch_is_not_duplicated(
     spark: Any, deployment: Path, tmp_path: Path
 ) -> None:
-    with walstream.sync.open(str(deployment)) as client:
+    with walstream.blocking.open(str(deployment)) as client:
         source = client.create_stream("source")
         for low in range(0, 2000, 500):
             source.append([Record(str(n).encode()) for n in range(low, low + 500)])

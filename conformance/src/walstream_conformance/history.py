@@ -365,7 +365,7 @@ async def run_stream_workload(
 
 
 class _EngineStream:
-    """:class:`StreamUnderTest` over a ``walstream.engine.node.Stream``."""
+    """:class:`StreamUnderTest` over a ``walstream.engine.client.Stream``."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
@@ -397,12 +397,12 @@ async def run_engine_workload(
     wal_ack_delay_s: float = 0.001,
     match_tail_fraction: float = 0.2,
 ) -> tuple[History, CheckResult]:
-    """The real engine (``walstream.engine.node.Client``) on a MemoryWal and a MemoryObjectStore wrapped
+    """The real engine (``walstream.engine.client.Client``) on a MemoryWal and a MemoryObjectStore wrapped
     in fault injectors, with the memory metadata store; a concurrent seeded workload on one
     stream, uploading often so reads cross the cache/object boundary; checked for
     linearizability. Raises ``ImportError`` when the engine is not installed."""
     from walstream.config import EngineConfig, UploadConfig
-    from walstream.engine.node import Client
+    from walstream.engine.client import Client
     from walstream.metadata.memory import MemoryMetadataStore
     from walstream.objects.memory import MemoryObjectStore
     from walstream.wal.memory import MemoryWal

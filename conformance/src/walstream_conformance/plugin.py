@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -23,7 +22,7 @@ from walstream.metadata import MetadataStore
 from walstream.objects import ObjectStore
 from walstream.wal import WriteAheadLog
 
-from .backends import BackendSpec, backend_options, load_factory
+from .backends import BackendSpec, backend_options
 from .requirements import SUITE_VERSION
 from .suites.wal import WalKit
 
@@ -251,7 +250,3 @@ def walstream_metadata_factory(
 
         yield make
 
-
-def describe_backend(kind: Any, name: str) -> str:
-    factory = load_factory(kind, name)
-    return f"{factory.name}: {factory.description}"

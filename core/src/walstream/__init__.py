@@ -7,7 +7,7 @@ near real time, into object storage.
 from __future__ import annotations
 
 from walstream.config.engine import EngineConfig
-from walstream.engine.node import Client, Stream
+from walstream.engine.client import Client, Stream
 from walstream.engine.opener import open
 from walstream.errors import (
     AmbiguousError,

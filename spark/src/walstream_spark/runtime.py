@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from walstream.blocking import EventLoopThread
 from walstream.config import EngineConfig
 from walstream.errors import ConfigError
 from walstream.metadata import MetadataStore
 from walstream.objects import ObjectStore
-from walstream.sync import EventLoopThread
 
 __all__ = ["DeploymentBackends", "backends_for", "freeze_long_lived", "run"]
 

@@ -65,7 +65,7 @@ from pyspark.sql import Row
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 from walstream.config.engine import ClusterConfig
-from walstream.engine.node import Client, Stream
+from walstream.engine.client import Client, Stream
 from walstream.engine.read import read_committed
 from walstream.errors import ConfigError, FencedError, InvalidArgument, StreamExists
 from walstream.metadata import NodeState

@@ -239,10 +239,6 @@ class HeaderSlot:
         return self.sequence % HEADER_SLOT_COUNT
 
 
-def has_header_magic(slot: bytes) -> bool:
-    return bytes(slot[:4]) == HEADER_MAGIC
-
-
 def pick_header(slots: list[bytes]) -> tuple[HeaderSlot | None, list[str]]:
     """The newest valid slot, and one problem description per invalid slot."""
     best: HeaderSlot | None = None

@@ -694,9 +694,6 @@ class ChunkStore:
         durable)."""
         self._delete_dead_segments()
 
-    def segment_count(self) -> int:
-        return len(self._segments)
-
     def close(self) -> None:
         if self._flush_handle is not None:
             self._flush_handle.cancel()

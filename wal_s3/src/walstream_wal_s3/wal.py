@@ -229,10 +229,6 @@ class _Scan:
             items.append(best)
             expected = best.last + 1
 
-    @property
-    def newest_epoch(self) -> int:
-        return max(self.epochs, default=-1)
-
 
 @dataclass
 class _Chain:

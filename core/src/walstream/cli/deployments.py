@@ -39,10 +39,10 @@ def set_command_name(name: str) -> None:
 async def holding_node(config: str | None) -> AsyncIterator[None]:
     """Hold the node lock of ``config`` for a command that runs the node itself and has no
     way through a server (``recover``, ``demo``, ``bench``): raises
-    :class:`~walstream.engine.live.NodeBusy` (exit 2) naming the live process that runs the node."""
-    from walstream.engine import live
+    :class:`~walstream.engine.node_lock.NodeBusy` (exit 2) naming the live process that runs the node."""
+    from walstream.engine import node_lock
 
-    lock = live.hold(load_deployment(config), f"{PROG} {command_name()}")
+    lock = node_lock.hold(load_deployment(config), f"{PROG} {command_name()}")
     try:
         yield
     finally:

@@ -48,25 +48,25 @@ async def open_client(config: str | None, *, writes: bool = True) -> AsyncIterat
     """The node of ``config`` for one command, never taking it over from a live process.
 
     No live process runs the node: ``walstream.open(config)`` as always (recovering the node),
-    holding the node lock (:mod:`walstream.engine.live`) so that no server starts on it meanwhile.
+    holding the node lock (:mod:`walstream.engine.node_lock`) so that no server starts on it meanwhile.
     A live ``walstream serve`` runs it: a :class:`_LiveNodeClient` that sends writes to the
     server's HTTP API and asks it for what is not committed yet; when the server cannot be reached (or the live
     process is not a server), reads show the committed records only (with a warning on stderr)
-    and writes raise :class:`~walstream.engine.live.NodeBusy` naming the running process.
+    and writes raise :class:`~walstream.engine.node_lock.NodeBusy` naming the running process.
     """
     import walstream
-    from walstream.engine import live
+    from walstream.engine import node_lock
 
     deployment = load_deployment(config)
-    path = live.lock_path(deployment)
+    path = node_lock.lock_path(deployment)
     # A node this process runs already (a client opened in the same program) is not live
     # elsewhere: the command opens it in-process, as walstream.open does.
-    mine = path is not None and live.held_here(path)
-    holder = None if mine else live.probe(path)
+    mine = path is not None and node_lock.held_here(path)
+    holder = None if mine else node_lock.probe(path)
     if holder is None and path is not None and not mine:
         try:
-            lock = live.NodeLock.acquire(path, deployment.node_id, f"{PROG} {command_name()}")
-        except live.NodeBusy as busy:
+            lock = node_lock.NodeLock.acquire(path, deployment.node_id, f"{PROG} {command_name()}")
+        except node_lock.NodeBusy as busy:
             holder = busy.holder  # a server started between the probe and the lock
         else:
             try:
@@ -281,7 +281,7 @@ class _LiveNodeClient:
     async def open(
         cls, config: str | None, deployment: Any, holder: Any, *, writes: bool
     ) -> AsyncIterator[_LiveNodeClient]:
-        from walstream.engine import live
+        from walstream.engine import node_lock
         from walstream.engine.object_reader import ObjectReader
 
         remote = None
@@ -296,7 +296,7 @@ class _LiveNodeClient:
             except WalstreamError as failed:
                 reason = f"{holder.describe()}, but its /health answered: {failed}"
         if remote is None and writes:
-            raise live.NodeBusy(
+            raise node_lock.NodeBusy(
                 f"{reason}; this command would take the node over: stop that process, or "
                 "retry once its server answers",
                 holder,
@@ -332,9 +332,9 @@ class _LiveNodeClient:
 
     def _remote(self) -> _RemoteNode:
         if self.remote is None:  # refused in open(); a read-only command never gets here
-            from walstream.engine import live
+            from walstream.engine import node_lock
 
-            raise live.NodeBusy(self.holder.describe(), self.holder)
+            raise node_lock.NodeBusy(self.holder.describe(), self.holder)
         return self.remote
 
 

@@ -19,7 +19,7 @@ from walstream.errors import OutOfRangeError
 from walstream.records import ReadResult, Record, parse_stream_ref
 
 if TYPE_CHECKING:
-    from walstream.engine.node import Stream
+    from walstream.engine.client import Stream
 
 __all__ = [
     "add_commands",

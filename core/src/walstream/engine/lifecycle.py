@@ -1,6 +1,6 @@
 """What runs behind a started node: its lease, uploader and compactor (DESIGN §5, §8).
 
-:class:`NodeRuntime` is the lifecycle half of :class:`~walstream.engine.node.Client`. It registers
+:class:`NodeRuntime` is the lifecycle half of :class:`~walstream.engine.client.Client`. It registers
 the node (a new node epoch fences any older process of the same node id), takes the cluster lease
 first when there is a ``cluster:`` section, replays the WAL, uploads what it held and starts the
 background work; :meth:`NodeRuntime.stop` uploads everything acknowledged, closes the WAL and marks
@@ -38,7 +38,7 @@ class NodeRuntime:
     """Start-up, background work and the orderly stop of one node.
 
     The parts it drives (WAL, stores, cache, registry, writer, object reader) are built by the
-    :class:`~walstream.engine.node.Client` and shared with it; this class only sequences them.
+    :class:`~walstream.engine.client.Client` and shared with it; this class only sequences them.
     """
 
     def __init__(

@@ -18,9 +18,9 @@ from walstream.clock import Clock
 from walstream.config.engine import EngineConfig, RecoveryConfig
 from walstream.config.factory import BuildContext
 from walstream.config.host import find_host
-from walstream.engine import live
+from walstream.engine import node_lock
+from walstream.engine.client import Client
 from walstream.engine.events import EngineHooks
-from walstream.engine.node import Client
 from walstream.errors import ConfigError
 from walstream.metadata.contract import NodeInfo
 
@@ -56,7 +56,7 @@ def _build_client(
     lock = (
         None
         if hasattr(config, "build_backends")
-        else live.hold(deployment, f"walstream.open in {program}")
+        else node_lock.hold(deployment, f"walstream.open in {program}")
     )
     try:
         backends = deployment.build_backends()
@@ -183,7 +183,7 @@ def open(
 
     A deployment whose metadata is a SQLite file has a node lock: while the client is open this
     process holds it, and a node that another live process runs (``walstream serve``, a
-    ``walstream`` command) raises :class:`~walstream.engine.live.NodeBusy` (a ConfigError naming
+    ``walstream`` command) raises :class:`~walstream.engine.node_lock.NodeBusy` (a ConfigError naming
     that process) instead of being taken over, which would fence the running process.
 
     ``accept_loss=True`` is the operator's explicit acceptance of a damaged WAL (what

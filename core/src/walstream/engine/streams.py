@@ -20,7 +20,7 @@ from walstream.records import check_stream_name, check_stream_ref, check_text
 
 __all__ = ["LocalStream", "NodeGate", "StreamRegistry"]
 
-log = logging.getLogger("walstream.engine.node")
+log = logging.getLogger("walstream.engine.client")
 
 
 @dataclass(eq=False)

@@ -9,8 +9,8 @@ SDKs and tools work against walstream.
 - :mod:`walstream.server.limits`: timeouts and bounds (``ServerLimits``);
 - :mod:`walstream.server.serve`: ``serve()`` and ``walstream serve`` (listen address, token,
   node lock, shutdown);
-- :mod:`walstream.engine.live`: the node lock and how commands reach a running server.
+- :mod:`walstream.engine.node_lock`: the node lock and how commands reach a running server.
 
-This package imports nothing itself, so ``walstream.engine.live`` (used by every command) does
+This package imports nothing itself, so ``walstream.engine.node_lock`` (used by every command) does
 not pull in the HTTP server.
 """

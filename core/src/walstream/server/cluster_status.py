@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from walstream.engine.node import Client
+from walstream.engine.client import Client
 
 __all__ = ["cluster_health", "cluster_metrics", "with_cluster_metrics"]
 

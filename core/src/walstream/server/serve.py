@@ -1,5 +1,5 @@
 """Running one node as an HTTP server: :func:`serve` opens the node of a deployment under its
-node lock (:mod:`walstream.engine.live`) and serves the S2 API application
+node lock (:mod:`walstream.engine.node_lock`) and serves the S2 API application
 (:mod:`walstream.server.s2`) with granian (:mod:`walstream.server.hosting_granian`), hypercorn
 (:mod:`walstream.server.hosting`) or walstream's own server (:mod:`walstream.server.hosting_native`),
 as ``server.http_stack`` says;
@@ -29,7 +29,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from walstream.engine import live
+from walstream.engine import node_lock
 from walstream.errors import ConfigError, FencedError
 from walstream.server.cluster_status import with_cluster_metrics
 from walstream.server.limits import (
@@ -42,7 +42,7 @@ from walstream.server.s2.app import S2App
 from walstream.tuning import tune_gc
 
 if TYPE_CHECKING:
-    from walstream.engine.node import Client
+    from walstream.engine.client import Client
 
 __all__ = [
     "DEFAULT_HTTP_STACK",
@@ -281,9 +281,9 @@ async def serve(
     the deployment's ``server`` section (port 0: any free port, see :attr:`RunningServer.port`).
     Raises :class:`~walstream.errors.ConfigError` for an unknown ``http_stack``.
 
-    While serving, the process holds the node lock of the deployment (:mod:`walstream.engine.live`)
+    While serving, the process holds the node lock of the deployment (:mod:`walstream.engine.node_lock`)
     with its URL in it, so `walstream` commands on the same deployment use this server instead
-    of taking the node over. Raises :class:`~walstream.engine.live.NodeBusy` (a ConfigError) naming
+    of taking the node over. Raises :class:`~walstream.engine.node_lock.NodeBusy` (a ConfigError) naming
     the running process when another live process already runs the node.
     """
     import walstream
@@ -309,15 +309,17 @@ async def serve(
     render_metrics = plugin_host.metrics_renderer(hooks)
     # The node lock is taken before the node is opened: a second server of the same node must
     # refuse before it registers a new epoch and fences the running one (NodeBusy, exit 2).
-    path = live.lock_path(deployment)
-    node_lock = (
-        None if path is None else live.NodeLock.acquire(path, deployment.node_id, "walstream serve")
+    path = node_lock.lock_path(deployment)
+    held = (
+        None
+        if path is None
+        else node_lock.NodeLock.acquire(path, deployment.node_id, "walstream serve")
     )
     try:
         client = await walstream.open(deployment, hooks=hooks)
     except BaseException:
-        if node_lock is not None:
-            node_lock.release()
+        if held is not None:
+            held.release()
         raise
     listener: Listener | None = None
     app: S2App | None = None
@@ -344,9 +346,9 @@ async def serve(
         running = RunningServer(
             client, host, listener.port, chosen_token, app, chosen_limits, listener, stack
         )
-        if node_lock is not None:
+        if held is not None:
             # Where `walstream` commands on this deployment send their writes and live reads.
-            node_lock.record(node_id=deployment.node_id, command="walstream serve", url=running.url)
+            held.record(node_id=deployment.node_id, command="walstream serve", url=running.url)
         yield running
     finally:
         if rejoin is not None:
@@ -366,8 +368,8 @@ async def serve(
             try:
                 await client.close()
             finally:
-                if node_lock is not None:
-                    node_lock.release()
+                if held is not None:
+                    held.release()
 
 
 async def run_until_signalled(

@@ -74,7 +74,7 @@ from walstream.server.s2.model import (
 )
 
 if TYPE_CHECKING:
-    from walstream.engine.node import Client, Stream
+    from walstream.engine.client import Client, Stream
 
 __all__ = ["PROMETHEUS_CONTENT_TYPE", "S2App"]
 

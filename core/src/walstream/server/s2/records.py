@@ -51,7 +51,7 @@ from walstream.server.s2.wire import (
 )
 
 if TYPE_CHECKING:
-    from walstream.engine.node import Stream
+    from walstream.engine.client import Stream
     from walstream.server.s2.app import S2App
     from walstream.server.s2.asgi import Request
 

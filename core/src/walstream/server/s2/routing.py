@@ -33,7 +33,7 @@ from walstream.server.s2.errors import S2Error
 from walstream.server.s2.forward import FORWARDED_HEADER, OwnerUnreachable, call, relay
 
 if TYPE_CHECKING:
-    from walstream.engine.node import Client
+    from walstream.engine.client import Client
     from walstream.server.s2.app import S2App
     from walstream.server.s2.asgi import Request
 

@@ -20,7 +20,7 @@ from walstream.engine.cache import LogCache
 from walstream.engine.cluster import ClusterMember
 from walstream.engine.events import EngineHooks, NullHooks
 from walstream.engine.lifecycle import NodeRuntime
-from walstream.engine.live import NodeLock
+from walstream.engine.node_lock import NodeLock
 from walstream.engine.object_reader import ObjectReader
 from walstream.engine.read import StreamReader
 from walstream.engine.recovery import ACCEPT_LOSS_COMMAND, RecoveryRefused, RecoveryStats

@@ -1,4 +1,4 @@
-"""The blocking facade ``walstream.sync`` over a real deployment (SQLite + local objects)."""
+"""The blocking facade ``walstream.blocking`` over a real deployment (SQLite + local objects)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-import walstream.sync
+import walstream.blocking
 from walstream import (
     OutOfRangeError,
     Record,
@@ -35,7 +35,7 @@ def loop_threads() -> list[threading.Thread]:
 
 
 def test_append_read_trim_and_errors_propagate_unchanged(deployment: Path) -> None:
-    with walstream.sync.open(deployment) as client:
+    with walstream.blocking.open(deployment) as client:
         stream = client.create_stream("orders")
         assert stream.name == "orders"
         first = stream.append([Record(b"a", key=b"k1"), Record(b"b", headers=(("h", b"x"),))])
@@ -72,7 +72,7 @@ def test_append_read_trim_and_errors_propagate_unchanged(deployment: Path) -> No
 
 
 def test_streams_are_listed_deleted_and_survive_a_restart(deployment: Path) -> None:
-    client = walstream.sync.open(deployment)
+    client = walstream.blocking.open(deployment)
     try:
         for name in ("a-1", "a-2", "b-1"):
             client.create_stream(name).append([Record(name.encode())])
@@ -87,7 +87,7 @@ def test_streams_are_listed_deleted_and_survive_a_restart(deployment: Path) -> N
     with pytest.raises(RuntimeError, match="closed"):
         client.list_streams()
 
-    with walstream.sync.open(str(deployment)) as reopened:
+    with walstream.blocking.open(str(deployment)) as reopened:
         assert [info.name for info in reopened.list_streams()] == ["a-1", "b-1"]
         stream = reopened.open_stream("b-1")
         assert [r.value for r in stream.read(start=0).records] == [b"b-1"]
@@ -96,7 +96,7 @@ def test_streams_are_listed_deleted_and_survive_a_restart(deployment: Path) -> N
 
 
 def test_tail_iterates_and_follows_appends_from_another_thread(deployment: Path) -> None:
-    with walstream.sync.open(deployment) as client:
+    with walstream.blocking.open(deployment) as client:
         stream = client.create_stream("feed")
         stream.append([Record(b"0"), Record(b"1")])
 
@@ -128,11 +128,11 @@ def test_tail_iterates_and_follows_appends_from_another_thread(deployment: Path)
 
 def test_many_threads_share_one_client(deployment: Path) -> None:
     batches, batch_records = 20, 10
-    with walstream.sync.open(deployment) as client:
+    with walstream.blocking.open(deployment) as client:
         streams = [client.create_stream(f"s{index}") for index in range(4)]
         failures: list[BaseException] = []
 
-        def write(stream: walstream.sync.SyncStream) -> None:
+        def write(stream: walstream.blocking.SyncStream) -> None:
             try:
                 for batch in range(batches):
                     records = [
@@ -169,13 +169,26 @@ def test_open_failure_raises_the_config_error_and_leaks_no_thread(tmp_path: Path
     bad = tmp_path / "bad.yaml"
     bad.write_text("wal: {type: no-such-wal}\n")
     with pytest.raises(ConfigError, match="no-such-wal"):
-        walstream.sync.open(bad)
+        walstream.blocking.open(bad)
     assert not loop_threads()
 
 
 def test_run_executes_any_coroutine_on_the_client_loop(deployment: Path) -> None:
-    with walstream.sync.open(deployment) as client:
+    with walstream.blocking.open(deployment) as client:
         client.create_stream("x").append([Record(b"v")])
         client.flush()
         objects = client.run(client.async_client.metadata.list_objects())
         assert objects, "flush() committed at least one object"
+
+
+def test_the_old_module_name_still_works_and_warns() -> None:
+    import importlib
+    import sys
+
+    import walstream.blocking
+
+    sys.modules.pop("walstream.sync", None)
+    with pytest.warns(DeprecationWarning, match="walstream.blocking"):
+        old = importlib.import_module("walstream.sync")
+    assert old.open is walstream.blocking.open
+    assert old.SyncClient is walstream.blocking.SyncClient
