@@ -126,7 +126,7 @@ async def nodes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[dict[int, RunningServer]]:
     running: dict[int, RunningServer] = {}
-    monkeypatch.setattr(routing, "_advertised", lambda node: _url(running, node.node_id))
+    monkeypatch.setattr(routing, "advertised", lambda node: _url(running, node.node_id))
     # A fenced node stays as it is (no new epoch): the window between a paused node waking up
     # and its rejoin, held open so the test sees what the node answers in it.
     monkeypatch.setattr(serve_module, "rejoinable", lambda client: False)

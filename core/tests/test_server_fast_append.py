@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 import pytest
 from walstream.server.limits import ServerLimits
-from walstream.server.s2.asgi import BodyDeadlines, read_body
 from walstream.server.s2.errors import S2Error
+from walstream.server.s2.request import BodyDeadlines, read_body
 from walstream.server.serve import HTTP_STACKS, RunningServer, serve
 
 TOKEN = "hot-path-token"

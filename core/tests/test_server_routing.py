@@ -61,7 +61,7 @@ async def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncItera
         def advertised(node: Any) -> str | None:
             return nodes.addresses.get(node.node_id)
 
-        monkeypatch.setattr(routing, "_advertised", advertised)
+        monkeypatch.setattr(routing, "advertised", advertised)
         await nodes.start(1)
         await nodes.start(2)
         yield nodes

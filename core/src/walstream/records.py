@@ -45,6 +45,7 @@ __all__ = [
     "ReadResult",
     "Record",
     "SequencedRecord",
+    "check_append_input",
     "check_int",
     "check_optional_int",
     "check_optional_text",
@@ -342,6 +343,36 @@ def _checked_bytes(data: object, what: str) -> bytes:
             f"{what}: at most {MAX_FIELD_BYTES} bytes (2 GiB - 1), got {length} bytes"
         )
     return data  # type: ignore[return-value]
+
+
+def check_append_input(
+    records: object, match_tail: object, fencing_token: object
+) -> list[Record]:
+    """The arguments of an append, checked once for every caller of the engine: ``records`` as
+    a non-empty list of :class:`Record` (any iterable of them is taken), ``match_tail`` an
+    offset or None, ``fencing_token`` text of at most :data:`MAX_FENCING_TOKEN_BYTES` bytes or
+    None. Raises :class:`InvalidArgument` naming the argument."""
+    # A list (the common case) skips the abstract-class check, which is slow.
+    if type(records) is not list:
+        if isinstance(records, Record) or not isinstance(records, Iterable):
+            raise InvalidArgument(
+                "append takes an iterable of walstream.Record (e.g. a list), got "
+                f"{describe(records)}"
+            )
+        records = list(records)
+    assert isinstance(records, list)
+    if not records:
+        raise InvalidArgument("append needs at least one record")
+    for record in records:
+        if type(record) is not Record and not isinstance(record, Record):
+            raise InvalidArgument(
+                f"append takes walstream.Record objects, got {type(record).__name__}"
+            )
+    if match_tail is not None:
+        check_int(match_tail, "match_tail")
+    if fencing_token is not None:
+        check_text(fencing_token, "fencing_token", MAX_FENCING_TOKEN_BYTES)
+    return records
 
 
 @dataclass(frozen=True, slots=True)

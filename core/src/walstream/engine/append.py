@@ -23,18 +23,14 @@ from walstream.errors import (
     BackendUnavailable,
     CapacityError,
     FencedError,
-    InvalidArgument,
     OutOfRangeError,
     TailMismatchError,
 )
 from walstream.format.batch import encode_batch
 from walstream.metadata.contract import MetadataStore
 from walstream.records import (
-    MAX_FENCING_TOKEN_BYTES,
     AppendAck,
     Record,
-    check_optional_int,
-    check_optional_text,
 )
 from walstream.wal.contract import WriteAheadLog
 from walstream.wal.group_commit import GroupCommitWal, WalCallback
@@ -175,19 +171,9 @@ class StreamWriter:
         match_tail: int | None,
         fencing_token: str | None,
     ) -> AppendAck:
+        """Append ``records`` (checked by the caller: :func:`walstream.records.check_append_input`)."""
         gate = self._gate
         gate.check_writable(state)
-        if not records:
-            raise InvalidArgument("append needs at least one record")
-        for record in records:
-            if type(record) is not Record and not isinstance(record, Record):
-                raise InvalidArgument(
-                    f"append takes walstream.Record objects, got {type(record).__name__}"
-                )
-        if match_tail is not None:
-            check_optional_int(match_tail, "match_tail")
-        if fencing_token is not None:
-            check_optional_text(fencing_token, "fencing_token", MAX_FENCING_TOKEN_BYTES)
         started = self._clock.monotonic() if self._report_appends else 0.0
         lock = state.lock
         submitted: _Submitted | _MustWait | None = None

@@ -25,7 +25,6 @@ from walstream.engine.object_reader import ObjectReader
 from walstream.engine.read import StreamReader
 from walstream.engine.recovery import ACCEPT_LOSS_COMMAND, RecoveryRefused, RecoveryStats
 from walstream.engine.streams import LocalStream, NodeGate, StreamRegistry
-from walstream.errors import InvalidArgument
 from walstream.metadata.contract import MetadataStore, NodeInfo, StreamInfo
 from walstream.objects.contract import ObjectStore
 from walstream.records import (
@@ -34,10 +33,10 @@ from walstream.records import (
     ReadResult,
     Record,
     SequencedRecord,
+    check_append_input,
     check_int,
     check_optional_int,
     check_optional_text,
-    describe,
 )
 from walstream.wal.contract import WriteAheadLog
 
@@ -92,17 +91,8 @@ class Stream:
         :class:`TailMismatchError` carrying the actual tail). ``fencing_token``: must equal the
         token set with :meth:`set_fencing_token` (else :class:`FencedError`).
         """
-        # A list (the common case) skips the abstract-class check, which is slow.
-        if type(records) is not list and (
-            isinstance(records, Record) or not isinstance(records, Iterable)
-        ):
-            raise InvalidArgument(
-                f"append takes an iterable of walstream.Record (e.g. a list), got "
-                f"{describe(records)}"
-            )
-        return await self._client._writer.append(
-            self._state, list(records), match_tail, fencing_token
-        )
+        checked = check_append_input(records, match_tail, fencing_token)
+        return await self._client._writer.append(self._state, checked, match_tail, fencing_token)
 
     async def read(
         self,

@@ -1,13 +1,13 @@
 """The hot path of ``walstream serve``: a unary append (``POST /v1/streams/{stream}/records``,
 JSON or protobuf) to a stream this node writes, answered without the generic request layers.
 
-It gives the same answers as the general route (:func:`walstream.server.s2.records.records_route`)
+It gives the same answers as the general route (:func:`walstream.server.s2.routes.records.records_route`)
 and keeps every guarantee: the records are durable in the WAL before the 200, ``match_seq_num``,
 fencing tokens and ``fence``/``trim`` commands go through the same
-:func:`~walstream.server.s2.records.append_positions`, the token is checked, and the body is read
+:func:`~walstream.server.s2.appends.append_positions`, the token is checked, and the body is read
 under the same size and time bounds. What it skips is work whose outcome is already known for
 a stream this node writes: the parsing of the whole request into a
-:class:`~walstream.server.s2.asgi.Request`, the route tree, the basin and stream name checks
+:class:`~walstream.server.s2.request.Request`, the route tree, the basin and stream name checks
 (remembered per name), and the lookup of the stream's owner (a stream this node writes is served
 here).
 
@@ -16,7 +16,7 @@ the basin in the ``s2-basin`` header and known to exist, a stream known by name 
 this node, a correct token (when one is configured), a declared length within the bound, and a
 server that is not draining. Anything else — including every error before the body is read —
 goes to the general route, which answers it as before. An error after the body is read is
-answered by the application's error path (``S2App.answer_error``), as on the general route.
+answered by the application's error path (``S2Context.answer_error``), as on the general route.
 """
 
 from __future__ import annotations
@@ -27,14 +27,20 @@ from typing import TYPE_CHECKING
 
 from walstream.errors import FencedError, InvalidArgument, WalstreamError
 from walstream.metadata.rules import check_basin_name
-from walstream.server.s2.asgi import Receive, Request, Scope, Send, read_body
+from walstream.server.s2.appends import append_positions
 from walstream.server.s2.errors import S2Error, from_walstream
 from walstream.server.s2.model import ROOT_BASIN, walstream_stream_name
-from walstream.server.s2.records import PROTOBUF_TYPES, S2S, append_positions, media_type
-from walstream.server.s2.wire import append_input, encode_append_ack
+from walstream.server.s2.request import Receive, Request, Scope, Send, read_body
+from walstream.server.s2.wire import (
+    PROTOBUF_TYPES,
+    S2S,
+    append_input,
+    encode_append_ack,
+    media_type,
+)
 
 if TYPE_CHECKING:
-    from walstream.server.s2.app import S2App
+    from walstream.server.s2.context import S2Context
 
 __all__ = ["FastAppend"]
 
@@ -60,7 +66,7 @@ ROUTE = "/v1/streams/{name}/records"
 class FastAppend:
     """The hot path of one application (see the module's docstring)."""
 
-    def __init__(self, app: S2App) -> None:
+    def __init__(self, app: S2Context) -> None:
         self.app = app
         self._names: dict[tuple[bytes, bytes], tuple[str, str]] = {}
         self.taken = 0
@@ -203,7 +209,7 @@ class FastAppend:
 
 
 def _media_type(value: bytes | None) -> str:
-    """:func:`~walstream.server.s2.records.media_type` of a header as sent (JSON at once)."""
+    """:func:`~walstream.server.s2.wire.media_type` of a header as sent (JSON at once)."""
     if value == b"application/json":
         return "application/json"
     return media_type(None if value is None else value.decode("latin-1"))

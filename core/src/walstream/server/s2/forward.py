@@ -20,8 +20,8 @@ import contextlib
 import ssl
 from urllib.parse import urlsplit
 
-from walstream.server.s2.asgi import Request
 from walstream.server.s2.errors import S2Error
+from walstream.server.s2.request import Request
 
 __all__ = ["FORWARDED_HEADER", "OwnerUnreachable", "call", "relay"]
 

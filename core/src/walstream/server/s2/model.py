@@ -35,11 +35,16 @@ from walstream.server.s2.errors import S2Error
 
 __all__ = [
     "KEY_HEADER",
+    "MAX_BATCH_BYTES",
+    "MAX_BATCH_RECORDS",
+    "MAX_FENCING_TOKEN_BYTES",
+    "MAX_UNARY_WAIT_S",
     "ROOT_BASIN",
     "basin_config_json",
     "basin_prefix",
     "check_basin_config",
     "check_stream_config",
+    "metered_bytes",
     "rfc3339",
     "s2_stream_name",
     "stream_config_json",
@@ -50,6 +55,16 @@ __all__ = [
 ROOT_BASIN = "walstream"
 #: The header that carries a walstream record's key through the S2 API.
 KEY_HEADER = "walstream-key"
+
+# S2's own limits, stricter than the engine's (walstream.records): they hold on this API only.
+MAX_BATCH_RECORDS = 1000
+"""Records of one append, and of one read batch."""
+MAX_BATCH_BYTES = 1 << 20
+"""Metered bytes (:func:`metered_bytes`) of one append, and of one read batch."""
+MAX_FENCING_TOKEN_BYTES = 36
+"""Bytes of UTF-8 in a fencing token."""
+MAX_UNARY_WAIT_S = 60
+"""The longest ``wait`` of a read."""
 _STREAM_CHARS = re.compile(r"[A-Za-z0-9._-]+")
 _MAX_S2_STREAM_NAME_BYTES = 512
 
@@ -76,6 +91,11 @@ def walstream_stream_name(basin: str, stream: str) -> str:
             f"got {len(stream)}",
         )
     return prefix + stream
+
+
+def metered_bytes(headers: tuple[tuple[bytes, bytes], ...], body: bytes) -> int:
+    """S2's measure of a record: 8 bytes, 2 per header, plus the bytes of names, values, body."""
+    return 8 + 2 * len(headers) + sum(len(n) + len(v) for n, v in headers) + len(body)
 
 
 def basin_prefix(basin: str) -> str:

@@ -20,6 +20,8 @@ from typing import Any
 from walstream.server.s2.errors import S2Error
 
 __all__ = [
+    "PROTOBUF_TYPES",
+    "S2S",
     "AppendCommand",
     "AppendRequest",
     "FrameReader",
@@ -31,10 +33,23 @@ __all__ = [
     "encode_terminal",
     "json_append_input",
     "json_read_batch",
+    "media_type",
     "position_json",
 ]
 
 _MAX_U64 = 2**64 - 1
+
+PROTOBUF_TYPES = frozenset({"application/protobuf", "application/x-protobuf"})
+"""The media types of the protobuf forms: S2's TypeScript SDK sends the first, its Python SDK the
+second; both name the same messages."""
+S2S = "s2s/proto"
+"""The media type of S2S sessions."""
+
+
+def media_type(value: str | None) -> str:
+    """The first media type of a ``Content-Type`` or ``Accept`` value, lower case, without its
+    parameters (``""`` when there is none): S2 reads only the first type of ``Accept``."""
+    return (value or "").split(",", 1)[0].split(";", 1)[0].strip().lower()
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,20 +21,16 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from walstream.errors import WalstreamError
+from walstream.server.s2.appends import append_positions
 from walstream.server.s2.errors import S2Error, from_walstream
-from walstream.server.s2.records import (
-    MAX_BATCH_BYTES,
-    MAX_BATCH_RECORDS,
+from walstream.server.s2.model import MAX_BATCH_BYTES, MAX_BATCH_RECORDS, metered_bytes
+from walstream.server.s2.reads import (
     ReadParams,
-    append_positions,
     batch_tail,
-    metered_bytes,
-    open_for,
     read_once,
     resolve_start,
     wants_base64,
@@ -52,8 +48,8 @@ from walstream.server.s2.wire import (
 )
 
 if TYPE_CHECKING:
-    from walstream.server.s2.app import S2App
-    from walstream.server.s2.asgi import Request
+    from walstream.server.s2.context import S2Context
+    from walstream.server.s2.request import Request
 
 __all__ = ["HEARTBEAT_S", "append_session", "read_session"]
 
@@ -84,10 +80,10 @@ async def _first(work: asyncio.Future[Any], *others: asyncio.Future[Any]) -> boo
 
 
 async def read_session(
-    app: S2App, request: Request, basin: str, name: str, params: ReadParams, sse: bool
+    app: S2Context, request: Request, basin: str, name: str, params: ReadParams, sse: bool
 ) -> None:
     base64_format = wants_base64(request) if sse else False
-    stream = await open_for(app, basin, name, "create_stream_on_read")
+    stream = await app.open_for(basin, name, "create_stream_on_read")
     start, timestamp = await resolve_start(app, stream, params, may_follow=True)
     with app.long_poll():
         if sse:
@@ -118,7 +114,7 @@ async def read_session(
 
 
 async def _follow(
-    app: S2App,
+    app: S2Context,
     request: Request,
     stream: Any,
     start: int | None,
@@ -186,7 +182,7 @@ async def _follow(
             if params.wait is not None and deadline is not None and loop.time() >= deadline:
                 break
             if sse:
-                ping = json.dumps({"timestamp": int(time.time() * 1000)}).encode()
+                ping = json.dumps({"timestamp": app.now_ms()}).encode()
                 await request.write(b"event: ping\ndata: " + ping + b"\n\n")
             else:
                 await request.write(encode_frame(encode_read_batch([], position)))
@@ -199,8 +195,8 @@ async def _follow(
 # -- append sessions ----------------------------------------------------------------------------
 
 
-async def append_session(app: S2App, request: Request, basin: str, name: str) -> None:
-    stream = await open_for(app, basin, name, "create_stream_on_append")
+async def append_session(app: S2Context, request: Request, basin: str, name: str) -> None:
+    stream = await app.open_for(basin, name, "create_stream_on_append")
     await request.start(200, _S2S)
     frames = FrameReader(max_message_bytes=min(app.max_body_bytes, (1 << 24) - 1))
     acks: asyncio.Queue[asyncio.Future[Any] | None] = asyncio.Queue(MAX_PIPELINED_INPUTS)

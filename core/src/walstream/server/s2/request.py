@@ -1,6 +1,6 @@
-"""A small ASGI toolkit: the request of one HTTP exchange (path segments, query, headers, a body
-read under the size and time bounds) and the ways to answer it. Independent of the ASGI server
-that runs the application (:mod:`walstream.server.serve` runs granian or hypercorn).
+"""The request of one HTTP exchange, over ASGI: its path segments, query and headers, its body
+read under the size and time bounds, and the ways to answer it. Independent of the HTTP server
+that runs the application.
 """
 
 from __future__ import annotations

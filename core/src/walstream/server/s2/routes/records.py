@@ -1,0 +1,97 @@
+"""``/v1/streams/{stream}/records``: append and read, unary or as sessions
+(:mod:`walstream.server.s2.routes.sessions`), and ``.../records/tail``: check tail."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from walstream.server.s2.appends import append_once, append_positions
+from walstream.server.s2.errors import S2Error
+from walstream.server.s2.model import MAX_BATCH_BYTES, MAX_BATCH_RECORDS
+from walstream.server.s2.reads import (
+    batch_tail,
+    long_poll,
+    parse_read_params,
+    protobuf_answer,
+    read_once,
+    resolve_start,
+    tail_timestamp,
+    wants_base64,
+    wire,
+)
+from walstream.server.s2.routes.sessions import append_session, read_session
+from walstream.server.s2.wire import (
+    PROTOBUF_TYPES,
+    S2S,
+    append_input,
+    encode_append_ack,
+    encode_read_batch,
+    json_read_batch,
+    media_type,
+    position_json,
+)
+
+if TYPE_CHECKING:
+    from walstream.records import SequencedRecord
+    from walstream.server.s2.context import S2Context
+    from walstream.server.s2.request import Request
+
+__all__ = ["check_tail", "records_route"]
+
+
+async def records_route(app: S2Context, request: Request, basin: str, name: str) -> None:
+    if request.method == "POST":
+        return await _append_route(app, request, basin, name)
+    if request.method == "GET":
+        return await _read_route(app, request, basin, name)
+    raise S2Error(405, "bad_path", f"method {request.method} is not allowed on records")
+
+
+async def _append_route(app: S2Context, request: Request, basin: str, name: str) -> None:
+    content_type = media_type(request.header("content-type"))
+    if content_type == S2S:
+        return await append_session(app, request, basin, name)
+    body = await request.body()
+    stream = await app.open_for(basin, name, "create_stream_on_append")
+    # The body's form follows Content-Type, the answer's form follows Accept (as S2's own server).
+    parsed = append_input(body, content_type in PROTOBUF_TYPES, wants_base64(request))
+    answer_type = protobuf_answer(request)
+    if answer_type is None:
+        return await request.respond_json(200, await append_once(app, stream, parsed))
+    start, end, tail = await append_positions(app, stream, parsed)
+    await request.respond(200, encode_append_ack(start, end, tail), answer_type)
+
+
+async def _read_route(app: S2Context, request: Request, basin: str, name: str) -> None:
+    params = parse_read_params(request.query)
+    accept = (request.header("accept") or "").lower()
+    content_type = (request.header("content-type") or "").lower()
+    if content_type.startswith(S2S) or "text/event-stream" in accept:
+        return await read_session(app, request, basin, name, params, sse=S2S not in content_type)
+    base64_format = wants_base64(request)
+    stream = await app.open_for(basin, name, "create_stream_on_read")
+    wait = min(params.wait or 0, app.max_wait_s)
+    start, timestamp = await resolve_start(app, stream, params, may_follow=wait > 0)
+    count = min(params.count or MAX_BATCH_RECORDS, MAX_BATCH_RECORDS)
+    byte_limit = min(params.bytes or MAX_BATCH_BYTES, MAX_BATCH_BYTES)
+    records: list[SequencedRecord]
+    if wait > 0:
+        records, tail = await long_poll(
+            app, request, stream, start, timestamp, count, byte_limit, params.until, wait
+        )
+    else:
+        records, tail, _ = await read_once(
+            stream, start, timestamp, count, byte_limit, params.until, 0
+        )
+    position = await batch_tail(app, stream, records, tail)
+    answer_type = protobuf_answer(request)
+    if answer_type is not None:
+        return await request.respond(200, encode_read_batch(wire(records), position), answer_type)
+    await request.respond_json(200, json_read_batch(wire(records), position, base64_format))
+
+
+async def check_tail(app: S2Context, request: Request, basin: str, name: str) -> None:
+    stream = await app.open_for(basin, name, "create_stream_on_read")
+    tail = await stream.check_tail()
+    timestamp = await tail_timestamp(app, stream, tail)
+    await request.respond_json(200, {"tail": position_json(tail, timestamp)})
