@@ -177,10 +177,8 @@ def test_read_combines_committed_objects_with_the_servers_newest_records(
         server.call("POST", "/v1/streams", {"stream": "orders"})
         server.append("orders", *(f"old {i}" for i in range(1000)))  # S2: 1000 at most
         server.append("orders", *(f"old {i}" for i in range(1000, 1500)))
-        deadline = time.monotonic() + 20
         while "1500" not in cli("streams", "list").stdout:  # committed: uploaded
-            assert time.monotonic() < deadline, "the records were never uploaded"
-            time.sleep(0.1)
+            time.sleep(0.1)  # bounded by the test's timeout, not a deadline of its own
         server.append("orders", "new")
         lines = cli("read", "orders").stdout.splitlines()
         assert lines == [f"{i}\told {i}" for i in range(1500)] + ["1500\tnew"]

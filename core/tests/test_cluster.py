@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from walstream.metadata.memory import MemoryMetadataStore
 from walstream.objects.memory import MemoryObjectStore
 from walstream.wal.group_commit import PreparedGroup
 from walstream.wal.memory import MemoryWal
+from walstream_conformance.waiting import eventually
 
 pytestmark = pytest.mark.asyncio
 
@@ -156,12 +156,6 @@ async def test_a_heartbeat_too_slow_for_the_lease_is_refused() -> None:
         cluster_config_of({"lease_duration": 1.0, "heartbeat_interval": 0.5})
 
 
-async def _wait_until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
-
 
 async def test_a_dead_node_is_failed_over_by_exactly_one_survivor() -> None:
     """Node 1 stops heartbeating (as if killed); of nodes 2 and 3 exactly one claims it, replays
@@ -196,7 +190,7 @@ async def test_a_dead_node_is_failed_over_by_exactly_one_survivor() -> None:
     async def failed_over() -> bool:
         return any(c.cluster.stats.failovers_done for c in (second, third) if c.cluster)
 
-    await _wait_until(failed_over)
+    await eventually(failed_over, "a survivor to fail the node over")
     info = await store.get_node(1)
     assert info is not None and info.state is NodeState.FAILED_OVER
     claims = [c.cluster.stats.failovers_claimed for c in (second, third) if c.cluster]
@@ -283,7 +277,7 @@ async def test_kill_9_of_a_node_is_failed_over_automatically(tmp_path: Any) -> N
         async def failed_over() -> bool:
             return member.stats.failovers_done + member.stats.failovers_failed > 0
 
-        await _wait_until(failed_over, timeout=20)
+        await eventually(failed_over, "a survivor to fail the node over")
         assert (member.stats.failovers_done, member.stats.failovers_failed) == (1, 0)
         info = await survivor.metadata.get_node(1)
         assert info is not None and info.state is NodeState.FAILED_OVER
@@ -328,7 +322,7 @@ async def test_a_failover_that_cannot_rebuild_the_wal_is_reported_and_keeps_the_
         # Left to its failover lease, the failover is claimed again and fails again.
         return member.stats.failovers_failed > 1
 
-    await _wait_until(reported)
+    await eventually(reported, "the failover to be reported")
     assert member.stats.failovers_retried >= 1
     store = MemoryMetadataStore(name)
     info = await store.get_node(1)

@@ -22,6 +22,7 @@ from walstream.metadata import NodeInfo, NodeState, ObjectCommit
 from walstream.metadata.memory import MemoryMetadataStore
 from walstream.objects.memory import MemoryObjectStore
 from walstream.wal.memory import MemoryWal
+from walstream_conformance.waiting import eventually
 
 pytestmark = pytest.mark.asyncio
 
@@ -37,12 +38,6 @@ def config(node_id: int, upload_interval_s: float = 0.02) -> EngineConfig:
         advertise=f"http://127.0.0.1:{7400 + node_id}",
     )
 
-
-async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
 
 
 class HeldCommits(MemoryMetadataStore):
@@ -137,7 +132,7 @@ async def test_a_claimer_stalled_before_its_commit_is_replaced_and_fenced() -> N
     async def expired() -> bool:
         return await store.store_time_ms() > dead.lease_expires_ms
 
-    await wait_until(expired)
+    await eventually(expired, "the lease to expire")
     stale = await store.claim_failover(1, dead.node_epoch, 9, int(LEASE * 1000))
     assert stale is not None and stale.state is NodeState.FAILING_OVER
     held = HeldCommits(name)
@@ -163,7 +158,7 @@ async def test_a_claimer_stalled_before_its_commit_is_replaced_and_fenced() -> N
     async def finished() -> bool:
         return member.stats.failovers_done > 0
 
-    await wait_until(finished)
+    await eventually(finished, "the reclaim to finish")
     assert (member.stats.failovers_retried, member.stats.failovers_failed) == (1, 0)
     info = await store.get_node(1)
     assert info is not None and info.state is NodeState.FAILED_OVER
@@ -200,7 +195,7 @@ async def test_a_failover_that_failed_is_retried_by_the_same_node_after_a_backof
     async def finished() -> bool:
         return member.stats.failovers_done > 0
 
-    await wait_until(finished)
+    await eventually(finished, "the reclaim to finish")
     stats = member.stats
     assert (stats.failovers_claimed, stats.failovers_failed, stats.failovers_retried) == (2, 1, 1)
     # Not before the failed attempt's failover lease expired (nor the node's own backoff).
@@ -240,7 +235,7 @@ async def test_a_claimer_that_cannot_renew_its_failover_lease_stops_and_another_
     async def claimed() -> bool:
         return member.stats.failovers_claimed > 0
 
-    await wait_until(claimed)
+    await eventually(claimed, "the stream to be claimed")
     third = survivor(name, objects, 3)
     await third.start()
     store = MemoryMetadataStore(name)
@@ -250,7 +245,7 @@ async def test_a_claimer_that_cannot_renew_its_failover_lease_stops_and_another_
         done = node is not None and node.state is NodeState.FAILED_OVER
         return done and member.stats.failovers_fenced > 0
 
-    await wait_until(finished)
+    await eventually(finished, "the reclaim to finish")
     assert member.stats.failovers_fenced == 1
     assert third.cluster is not None
     retried = member.stats.failovers_retried + third.cluster.stats.failovers_retried
@@ -276,7 +271,7 @@ async def test_a_claim_whose_commit_was_ambiguous_is_claimed_again_after_its_lea
     async def finished() -> bool:
         return member.stats.failovers_done > 0
 
-    await wait_until(finished)
+    await eventually(finished, "the reclaim to finish")
     assert AmbiguousFirstClaim.lost_answers == 1
     assert (member.stats.failovers_claimed, member.stats.failovers_retried) == (1, 1)
     info = await second.metadata.get_node(1)
@@ -306,7 +301,7 @@ async def test_a_replay_longer_than_the_lease_keeps_its_failover_lease() -> None
     async def claimed() -> bool:
         return member.stats.failovers_claimed > 0
 
-    await wait_until(claimed)
+    await eventually(claimed, "the stream to be claimed")
     third = survivor(name, objects, 3)
     await third.start()
     assert third.cluster is not None
@@ -314,7 +309,7 @@ async def test_a_replay_longer_than_the_lease_keeps_its_failover_lease() -> None
     async def finished() -> bool:
         return member.stats.failovers_done > 0
 
-    await wait_until(finished)
+    await eventually(finished, "the reclaim to finish")
     assert third.cluster.stats.failovers_claimed == 0, "a renewed failover was claimed again"
     assert member.stats.failovers_fenced == 0
     assert await read_all(third) == acked

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ import aiohttp
 import pytest
 import walstream
 from walstream.metadata import NodeState
+from walstream_conformance.waiting import eventually
 
 pytestmark = pytest.mark.asyncio
 
@@ -24,6 +23,7 @@ IN_BASIN = {"s2-basin": "rejoin-basin"}
 SERVER = """
 import asyncio, logging, sys
 from walstream.server.serve import serve
+from walstream_conformance.waiting import eventually
 
 async def main():
     logging.basicConfig(level=logging.WARNING)
@@ -48,12 +48,6 @@ def _deployment(root: Path, node_id: int) -> Path:
     )
     return path
 
-
-async def _wait_until(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 async def _call(http: aiohttp.ClientSession, method: str, path: str, **kwargs: Any) -> Any:
@@ -106,7 +100,7 @@ async def test_a_failed_over_server_rejoins_with_a_new_epoch(tmp_path: Path) -> 
                 return member.stats.failovers_done + member.stats.failovers_failed > 0
 
             try:
-                await _wait_until(failed_over, 20, "node 2 to fail node 1 over")
+                await eventually(failed_over, "node 2 to fail node 1 over")
             finally:
                 child.send_signal(signal.SIGCONT)
             assert (member.stats.failovers_done, member.stats.failovers_failed) == (1, 0)
@@ -122,7 +116,7 @@ async def test_a_failed_over_server_rejoins_with_a_new_epoch(tmp_path: Path) -> 
                     health = await response.json()
                     return response.status == 200 and health["node_epoch"] > before["node_epoch"]
 
-            await _wait_until(rejoined, 15, "node 1 to rejoin with a new epoch")
+            await eventually(rejoined, "node 1 to rejoin with a new epoch")
             assert health["node_epoch"] > failed.node_epoch
             assert health["cluster"]["rejoins"] == 1
             async with http.get("/metrics") as response:

@@ -3,14 +3,14 @@ membership at its last watch and the failovers it ran."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from walstream.server.serve import serve
+from walstream_conformance.waiting import eventually
 
 pytestmark = pytest.mark.asyncio
 
@@ -40,14 +40,17 @@ async def test_health_and_metrics_report_the_lease_and_membership(tmp_path: Path
         async with aiohttp.ClientSession(
             base_url=running.url, headers=headers, timeout=timeout
         ) as http:
-            deadline = time.monotonic() + 10
-            while True:  # the membership comes with the first heartbeat's watch
+            health: dict[str, Any] = {}
+
+            async def membership_seen() -> bool:
+                nonlocal health
                 async with http.get("/health") as response:
                     assert response.status == 200
                     health = await response.json()
-                if health["cluster"]["nodes_total"] == 1 or time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.05)
+                return bool(health["cluster"]["nodes_total"] == 1)
+
+            # the membership comes with the first heartbeat's watch
+            await eventually(membership_seen, "the first heartbeat's membership in /health")
             cluster = health["cluster"]
             assert health["status"] == "ok" and health["node_id"] == 4
             assert 0 < cluster["lease_remaining_s"] <= 2.0

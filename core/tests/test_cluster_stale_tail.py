@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -32,19 +31,12 @@ from walstream.server import serve as serve_module
 from walstream.server.s2 import routing
 from walstream.server.serve import RunningServer, serve
 from walstream.wal.memory import MemoryWal
+from walstream_conformance.waiting import eventually
 
 pytestmark = pytest.mark.asyncio
 
 LEASE_S, HEARTBEAT_S = 1.0, 0.1
 
-
-async def _wait_until(
-    check: Callable[[], Awaitable[bool]], what: str, timeout: float = 15.0
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 async def test_a_node_past_its_lease_refuses_reads_and_tails_of_a_stream_it_claimed() -> None:
@@ -82,7 +74,7 @@ async def test_a_node_past_its_lease_refuses_reads_and_tails_of_a_stream_it_clai
             info = await second.metadata.get_node(1)
             return info is not None and info.state is NodeState.FAILED_OVER
 
-        await _wait_until(failed_over, "node 2 to fail node 1 over")
+        await eventually(failed_over, "node 2 to fail node 1 over")
         taken = await second.open_stream("orders")
         ack = await taken.append([Record(b"3")])
         assert (ack.start, ack.end) == (3, 4)  # acknowledged: every later answer names tail 4
@@ -171,7 +163,7 @@ async def test_a_paused_then_failed_over_server_never_answers_an_older_tail(
         return info is not None and info.state is NodeState.FAILED_OVER
 
     # Nothing reaches node 1 meanwhile (an append forwarded to it would wake it up: fenced).
-    await _wait_until(failed_over, "node 2 to fail node 1 over")
+    await eventually(failed_over, "node 2 to fail node 1 over")
 
     async def appended_on_two() -> bool:
         status, body = await _call(
@@ -179,7 +171,7 @@ async def test_a_paused_then_failed_over_server_never_answers_an_older_tail(
         )
         return status == 200 and body["start"]["seq_num"] == 2
 
-    await _wait_until(appended_on_two, "node 2 to take the stream")
+    await eventually(appended_on_two, "node 2 to take the stream")
     # Every answer through node 1 from now on names tail 3 (or is a retryable 503): the read
     # goes to node 2, the stream's new owner, never to what node 1 remembers (tail 2).
     seen: list[tuple[int, Any]] = []

@@ -31,6 +31,7 @@ from walstream.wal.quorum import (
     resolve,
 )
 from walstream_conformance.corruption import Outcome, classify_recovery
+from walstream_conformance.waiting import eventually
 
 LOG = "node-1"
 
@@ -53,13 +54,6 @@ async def open_wal(
     recovered = [(record.offset, record.data) async for record in wal.recover()]
     return wal, recovered
 
-
-async def wait_until(predicate: object, timeout_s: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 def test_chunk_codec_round_trip_and_corruption() -> None:
@@ -98,7 +92,7 @@ async def test_one_replica_down_does_not_stop_acks_and_it_catches_up() -> None:
     offsets = [await wal.append(f"v{index}".encode()) for index in range(20)]
     assert LOG not in replicas[2].logs or not replicas[2].logs[LOG].chunks
     replicas[2].available = True
-    await wait_until(lambda: not wal.lagging_replicas())
+    await eventually(lambda: not wal.lagging_replicas(), "the lagging replicas to catch up")
     expected = {offset_seq(offset) for offset in offsets}
     assert expected <= set(replicas[2].logs[LOG].chunks)
     await wal.close()
@@ -333,7 +327,7 @@ async def test_foreign_chunk_on_one_replica_is_never_yielded_and_repaired() -> N
     wal, recovered = await open_bound(replicas, epoch=2)
     assert [(record.offset, record.data) for record in recovered] == acked
     assert all(record.damage_before is None for record in recovered)
-    await wait_until(lambda: not wal.lagging_replicas())
+    await eventually(lambda: not wal.lagging_replicas(), "the lagging replicas to catch up")
     assert decode_chunk(replicas[0].logs[LOG].chunks[seq][1]) != [b"another deployment's record"]
     await wal.close()
 
@@ -364,7 +358,7 @@ async def test_corrupt_copies_are_repaired_from_a_valid_one() -> None:
     wal, recovered = await open_bound(replicas, epoch=2)
     assert [(record.offset, record.data) for record in recovered] == acked
     assert all(record.damage_before is None for record in recovered)
-    await wait_until(lambda: not wal.lagging_replicas())
+    await eventually(lambda: not wal.lagging_replicas(), "the lagging replicas to catch up")
     for replica in replicas:
         decode_chunk(replica.logs[LOG].chunks[seq][1])  # every copy verifies again
     await wal.close()

@@ -22,6 +22,7 @@ from walstream.wal.quorum import (
     quorum_wal_options,
     write_quorum_of,
 )
+from walstream_conformance.waiting import eventually
 
 LOG = "node-1"
 
@@ -103,12 +104,6 @@ class CountingReplica(MemoryReplica):
             self.writing -= 1
 
 
-async def wait_until_caught_up(wal: QuorumWal, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while wal.lagging_replicas():
-        assert time.monotonic() < deadline, "catch-up did not finish in time"
-        await asyncio.sleep(0.01)
-
 
 @pytest.mark.parametrize("parallelism", [1, 4])
 async def test_catch_up_copies_as_many_chunks_at_once_as_configured(parallelism: int) -> None:
@@ -126,12 +121,10 @@ async def test_catch_up_copies_as_many_chunks_at_once_as_configured(parallelism:
     offsets = [await wal.append(f"v{index}".encode()) for index in range(24)]
     returning = replicas[2]
     assert isinstance(returning, CountingReplica)
-    deadline = time.monotonic() + 5.0
-    while "r2" not in wal.lagging_replicas():  # the failed writes are noticed
-        assert time.monotonic() < deadline, "the replica that was down is not lagging"
-        await asyncio.sleep(0.01)
+    # the failed writes are noticed
+    await eventually(lambda: "r2" in wal.lagging_replicas(), "the replica that was down to lag")
     returning.available = True
-    await wait_until_caught_up(wal)
+    await eventually(lambda: not wal.lagging_replicas(), "the catch-up to finish")
     assert {offset_seq(offset) for offset in offsets} <= set(returning.logs[LOG].chunks)
     assert returning.most_at_once == parallelism
     await wal.close()

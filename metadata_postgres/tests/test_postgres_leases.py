@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from typing import Any
 
 import pytest
@@ -50,11 +49,9 @@ async def test_a_node_that_stops_renewing_is_failed_over_on_postgres(make_store:
         await stream.append([Record(b"%d" % i)])
     assert first.cluster is not None and second.cluster is not None
     await first.cluster.stop()
-    deadline = time.monotonic() + 15
     while not second.cluster.stats.failovers_done:
-        assert time.monotonic() < deadline, f"no failover: {second.cluster.stats}"
-        assert not second.cluster.stats.failovers_failed
-        await asyncio.sleep(0.05)
+        assert not second.cluster.stats.failovers_failed, second.cluster.stats
+        await asyncio.sleep(0.05)  # bounded by the test's timeout
     info = await store.get_node(1)
     assert info is not None and info.state is NodeState.FAILED_OVER
     with pytest.raises(FencedError):

@@ -107,12 +107,8 @@ def test_a_slice_spark_stops_reading_early_cancels_its_read_ahead(
     chunks = reading.read_slice(backends, piece)
     first = next(chunks)
     assert [record.offset for record in first] == list(range(300))
-    deadline = time.monotonic() + 5
-    while store.in_flight == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert store.in_flight > 0, "the slice read ahead into the next objects"
+    while store.in_flight == 0:  # the slice reads ahead into the next objects
+        time.sleep(0.01)  # bounded by the test's timeout, as every wait below
     chunks.close()  # what Spark does when a LIMIT is satisfied or the task is killed
-    deadline = time.monotonic() + 5
-    while store.in_flight and time.monotonic() < deadline:
+    while store.in_flight:  # GETs read ahead for a slice nobody reads any more are cancelled
         time.sleep(0.01)
-    assert store.in_flight == 0, "GETs read ahead for a slice nobody reads any more"
