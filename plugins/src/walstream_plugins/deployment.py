@@ -51,6 +51,7 @@ from walstream.config.engine import (
     ENGINE_SECTIONS,
     engine_config_from_sections,
 )
+from walstream.config.listeners import listener_section_names, load_listener
 from walstream.errors import ConfigError, WalstreamError
 from walstream.metadata import MetadataStore
 from walstream.objects import ObjectStore
@@ -449,12 +450,15 @@ def _from_mapping(
             f"a deployment is a mapping of sections ({', '.join(TOP_LEVEL_KEYS)}); "
             f"got {type(document).__name__}{where}"
         )
+    # Extra listeners (walstream.config.listeners) own a top-level key each: `kafka:`.
+    listener_keys = listener_section_names()
+    accepted_keys = [*TOP_LEVEL_KEYS, *listener_keys]
     for key in document:
-        if key not in TOP_LEVEL_KEYS:
+        if key not in accepted_keys:
             raise ConfigError(
                 f"{key}: unknown top-level key{where}."
-                f"{_did_you_mean(str(key), list(TOP_LEVEL_KEYS))}"
-                f" Accepted keys: {', '.join(TOP_LEVEL_KEYS)}"
+                f"{_did_you_mean(str(key), accepted_keys)}"
+                f" Accepted keys: {', '.join(accepted_keys)}"
             )
     document = _expand(document, "", environ)
 
@@ -491,6 +495,9 @@ def _from_mapping(
     _check_separate_locations(sections)
     engine_config = engine_config_from_sections(sections)
     ordered = {name: sections[name] for name in TOP_LEVEL_KEYS}
+    for name in listener_keys:
+        if name in document:
+            ordered[name] = _validate_listener(name, document[name], base_dir)
     return Deployment(
         source=source,
         base_dir=base_dir,
@@ -498,6 +505,18 @@ def _from_mapping(
         sections=ordered,
         factories=factories,
     )
+
+
+def _validate_listener(name: str, raw: Any, base_dir: Path) -> dict[str, Any]:
+    """The section of the extra listener ``name`` (``kafka``), checked against its options; a
+    listener that is not installed is a ConfigError saying what to install."""
+    listener = load_listener(name)
+    section = _validate_section(name, raw, listener.options, base_dir)
+    for option in listener.options:
+        if option.required and section.get(option.name) is None:
+            raise ConfigError(f"{name}.{option.name}: required ({option.doc})")
+    listener.check(section)
+    return section
 
 
 def _check_separate_locations(sections: dict[str, Any]) -> None:

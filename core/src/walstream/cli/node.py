@@ -113,6 +113,8 @@ async def cmd_serve(args: argparse.Namespace) -> int:
             f"walstream serve: node {running.client.node_id} (epoch "
             f"{running.client.node_epoch}) listening on {running.url} ({auth})"
         )
+        for name, extra in running.extra_listeners.items():
+            out(f"walstream serve: {name} listening on {extra.address}")
         sys.stdout.flush()
 
     await server.run_until_signalled(

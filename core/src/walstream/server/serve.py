@@ -11,6 +11,11 @@ then opens a new client of the same node, exactly as a restart would (a new epoc
 recovered), serves it, and closes the fenced one, retrying with backoff while the metadata
 store is unreachable. Other failures (a broken WAL device, a failed upload) are not retried.
 
+Extra listeners: every top-level section of the deployment that an installed listener owns
+(:mod:`walstream.config.listeners`; ``kafka:`` for walstream-kafka) is started once the HTTP
+listener is bound, in this event loop, on the same client. They are rebound when the node
+rejoins, told to begin shutting down with the HTTP service, and closed before the client.
+
 Shutdown (SIGTERM or SIGINT): answer waiting long polls with what they have and end read
 sessions, stop accepting connections, let requests in progress finish (up to 10 s), then close
 the client, which uploads and commits everything acknowledged.
@@ -29,6 +34,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from walstream.config.listeners import (
+    ExtraListener,
+    ListenerContext,
+    listener_section_names,
+    load_listener,
+)
 from walstream.engine import node_lock
 from walstream.errors import ConfigError, FencedError
 from walstream.server.cluster_status import with_cluster_metrics
@@ -73,6 +84,8 @@ DEFAULT_HTTP_STACK = "native"
 REJOIN_CHECK_S = 0.2
 #: Backoff between attempts to open a new epoch while the metadata store is unreachable.
 REJOIN_BACKOFF_S = (0.2, 5.0)
+#: How long an extra listener may let its requests in progress finish at shutdown.
+EXTRA_LISTENER_GRACE_S = 10.0
 #: How long closing a fenced client may take: it uploads nothing as the old epoch, but a WAL or
 #: object store that hangs must not keep the old client (and its tasks) forever.
 FENCED_CLOSE_S = 10.0
@@ -149,6 +162,8 @@ class RunningServer:
     """The listener (hypercorn's and native's count ``open`` and ``refused`` connections)."""
     http_stack: str = DEFAULT_HTTP_STACK
     """The HTTP server serving it: ``granian``, ``hypercorn`` or ``native``."""
+    extra_listeners: Mapping[str, ExtraListener] = field(default_factory=dict)
+    """The extra listeners started from the deployment's sections, by section (``kafka``)."""
 
     @property
     def url(self) -> str:
@@ -197,7 +212,10 @@ async def held_by_another_process(client: Client) -> bool:
 
 
 async def keep_joined(
-    app: S2App, reopen: Callable[[], Any], check_s: float = REJOIN_CHECK_S
+    app: S2App,
+    reopen: Callable[[], Any],
+    check_s: float = REJOIN_CHECK_S,
+    rebind: Callable[[Client], None] | None = None,
 ) -> None:
     """Until cancelled: whenever the client ``app`` serves is fenced (:func:`rejoinable`),
     open a new one with ``reopen()`` (retrying with backoff, each failure logged at WARNING),
@@ -245,6 +263,8 @@ async def keep_joined(
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, longest)
         app.replace_client(new)
+        if rebind is not None:
+            rebind(new)
         log.warning(
             "node %d rejoined with epoch %d (was %d)", new.node_id, new.node_epoch, old.node_epoch
         )
@@ -324,6 +344,11 @@ async def serve(
     listener: Listener | None = None
     app: S2App | None = None
     rejoin: asyncio.Task[None] | None = None
+    extras: dict[str, ExtraListener] = {}
+
+    def rebind_extras(new: Client) -> None:
+        for extra in extras.values():
+            extra.rebind(new)
     try:
         app = S2App(
             client,
@@ -339,12 +364,29 @@ async def serve(
         )
         if client.cluster is not None:
             rejoin = asyncio.create_task(
-                keep_joined(app, lambda: walstream.open(deployment, hooks=hooks)),
+                keep_joined(
+                    app,
+                    lambda: walstream.open(deployment, hooks=hooks),
+                    rebind=rebind_extras,
+                ),
                 name="walstream-serve-rejoin",
             )
         listener = await open_listener(stack, app, host, port, chosen_limits)
+        for name in listener_section_names():
+            section = deployment.sections.get(name)
+            if section is None:
+                continue
+            extras[name] = await load_listener(name).start(
+                ListenerContext(
+                    client=client,
+                    section=section,
+                    token=chosen_token,
+                    node_id=deployment.node_id,
+                    deployment=deployment,
+                )
+            )
         running = RunningServer(
-            client, host, listener.port, chosen_token, app, chosen_limits, listener, stack
+            client, host, listener.port, chosen_token, app, chosen_limits, listener, stack, extras
         )
         if held is not None:
             # Where `walstream` commands on this deployment send their writes and live reads.
@@ -362,8 +404,15 @@ async def serve(
         try:
             if app is not None:
                 app.begin_shutdown()  # long polls answer now, read sessions end
+            for extra in extras.values():
+                extra.begin_shutdown()
             if listener is not None:
                 await listener.close()
+            for name, extra in extras.items():
+                try:
+                    await extra.close(EXTRA_LISTENER_GRACE_S)
+                except Exception as error:  # the client must still close and upload
+                    log.warning("closing the %s listener failed: %s", name, error)
         finally:
             try:
                 await client.close()
