@@ -330,9 +330,7 @@ async def handle_join_group(session: Any, request: DecodedRequest) -> dict[str, 
             getattr(body, "group_instance_id", None),
         )
         group.members[member_id] = member
-        changed = True
     else:
-        changed = member.protocols != protocols or group.state != "Stable" or member_id == group.leader
         member.protocols = protocols
         member.session_timeout_s = session_timeout_s
         member.rebalance_timeout_s = rebalance_timeout_s
@@ -340,10 +338,8 @@ async def handle_join_group(session: Any, request: DecodedRequest) -> dict[str, 
     group.protocol_type = body.protocol_type
     if member.join is not None and not member.join.done():
         member.join.set_result(_join_error(codes.UNKNOWN_MEMBER_ID, member_id))
-    member.join = asyncio.get_running_loop().create_future()
-    if group.state in ("Stable", "CompletingRebalance") and not changed:
-        # A member of a stable group joining with nothing new: answer it the current state.
-        pass
+    join: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    member.join = join
     coordinator.prepare_rebalance(group)
     # A rebalance waits for every member's rejoin at most its deadline; a new member may
     # extend it to its own rebalance timeout.
@@ -351,7 +347,6 @@ async def handle_join_group(session: Any, request: DecodedRequest) -> dict[str, 
         group.rebalance_deadline, time.monotonic() + min(rebalance_timeout_s, 5.0)
     )
     coordinator.complete_rebalance(group)
-    join = member.join
     shutdown = asyncio.ensure_future(broker.shutting_down.wait())
     try:
         await asyncio.wait({join, shutdown}, return_when=asyncio.FIRST_COMPLETED)
@@ -481,11 +476,14 @@ async def handle_offset_commit(session: Any, request: DecodedRequest) -> dict[st
     if await _not_here(broker, body.group_id):
         return answer(codes.NOT_COORDINATOR)
     group = coordinator_of(broker).groups.get(body.group_id)
-    if body.generation_id >= 0 or body.member_id:
+    generation = getattr(body, "generation_id", None)
+    if generation is None:
+        generation = body.generation_id_or_member_epoch
+    if generation >= 0 or body.member_id:
         member = None if group is None else group.members.get(body.member_id)
         if group is None or member is None:
             return answer(codes.UNKNOWN_MEMBER_ID)
-        if body.generation_id != group.generation:
+        if generation != group.generation:
             return answer(codes.ILLEGAL_GENERATION)
         if group.state == "PreparingRebalance":
             return answer(codes.REBALANCE_IN_PROGRESS)

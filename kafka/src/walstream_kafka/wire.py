@@ -193,7 +193,7 @@ def encode_api_versions_error(correlation_id: int, error_code: int) -> bytes:
 
 # -- building kio entities from plain trees -----------------------------------------------------
 
-_FieldSpec = tuple[str, Callable[[Any], Any] | None, Any]
+_FieldSpec = tuple[str, Callable[[Any], Any] | None, Any, bool]
 
 
 @functools.cache
@@ -207,7 +207,8 @@ def _specs(entity_type: type) -> tuple[_FieldSpec, ...]:
             default: Any = MISSING
         else:
             default = _zero(hint)
-        specs.append((field.name, convert, default))
+        nullable = _strip_optional(hint)[1]
+        specs.append((field.name, convert, default, nullable))
     return tuple(specs)
 
 
@@ -279,9 +280,13 @@ def build(entity_type: Any, tree: Mapping[str, Any]) -> Any:
     lacks take their schema default (or zero, empty, null), nested dicts and lists of dicts
     become the nested entities of that version."""
     arguments: dict[str, Any] = {}
-    for name, convert, default in _specs(entity_type):
+    for name, convert, default, nullable in _specs(entity_type):
+        value = tree.get(name)
+        if value is None and not nullable:
+            if default is not MISSING:
+                arguments[name] = default
+            continue
         if name in tree:
-            value = tree[name]
             if convert is not None and value is not None:
                 value = convert(value)
             arguments[name] = value
