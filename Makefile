@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Every dist of the workspace, core first (the others depend on it).
 DISTS := core plugins $(sort $(filter-out core/ plugins/,$(dir $(wildcard */pyproject.toml))))
-DEBIAN_PACKAGES := libaio1 fio postgresql redis-server nats-server
+DEBIAN_PACKAGES := libaio1 fio postgresql redis-server nats-server kcat
 STAMP := $(VENV)/.installed
 # S2's TypeScript SDK for tests/test_typescript_sdk.py (clients/node, from its package-lock.json).
 NODE_PROJECT := clients/node

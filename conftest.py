@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+
+# kafka-python's import name is ``kafka``, the name of the Kafka listener's dist folder: pytest's
+# importlib mode names that folder's test modules ``kafka.tests.…`` and would put a stand-in
+# ``kafka`` module in front of kafka-python unless the real one is imported first.
+with contextlib.suppress(ImportError):
+    import kafka  # noqa: F401
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
