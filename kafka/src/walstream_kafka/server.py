@@ -130,7 +130,7 @@ class KafkaListener:
         self.broker = broker
         self.limits = limits
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: dict[asyncio.Task[None], Connection] = {}
         self._host = ""
         self._port = 0
         self.refused = 0
@@ -166,14 +166,21 @@ class KafkaListener:
             self._server.close()
 
     async def close(self, grace_s: float) -> None:
+        """Let requests in progress be answered (at most ``grace_s``), then close every
+        connection; its reader sees the end of the stream and its task ends."""
         self.begin_shutdown()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while loop.time() < deadline and any(
+            connection.answers._unfinished_tasks for connection in self._connections.values()
+        ):
+            await asyncio.sleep(0.05)
+        for connection in self._connections.values():
+            connection.writer.close()
         if self._connections:
-            _done, pending = await asyncio.wait(set(self._connections), timeout=grace_s)
+            _done, pending = await asyncio.wait(set(self._connections), timeout=5.0)
             for task in pending:
                 task.cancel()
-            for task in pending:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
@@ -185,11 +192,12 @@ class KafkaListener:
             return
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
+        connection = Connection(self, reader, writer)
+        self._connections[task] = connection
         try:
-            await Connection(self, reader, writer).run()
+            await connection.run()
         finally:
-            self._connections.discard(task)
+            self._connections.pop(task, None)
 
 
 class Connection:
@@ -256,6 +264,8 @@ class Connection:
                 raise _Close("a request before SASL authentication (the server has a token)")
             answer = await HANDLERS[request.api_key](self.session, request)
             await self.answers.put((request, answer))
+            if request.api_key in (17, 36):
+                await asyncio.wait([answer])  # the SASL state it sets governs what follows
             if request.api_key == 36 and not self.session.authenticated:
                 # A failed authentication is answered, then the connection closes.
                 await self.answers.join()
