@@ -23,8 +23,13 @@ class KafkaServer:
     token: str | None
 
 
-def start_server(folder: Path, *, token: str | None = None, advertise: str | None = None,
-                 kafka_port: int | None = None) -> KafkaServer:
+def start_server(
+    folder: Path,
+    *,
+    token: str | None = None,
+    advertise: str | None = None,
+    kafka_port: int | None = None,
+) -> KafkaServer:
     port = kafka_port or free_port()
     advertised = f", advertise: '{advertise}'" if advertise else ""
     deployment = folder / "deploy.yaml"
@@ -57,4 +62,6 @@ _names = itertools.count()
 @pytest.fixture
 def topic(request: pytest.FixtureRequest) -> str:
     """A topic name no other test uses (dots included, as Kafka allows)."""
-    return f"t.{request.node.name[:60].replace('[', '_').replace(']', '')}.{next(_names)}".replace("-", "_")
+    return f"t.{request.node.name[:60].replace('[', '_').replace(']', '')}.{next(_names)}".replace(
+        "-", "_"
+    )

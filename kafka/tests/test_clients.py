@@ -21,7 +21,9 @@ RECORDS = 50
 
 
 def records() -> list[tuple[bytes, bytes]]:
-    return [(b"key-%d" % index, b"value-%d-" % index + bytes(range(256))) for index in range(RECORDS)]
+    return [
+        (b"key-%d" % index, b"value-%d-" % index + bytes(range(256))) for index in range(RECORDS)
+    ]
 
 
 def pick(client: str, codec: str, soak: bool) -> None:
@@ -30,7 +32,9 @@ def pick(client: str, codec: str, soak: bool) -> None:
 
 
 @pytest.mark.parametrize("codec", CODECS)
-def test_kcat_produces_and_consumes(kafka_server: KafkaServer, topic: str, codec: str, soak: bool) -> None:
+def test_kcat_produces_and_consumes(
+    kafka_server: KafkaServer, topic: str, codec: str, soak: bool
+) -> None:
     pick("kcat", codec, soak)
     kcat = shutil.which("kcat")
     if kcat is None:
@@ -38,18 +42,39 @@ def test_kcat_produces_and_consumes(kafka_server: KafkaServer, topic: str, codec
     lines = "".join(f"k{index}:v{index}\n" for index in range(RECORDS))
     subprocess.run(
         [kcat, "-b", kafka_server.bootstrap, "-P", "-t", topic, "-K:", "-z", codec],
-        input=lines.encode(), check=True, timeout=120,
+        input=lines.encode(),
+        check=True,
+        timeout=120,
     )
-    consumed = subprocess.run(
-        [kcat, "-b", kafka_server.bootstrap, "-C", "-t", topic, "-o", "beginning", "-e",
-         "-f", "%k=%s@%o\n"],
-        capture_output=True, check=True, timeout=120,
-    ).stdout.decode().splitlines()
+    consumed = (
+        subprocess.run(
+            [
+                kcat,
+                "-b",
+                kafka_server.bootstrap,
+                "-C",
+                "-t",
+                topic,
+                "-o",
+                "beginning",
+                "-e",
+                "-f",
+                "%k=%s@%o\n",
+            ],
+            capture_output=True,
+            check=True,
+            timeout=120,
+        )
+        .stdout.decode()
+        .splitlines()
+    )
     assert consumed == [f"k{index}=v{index}@{index}" for index in range(RECORDS)]
 
 
 @pytest.mark.parametrize("codec", CODECS)
-def test_kafka_python_produces_and_consumes(kafka_server: KafkaServer, topic: str, codec: str, soak: bool) -> None:
+def test_kafka_python_produces_and_consumes(
+    kafka_server: KafkaServer, topic: str, codec: str, soak: bool
+) -> None:
     pick("kafka-python", codec, soak)
     from kafka import KafkaConsumer, KafkaProducer
 
@@ -65,8 +90,11 @@ def test_kafka_python_produces_and_consumes(kafka_server: KafkaServer, topic: st
     producer.close()
     assert offsets == list(range(RECORDS))
     consumer = KafkaConsumer(
-        topic, bootstrap_servers=kafka_server.bootstrap, auto_offset_reset="earliest",
-        group_id=f"{topic}-group", consumer_timeout_ms=10_000,
+        topic,
+        bootstrap_servers=kafka_server.bootstrap,
+        auto_offset_reset="earliest",
+        group_id=f"{topic}-group",
+        consumer_timeout_ms=10_000,
     )
     got = []
     for message in consumer:
@@ -78,7 +106,9 @@ def test_kafka_python_produces_and_consumes(kafka_server: KafkaServer, topic: st
 
 
 @pytest.mark.parametrize("codec", CODECS)
-def test_aiokafka_produces_and_consumes(kafka_server: KafkaServer, topic: str, codec: str, soak: bool) -> None:
+def test_aiokafka_produces_and_consumes(
+    kafka_server: KafkaServer, topic: str, codec: str, soak: bool
+) -> None:
     pick("aiokafka", codec, soak)
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -95,7 +125,9 @@ def test_aiokafka_produces_and_consumes(kafka_server: KafkaServer, topic: str, c
         finally:
             await producer.stop()
         consumer = AIOKafkaConsumer(
-            topic, bootstrap_servers=kafka_server.bootstrap, auto_offset_reset="earliest",
+            topic,
+            bootstrap_servers=kafka_server.bootstrap,
+            auto_offset_reset="earliest",
             group_id=f"{topic}-group",
         )
         await consumer.start()
@@ -114,19 +146,33 @@ def test_aiokafka_produces_and_consumes(kafka_server: KafkaServer, topic: str, c
 
 
 @pytest.mark.parametrize("codec", CODECS)
-def test_confluent_kafka_produces_and_consumes(kafka_server: KafkaServer, topic: str, codec: str, soak: bool) -> None:
+def test_confluent_kafka_produces_and_consumes(
+    kafka_server: KafkaServer, topic: str, codec: str, soak: bool
+) -> None:
     pick("confluent-kafka", codec, soak)
     from confluent_kafka import Consumer, Producer
 
     producer = Producer({"bootstrap.servers": kafka_server.bootstrap, "compression.type": codec})
     delivered: list[int] = []
     for key, value in records():
-        producer.produce(topic, key=key, value=value, headers=[("n", key)],
-                         on_delivery=lambda error, message: delivered.append(message.offset() if error is None else -1))
+        producer.produce(
+            topic,
+            key=key,
+            value=value,
+            headers=[("n", key)],
+            on_delivery=lambda error, message: delivered.append(
+                message.offset() if error is None else -1
+            ),
+        )
     assert producer.flush(60) == 0
     assert delivered == list(range(RECORDS))
-    consumer = Consumer({"bootstrap.servers": kafka_server.bootstrap, "group.id": f"{topic}-group",
-                         "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_server.bootstrap,
+            "group.id": f"{topic}-group",
+            "auto.offset.reset": "earliest",
+        }
+    )
     consumer.subscribe([topic])
     got = []
     deadline = time.monotonic() + 60

@@ -6,7 +6,6 @@ answer), and Kafka-produced records read back through S2's SDK."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import struct
 import threading
 import time
@@ -30,8 +29,12 @@ def produce(bootstrap: str, topic: str, values: list[bytes], **config: object) -
     producer = Producer({"bootstrap.servers": bootstrap, **config})
     failures: list[object] = []
     for index, value in enumerate(values):
-        producer.produce(topic, value=value, partition=index % 4,
-                         on_delivery=lambda error, _m: failures.append(error) if error else None)
+        producer.produce(
+            topic,
+            value=value,
+            partition=index % 4,
+            on_delivery=lambda error, _m: failures.append(error) if error else None,
+        )
     assert producer.flush(60) == 0
     assert failures == []
 
@@ -40,11 +43,16 @@ class Member:
     """A consumer-group member polled in its own thread; ``assigned`` is its current set."""
 
     def __init__(self, bootstrap: str, group: str, topic: str) -> None:
-        self.consumer = Consumer({
-            "bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-            "enable.auto.commit": False, "session.timeout.ms": 10_000,
-            "heartbeat.interval.ms": 500,
-        })
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "session.timeout.ms": 10_000,
+                "heartbeat.interval.ms": 500,
+            }
+        )
         self.assigned: set[int] = set()
         self.values: list[bytes] = []
         self.stop = threading.Event()
@@ -102,7 +110,7 @@ def test_consumer_group_rebalances_and_resumes_from_committed_offsets(
         leaving = members.pop(0)
         leaving.close()
         wait_until(lambda: covered(members), "a rebalance over the 2 remaining members")
-        consumed = sorted(value for member in members + [leaving] for value in member.values)
+        consumed = sorted(value for member in [*members, leaving] for value in member.values)
         assert consumed == sorted(first_values)  # committed offsets: nothing read twice
     finally:
         for member in members:
@@ -181,11 +189,16 @@ class DropFirstProduceAnswer:
 
 
 @pytest.fixture
-def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaServer, DropFirstProduceAnswer]]:
+def proxied(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[KafkaServer, DropFirstProduceAnswer]]:
     kafka_port = free_port()
     proxy = DropFirstProduceAnswer(kafka_port)
-    server = start_server(tmp_path_factory.mktemp("proxied"), kafka_port=kafka_port,
-                          advertise=f"127.0.0.1:{proxy.port}")
+    server = start_server(
+        tmp_path_factory.mktemp("proxied"),
+        kafka_port=kafka_port,
+        advertise=f"127.0.0.1:{proxy.port}",
+    )
     try:
         yield server, proxy
     finally:
@@ -196,18 +209,34 @@ def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaSer
 def test_an_idempotent_retry_is_written_once(
     proxied: tuple[KafkaServer, DropFirstProduceAnswer], topic: str
 ) -> None:
-    server, proxy = proxied
+    _server, proxy = proxied
     bootstrap = f"127.0.0.1:{proxy.port}"
     create_topic(bootstrap, topic, 1)
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
-                         "linger.ms": 0, "message.timeout.ms": 60_000})
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 0,
+            "message.timeout.ms": 60_000,
+        }
+    )
     offsets: list[int] = []
-    producer.produce(topic, value=b"once", on_delivery=lambda e, m: offsets.append(m.offset() if e is None else -1))
+    producer.produce(
+        topic,
+        value=b"once",
+        on_delivery=lambda e, m: offsets.append(m.offset() if e is None else -1),
+    )
     assert producer.flush(60) == 0
     assert proxy.dropped == 1  # the first attempt's answer was cut off
-    producer.produce(topic, value=b"after", on_delivery=lambda e, m: offsets.append(m.offset() if e is None else -1))
+    producer.produce(
+        topic,
+        value=b"after",
+        on_delivery=lambda e, m: offsets.append(m.offset() if e is None else -1),
+    )
     assert producer.flush(60) == 0
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}-g", "auto.offset.reset": "earliest"})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"{topic}-g", "auto.offset.reset": "earliest"}
+    )
     consumer.assign([TopicPartition(topic, 0, 0)])
     values = []
     deadline = time.monotonic() + 30
@@ -222,15 +251,28 @@ def test_an_idempotent_retry_is_written_once(
     assert offsets == [0, 1]
 
 
-def test_kafka_records_read_back_through_s2_sdk(tmp_path_factory: pytest.TempPathFactory, topic: str) -> None:
+def test_kafka_records_read_back_through_s2_sdk(
+    tmp_path_factory: pytest.TempPathFactory, topic: str
+) -> None:
     s2_sdk = pytest.importorskip("s2_sdk")
     server = start_server(tmp_path_factory.mktemp("s2"), token="s2-token")
     try:
-        producer = Producer({"bootstrap.servers": server.bootstrap, "security.protocol": "SASL_PLAINTEXT",
-                             "sasl.mechanisms": "PLAIN", "sasl.username": "any", "sasl.password": "s2-token"})
+        producer = Producer(
+            {
+                "bootstrap.servers": server.bootstrap,
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanisms": "PLAIN",
+                "sasl.username": "any",
+                "sasl.password": "s2-token",
+            }
+        )
         sent = [
-            (b"key-%d" % index, b"value-%d" % index, [("trace", b"t%d" % index), ("bin", b"\x00\xff")],
-             1_700_000_000_000 + index * 1000)
+            (
+                b"key-%d" % index,
+                b"value-%d" % index,
+                [("trace", b"t%d" % index), ("bin", b"\x00\xff")],
+                1_700_000_000_000 + index * 1000,
+            )
             for index in range(10)
         ]
         for key, value, headers, timestamp in sent:
@@ -238,7 +280,9 @@ def test_kafka_records_read_back_through_s2_sdk(tmp_path_factory: pytest.TempPat
         assert producer.flush(60) == 0
 
         async def read() -> list[object]:
-            client = s2_sdk.S2("s2-token", endpoints=s2_sdk.Endpoints(account=server.url, basin=server.url))
+            client = s2_sdk.S2(
+                "s2-token", endpoints=s2_sdk.Endpoints(account=server.url, basin=server.url)
+            )
             try:
                 stream = client.basin("walstream").stream(f"_k.{topic}.0")
                 batch = await stream.read(start=s2_sdk.SeqNum(0))
@@ -251,7 +295,11 @@ def test_kafka_records_read_back_through_s2_sdk(tmp_path_factory: pytest.TempPat
             (
                 dict(record.headers).get(b"walstream-key"),
                 record.body,
-                [(name.decode(), data) for name, data in record.headers if name != b"walstream-key"],
+                [
+                    (name.decode(), data)
+                    for name, data in record.headers
+                    if name != b"walstream-key"
+                ],
                 record.timestamp,
             )
             for record in records

@@ -70,7 +70,9 @@ async def handle_create_topics(session: Any, request: DecodedRequest) -> dict[st
     body = request.body
     answers = []
     for topic in body.topics:
-        error, message, partitions = await _create_one(broker, topic, body.validate_only if hasattr(body, "validate_only") else False)
+        error, message, partitions = await _create_one(
+            broker, topic, body.validate_only if hasattr(body, "validate_only") else False
+        )
         answers.append(
             {
                 "name": topic.name,
@@ -81,7 +83,13 @@ async def handle_create_topics(session: Any, request: DecodedRequest) -> dict[st
                 "configs": None
                 if error != codes.NONE
                 else [
-                    {"name": name, "value": value, "read_only": True, "config_source": 5, "is_sensitive": False}
+                    {
+                        "name": name,
+                        "value": value,
+                        "read_only": True,
+                        "config_source": 5,
+                        "is_sensitive": False,
+                    }
                     for name, value in TOPIC_CONFIGS.items()
                 ],
             }
@@ -89,7 +97,9 @@ async def handle_create_topics(session: Any, request: DecodedRequest) -> dict[st
     return {"throttle_time": 0, "topics": answers}
 
 
-async def _create_one(broker: KafkaBroker, topic: Any, validate_only: bool) -> tuple[int, str | None, int]:
+async def _create_one(
+    broker: KafkaBroker, topic: Any, validate_only: bool
+) -> tuple[int, str | None, int]:
     name = topic.name
     problem = check_topic_name(name)
     if problem is not None:
@@ -143,7 +153,9 @@ async def handle_delete_topics(session: Any, request: DecodedRequest) -> dict[st
                 pass
             except WalstreamError as failure:
                 error, message = codes.UNKNOWN_SERVER_ERROR, str(failure)
-        answers.append({"name": name, "topic_id": None, "error_code": error, "error_message": message})
+        answers.append(
+            {"name": name, "topic_id": None, "error_code": error, "error_message": message}
+        )
     return {"throttle_time": 0, "responses": answers}
 
 
@@ -178,9 +190,12 @@ async def handle_describe_configs(session: Any, request: DecodedRequest) -> dict
     results = []
     for resource in request.body.resources:
         keys = resource.configuration_keys
-        error, message, configs = codes.NONE, None, []
+        error, message = codes.NONE, None
+        configs: list[dict[str, Any]] = []
         if resource.resource_type == _RESOURCE_TOPIC:
-            if (await broker.list_topics(resource.resource_name)).get(resource.resource_name) is None:
+            if (await broker.list_topics(resource.resource_name)).get(
+                resource.resource_name
+            ) is None:
                 error = codes.UNKNOWN_TOPIC_OR_PARTITION
             else:
                 configs = [

@@ -46,7 +46,12 @@ async def handle_sasl_authenticate(session: Any, request: DecodedRequest) -> dic
     password = parts[2] if len(parts) == 3 else b""
     if hmac.compare_digest(password, token.encode()):
         session.authenticated = True
-        return {"error_code": codes.NONE, "error_message": None, "auth_bytes": b"", "session_lifetime": 0}
+        return {
+            "error_code": codes.NONE,
+            "error_message": None,
+            "auth_bytes": b"",
+            "session_lifetime": 0,
+        }
     user = parts[1].decode("utf-8", "replace")[:64] if len(parts) == 3 else "?"
     log.warning("kafka: SASL/PLAIN authentication of user %r from %s failed", user, session.peer)
     return {

@@ -247,4 +247,7 @@ class KafkaBroker:
         return uuid.uuid5(uuid.NAMESPACE_OID, seed.hex())
 
     def describe(self) -> Mapping[str, Any]:
-        return {"node_id": self.node_id, "advertise": f"{self.advertise.host}:{self.advertise.port}"}
+        return {
+            "node_id": self.node_id,
+            "advertise": f"{self.advertise.host}:{self.advertise.port}",
+        }

@@ -55,7 +55,13 @@ OPTIONS: tuple[Option, ...] = (
         default=32,
         minimum=1,
     ),
-    Option("max_connections", "int", "connections open at once; more are closed", default=1024, minimum=1),
+    Option(
+        "max_connections",
+        "int",
+        "connections open at once; more are closed",
+        default=1024,
+        minimum=1,
+    ),
     Option(
         "idle_timeout",
         "duration",
@@ -81,10 +87,10 @@ class KafkaExtension:
     options = OPTIONS
 
     def check(self, section: Mapping[str, Any]) -> None:
-        host, port = parse_address(section["listen"], "kafka.listen")
+        host, _port = parse_address(section["listen"], "kafka.listen")
         advertise = section.get("advertise")
         if advertise is not None:
-            advertised_host, advertised_port = parse_address(advertise, "kafka.advertise")
+            _host, advertised_port = parse_address(advertise, "kafka.advertise")
             if advertised_port == 0:
                 raise ConfigError("kafka.advertise: the advertised port cannot be 0")
         elif host in ("0.0.0.0", "::"):

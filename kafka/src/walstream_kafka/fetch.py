@@ -62,9 +62,7 @@ def _read_error(error: BaseException) -> int:
     return error_code_of(error)
 
 
-async def _locate(
-    broker: KafkaBroker, topic: str, index: int
-) -> tuple[Partition | None, int]:
+async def _locate(broker: KafkaBroker, topic: str, index: int) -> tuple[Partition | None, int]:
     if check_topic_name(topic) is not None:
         return None, codes.UNKNOWN_TOPIC_OR_PARTITION
     partition = await broker.partition(topic, index)
@@ -126,11 +124,15 @@ async def handle_fetch(session: Any, request: DecodedRequest) -> dict[str, Any]:
     async def read_all() -> tuple[list[dict[str, Any]], int]:
         answers: list[dict[str, Any]] = []
         total = 0
-        for (_topic, index, offset, part_max), (partition, error) in zip(wanted, located, strict=True):
+        for (_topic, index, offset, part_max), (partition, error) in zip(
+            wanted, located, strict=True
+        ):
             room = body.max_bytes - total
             if room <= 0 and total > 0:
                 partition, error = None, codes.NONE  # over the request's limit: next time
-            answer = await _read_partition(partition, error, index, offset, min(part_max, max(room, 1)))
+            answer = await _read_partition(
+                partition, error, index, offset, min(part_max, max(room, 1))
+            )
             total += len(answer["records"] or b"")
             answers.append(answer)
         return answers, total
@@ -143,7 +145,7 @@ async def handle_fetch(session: Any, request: DecodedRequest) -> dict[str, Any]:
             if partition is not None and error == codes.NONE
         ][:_WATCHED]
         if watch:
-            waits = {
+            waits: set[asyncio.Future[Any]] = {
                 asyncio.ensure_future(
                     partition.stream.read(start=offset, limit_records=1, wait=max_wait_s)
                 )

@@ -347,9 +347,9 @@ async def handle_join_group(session: Any, request: DecodedRequest) -> dict[str, 
         group.rebalance_deadline, time.monotonic() + min(rebalance_timeout_s, 5.0)
     )
     coordinator.complete_rebalance(group)
-    shutdown = asyncio.ensure_future(broker.shutting_down.wait())
+    shutdown: asyncio.Future[Any] = asyncio.ensure_future(broker.shutting_down.wait())
     try:
-        await asyncio.wait({join, shutdown}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([join, shutdown], return_when=asyncio.FIRST_COMPLETED)
     finally:
         shutdown.cancel()
     if not join.done():
@@ -388,9 +388,9 @@ async def handle_sync_group(session: Any, request: DecodedRequest) -> dict[str, 
                 )
             other.sync = None
             other.last_seen = time.monotonic()
-    shutdown = asyncio.ensure_future(broker.shutting_down.wait())
+    shutdown: asyncio.Future[Any] = asyncio.ensure_future(broker.shutting_down.wait())
     try:
-        await asyncio.wait({sync, shutdown}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([sync, shutdown], return_when=asyncio.FIRST_COMPLETED)
     finally:
         shutdown.cancel()
     if not sync.done():
@@ -409,7 +409,11 @@ async def handle_heartbeat(session: Any, request: DecodedRequest) -> dict[str, A
         return {"throttle_time": 0, "error_code": codes.UNKNOWN_MEMBER_ID}
     member.last_seen = time.monotonic()
     if body.generation_id != group.generation:
-        code = codes.REBALANCE_IN_PROGRESS if group.state == "PreparingRebalance" else codes.ILLEGAL_GENERATION
+        code = (
+            codes.REBALANCE_IN_PROGRESS
+            if group.state == "PreparingRebalance"
+            else codes.ILLEGAL_GENERATION
+        )
         return {"throttle_time": 0, "error_code": code}
     if group.state == "PreparingRebalance":
         return {"throttle_time": 0, "error_code": codes.REBALANCE_IN_PROGRESS}
@@ -432,11 +436,17 @@ async def handle_leave_group(session: Any, request: DecodedRequest) -> dict[str,
     for member_id, instance_id in leaving:
         if group is None or member_id not in group.members:
             answers.append(
-                {"member_id": member_id, "group_instance_id": instance_id, "error_code": codes.UNKNOWN_MEMBER_ID}
+                {
+                    "member_id": member_id,
+                    "group_instance_id": instance_id,
+                    "error_code": codes.UNKNOWN_MEMBER_ID,
+                }
             )
             continue
         coordinator.remove(group, member_id)
-        answers.append({"member_id": member_id, "group_instance_id": instance_id, "error_code": codes.NONE})
+        answers.append(
+            {"member_id": member_id, "group_instance_id": instance_id, "error_code": codes.NONE}
+        )
     if not hasattr(body, "members") and answers and answers[0]["error_code"] != codes.NONE:
         return {"throttle_time": 0, "error_code": codes.UNKNOWN_MEMBER_ID}
     return {"throttle_time": 0, "error_code": codes.NONE, "members": answers}
@@ -611,7 +621,9 @@ async def handle_describe_groups(session: Any, request: DecodedRequest) -> dict[
                         "group_instance_id": member.instance_id,
                         "client_id": member.client_id,
                         "client_host": member.client_host,
-                        "member_metadata": dict(member.protocols).get(group.protocol_name or "", b""),
+                        "member_metadata": dict(member.protocols).get(
+                            group.protocol_name or "", b""
+                        ),
                         "member_assignment": member.assignment,
                     }
                     for member in group.members.values()

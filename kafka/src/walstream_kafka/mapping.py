@@ -81,7 +81,7 @@ def max_partitions(topic: str) -> int:
     digits = MAX_STREAM_NAME_LENGTH - len(STREAM_PREFIX) - len(topic) - 1
     if digits >= 10:
         return MAX_PARTITIONS
-    return min(MAX_PARTITIONS, 10**digits)
+    return int(min(MAX_PARTITIONS, 10**digits))
 
 
 def stream_name(topic: str, partition: int) -> str:
@@ -138,7 +138,9 @@ def to_walstream(
             data = b""
         stored.append((name, data))
     if mark is not None:
-        tokens.append(f"p{mark.producer_id}:{mark.producer_epoch}:{mark.base_sequence}:{mark.count}")
+        tokens.append(
+            f"p{mark.producer_id}:{mark.producer_epoch}:{mark.base_sequence}:{mark.count}"
+        )
     if tokens or (stored and stored[-1][0] == META_HEADER):
         stored.append((META_HEADER, ",".join(tokens).encode()))
     return Record(

@@ -150,7 +150,9 @@ async def _begin_partition(
             return started, codes.INVALID_RECORD, str(error)
         future: asyncio.Future[int] = asyncio.ensure_future(_append(partition, stored))
         if mark is not None and table is not None:
-            table.sent(mark.producer_id, mark.producer_epoch, mark.base_sequence, mark.count, future)
+            table.sent(
+                mark.producer_id, mark.producer_epoch, mark.base_sequence, mark.count, future
+            )
         started.append(future)
     return started, codes.NONE, None
 
@@ -175,7 +177,7 @@ async def begin(session: Any, request: DecodedRequest) -> asyncio.Future[dict[st
     body = request.body
     topics: list[tuple[str, list[tuple[int, list[asyncio.Future[int]], int, str | None]]]] = []
     for topic_data in body.topic_data:
-        partitions = []
+        partitions: list[tuple[int, list[asyncio.Future[int]], int, str | None]] = []
         for partition_data in topic_data.partition_data:
             if body.transactional_id is not None:
                 partitions.append(

@@ -96,7 +96,9 @@ class PartitionProducers:
                     continue
                 mark = read_producer_mark(record)
                 if mark is not None:
-                    producer = table._producers.setdefault(mark.producer_id, _Producer(mark.producer_epoch))
+                    producer = table._producers.setdefault(
+                        mark.producer_id, _Producer(mark.producer_epoch)
+                    )
                     producer.epoch = max(producer.epoch, mark.producer_epoch)
                     offset: asyncio.Future[int] = loop.create_future()
                     offset.set_result(record.offset - mark.count + 1)
@@ -175,6 +177,13 @@ async def handle_init_producer_id(session: Any, request: DecodedRequest) -> dict
             }
     client = session.broker.client
     producer_id = (
-        (client.node_id & 0x7FFF) << 48 | (client.node_epoch & 0xFFFF) << 32 | next(_grants) & 0xFFFFFFFF
+        (client.node_id & 0x7FFF) << 48
+        | (client.node_epoch & 0xFFFF) << 32
+        | next(_grants) & 0xFFFFFFFF
     )
-    return {"throttle_time": 0, "error_code": codes.NONE, "producer_id": producer_id, "producer_epoch": 0}
+    return {
+        "throttle_time": 0,
+        "error_code": codes.NONE,
+        "producer_id": producer_id,
+        "producer_epoch": 0,
+    }

@@ -172,7 +172,7 @@ class KafkaListener:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
         while loop.time() < deadline and any(
-            connection.answers._unfinished_tasks for connection in self._connections.values()
+            connection.busy for connection in self._connections.values()
         ):
             await asyncio.sleep(0.05)
         for connection in self._connections.values():
@@ -186,7 +186,10 @@ class KafkaListener:
                 await self._server.wait_closed()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._connections) >= self.limits.max_connections or self.broker.shutting_down.is_set():
+        if (
+            len(self._connections) >= self.limits.max_connections
+            or self.broker.shutting_down.is_set()
+        ):
             self.refused += 1
             writer.close()
             return
@@ -215,6 +218,11 @@ class Connection:
         self.answers: asyncio.Queue[tuple[DecodedRequest | None, Answer | bytes | None]] = (
             asyncio.Queue(maxsize=self.limits.max_in_flight)
         )
+
+    @property
+    def busy(self) -> bool:
+        """True while a request of this connection is unanswered."""
+        return bool(self.answers._unfinished_tasks)  # type: ignore[attr-defined]
 
     async def run(self) -> None:
         writing = asyncio.create_task(self._write_answers())
@@ -248,13 +256,20 @@ class Connection:
                     f"a request of {length} bytes (kafka.max_request_size is "
                     f"{self.limits.max_request_bytes})"
                 )
-            frame = await asyncio.wait_for(self.reader.readexactly(length), self.limits.idle_timeout_s)
+            frame = await asyncio.wait_for(
+                self.reader.readexactly(length), self.limits.idle_timeout_s
+            )
             try:
                 request = decode_request(frame)
             except UnsupportedRequest as unsupported:
                 if unsupported.api_key == 18:
                     await self.answers.put(
-                        (None, encode_api_versions_error(unsupported.correlation_id, UNSUPPORTED_VERSION))
+                        (
+                            None,
+                            encode_api_versions_error(
+                                unsupported.correlation_id, UNSUPPORTED_VERSION
+                            ),
+                        )
                     )
                     continue
                 raise _Close(str(unsupported)) from None
@@ -265,7 +280,9 @@ class Connection:
             answer = await HANDLERS[request.api_key](self.session, request)
             await self.answers.put((request, answer))
             if request.api_key in (17, 36):
-                await asyncio.wait([answer])  # the SASL state it sets governs what follows
+                await asyncio.wait(
+                    [asyncio.ensure_future(answer)]
+                )  # the SASL state it sets governs what follows
             if request.api_key == 36 and not self.session.authenticated:
                 # A failed authentication is answered, then the connection closes.
                 await self.answers.join()

@@ -157,7 +157,9 @@ def _response_writer(response_type: Any) -> Callable[[Any, Any], None]:
     return typing.cast(Callable[[Any, Any], None], entity_writer(response_type))
 
 
-def encode_response(api_key: int, api_version: int, correlation_id: int, tree: Mapping[str, Any]) -> bytes:
+def encode_response(
+    api_key: int, api_version: int, correlation_id: int, tree: Mapping[str, Any]
+) -> bytes:
     """The framed response ``tree`` (see :func:`build`) to a request of ``api_key`` v``api_version``."""
     response_type = _response_type(api_key, api_version)
     body = build(response_type, tree)
@@ -200,7 +202,7 @@ _FieldSpec = tuple[str, Callable[[Any], Any] | None, Any, bool]
 def _specs(entity_type: type) -> tuple[_FieldSpec, ...]:
     hints = typing.get_type_hints(entity_type)
     specs: list[_FieldSpec] = []
-    for field in fields(entity_type):  # type: ignore[arg-type]
+    for field in fields(entity_type):
         hint = hints[field.name]
         convert = _converter(hint)
         if field.default is not MISSING or field.default_factory is not MISSING:
@@ -229,7 +231,7 @@ def _converter(hint: Any) -> Callable[[Any], Any] | None:
             )
         return tuple
     if is_dataclass(inner):
-        return lambda value: value if not isinstance(value, Mapping) else build(inner, value)  # type: ignore[arg-type]
+        return lambda value: value if not isinstance(value, Mapping) else build(inner, value)
     if isinstance(inner, type) and issubclass(inner, enum.Enum):
         return inner
     if isinstance(inner, type) and issubclass(inner, datetime.datetime):
