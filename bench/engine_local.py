@@ -6,7 +6,7 @@ Two measurements, each against its peer:
   own stream, closed loop, for ``--seconds``. walstream: one in-process node (ebs WAL file with
   O_DIRECT + O_DSYNC, local object store, SQLite metadata; uploads run as usual) on uvloop
   when it is installed (``--asyncio``: the standard loop), with ``walstream.tune_gc()`` applied
-  once the node is open — the set-up README "Python API" recommends for a process that runs a
+  once the node is open — the set-up docs/guides/python.md recommends for a process that runs a
   node; the latency of an append is from the call to its acknowledgement. Redis: ``redis-server`` with
   ``appendonly yes`` + ``appendfsync always`` (every write fsynced before the reply) in a temp
   folder on the same disk, driven by ``redis-benchmark`` (C) with the same number of
@@ -151,7 +151,7 @@ def pretouch(folder: Path) -> None:
 async def engine_appends(folder: Path, clients: int, seconds: float) -> dict[str, float]:
     client = new_client(folder)
     await client.start()
-    tune_gc()  # as README "Python API" recommends for a process that runs a node
+    tune_gc()  # as docs/guides/python.md recommends for a process that runs a node
     try:
         run = time.monotonic_ns()
         streams = [await client.create_stream(f"a-{run}-{index}") for index in range(clients)]

@@ -12,7 +12,7 @@ Peers (each server is started by this script on 127.0.0.1 at a free port in a te
   with ``server.http_stack`` set to that HTTP server (``walstream-http`` runs walstream's default,
   or ``--http-stack``), so the stacks are measured side by side in one run.
 - ``walstream-inproc``: the same deployment through ``walstream.open`` in this process (no HTTP),
-  which calls ``walstream.tune_gc()`` once the node is open, as README "Python API" recommends
+  which calls ``walstream.tune_gc()`` once the node is open, as docs/guides/python.md recommends
   for a process that runs a node (``walstream serve`` does the same).
 - ``redis``: Redis Streams, ``XADD``; ``appendonly yes``, ``appendfsync always`` (the AOF is
   fsynced before a reply is sent: Redis fsyncs once per event-loop turn, so concurrent clients

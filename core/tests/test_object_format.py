@@ -1,4 +1,4 @@
-"""The object format (DESIGN §6): round trips, block cutting, index search, GET counts,
+"""The object format (docs/architecture/formats.md): round trips, block cutting, index search, GET counts,
 corruption and truncation, identity (format version 2) and reading version-1 objects."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 basins, streams, unary appends and reads (protobuf), conditions and commands, long polls, and
 the S2S producer and read sessions.
 
-Not covered because walstream does not implement them (README "HTTP service"): access tokens,
+Not covered because walstream does not implement them (docs/guides/http.md): access tokens,
 metrics, locations, basin reconfiguration, encryption, stream configurations other than the
 fixed one; the last test checks that the SDK gets S2's errors for them.
 """

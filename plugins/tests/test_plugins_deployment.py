@@ -1,4 +1,4 @@
-"""YAML deployments: the DESIGN §10 example, path resolution, ${ENV}, sizes and durations, and
+"""YAML deployments: the example of docs/architecture/plugins.md, path resolution, ${ENV}, sizes and durations, and
 one clear ConfigError per mistake."""
 
 from __future__ import annotations

@@ -149,6 +149,6 @@ class AmbiguousError(WalstreamError):
     definitely_not_applied = False
 
 
-#: Object-store names for the same classes (DESIGN §7): ``Unavailable`` and ``DataError``.
+#: Object-store names for the same classes (docs/architecture/contracts.md): ``Unavailable`` and ``DataError``.
 Unavailable = BackendUnavailable
 DataError = CorruptionError

@@ -8,7 +8,7 @@
 
 Every check raises :class:`~walstream.errors.InvalidArgument` with a message naming the argument
 and the accepted range, so bad input never surfaces as ``struct.error``, ``OverflowError`` or
-``UnicodeEncodeError`` from deeper layers. The bounds are what the batch format (DESIGN §6) and
+``UnicodeEncodeError`` from deeper layers. The bounds are what the batch format (docs/architecture/formats.md) and
 the metadata stores can hold:
 
 * offsets, stream ids, limits and timestamps are signed 64-bit integers; offsets, ids, limits and

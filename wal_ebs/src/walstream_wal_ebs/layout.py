@@ -17,7 +17,7 @@ Version 1 and 2 headers are still read (their writers hold no lease); the next h
 them into version 3.
 
 **Records** live at ever-growing *logical* offsets; a record with logical offset ``o`` sits at
-``area_start + o % capacity``. Each record is a header followed by its body (DESIGN §6). Record
+``area_start + o % capacity``. Each record is a header followed by its body (docs/architecture/formats.md). Record
 format version 2 (32-byte header, what this code writes)::
 
     magic u32 | body_len u32 | body_offset u64 (= the record's logical offset) |

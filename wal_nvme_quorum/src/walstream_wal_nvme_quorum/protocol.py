@@ -1,4 +1,4 @@
-"""The chunk-server wire protocol: length-prefixed binary frames over TCP (see README.md).
+"""The chunk-server wire protocol: length-prefixed binary frames over TCP (see wal_nvme_quorum/README.md).
 
 Every frame, in both directions, is::
 

@@ -1,4 +1,4 @@
-"""The S3 WAL's object layout (DESIGN §9): WAL objects, epoch markers and the key names under
+"""The S3 WAL's object layout (docs/architecture/wal-plugins.md): WAL objects, epoch markers and the key names under
 ``<prefix>wal/<node_id>/``. Pure encoding and decoding; the WAL that reads and writes them is
 :mod:`walstream_wal_s3.wal`.
 

@@ -1,4 +1,4 @@
-"""The S3 WAL: appends are batched into WAL objects in an S3 bucket (DESIGN §9).
+"""The S3 WAL: appends are batched into WAL objects in an S3 bucket (docs/architecture/wal-plugins.md).
 
 Built on :class:`walstream.wal.GroupCommitWal`: concurrent appends are grouped into one object
 (bounded by ``max_batch_bytes`` and ``max_batch_interval``; an idle WAL writes at once), up to

@@ -271,7 +271,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "--token, else $WALSTREAM_TOKEN, else server.token; without one there is no\n"
         "authentication. SIGTERM or SIGINT stops accepting, answers long polls, then closes\n"
         "the node (uploading everything acknowledged) and exits 0. The routes are listed in\n"
-        "the README, in /openapi.json and in the walstream.server.s2 package. Timeouts and bounds of slow or greedy\n"
+        "docs/reference/http-api.md, in /openapi.json and in the walstream.server.s2 package. Timeouts and bounds of slow or greedy\n"
         "clients come from the server section: header_timeout, body_timeout,\n"
         "max_connections, max_long_polls; the HTTP server from server.http_stack:\n"
         "native (the default: walstream's own, in the node's event loop), granian or\n"

@@ -77,7 +77,7 @@ class CompactionConfig:
 @dataclass(frozen=True)
 class RecoveryConfig:
     accept_loss: bool = False
-    """Start even though the WAL lost acknowledged records (DESIGN §8): record each lost range
+    """Start even though the WAL lost acknowledged records (docs/architecture/recovery.md): record each lost range
     as a data-loss gap in metadata (reads of it raise ``DataLossError``; its offsets are never
     reused), commit everything valid and reset the WAL. Off by default: without it a node whose
     WAL shows damage refuses to start with :class:`~walstream.errors.CorruptionError`. An
@@ -89,8 +89,8 @@ class RecoveryConfig:
 class ClusterConfig:
     """The ``cluster:`` section: this node holds a lease in the metadata store.
 
-    Defaults from a measurement of ``renew_lease`` (``bench/lease_renew.py``, README
-    "Cluster"): PostgreSQL p50 1.1 ms, p99 8.5 ms, max 13 ms; SQLite (fsync on) p50 0.6 ms,
+    Defaults from a measurement of ``renew_lease`` (``bench/lease_renew.py``,
+    docs/guides/cluster.md): PostgreSQL p50 1.1 ms, p99 8.5 ms, max 13 ms; SQLite (fsync on) p50 0.6 ms,
     p99 4 ms, max 8 ms. A renewal every 500 ms is therefore cheap, and a 3 s lease leaves five
     renewals before the node fences itself at 2.7 s: only a store stall over 80 times the
     slowest renewal measured fences a healthy node. A dead node is detected within the lease

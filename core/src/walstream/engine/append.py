@@ -1,4 +1,4 @@
-"""The write path of a node (DESIGN §3–4).
+"""The write path of a node (docs/architecture/write-path.md).
 
 ``append`` reserves offsets under the stream's lock, puts the encoded batch in the LogCache and
 hands it to the WAL in the same step (so WAL order = cache order); the WAL acknowledges in order;

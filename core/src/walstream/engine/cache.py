@@ -1,4 +1,4 @@
-"""The two caches of a node (DESIGN §4–5).
+"""The two caches of a node (docs/architecture/write-path.md, docs/architecture/read-path.md).
 
 **LogCache** — the hot tail: every appended batch, in append order, grouped in blocks. The active
 block is sealed by size or age and uploaded; a committed block becomes evictable (FIFO). Bytes not

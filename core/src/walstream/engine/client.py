@@ -1,4 +1,5 @@
-"""The engine: a node's :class:`Client` and its :class:`Stream` handles (DESIGN §3–5, §8).
+"""The engine: a node's :class:`Client` and its :class:`Stream` handles (docs/architecture/write-path.md,
+docs/architecture/read-path.md, docs/architecture/recovery.md).
 
 :class:`Client` is the node's API and its failure latch. It builds the parts that do the work and
 forwards to them: the lifecycle (register, recover, upload, stop: :mod:`walstream.engine.lifecycle`),
@@ -260,7 +261,7 @@ class Client:
 
     @property
     def deployment_id(self) -> bytes:
-        """Set by :meth:`start` from the metadata store (DESIGN §8: identity everywhere)."""
+        """Set by :meth:`start` from the metadata store (docs/architecture/invariants.md: identity everywhere)."""
         return self._runtime.deployment_id
 
     @property

@@ -1,4 +1,4 @@
-"""What runs behind a started node: its lease, uploader and compactor (DESIGN §5, §8).
+"""What runs behind a started node: its lease, uploader and compactor (docs/architecture/cluster.md).
 
 :class:`NodeRuntime` is the lifecycle half of :class:`~walstream.engine.client.Client`. It registers
 the node (a new node epoch fences any older process of the same node id), takes the cluster lease

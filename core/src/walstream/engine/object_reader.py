@@ -1,4 +1,4 @@
-"""Reading committed stream data straight from object storage (DESIGN §5).
+"""Reading committed stream data straight from object storage (docs/architecture/read-path.md).
 
 Used by the node's read path below its LogCache, and by readers that run no node at all (Spark
 executors, ``walstream read`` on a stopped deployment): metadata says which objects hold a range,

@@ -1,4 +1,4 @@
-"""The read path (DESIGN §5): LogCache (hot tail) → metadata → BlockCache → object store.
+"""The read path (docs/architecture/read-path.md): LogCache (hot tail) → metadata → BlockCache → object store.
 
 :class:`StreamReader` serves a node's reads: acknowledged records still in the LogCache come from
 memory, older ones through the :class:`~walstream.engine.object_reader.ObjectReader`; at the tail

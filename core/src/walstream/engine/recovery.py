@@ -1,4 +1,4 @@
-"""Restart recovery and failover (DESIGN §8).
+"""Restart recovery and failover (docs/architecture/recovery.md).
 
 Restart: ``wal.recover()`` → drop batches already committed, of deleted streams or of a stale
 stream epoch → rebuild the LogCache → upload and commit through the normal pipeline →

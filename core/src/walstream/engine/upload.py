@@ -1,4 +1,4 @@
-"""The uploader: moves sealed LogCache blocks into object storage (DESIGN §4, steps 4–5).
+"""The uploader: moves sealed LogCache blocks into object storage (docs/architecture/write-path.md).
 
 For each sealed block, in FIFO order of commits: ``prepare`` object ids → build and put the
 object(s) (several blocks may be building and putting at once) → ``commit`` to metadata strictly

@@ -1,4 +1,4 @@
-"""The batch codec (DESIGN §6).
+"""The batch codec (docs/architecture/formats.md).
 
 A **batch** is the unit that is appended atomically and stored with identical bytes in the WAL and
 in objects::

@@ -1,4 +1,4 @@
-"""The format of uploaded objects (DESIGN §6): layout, parsing and verification (pure, no I/O).
+"""The format of uploaded objects (docs/architecture/formats.md): layout, parsing and verification (pure, no I/O).
 
 An object is::
 

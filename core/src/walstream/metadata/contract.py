@@ -1,4 +1,4 @@
-"""The metadata contract (DESIGN §7): streams, objects and nodes, changed only by transactions."""
+"""The metadata contract (docs/architecture/contracts.md): streams, objects and nodes, changed only by transactions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The object-store contract (DESIGN §7): where uploaded stream data lives."""
+"""The object-store contract (docs/architecture/contracts.md): where uploaded stream data lives."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ DEFAULT_MAX_LONG_POLLS = 256
 @dataclass(frozen=True)
 class ServerLimits:
     """Bounds that keep a slow or greedy client from holding the node's connections, tasks and
-    memory (the ``server:`` section of a deployment; README "HTTP service")."""
+    memory (the ``server:`` section of a deployment; docs/guides/http.md)."""
 
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
     """A connection that has not sent a complete request head this long after it opened (or

@@ -71,14 +71,14 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = "127.0.0.1:7400"
 TOKEN_ENVIRONMENT_VARIABLE = "WALSTREAM_TOKEN"
-#: The HTTP servers ``server.http_stack`` chooses from (README "HTTP service" has the numbers).
+#: The HTTP servers ``server.http_stack`` chooses from (docs/benchmarks/index.md has the numbers).
 HTTP_STACKS = ("granian", "hypercorn", "native")
 #: native: over h2c (S2's Python SDK speaks only HTTP/2) it serves 1.07-1.38x granian's
 #: records/s with a lower p99 (medians of 18 alternating rounds of bench/peers.py --http 2:
 #: 1.08x at 1 client x 1 record, 1.07x at 64 x 1, 1.38x at 1 x 100, 1.11x at 64 x 100; p99
 #: 0.79-0.95x), and over HTTP/1.1 1.01-1.11x (10 rounds) for less server CPU per request.
 #: granian was the default while native handed h2c to hypercorn (0.56x granian's at 64 x 1).
-#: README "HTTP service" has the tables.
+#: docs/benchmarks/index.md has the tables.
 DEFAULT_HTTP_STACK = "native"
 #: How often the server looks for a fenced client to replace (the check reads one attribute).
 REJOIN_CHECK_S = 0.2

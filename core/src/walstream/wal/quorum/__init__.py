@@ -1,4 +1,4 @@
-"""A write-ahead log replicated over N replicas with quorum writes (DESIGN §9).
+"""A write-ahead log replicated over N replicas with quorum writes (docs/architecture/wal-plugins.md).
 
 This package holds everything about quorums that does not depend on the medium, so every quorum
 WAL (local-disk chunk servers, zonal object-store buckets, ...) shares one protocol. A medium
