@@ -13,7 +13,9 @@ A benchmark's own table goes to ``bench/results/<name>.log``, its JSON stays whe
 (``bench/results/<name>.json``); ``bench/results/run_all.json`` lists every run: status
 (``ok``, ``failed``, ``timeout``, ``skipped`` when a module or tool it needs is not installed),
 seconds, exit code, and the benchmark's JSON when it wrote one. Exits 1 if any benchmark failed
-or timed out.
+or timed out. It also writes the two tables, with the date, the machine and its load, as a page of
+the documentation site: ``docs/benchmarks/results/YYYY-MM-DD-<name>.md`` (``make-bench-quick``,
+``make-bench-full``, or the names run; ``--no-results-page`` skips it).
 
 After the runs it prints the targets table (``bench/_targets.py``): every target of the
 project's paths with the figure reached, the device's, peer's or rig's figure measured in the
@@ -38,10 +40,12 @@ from pathlib import Path
 from typing import Any
 
 import _profile
+import _report
 import _targets
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
+RESULTS_PAGES = BENCH.parent / "docs" / "benchmarks" / "results"
 ENGINE = "engine"
 _MISSING = re.compile(
     r"(?:ModuleNotFoundError: No module named '([^']+)'|"
@@ -178,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         "top lists in bench/results/<name>.profile.txt",
     )
     parser.add_argument(
+        "--no-results-page",
+        action="store_true",
+        help="do not write the dated results page under docs/benchmarks/results/",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=None,
@@ -225,7 +234,40 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS / "run_all.json"
     out.write_text(json.dumps(document, indent=2) + "\n")
     print(f"\nwrote {out.relative_to(BENCH.parent)}; each benchmark's output: bench/results/*.log")
+    if not args.no_results_page:
+        page = write_results_page(
+            table, _targets.render(targets), full=args.full, names=args.names, argv=argv
+        )
+        print(f"wrote {page.relative_to(BENCH.parent)}")
     return 1 if any(run.status in ("failed", "timeout") for run in runs) else 0
+
+
+def write_results_page(
+    table: str, targets: str, *, full: bool, names: list[str], argv: list[str] | None
+) -> Path:
+    """The dated results page of this run in ``docs/benchmarks/results/`` (a new file each run:
+    ``-2``, ``-3`` … on the same day); its path."""
+    day = time.strftime("%Y-%m-%d")
+    name = "-".join(names) if names else f"make-bench-{'full' if full else 'quick'}"
+    RESULTS_PAGES.mkdir(parents=True, exist_ok=True)
+    page = RESULTS_PAGES / f"{day}-{name}.md"
+    count = 1
+    while page.exists():
+        count += 1
+        page = RESULTS_PAGES / f"{day}-{name}-{count}.md"
+    load = " ".join(f"{value:.2f}" for value in os.getloadavg())
+    arguments = " ".join(sys.argv[1:] if argv is None else argv)
+    system = _report.machine()
+    page.write_text(
+        f"# {day}: {name}\n\n"
+        f"`python bench/run_all.py {arguments}`".replace("run_all.py `", "run_all.py`")
+        + f" on Python {system['python']}, {system['platform']}, {os.cpu_count()} cores; "
+        f"load average after the runs {load}. Written by `bench/run_all.py`; the method is on "
+        "[the benchmarks page](../index.md).\n\n"
+        f"## Targets\n\n```text\n{targets}\n```\n\n"
+        f"## Runs\n\n```text\n{table}\n```\n"
+    )
+    return page
 
 
 if __name__ == "__main__":
