@@ -126,7 +126,9 @@ class S3Gate(ChildServer):
         self.upstream_port = upstream_port
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", __name__, "gate", str(self.port), str(self.upstream_port)]
+        # The module by name: run as `python -m …` this module is __main__, which -m cannot run.
+        module = "walstream_metadata_postgres.testing.cluster"
+        return [sys.executable, "-m", module, "gate", str(self.port), str(self.upstream_port)]
 
 
 @dataclasses.dataclass
