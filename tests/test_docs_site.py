@@ -94,6 +94,12 @@ def test_the_configuration_reference_has_every_key_of_every_section_and_backend(
     for section, options in {**ENGINE_SECTIONS, "cluster": CLUSTER_OPTIONS}.items():
         for option in options:
             assert f"| `{option.name}` |" in page.split(f"### `{section}`", 1)[1], option.name
+    from walstream.config.listeners import listener_section_names, load_listener
+
+    for name in listener_section_names():
+        section = page.split(f"### `{name}`", 1)[1].split("\n### ", 1)[0]
+        for option in load_listener(name).options:
+            assert f"| `{option.name}` |" in section, f"{name}.{option.name}"
     backends = installed_backends()
     assert {"ebs", "s3", "s3express", "nvme-quorum", "postgres", "sqlite", "local"} <= {
         backend.name for backend in backends
@@ -188,6 +194,6 @@ def test_a_top_level_key_the_generator_cannot_describe_fails_the_build(
 ) -> None:
     from walstream_plugins import deployment
 
-    monkeypatch.setattr(deployment, "TOP_LEVEL_KEYS", (*deployment.TOP_LEVEL_KEYS, "kafka"))
-    with pytest.raises(RuntimeError, match="'kafka'"):
+    monkeypatch.setattr(deployment, "TOP_LEVEL_KEYS", (*deployment.TOP_LEVEL_KEYS, "mqtt"))
+    with pytest.raises(RuntimeError, match="'mqtt'"):
         reference.configuration_page()

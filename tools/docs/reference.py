@@ -195,6 +195,33 @@ def _section_schemas() -> dict[str, tuple[Any, ...]]:
     return ordered
 
 
+def _listener_names() -> list[str]:
+    from walstream.config.listeners import listener_section_names
+
+    return listener_section_names()
+
+
+def _listener_sections() -> list[str]:
+    """The top-level sections extra listeners own (``kafka:``), each with its options, from the
+    listener the section loads; a documented listener that is not installed fails the build."""
+    from walstream.config.listeners import KNOWN_LISTENERS, listener_section_names, load_listener
+
+    out: list[str] = []
+    for name in listener_section_names():
+        listener = load_listener(name)
+        dist = KNOWN_LISTENERS.get(name, "its distribution")
+        out += [
+            f"### `{name}`",
+            "",
+            f"An extra listener (dist `{dist}`): with this section present, `walstream serve` "
+            f"also runs it. {listener.description.rstrip('.')}.",
+            "",
+            _options_table(listener.options),
+            "",
+        ]
+    return out
+
+
 def installed_backends() -> list[Any]:
     """Every installed backend (the listing of ``walstream plugins``); one that fails to load
     fails the build, because its options could not be documented."""
@@ -228,7 +255,7 @@ def configuration_page() -> str:
         "the key.",
         "",
         "Top-level keys: "
-        + ", ".join(_code(key) for key in schemas)
+        + ", ".join(_code(key) for key in [*schemas, *_listener_names()])
         + ". The sections `wal`, `object_store` and `metadata` are required and name their "
         "backend with `type:`; every other key is optional.",
         "",
@@ -246,6 +273,7 @@ def configuration_page() -> str:
         out += [f"### `{key}`", "", SECTION_INTRO[key], ""]
         if options:
             out += [_options_table(options), ""]
+    out += _listener_sections()
     backends = installed_backends()
     for kind, title in _KIND_TITLES.items():
         out += [f"## {title} (`{kind}:`)", ""]
