@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from walstream.cli import cluster, inspect, node, streams
-from walstream.cli.arguments import common_options
+from walstream.cli.arguments import Parser, chosen_parser, common_options, refuse_unknown
 from walstream.cli.deployments import set_command_name
 from walstream.cli.extensions import add_extra_commands, run_extra_command
 from walstream.cli.output import PROG, ProgressBar, progress_bar
@@ -92,7 +92,7 @@ Short options mean the same in every command: -c config, -v verbose, -f follow,
 
 def build_parser() -> argparse.ArgumentParser:
     common = common_options(suppress_defaults=True)
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG,
         description="walstream: append-only streams, durable in a write-ahead log, stored in "
         "object storage.",
@@ -119,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     extra_command: str | None = getattr(args, "extra_command", None)
     if extra and extra_command is None:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        # The command's own usage, not walstream's: the mistake is in the command's options.
+        refuse_unknown(chosen_parser(parser, args), extra)
     configure_logging(args.verbose)
     set_command_name(
         " ".join(

@@ -4,12 +4,84 @@ and how a command is added."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from typing import Any
+import difflib
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from walstream.cli.runner import DEFAULT_TIMEOUT_S, EXIT_DEADLINE
 
-__all__ = ["add_command", "add_format", "at_least", "common_options"]
+__all__ = [
+    "Parser",
+    "add_command",
+    "add_format",
+    "at_least",
+    "chosen_parser",
+    "common_options",
+    "refuse_unknown",
+]
+
+
+def _suggest(word: str, candidates: Sequence[str]) -> str:
+    """``did you mean 'recover'?`` for the candidates closest to ``word`` ('' when none is
+    close)."""
+    close = difflib.get_close_matches(word, list(candidates), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return "did you mean " + " or ".join(repr(match) for match in close) + "?"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that suggests: a mistyped command or choice names the closest ones ("did you
+    mean"). Its subcommand parsers are Parsers too."""
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        choices = action.choices
+        if choices is None or value in choices:
+            return
+        names = [str(choice) for choice in choices]
+        what = "command" if isinstance(action, argparse._SubParsersAction) else "choice"
+        where = "" if what == "command" else f"{'/'.join(action.option_strings)}: "
+        suggestion = _suggest(str(value), names)
+        raise argparse.ArgumentError(
+            None,
+            f"{where}unknown {what} {value!r}{'; ' + suggestion if suggestion else ''} "
+            f"(choose from {', '.join(names)})",
+        )
+
+
+def chosen_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    """The parser of the (sub)command ``args`` selected: ``walstream streams create`` gives
+    the parser of ``streams create``."""
+    current = parser
+    while True:
+        subparsers = next(
+            (
+                action
+                for action in current._actions
+                if isinstance(action, argparse._SubParsersAction)
+            ),
+            None,
+        )
+        if subparsers is None:
+            return current
+        name = getattr(args, subparsers.dest, None)
+        if name is None or name not in subparsers.choices:
+            return current
+        current = subparsers.choices[name]
+
+
+def refuse_unknown(parser: argparse.ArgumentParser, extra: Sequence[str]) -> NoReturn:
+    """Exit 2 with ``parser``'s own usage for the arguments it does not know, naming the
+    closest option of each mistyped one."""
+    options = [name for name in parser._option_string_actions if name.startswith("--")]
+    hints = []
+    for argument in extra:
+        if argument.startswith("--"):
+            suggestion = _suggest(argument.partition("=")[0], options)
+            if suggestion:
+                hints.append(f"{argument}: {suggestion}")
+    detail = f" ({'; '.join(hints)})" if hints else ""
+    parser.error(f"unrecognized arguments: {' '.join(extra)}{detail}")
 
 
 def at_least(minimum: int) -> Callable[[str], int]:

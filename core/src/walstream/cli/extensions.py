@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from walstream.cli.arguments import Parser
 from walstream.cli.output import PROG
 from walstream.cli.runner import EXIT_USAGE
 from walstream.config.host import entry_points_in
@@ -78,6 +79,13 @@ KNOWN_COMMANDS: dict[str, KnownCommand] = {
         what="the conformance suite",
         help="run the conformance suite (needs walstream-conformance); "
         "'walstream conformance --help' lists its options",
+    ),
+    "local-cluster": KnownCommand(
+        dist="'walstream-metadata-postgres[testing]'",
+        what="the local cluster (PostgreSQL, moto S3 and N nodes on this machine)",
+        help="run a cluster of nodes on this machine to try failover (needs "
+        "walstream-metadata-postgres[testing]); 'walstream local-cluster --help' lists its "
+        "options",
     ),
 }
 
@@ -142,7 +150,7 @@ def run_extra_command(name: str, args: argparse.Namespace, extra: list[str]) -> 
             file=sys.stderr,
         )
         return EXIT_USAGE
-    parser = argparse.ArgumentParser(prog=f"{PROG} {name}", description=command.description)
+    parser = Parser(prog=f"{PROG} {name}", description=command.description)
     command.add_arguments(parser)
     command_args = parser.parse_args(extra)
     if not hasattr(command_args, "config"):

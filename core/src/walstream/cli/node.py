@@ -4,12 +4,14 @@ Each refuses (NodeBusy, exit 2) while another live process runs the node."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from walstream.cli.arguments import add_command, at_least
 from walstream.cli.deployments import holding_node
-from walstream.cli.output import out
+from walstream.cli.output import out, plural
 from walstream.cli.runner import EXIT_ERROR, EXIT_OK, EXIT_USAGE, print_error
 from walstream.errors import ConfigError
 
@@ -49,9 +51,12 @@ async def _recover(args: argparse.Namespace) -> int:
         await client.close()
     assert stats is not None
     out(
-        f"node {client.node_id}: recovered {stats.records} records in {stats.batches} batches "
-        f"from the WAL {wal} ({stats.dropped_batches} batches already committed or stale)"
+        f"node {client.node_id}: recovered {plural(stats.records, 'record')} in "
+        f"{plural(stats.batches, 'batch')} from its {wal_summary(wal)} "
+        f"({plural(stats.dropped_batches, 'batch')} already committed or stale)"
     )
+    for line in wal_details(wal):
+        out(line)
     if not stats.loss_detected:
         out("the WAL showed no damage: nothing was lost")
         if args.accept_loss:
@@ -71,6 +76,42 @@ async def _recover(args: argparse.Namespace) -> int:
         out(f"  stream {gap.stream_id}: [{gap.start_offset}, {gap.end_offset})")
     out("everything else was committed; the WAL was reset and the node stopped")
     return EXIT_OK
+
+
+_WAL_LOCATION_KEYS = ("path", "device", "bucket", "prefix", "log_id", "name", "servers", "zones")
+
+
+def wal_summary(described: Mapping[str, Any]) -> str:
+    """``ebs WAL /data/wal.img``: a WAL's type and where it is, from its ``describe()``."""
+    kind = described.get("type", "unknown")
+    where = [
+        _text(described[key])
+        for key in _WAL_LOCATION_KEYS
+        if described.get(key) not in (None, "", [], {})
+    ]
+    return f"{kind} WAL" + (f" {' '.join(where)}" if where else "")
+
+
+def wal_details(described: Mapping[str, Any]) -> list[str]:
+    """The rest of a WAL's ``describe()`` as indented ``key  value`` lines."""
+    rows = [
+        (key, _text(value))
+        for key, value in described.items()
+        if key != "type" and value not in (None, "", [], {})
+    ]
+    if not rows:
+        return []
+    width = max(len(key) for key, _ in rows)
+    return ["WAL:", *(f"  {key.ljust(width)}  {value}" for key, value in rows)]
+
+
+def _text(value: Any) -> str:
+    """A describe() value as text: scalars as they are, lists and mappings as compact JSON."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 # -- commands: demo / serve / bench --------------------------------------------------------------

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
-from walstream.cli.deployments import backend, command_name, load_deployment
+from walstream.cli.deployments import backend, command_name, live_holder, load_deployment
 from walstream.cli.output import PROG
 from walstream.errors import (
     ConfigError,
@@ -35,6 +35,7 @@ __all__ = [
     "READ_PAGE_RECORDS",
     "NodeUnreachable",
     "open_client",
+    "open_follower",
 ]
 
 READ_PAGE_RECORDS = 1000
@@ -62,7 +63,7 @@ async def open_client(config: str | None, *, writes: bool = True) -> AsyncIterat
     # A node this process runs already (a client opened in the same program) is not live
     # elsewhere: the command opens it in-process, as walstream.open does.
     mine = path is not None and node_lock.held_here(path)
-    holder = None if mine else node_lock.probe(path)
+    holder = None if mine else await live_holder(config, deployment)
     if holder is None and path is not None and not mine:
         try:
             lock = node_lock.NodeLock.acquire(path, deployment.node_id, f"{PROG} {command_name()}")
@@ -81,6 +82,34 @@ async def open_client(config: str | None, *, writes: bool = True) -> AsyncIterat
         return
     async with _LiveNodeClient.open(config, deployment, holder, writes=writes) as client:
         yield client
+
+
+@asynccontextmanager
+async def open_follower(config: str | None) -> AsyncIterator[Any]:
+    """The node of ``config`` for ``tail --follow``, which never takes the node: through its
+    live server when one answers (every acknowledged record, over long polls), else read-only
+    from the metadata and object store (committed records, polled at the upload interval), so
+    that writers in other processes keep running. A deployment whose metadata lives in memory
+    is not shared with any other process: it is opened here, as :func:`open_client` does."""
+    deployment = load_deployment(config)
+    if (deployment.sections.get("metadata") or {}).get("type") == "memory":
+        async with open_client(config, writes=False) as client:
+            yield client
+        return
+    holder = await live_holder(config, deployment)
+    async with _LiveNodeClient.open(
+        config, deployment, holder, writes=False, following=True
+    ) as client:
+        yield client
+
+
+def _upload_interval_s(deployment: Any) -> float:
+    """``upload.max_interval`` of the deployment in seconds (how long an acknowledged record
+    may wait in a running node before it is uploaded and committed)."""
+    from walstream.config.engine import UploadConfig
+
+    value = (deployment.sections.get("upload") or {}).get("max_interval")
+    return float(value) if isinstance(value, (int, float)) else UploadConfig.max_interval_s
 
 
 class NodeUnreachable(WalstreamError):
@@ -270,23 +299,40 @@ class _LiveNodeClient:
     when the process is a reachable server, the tail, the records not yet uploaded, reads by
     timestamp or tail offset, and every write through its HTTP API."""
 
-    def __init__(self, holder: Any, metadata: Any, reader: Any, remote: _RemoteNode | None):
+    def __init__(
+        self,
+        holder: Any,
+        metadata: Any,
+        reader: Any,
+        remote: _RemoteNode | None,
+        poll_interval_s: float = 0.25,
+    ):
         self.holder = holder
         self.metadata = metadata
         self.reader = reader
         self.remote = remote
+        self.poll_interval_s = poll_interval_s
+        """Without a server, how often ``tail`` looks for newly committed records."""
 
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, config: str | None, deployment: Any, holder: Any, *, writes: bool
+        cls,
+        config: str | None,
+        deployment: Any,
+        holder: Any,
+        *,
+        writes: bool,
+        following: bool = False,
     ) -> AsyncIterator[_LiveNodeClient]:
+        """``holder``: the live process that runs the node (None: no process does; only a
+        follower opens the node's data then, read-only)."""
         from walstream.engine import node_lock
         from walstream.engine.object_reader import ObjectReader
 
         remote = None
-        reason = holder.describe()
-        if holder.url:
+        reason = "no `walstream serve` runs this node" if holder is None else holder.describe()
+        if holder is not None and holder.url:
             candidate = _RemoteNode(holder.url, _token(deployment))
             try:
                 await candidate.call("GET", "/health", timeout=10.0)
@@ -301,17 +347,34 @@ class _LiveNodeClient:
                 "retry once its server answers",
                 holder,
             )
-        if remote is None:
+        interval_s = _upload_interval_s(deployment)
+        if remote is None and following:
+            print(
+                f"{PROG}: note: {reason}; following committed records read-only (no node lock "
+                "is taken, writers keep running): a record shows up once the node that "
+                f"acknowledged it uploads it, at most upload.max_interval ({interval_s:g}s) "
+                "after its append while that node runs, and at the latest when it closes",
+                file=sys.stderr,
+            )
+        elif remote is None:
             print(
                 f"{PROG}: warning: {reason}; showing committed records only (records it "
                 "has acknowledged but not yet uploaded are not shown)",
                 file=sys.stderr,
             )
+        sys.stderr.flush()
         async with (
             backend(config, "metadata") as metadata,
             backend(config, "object_store") as objects,
         ):
-            yield cls(holder, metadata, ObjectReader(objects, metadata), remote)
+            yield cls(
+                holder,
+                metadata,
+                ObjectReader(objects, metadata),
+                remote,
+                # Polling the store more often than records can be committed finds nothing.
+                poll_interval_s=min(max(interval_s, 0.05), 1.0),
+            )
 
     async def list_streams(self, prefix: str = "") -> list[Any]:
         result: list[Any] = await self.metadata.list_streams(prefix)
@@ -334,6 +397,8 @@ class _LiveNodeClient:
         if self.remote is None:  # refused in open(); a read-only command never gets here
             from walstream.engine import node_lock
 
+            if self.holder is None:
+                raise InvalidArgument("this read-only view of the node cannot write")
             raise node_lock.NodeBusy(self.holder.describe(), self.holder)
         return self.remote
 
@@ -505,10 +570,22 @@ class _LiveStream:
         await self._client._remote().call("POST", self._path + "/records", {"records": [command]})
 
     async def tail(self, start: int) -> AsyncIterator[SequencedRecord]:
-        """Follow the stream from ``start`` with long polls (needs the server)."""
-        if self._client.remote is None:
-            raise InvalidArgument("following (-f) needs the node's server, which cannot be reached")
+        """Follow the stream from ``start``: with long polls through the server, else by
+        looking for newly committed records every :attr:`_LiveNodeClient.poll_interval_s`."""
         position = start
+        if self._client.remote is None:
+            while True:
+                info = await self._info()
+                if position < info.start_offset:
+                    position = int(info.start_offset)  # trimmed meanwhile: skip what is gone
+                if position < info.committed_end:
+                    result = await self._read_committed(position, None, None, READ_PAGE_RECORDS)
+                    for record in result.records:
+                        yield record
+                        position = record.offset + 1
+                    if result.records:
+                        continue
+                await asyncio.sleep(self._client.poll_interval_s)
         while True:
             result = await self.read(position, wait=LIVE_POLL_WAIT_S)
             for record in result.records:

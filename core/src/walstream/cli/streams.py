@@ -13,7 +13,7 @@ from typing import IO, TYPE_CHECKING, Any
 from walstream.cli.arguments import add_command, add_format, at_least
 from walstream.cli.moves import add_move_command
 from walstream.cli.output import PROG, NoProgress, format_record, out, plural, progress_bar, table
-from walstream.cli.remote import READ_PAGE_RECORDS, open_client
+from walstream.cli.remote import READ_PAGE_RECORDS, open_client, open_follower
 from walstream.cli.runner import EXIT_OK, EXIT_USAGE
 from walstream.errors import OutOfRangeError
 from walstream.records import ReadResult, Record, parse_stream_ref
@@ -226,7 +226,9 @@ async def _print_pages(
 
 
 async def cmd_tail(args: argparse.Namespace) -> int:
-    async with open_client(args.config, writes=False) as client:
+    # Following runs until Ctrl-C: it never takes the node, so writers keep running beside it.
+    opened = open_follower(args.config) if args.follow else open_client(args.config, writes=False)
+    async with opened as client:
         stream = await client.open_stream(_name_or_id(args.stream))
         if args.start is not None:
             position = args.start
@@ -414,14 +416,20 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         common,
         "examples:\n  walstream tail orders            # the last 10 records\n"
         "  walstream tail orders -f         # then follow new records until Ctrl-C\n"
-        "  walstream tail orders -f --start 0",
+        "  walstream tail orders -f --start 0\n\n"
+        "With -f the node is never taken over, so appends from other processes keep working:\n"
+        "while `walstream serve` runs the node, tail follows every acknowledged record through\n"
+        "its HTTP API; otherwise it follows committed records read-only, which show up once\n"
+        "the writing node uploads them (within upload.max_interval, 250ms by default, while it\n"
+        "runs; at the latest when it closes) and says so on stderr.",
     )
     tail.add_argument("stream", help="stream name (or #ID)")
     tail.add_argument(
         "-f",
         "--follow",
         action="store_true",
-        help="keep printing new records as they are appended, until Ctrl-C (exits 0)",
+        help="keep printing new records as they are appended, until Ctrl-C (exits 0); never "
+        "takes the node, so writers keep running",
     )
     tail.add_argument(
         "--start",

@@ -43,7 +43,9 @@ class LiveNode:
     """What the process holding a node lock wrote about itself (fields may be ``None`` when
     it has not written them yet)."""
 
-    path: Path
+    path: Path | None
+    """The lock file; None for a node known live from its lease in a shared metadata store
+    (PostgreSQL), which has no lock file."""
     pid: int | None = None
     node_id: int | None = None
     command: str | None = None
@@ -53,6 +55,9 @@ class LiveNode:
         """``node 1 is served at http://127.0.0.1:7400 (pid 42)`` or, without a URL,
         ``node 1 is in use by pid 42 (walstream append)``."""
         node = f"node {self.node_id}" if self.node_id is not None else "the node"
+        if self.path is None:
+            where = f"at {self.url}" if self.url else "with no node.advertise address"
+            return f"{node} is running {where} (its lease in the metadata store is live)"
         pid = f"pid {self.pid}" if self.pid is not None else "another process"
         if self.url:
             return f"{node} is running at {self.url} ({pid}; lock file {self.path})"
