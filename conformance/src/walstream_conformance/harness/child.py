@@ -17,7 +17,8 @@ Contract:
 - a child that exits before naming its port raises :class:`walstream.errors.BackendUnavailable`
   with the tail of its stderr;
 - the child runs in ``cwd`` (default: this process's working directory); its stderr stays
-  readable after :meth:`stop_and_read_log` for the test to check.
+  readable after :meth:`stop_and_read_log` for the test to check; it goes to a temporary file,
+  or is appended to ``log_path`` when one is given (a log a user reads, kept after the stop).
 """
 
 from __future__ import annotations
@@ -53,12 +54,16 @@ class ChildServer:
     start_timeout_s = 15.0
     stop_timeout_s = 10.0
 
-    def __init__(self, name: str, *, port: int = 0, cwd: Path | None = None) -> None:
+    def __init__(
+        self, name: str, *, port: int = 0, cwd: Path | None = None, log_path: Path | None = None
+    ) -> None:
         self.name = name
         self.port = port
         self.cwd = cwd
+        self.log_path = log_path
         self.process: subprocess.Popen[str] | None = None
         self._log: IO[str] | None = None
+        self._log_start = 0
         self._frozen = False
 
     # -- what a subclass says ---------------------------------------------------------------------
@@ -104,7 +109,12 @@ class ChildServer:
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             self._close_log()
-            self._log = tempfile.TemporaryFile(mode="w+")
+            self._log = (
+                tempfile.TemporaryFile(mode="w+")
+                if self.log_path is None
+                else open(self.log_path, "a+")  # the child's stderr, kept for its user
+            )
+            self._log_start = self._log.tell()
             process = subprocess.Popen(
                 self.command(),
                 stdin=subprocess.PIPE,
@@ -208,6 +218,6 @@ class ChildServer:
     def _read_log(self, tail_chars: int | None = 2000) -> str:
         if self._log is None:
             return ""
-        self._log.seek(0)
+        self._log.seek(self._log_start)
         text = self._log.read()
         return text if tail_chars is None else text[-tail_chars:]

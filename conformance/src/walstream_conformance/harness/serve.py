@@ -51,10 +51,12 @@ class WalstreamServe(ChildServer):
         workdir: Path | None = None,
         environ: Mapping[str, str] | None = None,
         serve_args: Sequence[str] = (),
+        log_path: Path | None = None,
     ) -> None:
         """``workdir`` defaults to the deployment's folder; ``environ`` is added to the
-        child's environment; ``serve_args`` go after ``serve --listen …``."""
-        super().__init__(name, port=port, cwd=workdir or config_path.parent)
+        child's environment; ``serve_args`` go after ``serve --listen …``; ``log_path`` keeps
+        the server's stderr in that file (default: a temporary file)."""
+        super().__init__(name, port=port, cwd=workdir or config_path.parent, log_path=log_path)
         self.config_path = config_path
         self.token = token
         self.environ = dict(environ or {})

@@ -30,8 +30,9 @@ Contract:
 - the ``node.advertise`` and ``cluster:`` keys are written only when the installed walstream has
   node leases (:func:`cluster_features_available`), so the rig runs on an older core too.
 
-Run by hand: ``python -m walstream_metadata_postgres.testing.cluster up 3`` starts a three-node
-cluster, prints one ``NODE <id> <url>`` line per node and serves until standard input closes.
+Run by hand: ``walstream local-cluster up 3`` (:mod:`.local_cluster`) starts a three-node
+cluster in ``./walstream-cluster`` and serves until Ctrl-C; ``walstream local-cluster start 3``
+runs it in the background.
 """
 
 from __future__ import annotations
@@ -47,11 +48,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import yaml
 from walstream.errors import BackendUnavailable
 from walstream_conformance.harness.child import ChildServer, free_port
 from walstream_conformance.harness.serve import WalstreamServe, walstream_command
 from walstream_wal_s3.testing.moto import TEST_CREDENTIALS, MotoServer
 
+from . import gate
 from .server import PostgresServer
 
 __all__ = [
@@ -95,7 +98,9 @@ def cluster_features_available() -> bool:
 class ServeNode(WalstreamServe):
     """One ``walstream serve`` process of the cluster, on a fixed port."""
 
-    def __init__(self, node_id: int, port: int, config_path: Path) -> None:
+    def __init__(
+        self, node_id: int, port: int, config_path: Path, log_path: Path | None = None
+    ) -> None:
         # The AWS credential chain of a node: a node failing over another one opens that node's
         # s3 WAL from the configuration it registered, which carries no secrets.
         super().__init__(
@@ -106,6 +111,7 @@ class ServeNode(WalstreamServe):
                 "AWS_ACCESS_KEY_ID": TEST_CREDENTIALS["access_key_id"],
                 "AWS_SECRET_ACCESS_KEY": TEST_CREDENTIALS["secret_access_key"],
             },
+            log_path=log_path,
         )
         self.node_id = node_id
 
@@ -119,16 +125,15 @@ class ServeNode(WalstreamServe):
 
 
 class S3Gate(ChildServer):
-    """A TCP forwarder from a fixed port to the moto server: the S3 endpoint the nodes use."""
+    """A TCP forwarder from a fixed port to the moto server: the S3 endpoint the nodes use
+    (:mod:`.gate`)."""
 
     def __init__(self, upstream_port: int, port: int) -> None:
         super().__init__("s3 gate", port=port)
         self.upstream_port = upstream_port
 
     def command(self) -> list[str]:
-        # The module by name: run as `python -m …` this module is __main__, which -m cannot run.
-        module = "walstream_metadata_postgres.testing.cluster"
-        return [sys.executable, "-m", module, "gate", str(self.port), str(self.upstream_port)]
+        return [sys.executable, "-m", gate.MODULE, str(self.port), str(self.upstream_port)]
 
 
 @dataclasses.dataclass
@@ -149,6 +154,9 @@ class ClusterSettings:
     """The ``wal`` section of every node, e.g. ``{type: nvme-quorum, servers: [...]}`` (a WAL
     every node can reach, keyed by node id); None: an s3 WAL of its own per node
     (``wal/node-<id>/`` on the cluster's S3)."""
+    node_logs: bool = False
+    """Keep each node's stderr (its log) in ``<folder>/node-<id>.log`` (default: a temporary
+    file, readable through :meth:`Cluster.node_logs`)."""
 
 
 class Cluster:
@@ -232,9 +240,10 @@ class Cluster:
         for node_id in range(1, self.settings.nodes + 1):
             port = free_port()
             path = self.folder / f"node-{node_id}.yaml"
-            # JSON is YAML: the file is exactly what a user would write.
-            path.write_text(json.dumps(self.deployment(node_id, port), indent=2) + "\n")
-            self.nodes[node_id] = ServeNode(node_id, port, path)
+            # The file is exactly what a user would write.
+            path.write_text(yaml.safe_dump(self.deployment(node_id, port), sort_keys=False))
+            log_path = self.folder / f"node-{node_id}.log" if self.settings.node_logs else None
+            self.nodes[node_id] = ServeNode(node_id, port, path, log_path)
         for node_id in self.nodes:
             self.start_node(node_id)
 
@@ -354,57 +363,20 @@ class Cluster:
         return {node_id: node.log_tail() for node_id, node in self.nodes.items()}
 
 
-# -- child processes ------------------------------------------------------------------------------
+def _main(argv: list[str]) -> int:
+    """``python -m walstream_metadata_postgres.testing.cluster up [N]``: the rig's former
+    entry, now ``walstream local-cluster up [N] --until-stdin-closes``."""
+    from .local_cluster import main
 
-
-def _serve_gate(port: int, upstream_port: int) -> None:
-    """Forward TCP connections from 127.0.0.1:``port`` to 127.0.0.1:``upstream_port`` until
-    stdin closes; prints ``PORT n`` once listening."""
-    import asyncio
-
-    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while chunk := await reader.read(1 << 16):
-                writer.write(chunk)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            writer.close()
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
-        except OSError:
-            writer.close()
-            return
-        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
-
-    async def main() -> None:
-        server = await asyncio.start_server(handle, "127.0.0.1", port, reuse_address=True)
-        print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-        server.close()
-
-    asyncio.run(main())
-
-
-def _main(argv: list[str]) -> None:
-    if argv[:1] == ["gate"] and len(argv) == 3:
-        _serve_gate(int(argv[1]), int(argv[2]))
-    elif argv[:1] == ["up"]:
-        count = int(argv[1]) if len(argv) > 1 else 3
-        with Cluster(ClusterSettings(nodes=count)) as cluster:
-            print(f"DSN {cluster.postgres.dsn}", flush=True)
-            print(f"S3 {cluster.s3_endpoint}", flush=True)
-            for node_id, url in cluster.urls.items():
-                print(f"NODE {node_id} {url} {cluster.nodes[node_id].config_path}", flush=True)
-            sys.stdin.read()
-    else:
-        sys.exit(
-            "usage: python -m walstream_metadata_postgres.testing.cluster up [N] | gate PORT UPSTREAM"
+    if argv[:1] != ["up"]:
+        print(
+            "usage: python -m walstream_metadata_postgres.testing.cluster up [N] "
+            "(or: walstream local-cluster --help)",
+            file=sys.stderr,
         )
+        return 2
+    return main([*argv, "--until-stdin-closes"])
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1:])
+    raise SystemExit(_main(sys.argv[1:]))
