@@ -1,7 +1,10 @@
 """``walstream conformance``: run the suite against installed backends, for CI.
 
-Prints each backend's capability table, runs the suites with pytest, prints a pass/fail summary
-(with the reason of every skip) and writes JUnit XML::
+Prints each backend's capability table, runs the suites of the chosen kinds with pytest (progress
+once: dots, or a line per test with ``-v``), ends with the certification summary
+(:mod:`.certification`: what passed and failed, every invariant not checked and what it needs,
+what the backend does not claim) and writes JUnit XML. Exit status: 0 certified, 1 failed,
+2 usage, 3 not certified (:data:`EXIT_NOT_CERTIFIED`)::
 
     walstream conformance --wal ebs [--config wal.yaml] [--object-store local] [--metadata sqlite]
                           [--junit-xml report.xml] [--crash-cycles 50] [--seed 7]
@@ -19,16 +22,31 @@ import argparse
 import asyncio
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .backends import backend_options, isolation_changes, load_factory, read_config_section
+from .certification import EXIT_FAILED, EXIT_NOT_CERTIFIED, EXIT_USAGE, Certification
 from .requirements import SUITE_VERSION, ObjectStoreRequirements, WalRequirements
 
-__all__ = ["COMMAND", "add_arguments", "main", "run"]
+__all__ = ["COMMAND", "EPILOG", "EXIT_NOT_CERTIFIED", "add_arguments", "main", "run"]
+
+EPILOG = """\
+examples:
+  walstream conformance --wal ebs                   # a throwaway instance (provision hook)
+  walstream conformance --wal s3 --config wal-s3.yaml --junit-xml report.xml
+  walstream conformance --wal memory --object-store local --metadata sqlite
+
+Ends with a summary: what passed and failed, every invariant this run could not check and
+what checking it needs (a fixture of the backend's own tests, a smaller instance), and what
+the backend does not claim (capabilities it declares it lacks).
+
+Exit status: 0 certified (with -k: every selected test passed); 1 a test failed;
+2 bad options or a backend that cannot be built; 3 not certified: nothing failed, but an
+invariant that applies to the backend was not checked (the summary names it).
+"""
 
 _KINDS = (
     ("wal", "wal", "WAL"),
@@ -90,35 +108,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class _Summary:
-    """A pytest plugin collecting outcomes for the summary."""
-
-    def __init__(self) -> None:
-        self.outcomes: Counter[str] = Counter()
-        self.failed: list[str] = []
-        self.skipped: Counter[str] = Counter()
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "call" or (report.when == "setup" and not report.passed):
-            if report.skipped:
-                reason = (
-                    report.longrepr[2]
-                    if isinstance(report.longrepr, tuple)
-                    else str(report.longrepr)
-                )
-                reason = reason.removeprefix("Skipped: ")
-                if reason.startswith("needs fixture "):
-                    # Such a fixture is defined in a backend's own tests, not on a command line.
-                    reason += "; only a backend's own test module can provide it"
-                self.skipped[reason] += 1
-                self.outcomes["skipped"] += 1
-            elif report.failed:
-                self.outcomes["failed"] += 1
-                self.failed.append(report.nodeid.rsplit("::", 2)[-1] + f" ({report.when})")
-            elif report.when == "call":
-                self.outcomes["passed"] += 1
-
-
 def _capabilities(kind: Any, name: str, config: Path | None) -> list[tuple[str, str]]:
     factory = load_factory(kind, name)
     rows = [
@@ -155,6 +144,13 @@ def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
         print(f"  {key.ljust(width)}  {value}")
 
 
+_SUITE_CLASSES = {
+    "wal": "TestSelectedWal",
+    "object_store": "TestSelectedObjectStore",
+    "metadata": "TestSelectedMetadata",
+}
+
+
 def run(args: argparse.Namespace) -> int:
     chosen = {kind: getattr(args, attr.replace("-", "_"), None) for kind, attr, _ in _KINDS}
     if not any(chosen.values()):
@@ -162,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             "walstream conformance: choose at least one of --wal, --object-store, --metadata",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE
     verbose = bool(getattr(args, "verbose", False))
     wal_config = getattr(args, "config", None)  # a str when `walstream -c FILE` gave it
     configs = {
@@ -171,12 +167,16 @@ def run(args: argparse.Namespace) -> int:
         "metadata": getattr(args, "metadata_config", None),
     }
     print(f"walstream conformance suite version {SUITE_VERSION}")
-    pytest_args = [
-        str(Path(__file__).with_name("selected.py")),
+    selected = Path(__file__).with_name("selected.py")
+    # Only the suites of the chosen kinds are collected: the others would only skip.
+    pytest_args = [f"{selected}::{_SUITE_CLASSES[kind]}" for kind, name in chosen.items() if name]
+    pytest_args += [
         "-p",
         "no:cacheprovider",
         "-o",
         "asyncio_mode=auto",
+        # Progress dots (-v: a line per test) and failures; the certification summary
+        # replaces pytest's own closing line (only_summary), so the result shows once.
         "-v" if verbose else "-q",
         "--no-header",
         "-rN",
@@ -192,35 +192,34 @@ def run(args: argparse.Namespace) -> int:
             _print_table(f"{label} {name!r}", _capabilities(kind, name, configs[kind]))
         except Exception as exc:
             print(f"walstream conformance: cannot build {label} {name!r}: {exc}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         pytest_args += [f"--walstream-{option}", name]
         if configs[kind] is not None:
             pytest_args += [f"--walstream-{option}-config", str(configs[kind])]
+    not_run = [f"{label} (add --{option} NAME)" for kind, option, label in _KINDS if not chosen[kind]]
     if args.junit_xml is not None:
         pytest_args += ["--junit-xml", str(args.junit_xml)]
     if args.crash_cycles is not None:
         pytest_args += ["--walstream-crash-cycles", str(args.crash_cycles)]
     if args.seed is not None:
         pytest_args += ["--walstream-seed", str(args.seed)]
-    if getattr(args, "keyword", None):
-        pytest_args += ["-k", args.keyword]
+    keyword = getattr(args, "keyword", None)
+    if keyword:
+        pytest_args += ["-k", keyword]
     pytest_args += list(getattr(args, "pytest_arg", []) or [])
-    summary = _Summary()
+    certification = Certification(
+        partial=bool(keyword),
+        suites_not_run=not_run,
+        notes=[] if args.junit_xml is None else [f"JUnit XML written to {args.junit_xml}"],
+        only_summary=True,
+    )
     print()
-    exit_code = int(pytest.main(pytest_args, plugins=[summary]))
-    print("\nSummary")
-    print("-------")
-    for outcome in ("passed", "failed", "skipped"):
-        print(f"  {outcome:8} {summary.outcomes[outcome]}")
-    for test in summary.failed:
-        print(f"  FAILED   {test}")
-    for reason, count in sorted(summary.skipped.items()):
-        print(f"  skipped  {count} x {reason}")
-    if args.junit_xml is not None:
-        print(f"  JUnit XML written to {args.junit_xml}")
-    verdict = "PASS" if exit_code == 0 else "FAIL"
-    print(f"\n{verdict}")
-    return exit_code
+    status = int(pytest.main(pytest_args, plugins=[certification]))
+    if status in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.INTERRUPTED):
+        return EXIT_USAGE if status == pytest.ExitCode.USAGE_ERROR else EXIT_FAILED
+    if status == pytest.ExitCode.INTERNAL_ERROR:
+        return EXIT_FAILED
+    return certification.exit_code
 
 
 class ConformanceCommand:
@@ -230,6 +229,8 @@ class ConformanceCommand:
     description = "Run the shared conformance suite against a backend."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.epilog = EPILOG
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
         add_arguments(parser)
 
     def run(self, args: argparse.Namespace) -> int:
@@ -243,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="walstream conformance",
         description="Run the walstream conformance suite against installed backends.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -23,10 +23,13 @@ from walstream.objects import ObjectStore
 from walstream.wal import WriteAheadLog
 
 from .backends import BackendSpec, backend_options
+from .certification import Certification
 from .requirements import SUITE_VERSION
 from .suites.wal import WalKit
 
 SELECTED_SUITES = Path(__file__).with_name("selected.py")
+CERTIFICATION_PLUGIN = "walstream-certification"
+"""The name a :class:`~.certification.Certification` is registered under (one per run)."""
 DEFAULT_CRASH_CYCLES = 4
 
 
@@ -70,6 +73,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "`walstream conformance` (which passes cli)",
     )
     group.addoption(
+        "--walstream-certify",
+        action="store_true",
+        default=False,
+        help="end with the certification summary: every invariant not checked and what "
+        "checking it needs (walstream conformance prints it always)",
+    )
+    group.addoption(
         "--walstream-epoch-base",
         type=int,
         default=0,
@@ -90,11 +100,19 @@ def pytest_configure(config: pytest.Config) -> None:
     selected = any(
         config.getoption(f"--walstream-{kind}") for kind in ("wal", "object-store", "metadata")
     )
-    if selected:
+    if selected and not any(
+        arg.partition("::")[0] == str(SELECTED_SUITES) for arg in config.args
+    ):
         # Run the whole suite against the chosen backends even when no test path was given.
         invocation = Path(str(config.invocation_params.dir))
         args = [arg for arg in config.args if Path(arg).resolve() != invocation.resolve()]
         config.args[:] = [*args, str(SELECTED_SUITES)]
+    if config.getoption("--walstream-certify") and not config.pluginmanager.has_plugin(
+        CERTIFICATION_PLUGIN
+    ):
+        config.pluginmanager.register(
+            Certification(partial=bool(config.getoption("keyword"))), CERTIFICATION_PLUGIN
+        )
 
 
 _CLI_OPTIONS = {"wal": "--wal", "object-store": "--object-store", "metadata": "--metadata"}

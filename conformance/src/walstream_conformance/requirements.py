@@ -3,6 +3,15 @@
 The suite reads a backend's declared capabilities (``WalCapabilities`` /
 ``ObjectStoreCapabilities``); a test that needs a capability the backend lacks skips with a
 reason naming it, so a run's skip list reads as the backend's feature sheet.
+
+Two kinds of skip, told apart by :func:`skip_kind`:
+
+- **not claimed** (:func:`skip_missing`): the backend declares it lacks the property (a memory
+  WAL does not survive its process). Nothing is promised, nothing is left unchecked.
+- **not checked** (:func:`skip_unchecked`): the invariant applies to the backend, but this run
+  could not test it: the test needs something the run did not provide (a fixture of the
+  backend's own tests, a smaller instance). A run with such a skip certifies nothing about
+  that invariant, and ``walstream conformance`` says "not certified".
 """
 
 from __future__ import annotations
@@ -16,11 +25,16 @@ from walstream.objects import ObjectStoreCapabilities
 from walstream.wal import WalCapabilities
 
 __all__ = [
+    "NOT_CHECKED",
+    "NOT_CLAIMED",
     "SUITE_VERSION",
     "ObjectStoreRequirements",
     "WalRequirements",
     "check_version",
+    "skip_kind",
     "skip_missing",
+    "skip_unchecked",
+    "unchecked_need",
 ]
 
 #: The contract version (``walstream.config.CONTRACT_VERSION``) these tests were written for.
@@ -41,8 +55,36 @@ def check_version(contract_version: int = CONTRACT_VERSION) -> None:
         )
 
 
+NOT_CLAIMED = "not claimed"
+NOT_CHECKED = "not checked"
+_CLAIM_PREFIX = "needs capability "
+_UNCHECKED_PREFIX = "not checked, needs "
+
+
 def skip_missing(capability: str, detail: str) -> NoReturn:
-    pytest.skip(f"needs capability {capability}: {detail}")
+    """Skip: the backend declares it lacks ``capability`` (not claimed, nothing unchecked)."""
+    pytest.skip(f"{_CLAIM_PREFIX}{capability}: {detail}")
+
+
+def skip_unchecked(need: str, detail: str) -> NoReturn:
+    """Skip an invariant that applies to the backend but that this run cannot check: it needs
+    ``need`` (a fixture, a smaller instance…), described by ``detail``."""
+    pytest.skip(f"{_UNCHECKED_PREFIX}{need}: {detail}")
+
+
+def skip_kind(reason: str) -> str | None:
+    """:data:`NOT_CLAIMED`, :data:`NOT_CHECKED` or None (another skip) for a skip reason."""
+    reason = reason.removeprefix("Skipped: ")
+    if reason.startswith(_CLAIM_PREFIX):
+        return NOT_CLAIMED
+    if reason.startswith(_UNCHECKED_PREFIX):
+        return NOT_CHECKED
+    return None
+
+
+def unchecked_need(reason: str) -> str:
+    """What a "not checked" skip needs (its reason after the prefix)."""
+    return reason.removeprefix("Skipped: ").removeprefix(_UNCHECKED_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -62,10 +104,11 @@ class WalRequirements:
         if capacity is None:
             skip_missing("capacity_bytes", "the backend declares an unbounded WAL (None)")
         if capacity > LARGEST_TEST_ALLOCATION_BYTES:
-            skip_missing(
-                "capacity_bytes",
-                f"declared capacity {capacity} bytes is above the {LARGEST_TEST_ALLOCATION_BYTES} "
-                "bytes a test fills; provision a smaller instance to test back-pressure",
+            skip_unchecked(
+                f"an instance of at most {LARGEST_TEST_ALLOCATION_BYTES >> 20} MiB",
+                f"the declared capacity of {capacity} bytes is more than a test fills; "
+                "configure a smaller one (--config with capacity: 32MiB, or a factory fixture "
+                "that makes one) to test back-pressure",
             )
         return capacity
 

@@ -28,7 +28,12 @@ from walstream.errors import CapacityError, FencedError, IdentityMismatch, Walst
 from walstream.wal import WalMode, WalOffset, WalRecord, WriteAheadLog
 
 from ..backends import BackendSpec
-from ..requirements import LARGEST_TEST_ALLOCATION_BYTES, WalRequirements, check_version
+from ..requirements import (
+    LARGEST_TEST_ALLOCATION_BYTES,
+    WalRequirements,
+    check_version,
+    skip_unchecked,
+)
 
 __all__ = ["WalKit", "WalSuite", "append_now", "payload"]
 
@@ -256,9 +261,10 @@ class WalSuite:
         kit = walstream_wal_kit
         maximum = kit.requirements.capabilities.max_record_bytes
         if maximum + 1 > LARGEST_TEST_ALLOCATION_BYTES:
-            pytest.skip(
-                f"needs capability max_record_bytes <= {LARGEST_TEST_ALLOCATION_BYTES}: "
-                f"the declared {maximum} is too large to allocate a record above it"
+            skip_unchecked(
+                f"max_record_bytes below {LARGEST_TEST_ALLOCATION_BYTES >> 20} MiB",
+                f"the declared {maximum} is too large to allocate a record above it; configure "
+                "a smaller max_record_bytes",
             )
         wal = await kit.fresh()
         kept = await wal.append(b"kept")
@@ -496,7 +502,10 @@ class WalSuite:
         refuses further appends (no acknowledged record after a hole)."""
         kit = walstream_wal_kit
         if kit.medium_fault is None:
-            pytest.skip("needs fixture walstream_wal_medium_fault (a way to make the medium fail)")
+            skip_unchecked(
+                "fixture walstream_wal_medium_fault",
+                "a way to make the medium fail and heal, defined in the backend's own tests",
+            )
         wal = await kit.fresh()
         kept = [(await wal.append(payload(13, i, 100)), payload(13, i, 100)) for i in range(5)]
         kit.medium_fault(True)
@@ -532,8 +541,10 @@ class WalSuite:
         kit.requirements.require("survives_process_kill")
         kit.requirements.require("shared_between_processes")
         if kit.spec is None:
-            pytest.skip(
-                "needs fixture walstream_wal_spec (how to build the WAL in a child process)"
+            skip_unchecked(
+                "fixture walstream_wal_spec",
+                "how to build the WAL in a child process (the crash harness SIGKILLs it), "
+                "defined in the backend's own tests",
             )
         report = await asyncio.to_thread(
             run_crash_cycles, kit.spec, cycles=kit.crash_cycles, seed=kit.seed, workdir=tmp_path
@@ -546,8 +557,10 @@ class WalSuite:
         kit = walstream_wal_kit
         kit.requirements.require("survives_power_loss")
         if kit.power_loss is None:
-            pytest.skip(
-                "needs fixture walstream_wal_power_loss (a medium that can lose unsynced writes)"
+            skip_unchecked(
+                "fixture walstream_wal_power_loss",
+                "a medium that can lose every unsynced write, defined in the backend's own "
+                "tests",
             )
         wal = await kit.fresh()
         acked: list[tuple[WalOffset, bytes]] = []

@@ -7,8 +7,10 @@ the same name sees the same data (the way a restart sees a disk). Nothing surviv
 from __future__ import annotations
 
 import bisect
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from walstream.config.factory import BackendFactory, BuildContext
@@ -156,6 +158,12 @@ def _make_memory_wal(options: dict[str, Any], context: BuildContext) -> MemoryWa
     )
 
 
+def _provision(folder: Path) -> contextlib.AbstractContextManager[dict[str, Any]]:
+    """A throwaway volume for the conformance suite: named after the test's scratch folder,
+    and small enough (32 MiB) for the back-pressure test to fill it."""
+    return contextlib.nullcontext({"name": f"provisioned:{folder}", "capacity": "32MiB"})
+
+
 MEMORY_WAL: BackendFactory[MemoryWal] = BackendFactory(
     kind="wal",
     name="memory",
@@ -166,4 +174,5 @@ MEMORY_WAL: BackendFactory[MemoryWal] = BackendFactory(
         Option("max_record_bytes", "size", "largest append", default="16MiB"),
     ),
     create=_make_memory_wal,
+    provision=_provision,
 )
