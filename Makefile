@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 NODE_PROJECT := clients/node
 NODE_STAMP := $(NODE_PROJECT)/node_modules/.installed
 
-.PHONY: install run test test-full lint docs bench clean
+.PHONY: install run test test-full lint docs bench clean dist
 
 install: $(STAMP) $(NODE_STAMP)
 
@@ -65,5 +65,15 @@ test-full: install lint docs
 bench: install
 	$(PY) bench/run_all.py
 
+# Wheels and sdists of every dist into dist/, built with the venv's setuptools (no isolated
+# build environment: nothing downloaded). Install from them outside the checkout with
+# pip install --find-links dist 'walstream[server,s3,postgres]'.
+dist: install
+	rm -rf dist
+	@set -e; for d in $(patsubst %/,%,$(DISTS)); do \
+	  $(PY) -m build --no-isolation --outdir dist $$d > $(VENV)/dist.log 2>&1 || { cat $(VENV)/dist.log; exit 1; }; \
+	  echo "built $$d"; done
+	@ls dist
+
 clean:
-	rm -rf $(VENV) walstream-data build/site
+	rm -rf $(VENV) walstream-data build/site dist
