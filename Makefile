@@ -5,7 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # Every dist of the workspace, core first (the others depend on it).
 DISTS := core plugins $(sort $(filter-out core/ plugins/,$(dir $(wildcard */pyproject.toml))))
-DEBIAN_PACKAGES := libaio1 fio postgresql redis-server nats-server kcat
+# prometheus: for promtool, which checks deploy/prometheus (tests/test_operations.py); its
+# service is not started.
+DEBIAN_PACKAGES := libaio1 fio postgresql redis-server nats-server kcat prometheus
 STAMP := $(VENV)/.installed
 # S2's TypeScript SDK for tests/test_typescript_sdk.py (clients/node, from its package-lock.json).
 NODE_PROJECT := clients/node
