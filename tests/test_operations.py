@@ -75,6 +75,63 @@ def _promtool() -> str:
     return found
 
 
+# -- the operations pages -------------------------------------------------------------------------
+
+
+def test_the_deployments_of_the_operations_pages_load() -> None:
+    """Every ``yaml`` block of docs/operations is a deployment the loader accepts."""
+    from walstream.config.host import find_host
+
+    host = find_host("the operations pages' deployments")
+    blocks = [
+        (page.name, block)
+        for page in sorted((ROOT / "docs" / "operations").glob("*.md"))
+        for block in re.findall(r"^```yaml\n(.*?)^```", page.read_text(), flags=re.S | re.M)
+    ]
+    assert blocks
+    for name, block in blocks:
+        deployment = host.load_deployment(yaml.safe_load(block))
+        assert deployment.node_id >= 1, name
+
+
+def test_the_format_table_of_the_upgrade_notes_is_what_the_code_writes_and_reads() -> None:
+    """docs/operations/upgrades.md names the version each format is written in; a change of a
+    written version in the code fails here until the table (and its upgrade advice) follows."""
+    from walstream.format import object as object_format
+    from walstream.format.batch import BATCH_MAGIC
+    from walstream.metadata.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA
+    from walstream_metadata_postgres import SCHEMA_VERSION as POSTGRES_SCHEMA
+    from walstream_wal_ebs import layout as ebs
+    from walstream_wal_s3 import layout as s3
+
+    rows = {}
+    page = (ROOT / "docs" / "operations" / "upgrades.md").read_text()
+    for line in page.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 5 and cells[2][:1].isdigit():
+            rows[cells[0]] = (cells[2], cells[3])
+
+    def numbers(text: str) -> list[int]:
+        return [int(number) for number in re.findall(r"(?<![x\w])\d+", text)]
+
+    written = {
+        "object": object_format.FORMAT_VERSION,
+        "batch": BATCH_MAGIC & 0x0F,
+        "ebs WAL header": ebs.FORMAT_VERSION,
+        "s3 WAL object": s3.FORMAT_VERSION,
+        "SQLite metadata schema": SQLITE_SCHEMA,
+        "PostgreSQL metadata schema": POSTGRES_SCHEMA,
+    }
+    for name, version in written.items():
+        assert name in rows, f"upgrades.md has no row {name!r}"
+        assert numbers(rows[name][0])[:1] == [version], (name, rows[name], version)
+    assert numbers(rows["object"][1]) == [
+        object_format.LEGACY_FORMAT_VERSION,
+        object_format.FORMAT_VERSION,
+    ]
+    assert numbers(rows["ebs WAL header"][1]) == list(ebs.READABLE_VERSIONS)
+
+
 # -- the metrics reference ----------------------------------------------------------------------
 
 

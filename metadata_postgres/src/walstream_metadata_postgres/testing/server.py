@@ -71,8 +71,19 @@ class PostgresServer:
 
     start_timeout_s = 30.0
 
-    def __init__(self, *, settings: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        settings: dict[str, str] | None = None,
+        superuser: str = _USER,
+        create_database: bool = True,
+    ) -> None:
+        """``superuser``: the role ``initdb`` creates and :attr:`dsn` connects as (another name
+        than ``walstream`` lets a test create the role ``walstream`` itself, as a DBA would);
+        ``create_database``: create the database ``walstream`` at the first start."""
         self.bin = find_postgres_bin()
+        self.superuser = superuser
+        self.create_database = create_database
         self.port = 0
         self.folder: Path | None = None
         self.process: subprocess.Popen[bytes] | None = None
@@ -93,7 +104,7 @@ class PostgresServer:
         """``postgresql://walstream@127.0.0.1:<port>/walstream`` (trust authentication)."""
         if not self.port:
             raise RuntimeError("PostgreSQL test server not started")
-        return f"postgresql://{_USER}@127.0.0.1:{self.port}/walstream"
+        return f"postgresql://{self.superuser}@127.0.0.1:{self.port}/walstream"
 
     @property
     def data_dir(self) -> Path:
@@ -127,7 +138,7 @@ class PostgresServer:
                 "-D",
                 str(self.data_dir),
                 "-U",
-                _USER,
+                self.superuser,
                 "--auth=trust",
                 "--encoding=UTF8",
                 "--locale=C",
@@ -177,7 +188,7 @@ class PostgresServer:
         finally:
             log.close()
         self._wait_ready()
-        if first:
+        if first and self.create_database:
             self._psql("postgres", "CREATE DATABASE walstream")
 
     def _wait_ready(self) -> None:
@@ -211,7 +222,7 @@ class PostgresServer:
                 "-p",
                 str(self.port),
                 "-U",
-                _USER,
+                self.superuser,
                 "-d",
                 database,
                 "-c",
@@ -224,9 +235,10 @@ class PostgresServer:
             raise BackendUnavailable(f"psql {sql!r} failed: {result.stderr.decode().strip()}")
         return result.stdout.decode()
 
-    def sql(self, sql: str) -> str:
-        """Run ``sql`` in the ``walstream`` database with psql; returns its unaligned output."""
-        return self._psql("walstream", sql)
+    def sql(self, sql: str, database: str = "walstream") -> str:
+        """Run ``sql`` in ``database`` (default ``walstream``) with psql as the superuser;
+        returns its unaligned output."""
+        return self._psql(database, sql)
 
     def _family(self) -> list[int]:
         """The postmaster and its children (each backend calls setsid(), so a process-group
