@@ -1,4 +1,5 @@
-# walstream workspace. `make run` and `make test` install what they need first (idempotently).
+# walstream workspace. `make run` and `make test` install what they need first (idempotently):
+# `make run` only what the demo needs (see RUN_DISTS), `make test` everything (`make install`).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -39,8 +40,25 @@ $(NODE_STAMP): $(NODE_PROJECT)/package.json $(NODE_PROJECT)/package-lock.json
 	cd $(NODE_PROJECT) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $@
 
-run: install
+# The demo needs only Debian's libaio1 (the ebs WAL of the embedded default) and three dists:
+# core, the plugin host and the ebs WAL. After `make install` (everything, for the tests) it
+# installs nothing more.
+RUN_STAMP := $(VENV)/.installed-run
+RUN_DISTS := core plugins wal_ebs
+
+run: $(RUN_STAMP)
 	$(VENV)/bin/walstream demo
+
+$(RUN_STAMP): $(foreach d,$(RUN_DISTS),$(d)/pyproject.toml)
+	@if [ -f $(STAMP) ]; then touch $@; exit 0; fi; \
+	echo "make run installs what the demo needs: Debian's libaio1 and walstream ($(RUN_DISTS)) in $(VENV); make install adds the rest (PostgreSQL, Redis, NATS, Prometheus, Node.js and every dist, for the tests)"; \
+	if ! dpkg -s libaio1 >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq libaio1; \
+	fi; \
+	test -x $(PY) || $(PYTHON) -m venv $(VENV); \
+	$(PY) -m pip install -q --upgrade pip && \
+	$(PY) -m pip install -q $(foreach d,$(RUN_DISTS),-e ./$(d)) && touch $@
 
 # ruff on every dist; mypy --strict on core and on every dist's src/; import-linter checks the
 # dependency rules of the root pyproject.toml ([tool.importlinter]).
