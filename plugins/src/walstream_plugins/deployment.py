@@ -352,6 +352,28 @@ def _expand(value: Any, key: str, environ: Mapping[str, str]) -> Any:
     return value
 
 
+def _cluster_section(
+    document: Mapping[str, Any], node: Mapping[str, Any], base_dir: Path
+) -> dict[str, Any] | None:
+    """The validated ``cluster`` section, or None: the node holds no lease.
+
+    Present (even ``cluster: {}``): a lease with these options. ``cluster: false``: no lease.
+    Absent: a lease at the defaults when the node advertises an address (``node.advertise``,
+    what other nodes forward to, so a node of a multi-node deployment), else none. Without a
+    lease a node is never failed over: a multi-node deployment that left the section out would
+    keep a dead node's streams unavailable until that node came back.
+    """
+    if "cluster" not in document:
+        if node.get("advertise") is None:
+            return None
+        log.debug("node.advertise is set and cluster: is absent: the node holds a lease")
+        return _validate_section("cluster", {}, CLUSTER_OPTIONS, base_dir)
+    cluster = document["cluster"]
+    if cluster is False:
+        return None
+    return _validate_section("cluster", cluster, CLUSTER_OPTIONS, base_dir)
+
+
 def _did_you_mean(word: str, accepted: list[str]) -> str:
     close = difflib.get_close_matches(word, accepted, n=1)
     return f" Did you mean {close[0]!r}?" if close else ""
@@ -472,13 +494,7 @@ def _from_mapping(
         else APPEND_TIMEOUT.parse(timeout_raw, "append_timeout", base_dir)
     )
     sections["append_timeout"] = append_timeout_s
-    # cluster: optional; present (even empty) means the node holds a lease, absent means None.
-    cluster = document.get("cluster")
-    sections["cluster"] = (
-        None
-        if "cluster" not in document
-        else _validate_section("cluster", cluster, CLUSTER_OPTIONS, base_dir)
-    )
+    sections["cluster"] = _cluster_section(document, sections["node"], base_dir)
     _check_listen(sections["server"]["listen"])
     _check_disabled_hooks(sections["hooks"]["disable"])
     cache = sections["cache"]

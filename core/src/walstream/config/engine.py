@@ -261,7 +261,8 @@ CLUSTER_OPTIONS = (
         minimum=0.01,
     ),
 )
-"""The options of the optional ``cluster:`` section (present: the node holds a lease)."""
+"""The options of the optional ``cluster:`` section (present: the node holds a lease; absent: a
+lease at these defaults when ``node.advertise`` is set, else none; ``cluster: false``: none)."""
 
 
 def cluster_config_of(section: Mapping[str, Any] | None) -> ClusterConfig | None:
