@@ -141,3 +141,25 @@ def test_installed_wheels_run_the_demo_and_the_conformance_suite(installed: dict
     assert done.returncode == 3, done.stdout[-4000:] + done.stderr[-2000:]
     assert "  failed        0" in done.stdout
     assert "needs fixture walstream_wal_medium_fault" in done.stdout
+
+
+def test_the_spark_wheel_points_spark_workers_at_the_environment_run_without_activation(
+    built: Path, tmp_path: Path
+) -> None:
+    """walstream-spark's wheel ships walstream-spark.pth: a virtual environment's Python run by
+    its path (not on PATH, PYSPARK_PYTHON unset) sets PYSPARK_PYTHON to itself at start, so
+    Spark's workers find format("walstream") instead of DATA_SOURCE_NOT_FOUND; an activated
+    environment or a PYSPARK_PYTHON already set is left alone."""
+    (wheel,) = built.glob("walstream_spark-*.whl")
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", str(venv)], tmp_path)
+    _run([str(venv / "bin" / "pip"), "install", "--quiet", "--no-deps", str(wheel)], tmp_path)
+    python = str(venv / "bin" / "python")
+    probe = [python, "-c", "import os; print(os.environ.get('PYSPARK_PYTHON'))"]
+    base = {"HOME": str(tmp_path), "LANG": "C.UTF-8"}
+    not_activated = _run(probe, tmp_path, {**base, "PATH": "/usr/local/bin:/usr/bin:/bin"})
+    assert not_activated.strip() == python
+    activated = _run(probe, tmp_path, {**base, "PATH": f"{venv / 'bin'}:/usr/bin:/bin"})
+    assert activated.strip() == "None"
+    chosen = _run(probe, tmp_path, {**base, "PATH": "/usr/bin:/bin", "PYSPARK_PYTHON": "/opt/py"})
+    assert chosen.strip() == "/opt/py"

@@ -58,3 +58,53 @@ def test_a_fresh_session_reads_the_format_without_register(deployment: Path) -> 
     assert "ROWS [('clicks', 0, b'one'), ('clicks', 1, b'two'), ('clicks', 2, b'three')]" in (
         done.stdout
     )
+
+
+# Spark's own builder, no local_session (which sets PYSPARK_PYTHON itself).
+PLAIN_BUILDER_READ = textwrap.dedent(
+    """
+    import sys
+    import walstream.blocking
+    import walstream_spark  # noqa: F401  (an installed wheel's walstream-spark.pth does this)
+    from pyspark.sql import SparkSession
+    from walstream import Record
+
+    config = sys.argv[1]
+    with walstream.blocking.open(config) as client:
+        client.create_stream("clicks").append([Record(b"one"), Record(b"two")])
+    spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+    rows = (
+        spark.read.format("walstream").option("config", config).option("streams", "clicks")
+        .load().orderBy("offset").collect()
+    )
+    print("ROWS", [bytes(row.value) for row in rows])
+    spark.stop()
+    """
+)
+
+
+def test_the_environment_s_python_run_without_activation_finds_the_format(
+    deployment: Path,
+) -> None:
+    """The venv's interpreter run by its path, with the venv off PATH and PYSPARK_PYTHON unset:
+    Spark would start its workers with another python3 and answer DATA_SOURCE_NOT_FOUND; the
+    workers run this interpreter instead."""
+    import os
+
+    environment = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV", "PATH")
+    }
+    environment["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    done = subprocess.run(
+        [sys.executable, "-c", PLAIN_BUILDER_READ, str(deployment)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=environment,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert "ROWS [b'one', b'two']" in done.stdout
+    assert "DATA_SOURCE_NOT_FOUND" not in done.stderr

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import walstream_spark_python  # noqa: F401 - Spark's Python workers run this interpreter
+
 from .session import local_session
 from .source import WalstreamDataSource
 
