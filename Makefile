@@ -29,6 +29,8 @@ $(STAMP): pyproject.toml $(wildcard */pyproject.toml) Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]' -e './core[server]' $(foreach d,$(filter-out core,$(DISTS)),-e ./$(d))
+	@# An editable install skips walstream-spark.pth, which spark/setup.py ships in the wheel.
+	@cp spark/src/walstream-spark.pth "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/"
 	@touch $(STAMP)
 
 $(NODE_STAMP): $(NODE_PROJECT)/package.json $(NODE_PROJECT)/package-lock.json
