@@ -8,11 +8,11 @@ touched by the restored one."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 from walstream_conformance.harness.serve import WalstreamServe
+from walstream_conformance.waiting import eventually
 from walstream_metadata_postgres.testing.server import PostgresServer
 from walstream_wal_s3.testing.moto import TEST_CREDENTIALS, MotoServer
 
@@ -128,10 +129,9 @@ def test_a_backup_restores_into_a_fresh_deployment_with_every_record(
                     written[name] += values
             # Compaction has replaced objects (and garbage collection deleted them) before the
             # backup, as it does in a deployment that has run a while.
-            deadline = time.monotonic() + 120
-            while _compactions(server.url) == 0 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert _compactions(server.url) > 0, "no compaction ran"
+            asyncio.run(
+                eventually(lambda: _compactions(server.url) > 0, "a compaction pass", poll_s=0.1)
+            )
         finally:
             server.stop_cleanly()  # the drain: everything acknowledged is committed
 
