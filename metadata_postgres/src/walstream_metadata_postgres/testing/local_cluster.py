@@ -366,8 +366,11 @@ def _print_state(state: dict[str, Any]) -> None:
 
 
 def _start(args: argparse.Namespace, folder: Path) -> int:
-    from walstream_conformance.harness.serve import walstream_command
-
+    try:
+        from walstream_conformance.harness.serve import walstream_command
+    except ImportError as missing:
+        print(f"{PROG}: error: {INSTALL_HINT} ({missing})", file=sys.stderr)
+        return EXIT_USAGE
     folder.mkdir(parents=True, exist_ok=True)
     if _running(folder):
         raise _Refused(
