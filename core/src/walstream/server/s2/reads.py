@@ -7,6 +7,11 @@ bound the batch, ``until`` stops before the first record with a timestamp at or 
 a start past the tail answers 416 with the tail unless ``clamp=true``; reading at the tail
 answers 416 unless ``wait`` (seconds, 0 to 60) lets the read wait for new records. A start
 before the first readable record (trimmed) reads from the first readable record.
+
+As S2 (s2-lite's ``ReadLimit::from_count_and_bytes`` and ``validate_read_until``): ``count=0``
+or ``bytes=0`` is a limit of zero records, so the batch is empty (and carries no tail), after
+the start was checked as for any read; a ``timestamp`` start at or past ``until`` is refused
+with 422 ``invalid`` before the stream is looked up (so it creates no stream either).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ __all__ = [
     "protobuf_answer",
     "read_committed_here",
     "read_once",
+    "reads_nothing",
     "resolve_start",
     "tail_timestamp",
     "wants_base64",
@@ -115,7 +121,18 @@ def parse_read_params(query: dict[str, str]) -> ReadParams:
     )
     if not starts:
         params = ReadParams(None, None, 0, *_rest(params))
+    if (
+        params.timestamp is not None
+        and params.until is not None
+        and params.timestamp >= params.until
+    ):
+        raise S2Error(422, "invalid", "start `timestamp` exceeds or equal to `until`")
     return params
+
+
+def reads_nothing(params: ReadParams) -> bool:
+    """True when the limits admit no record at all (``count=0`` or ``bytes=0``)."""
+    return params.count == 0 or params.bytes == 0
 
 
 def _rest(params: ReadParams) -> tuple[int | None, int | None, int | None, bool, int | None]:

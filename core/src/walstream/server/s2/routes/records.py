@@ -14,6 +14,7 @@ from walstream.server.s2.reads import (
     parse_read_params,
     protobuf_answer,
     read_once,
+    reads_nothing,
     resolve_start,
     tail_timestamp,
     wants_base64,
@@ -68,10 +69,13 @@ async def _read_route(app: S2Context, request: Request, basin: str, name: str) -
     content_type = (request.header("content-type") or "").lower()
     if content_type.startswith(S2S) or "text/event-stream" in accept:
         return await read_session(app, request, basin, name, params, sse=S2S not in content_type)
-    base64_format = wants_base64(request)
+    wants_base64(request)  # a bad s2-format is refused before the stream is looked up
     stream = await app.open_for(basin, name, "create_stream_on_read")
     wait = min(params.wait or 0, app.max_wait_s)
     start, timestamp = await resolve_start(app, stream, params, may_follow=wait > 0)
+    if reads_nothing(params):
+        # S2: a limit of zero records reads an empty batch, without a tail.
+        return await _respond_batch(request, [], None)
     count = min(params.count or MAX_BATCH_RECORDS, MAX_BATCH_RECORDS)
     byte_limit = min(params.bytes or MAX_BATCH_BYTES, MAX_BATCH_BYTES)
     records: list[SequencedRecord]
@@ -84,10 +88,16 @@ async def _read_route(app: S2Context, request: Request, basin: str, name: str) -
             stream, start, timestamp, count, byte_limit, params.until, 0
         )
     position = await batch_tail(app, stream, records, tail)
+    await _respond_batch(request, records, position)
+
+
+async def _respond_batch(
+    request: Request, records: list[SequencedRecord], position: tuple[int, int] | None
+) -> None:
     answer_type = protobuf_answer(request)
     if answer_type is not None:
         return await request.respond(200, encode_read_batch(wire(records), position), answer_type)
-    await request.respond_json(200, json_read_batch(wire(records), position, base64_format))
+    await request.respond_json(200, json_read_batch(wire(records), position, wants_base64(request)))
 
 
 async def check_tail(app: S2Context, request: Request, basin: str, name: str) -> None:

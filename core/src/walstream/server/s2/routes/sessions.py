@@ -4,7 +4,9 @@ text/event-stream``) or S2S (``Content-Type: s2s/proto``), and S2S append sessio
 **Read sessions** send batches from the start position on and follow the tail: a session ends
 when ``count`` or ``bytes`` (totals over the session) are reached, when ``until`` is reached,
 when ``wait`` seconds pass at the tail without a new record (no ``wait``: it follows until the
-client leaves), or when the server shuts down. While waiting at the tail a heartbeat goes out
+client leaves), or when the server shuts down. As S2's (s2-lite's ``ReadEnd::may_follow``), a
+session with a ``count``, ``bytes`` or ``until`` bound and no ``wait`` does not follow: it ends
+at the tail (and a start at the tail answers 416); ``count=0`` or ``bytes=0`` sends no batch. While waiting at the tail a heartbeat goes out
 every :data:`HEARTBEAT_S` seconds: an SSE ``ping`` event, or an empty S2S ``ReadBatch`` carrying
 the tail. SSE batches carry ``id: <next seq_num>,<records so far>,<bytes so far>``; the last
 event is ``done``; an error becomes an ``error`` event (SSE) or a terminal message (S2S).
@@ -32,6 +34,7 @@ from walstream.server.s2.reads import (
     ReadParams,
     batch_tail,
     read_once,
+    reads_nothing,
     resolve_start,
     wants_base64,
     wire,
@@ -84,7 +87,7 @@ async def read_session(
 ) -> None:
     base64_format = wants_base64(request) if sse else False
     stream = await app.open_for(basin, name, "create_stream_on_read")
-    start, timestamp = await resolve_start(app, stream, params, may_follow=True)
+    start, timestamp = await resolve_start(app, stream, params, may_follow=may_follow(params))
     with app.long_poll():
         if sse:
             await request.start(200, b"text/event-stream", [(b"cache-control", b"no-cache")])
@@ -125,8 +128,13 @@ async def _follow(
     stopping: asyncio.Future[Any],
     gone: asyncio.Future[Any],
 ) -> None:
-    remaining_count = params.count or None
-    remaining_bytes = params.bytes or None
+    if reads_nothing(params):
+        if sse:
+            await request.write(b"event: done\ndata: [DONE]\n\n")
+        return
+    follows = may_follow(params)
+    remaining_count = params.count
+    remaining_bytes = params.bytes
     sent_count = sent_bytes = 0
     deadline: float | None = None
     loop = asyncio.get_running_loop()
@@ -138,6 +146,8 @@ async def _follow(
             if deadline is None:
                 deadline = loop.time() + params.wait
             wait = max(0.0, min(wait, deadline - loop.time()))
+        if not follows:
+            wait = 0.0
         reading = asyncio.ensure_future(
             read_once(stream, start, timestamp, count, byte_limit, params.until, wait)
         )
@@ -177,7 +187,7 @@ async def _follow(
                 break
         else:
             start = tail if start is None or start < tail else start
-            if until_reached:
+            if until_reached or not follows:
                 break
             if params.wait is not None and deadline is not None and loop.time() >= deadline:
                 break
@@ -188,8 +198,17 @@ async def _follow(
                 await request.write(encode_frame(encode_read_batch([], position)))
         if until_reached:
             break
+        if not follows and start is not None and start >= tail:
+            break
     if sse:
         await request.write(b"event: done\ndata: [DONE]\n\n")
+
+
+def may_follow(params: ReadParams) -> bool:
+    """Whether a read session waits at the tail for new records (S2's ``may_follow``): when it
+    has no bound (count, bytes, until) or a ``wait`` above 0."""
+    unbounded = params.count is None and params.bytes is None and params.until is None
+    return unbounded or (params.wait or 0) > 0
 
 
 # -- append sessions ----------------------------------------------------------------------------
