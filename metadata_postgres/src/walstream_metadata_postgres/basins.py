@@ -97,6 +97,19 @@ class PostgresBasins:
 
         return await self._read(work)
 
+    async def update_basin_config(self, name: str, config: dict[str, Any]) -> BasinInfo:
+        text = encode_basin_config(config)
+
+        async def work(tables: Tables) -> BasinInfo:
+            row = await tables.db.fetchrow(
+                f"UPDATE basins SET config = $2 WHERE name = $1 RETURNING {_COLUMNS}", name, text
+            )
+            if row is None:
+                raise basin_not_found(name)
+            return basin_of(row)
+
+        return await self._write(work)
+
     async def delete_basin(self, name: str) -> None:
         async def work(tables: Tables) -> None:
             status = await tables.db.execute("DELETE FROM basins WHERE name = $1", name)

@@ -438,7 +438,8 @@ class MetadataSuite:
     # 13 -----------------------------------------------------------------------------------------
     async def test_basins(self, walstream_metadata_kit: MetadataKit) -> None:
         """Created basins are found, listed by name and survive a reopen; a taken or malformed
-        name is refused; a deleted basin is gone and its name can be created again."""
+        name is refused; a deleted basin is gone and its name can be created again; an updated
+        config replaces the old one (only that basin's) and survives a reopen."""
         kit = walstream_metadata_kit
         store = kit.open()
         prefix = f"b{os.getpid() % 10_000:04d}-{next(_unique):03d}"
@@ -486,6 +487,29 @@ class MetadataSuite:
         ]
         again = await reopened.create_basin(f"{prefix}-b")
         assert again.config == {}
+
+        # update_basin_config replaces the config, keeps name and creation time, survives reopen.
+        first = await reopened.get_basin(names[0])
+        kept: list[object] = [1, "x"]
+        changed: dict[str, object] = {"create_stream_on_append": True, "nested": {"k": kept}}
+        updated = await reopened.update_basin_config(names[0], changed)
+        assert (updated.name, updated.config, updated.created_ms) == (
+            first.name,
+            changed,
+            first.created_ms,
+        )
+        kept.append(2)  # the store kept its own copy
+        with pytest.raises(BasinNotFound):
+            await reopened.update_basin_config(f"{prefix}-missing", {})
+        with pytest.raises(InvalidArgument):
+            await reopened.update_basin_config(names[0], {"not": {1, 2}})
+        await reopened.close()
+        reopened = kit.open()
+        assert (await reopened.get_basin(names[0])).config == {
+            "create_stream_on_append": True,
+            "nested": {"k": [1, "x"]},
+        }
+        assert (await reopened.get_basin(f"{prefix}-a")).config == {}
         for name in names:
             await reopened.delete_basin(name)
         assert await reopened.list_basins(prefix) == []

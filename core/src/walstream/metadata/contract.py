@@ -186,7 +186,8 @@ class MetadataStore(ABC):
     13. **basins** — :meth:`create_basin` refuses a taken name (:class:`BasinExists`) and a name
         that breaks the basin-name rule (:class:`InvalidArgument`); :meth:`get_basin`,
         :meth:`list_basins` (by name) and :meth:`delete_basin` see exactly the basins created
-        and not deleted, across reopens.
+        and not deleted, across reopens; :meth:`update_basin_config` replaces a basin's config
+        (keeping its name and creation time) and the new config is what is read back.
     14. **leases** — :meth:`renew_lease` with a stale epoch, or of a node that is not RUNNING,
         raises :class:`FencedError`; :meth:`claim_failover` of a live node, of a node holding
         no lease, or of a FAILING_OVER node whose failover lease still runs, returns None; of two
@@ -409,6 +410,12 @@ class MetadataStore(ABC):
     ) -> list[BasinInfo]:
         """Basins whose name starts with ``prefix`` and sorts after ``start_after``, by name,
         at most ``limit`` (1 to 1000)."""
+
+    @abstractmethod
+    async def update_basin_config(self, name: str, config: dict[str, Any]) -> BasinInfo:
+        """Replace the config of basin ``name`` with ``config`` (invariant 13) and return the
+        basin: :class:`BasinNotFound` if there is none, :class:`InvalidArgument` if ``config`` is
+        not a JSON object. The caller merges partial updates (the S2 API's reconfigure)."""
 
     @abstractmethod
     async def delete_basin(self, name: str) -> None:

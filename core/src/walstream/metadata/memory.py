@@ -467,6 +467,15 @@ class MemoryMetadataStore(MetadataStore):
         names = sorted(n for n in basins if n.startswith(prefix) and n > start_after)
         return [basins[n] for n in names[:limit]]
 
+    async def update_basin_config(self, name: str, config: dict[str, Any]) -> BasinInfo:
+        basins = self._state().basins
+        stored = decode_basin_config(encode_basin_config(config))
+        basin = basins.get(name)
+        if basin is None:
+            raise basin_not_found(name)
+        basins[name] = updated = BasinInfo(name=name, config=stored, created_ms=basin.created_ms)
+        return updated
+
     async def delete_basin(self, name: str) -> None:
         if self._state().basins.pop(name, None) is None:
             raise basin_not_found(name)

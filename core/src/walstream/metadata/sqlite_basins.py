@@ -29,7 +29,7 @@ _COLUMNS = BASIN_COLUMNS
 
 
 class SqliteBasins:
-    """create/get/list/delete basin over the store's transactions."""
+    """create/get/list/update/delete basin over the store's transactions."""
 
     _clock: Clock
 
@@ -85,6 +85,19 @@ class SqliteBasins:
             return found
 
         return await self._read(work)
+
+    async def update_basin_config(self, name: str, config: dict[str, Any]) -> BasinInfo:
+        text = encode_basin_config(config)
+
+        def work(tables: Tables) -> BasinInfo:
+            row = tables.db.execute(
+                f"UPDATE basins SET config = ? WHERE name = ? RETURNING {_COLUMNS}", (text, name)
+            ).fetchone()
+            if row is None:
+                raise basin_not_found(name)
+            return basin_of(row)
+
+        return await self._write(work)
 
     async def delete_basin(self, name: str) -> None:
         def work(tables: Tables) -> None:
