@@ -14,6 +14,7 @@ import os
 from collections.abc import AsyncIterable, AsyncIterator, Iterator
 from typing import Any
 
+import aiohttp
 import pytest
 from walstream_conformance.harness.serve import WalstreamServe
 
@@ -21,7 +22,9 @@ s2_sdk = pytest.importorskip("s2_sdk")
 from s2_sdk import (  # noqa: E402
     S2,
     AppendInput,
+    BasinConfig,
     Endpoints,
+    EnsureStatus,
     ReadLimit,
     ReadUnwrittenError,
     Record,
@@ -119,8 +122,6 @@ async def test_a_read_session_with_a_bound_and_no_wait_ends_at_the_tail(s2: S2) 
 async def test_a_read_from_a_timestamp_at_or_past_until_is_refused(s2: S2) -> None:
     """S2: ``validate_read_until`` answers 422 ``invalid`` before the stream is looked up, so the
     refused read does not create a stream on a ``create_stream_on_read`` basin either."""
-    from s2_sdk import BasinConfig
-
     name = await new_basin(s2, config=BasinConfig(create_stream_on_read=True))
     basin = s2.basin(name)
     await basin.create_stream("s")
@@ -140,3 +141,106 @@ async def test_a_read_from_a_timestamp_at_or_past_until_is_refused(s2: S2) -> No
     with pytest.raises(S2ServerError):
         await basin.stream("never-made").read(start=Timestamp(5), until_timestamp=5)
     assert [s.name for s in (await basin.list_streams()).items] == ["s"]
+
+
+# -- basin reconfiguration and ensure -----------------------------------------------------------
+
+
+@pytest.fixture
+async def http(server: WalstreamServe) -> AsyncIterator[aiohttp.ClientSession]:
+    headers = {"authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(server.url, headers=headers) as session:
+        yield session
+
+
+async def test_a_basin_is_reconfigured_partially_and_the_change_is_kept(s2: S2) -> None:
+    """S2: ``PATCH /v1/basins/{basin}`` changes the fields given and keeps the others."""
+    name = await new_basin(s2, config=BasinConfig(create_stream_on_read=True))
+    changed = await s2.reconfigure_basin(name, config=BasinConfig(create_stream_on_append=True))
+    assert (changed.create_stream_on_append, changed.create_stream_on_read) == (True, True)
+    changed = await s2.reconfigure_basin(name, config=BasinConfig(create_stream_on_read=False))
+    assert (changed.create_stream_on_append, changed.create_stream_on_read) == (True, False)
+    kept = await s2.get_basin_config(name)
+    assert (kept.create_stream_on_append, kept.create_stream_on_read) == (True, False)
+    # The new flag takes effect: an append creates its stream.
+    stream = s2.basin(name).stream("made-by-append")
+    assert (await stream.append(AppendInput(records=[Record(body=b"v")]))).end.seq_num == 1
+
+
+async def test_an_empty_or_invalid_basin_reconfiguration(
+    s2: S2, http: aiohttp.ClientSession
+) -> None:
+    """An empty body or ``{}`` changes nothing (200 with the config); a missing basin is 404
+    ``basin_not_found``; a bad value or an unknown field is 422 ``invalid`` and changes
+    nothing; ``stream_cipher: null`` removes the cipher."""
+    name = await new_basin(s2, config=BasinConfig(create_stream_on_append=True))
+    for body in (None, b"{}"):
+        async with http.patch(f"/v1/basins/{name}", data=body) as answer:
+            assert answer.status == 200
+            assert (await answer.json())["create_stream_on_append"] is True
+    async with http.patch("/v1/basins/no-such-basin-here", json={}) as answer:
+        assert (answer.status, (await answer.json())["code"]) == (404, "basin_not_found")
+    for bad in (
+        {"create_stream_on_append": "yes"},
+        {"stream_cipher": "rot13"},
+        {"surprise": 1},
+        {"default_stream_config": {"storage_class": "premium"}},
+        [],
+    ):
+        async with http.patch(f"/v1/basins/{name}", json=bad) as answer:
+            assert (answer.status, (await answer.json())["code"]) == (422, "invalid"), bad
+    assert (await s2.get_basin_config(name)).create_stream_on_append is True
+    async with http.patch(f"/v1/basins/{name}", json={"stream_cipher": "aes-256-gcm"}) as answer:
+        assert (await answer.json())["stream_cipher"] == "aes-256-gcm"
+    async with http.patch(f"/v1/basins/{name}", json={"stream_cipher": None}) as answer:
+        assert (await answer.json())["stream_cipher"] is None
+        assert (await answer.json())["create_stream_on_append"] is True
+
+
+async def test_ensure_reports_unchanged_only_when_nothing_changed(s2: S2) -> None:
+    """S2: ``ensure`` makes the config the one given: created, then unchanged for the same
+    config, updated for another (and the new config is kept)."""
+    name = f"parity-ensure-{os.getpid() % 10_000}"
+    config = BasinConfig(create_stream_on_append=True)
+    assert (await s2.ensure_basin(name, config=config)).status is EnsureStatus.CREATED
+    assert (await s2.ensure_basin(name, config=config)).status is EnsureStatus.CONFIG_UNCHANGED
+    current = await s2.get_basin_config(name)
+    assert (await s2.ensure_basin(name, config=current)).status is EnsureStatus.CONFIG_UNCHANGED
+    other = BasinConfig(create_stream_on_append=False)
+    assert (await s2.ensure_basin(name, config=other)).status is EnsureStatus.CONFIG_UPDATED
+    assert (await s2.get_basin_config(name)).create_stream_on_append is False
+    assert (await s2.ensure_basin(name, config=other)).status is EnsureStatus.CONFIG_UNCHANGED
+    await s2.delete_basin(name)
+
+
+async def test_a_basin_create_with_a_request_token_is_idempotent(
+    http: aiohttp.ClientSession,
+) -> None:
+    """S2: a create retried with the same ``s2-request-token`` and config answers 201 ``noop``
+    with the basin; another token, or the same token with another config, answers 409."""
+    name = f"parity-token-{os.getpid() % 10_000}"
+    body = {"basin": name, "config": {"create_stream_on_read": True}}
+    first_headers = {"s2-request-token": "retry-1"}
+    async with http.post("/v1/basins", json=body, headers=first_headers) as answer:
+        assert (answer.status, answer.headers["s2-provision-result"]) == (201, "created")
+        created = await answer.json()
+    async with http.post("/v1/basins", json=body, headers=first_headers) as answer:
+        assert (answer.status, answer.headers["s2-provision-result"]) == (201, "noop")
+        assert await answer.json() == created
+    other_config = {"basin": name, "config": {"create_stream_on_read": False}}
+    for headers, document in (
+        ({"s2-request-token": "retry-2"}, body),
+        ({}, body),
+        (first_headers, other_config),
+    ):
+        async with http.post("/v1/basins", json=document, headers=headers) as answer:
+            assert (answer.status, (await answer.json())["code"]) == (
+                409,
+                "resource_already_exists",
+            )
+    async with http.post("/v1/basins", json=body, headers={"s2-request-token": "x" * 37}) as ans:
+        assert (ans.status, (await ans.json())["code"]) == (400, "bad_header")
+    async with http.get(f"/v1/basins/{name}") as answer:
+        assert "creation_token_sha256" not in await answer.json()
+    async with http.delete(f"/v1/basins/{name}") as answer:
+        assert answer.status == 202

@@ -34,6 +34,8 @@ from walstream.records import MAX_STREAM_NAME_LENGTH
 from walstream.server.s2.errors import S2Error
 
 __all__ = [
+    "CIPHERS",
+    "CREATION_TOKEN_KEY",
     "KEY_HEADER",
     "MAX_BATCH_BYTES",
     "MAX_BATCH_RECORDS",
@@ -45,8 +47,10 @@ __all__ = [
     "check_basin_config",
     "check_stream_config",
     "metered_bytes",
+    "reconfigure_basin",
     "rfc3339",
     "s2_stream_name",
+    "same_basin_config",
     "stream_config_json",
     "walstream_stream_name",
 ]
@@ -162,8 +166,17 @@ def check_stream_config(config: Any, what: str = "config") -> None:
             raise S2Error(422, "invalid", f"{what}: unknown field {key!r}")
 
 
+CIPHERS = ("aegis-256", "aes-256-gcm")
+"""S2's names of the stream ciphers (``EncryptionAlgorithm``)."""
+_BASIN_FLAGS = ("create_stream_on_append", "create_stream_on_read")
+CREATION_TOKEN_KEY = "creation_token_sha256"
+"""Where a basin created with ``s2-request-token`` keeps its idempotency key (in its stored
+config; never part of an answer, and refused as a field of a config sent by a client)."""
+
+
 def check_basin_config(config: Any) -> dict[str, Any]:
-    """A basin configuration this server can honour, as stored (422 otherwise)."""
+    """A basin configuration this server can honour, as stored (422 otherwise). Fields left
+    out, or null, take S2's defaults (not stored)."""
     if config is None:
         return {}
     if not isinstance(config, dict):
@@ -171,18 +184,62 @@ def check_basin_config(config: Any) -> dict[str, Any]:
     stored: dict[str, Any] = {}
     for key, value in config.items():
         if value is None:
+            if key not in (*_BASIN_FLAGS, "default_stream_config", "stream_cipher"):
+                raise S2Error(422, "invalid", f"config: unknown field {key!r}")
             continue
-        if key in ("create_stream_on_append", "create_stream_on_read"):
-            if not isinstance(value, bool):
-                raise S2Error(422, "invalid", f"config.{key}: expected true or false")
-            stored[key] = value
+        if key in _BASIN_FLAGS:
+            stored[key] = _flag(value, f"config.{key}")
         elif key == "default_stream_config":
             check_stream_config(value, "config.default_stream_config")
         elif key == "stream_cipher":
-            raise _unsupported("config.stream_cipher", value)
+            stored[key] = _cipher(value, "config.stream_cipher")
         else:
             raise S2Error(422, "invalid", f"config: unknown field {key!r}")
     return stored
+
+
+def reconfigure_basin(stored: dict[str, Any], changes: Any) -> dict[str, Any]:
+    """The config ``stored`` with the ``BasinReconfiguration`` ``changes`` applied (S2's
+    ``BasinConfig::reconfigure``): a field left out keeps its value; ``stream_cipher: null``
+    removes the cipher; ``default_stream_config: null`` resets the defaults. S2's spec allows
+    null for ``create_stream_on_append``/``_read`` too (s2-lite refuses it): null leaves the
+    flag as it is. Unknown fields and invalid values are refused with 422 before anything
+    changes."""
+    if not isinstance(changes, dict):
+        raise S2Error(422, "invalid", "expected a BasinReconfiguration object")
+    updated = dict(stored)
+    for key, value in changes.items():
+        if key in _BASIN_FLAGS:
+            if value is not None:
+                updated[key] = _flag(value, key)
+        elif key == "stream_cipher":
+            if value is None:
+                updated.pop(key, None)
+            else:
+                updated[key] = _cipher(value, key)
+        elif key == "default_stream_config":
+            if value is not None:
+                check_stream_config(value, key)
+        else:
+            raise S2Error(422, "invalid", f"unknown field {key!r} of a BasinReconfiguration")
+    return updated
+
+
+def same_basin_config(stored: dict[str, Any], given: dict[str, Any]) -> bool:
+    """True when ``given`` (checked) says what ``stored`` says (an ``ensure`` changes nothing)."""
+    return basin_config_json(stored) == basin_config_json(given)
+
+
+def _flag(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise S2Error(422, "invalid", f"{what}: expected true or false")
+    return value
+
+
+def _cipher(value: Any, what: str) -> str:
+    if value not in CIPHERS:
+        raise S2Error(422, "invalid", f"{what}: one of {', '.join(CIPHERS)} (or null)")
+    return str(value)
 
 
 def basin_config_json(stored: dict[str, Any]) -> dict[str, Any]:
@@ -191,4 +248,5 @@ def basin_config_json(stored: dict[str, Any]) -> dict[str, Any]:
         "create_stream_on_append": bool(stored.get("create_stream_on_append", False)),
         "create_stream_on_read": bool(stored.get("create_stream_on_read", False)),
         "default_stream_config": stream_config_json(),
+        "stream_cipher": stored.get("stream_cipher"),
     }
