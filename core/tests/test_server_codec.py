@@ -32,6 +32,7 @@ from walstream.errors import (
     WalstreamError,
 )
 from walstream.server.s2.app import S2App
+from walstream.server.s2.compression import Coding
 from walstream.server.s2.errors import S2Error, from_walstream
 from walstream.server.s2.wire import (
     FrameReader,
@@ -151,8 +152,16 @@ def test_s2s_frames_round_trip_and_a_terminal_carries_status_and_json() -> None:
     assert terminal[3] == 0x80 and struct.unpack(">H", terminal[4:6])[0] == 412
     with pytest.raises(S2Error, match="terminal"):
         FrameReader(1 << 20).feed(terminal)
-    with pytest.raises(S2Error, match="compressed"):
+    with pytest.raises(S2Error, match="not valid zstd"):
         FrameReader(1 << 20).feed(b"\x00\x00\x02\x20x")
+    # Compressed messages (flag bits 01 zstd, 10 gzip) come out decompressed, bounded.
+    for coding in (Coding.ZSTD, Coding.GZIP):
+        packed = encode_frame(b"q" * 5000, coding)
+        assert packed[3] == coding << 5 and len(packed) < 200
+        assert FrameReader(1 << 20).feed(packed) == [b"q" * 5000]
+        with pytest.raises(S2Error, match="decompresses to over 4096"):
+            FrameReader(4096).feed(packed)
+        assert encode_frame(b"small", coding)[3] == 0  # under 1 KiB: sent as it is
     with pytest.raises(S2Error, match="outside"):
         FrameReader(16).feed(encode_frame(b"y" * 100))
 

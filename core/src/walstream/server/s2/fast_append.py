@@ -53,7 +53,15 @@ _SUFFIX = b"/records"
 _MAX_NAMES = 4096
 #: The request headers the hot path reads; the others are ignored as on the general route.
 _WANTED = frozenset(
-    (b"content-type", b"accept", b"s2-basin", b"s2-format", b"authorization", b"content-length")
+    (
+        b"content-type",
+        b"accept",
+        b"s2-basin",
+        b"s2-format",
+        b"authorization",
+        b"content-length",
+        b"content-encoding",
+    )
 )
 _ACK_JSON = (
     b'{"start":{"seq_num":%d,"timestamp":%d},"end":{"seq_num":%d,"timestamp":%d},'
@@ -111,8 +119,8 @@ class FastAppend:
                     return False  # given twice: the general route decides
                 headers[header_name] = value
         basin_raw = headers.get(b"s2-basin")
-        if basin_raw is None:
-            return False
+        if basin_raw is None or b"content-encoding" in headers:
+            return False  # (a compressed body: the general route decodes it)
         content_type = _media_type(headers.get(b"content-type"))
         if content_type == S2S:
             return False

@@ -11,6 +11,14 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
+from walstream.server.s2.compression import (
+    THRESHOLD_BYTES,
+    Coding,
+    answer_coding,
+    compress,
+    decompress,
+    request_coding,
+)
 from walstream.server.s2.errors import S2Error
 
 __all__ = [
@@ -156,9 +164,12 @@ class Request:
         length = int(declared) if declared is not None and declared.isdigit() else None
         if length is not None and length > self.max_body_bytes:
             raise _too_large(self.max_body_bytes)
-        return await read_body(
+        coding = request_coding(self.headers.get("content-encoding"))
+        data = await read_body(
             self.receive, self.deadlines, self.max_body_bytes, self._set_body_done, length
         )
+        # A compressed body is bounded twice: as sent, and once decompressed.
+        return decompress(data, coding, self.max_body_bytes)
 
     def _set_body_done(self) -> None:
         self.body_done = True
@@ -215,6 +226,11 @@ class Request:
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         extra = headers or []
+        if len(body) >= THRESHOLD_BYTES:
+            coding = answer_coding(self.headers.get("accept-encoding"))
+            if coding is not Coding.NONE:
+                body = compress(body, coding)
+                extra = [*extra, (b"content-encoding", coding.token), (b"vary", b"accept-encoding")]
         await self.start(status, content_type, [*extra, (b"content-length", b"%d" % len(body))])
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
 

@@ -17,6 +17,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from walstream.server.s2.compression import THRESHOLD_BYTES, Coding, compress, decompress
 from walstream.server.s2.errors import S2Error
 
 __all__ = [
@@ -240,15 +241,21 @@ def _decode_record(data: bytes) -> S2Record:
 
 _TERMINAL = 0x80
 _COMPRESSION_MASK = 0x60
+_COMPRESSION_SHIFT = 5
 _MAX_FRAME = 2**24 - 1
 
 
-def encode_frame(body: bytes) -> bytes:
-    """A regular (uncompressed) S2S message."""
+def encode_frame(body: bytes, coding: Coding = Coding.NONE) -> bytes:
+    """A regular S2S message, compressed with ``coding`` when it has at least
+    :data:`~walstream.server.s2.compression.THRESHOLD_BYTES` bytes."""
+    flag = 0
+    if coding is not Coding.NONE and len(body) >= THRESHOLD_BYTES:
+        body = compress(body, coding)
+        flag = coding << _COMPRESSION_SHIFT
     size = len(body) + 1
     if size > _MAX_FRAME:
         raise S2Error(500, "other", "an S2S message would exceed 16 MiB")
-    return struct.pack(">I", size)[1:] + b"\x00" + body
+    return struct.pack(">I", size)[1:] + bytes([flag]) + body
 
 
 def encode_terminal(status: int, error: bytes) -> bytes:
@@ -258,7 +265,8 @@ def encode_terminal(status: int, error: bytes) -> bytes:
 
 
 class FrameReader:
-    """Splits the bytes of an S2S request body into message bodies."""
+    """Splits the bytes of an S2S request body into message bodies (decompressed: at most
+    ``max_message_bytes`` each, as sent and once decompressed)."""
 
     def __init__(self, max_message_bytes: int) -> None:
         self.buffer = bytearray()
@@ -280,16 +288,15 @@ class FrameReader:
             if len(buffer) < 3 + size:
                 break
             flag = buffer[3]
-            if flag & _COMPRESSION_MASK:
-                raise S2Error(
-                    400,
-                    "bad_frame",
-                    "compressed S2S messages are not supported by this server; send them "
-                    "uncompressed (do not advertise zstd or gzip)",
-                )
             if flag & _TERMINAL:
                 raise S2Error(400, "bad_frame", "a client sent a terminal S2S message")
-            messages.append(bytes(buffer[4 : 3 + size]))
+            body = bytes(buffer[4 : 3 + size])
+            code = (flag & _COMPRESSION_MASK) >> _COMPRESSION_SHIFT
+            if code:
+                if code not in (Coding.ZSTD, Coding.GZIP):
+                    raise S2Error(400, "bad_frame", f"unknown S2S compression {code}")
+                body = decompress(body, Coding(code), self.max_message_bytes, "an S2S message")
+            messages.append(body)
             del buffer[: 3 + size]
         return messages
 

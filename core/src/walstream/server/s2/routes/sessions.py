@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from walstream.errors import WalstreamError
 from walstream.server.s2.appends import append_positions
+from walstream.server.s2.compression import Coding, answer_coding
 from walstream.server.s2.errors import S2Error, from_walstream
 from walstream.server.s2.model import MAX_BATCH_BYTES, MAX_BATCH_RECORDS, metered_bytes
 from walstream.server.s2.reads import (
@@ -97,7 +98,17 @@ async def read_session(
         gone = asyncio.ensure_future(request.disconnected())
         try:
             await _follow(
-                app, request, stream, start, timestamp, params, sse, base64_format, stopping, gone
+                app,
+                request,
+                stream,
+                start,
+                timestamp,
+                params,
+                sse,
+                base64_format,
+                stopping,
+                gone,
+                Coding.NONE if sse else answer_coding(request.header("accept-encoding")),
             )
         except Exception as error:  # the answer began: report in-band, then end it
             s2_error = _as_s2(error)
@@ -127,6 +138,7 @@ async def _follow(
     base64_format: bool,
     stopping: asyncio.Future[Any],
     gone: asyncio.Future[Any],
+    coding: Coding,
 ) -> None:
     if reads_nothing(params):
         if sse:
@@ -176,7 +188,8 @@ async def _follow(
                 )
                 await request.write(event)
             else:
-                await request.write(encode_frame(encode_read_batch(wire(records), position)))
+                batch = encode_read_batch(wire(records), position)
+                await request.write(encode_frame(batch, coding))
             if remaining_count is not None:
                 remaining_count -= len(records)
             if remaining_bytes is not None:
@@ -215,6 +228,7 @@ def may_follow(params: ReadParams) -> bool:
 
 
 async def append_session(app: S2Context, request: Request, basin: str, name: str) -> None:
+    coding = answer_coding(request.header("accept-encoding"))
     stream = await app.open_for(basin, name, "create_stream_on_append")
     await request.start(200, _S2S)
     frames = FrameReader(max_message_bytes=min(app.max_body_bytes, (1 << 24) - 1))
@@ -226,7 +240,7 @@ async def append_session(app: S2Context, request: Request, basin: str, name: str
             if appended is None:
                 return
             start, end, tail = await appended
-            await request.write(encode_frame(encode_append_ack(start, end, tail)))
+            await request.write(encode_frame(encode_append_ack(start, end, tail), coding))
 
     sender = asyncio.ensure_future(send_acks())
     stopping = asyncio.ensure_future(app.stopping.wait())
