@@ -7,6 +7,7 @@ near real time, into object storage.
 from __future__ import annotations
 
 from walstream.config.engine import EngineConfig
+from walstream.encryption import Cipher, EncryptionKey
 from walstream.engine.client import Client, Stream
 from walstream.engine.opener import open
 from walstream.errors import (
@@ -16,6 +17,8 @@ from walstream.errors import (
     ConfigError,
     CorruptionError,
     DataLossError,
+    DecryptionFailed,
+    EncryptionKeyRequired,
     FencedError,
     IdentityMismatch,
     InvalidArgument,
@@ -35,10 +38,14 @@ __all__ = [
     "AppendAck",
     "BackendUnavailable",
     "CapacityError",
+    "Cipher",
     "Client",
     "ConfigError",
     "CorruptionError",
     "DataLossError",
+    "DecryptionFailed",
+    "EncryptionKey",
+    "EncryptionKeyRequired",
     "EngineConfig",
     "FencedError",
     "IdentityMismatch",

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from walstream.encryption import EncryptionKey
 from walstream.metadata.contract import StreamInfo
 from walstream.records import AppendAck, ReadResult, Record, SequencedRecord
 
@@ -126,10 +127,15 @@ class SyncStream:
         records: Sequence[Record],
         match_tail: int | None = None,
         fencing_token: str | None = None,
+        *,
+        encryption: EncryptionKey | None = None,
     ) -> AppendAck:
-        """Append one batch atomically; durable in the WAL when this returns."""
+        """Append one batch atomically; durable in the WAL when this returns (``encryption``:
+        seal the records with this key, :mod:`walstream.encryption`)."""
         return self._runner.run(
-            self._stream.append(records, match_tail=match_tail, fencing_token=fencing_token)
+            self._stream.append(
+                records, match_tail=match_tail, fencing_token=fencing_token, encryption=encryption
+            )
         )
 
     def read(
@@ -141,12 +147,14 @@ class SyncStream:
         limit_records: int | None = None,
         limit_bytes: int | None = None,
         wait: float = 0.0,
+        encryption: EncryptionKey | None = None,
     ) -> ReadResult:
         """Read from ``start`` (or ``from_timestamp``, or ``tail_offset`` records before the tail).
 
-        Limits left as ``None`` take the async client's defaults.
+        Limits left as ``None`` take the async client's defaults; ``encryption``: the key of
+        encrypted records.
         """
-        kwargs: dict[str, Any] = {"wait": wait}
+        kwargs: dict[str, Any] = {"wait": wait, "encryption": encryption}
         if start is not None:
             kwargs["start"] = start
         if from_timestamp is not None:
@@ -159,14 +167,16 @@ class SyncStream:
             kwargs["limit_bytes"] = limit_bytes
         return self._runner.run(self._stream.read(**kwargs))
 
-    def tail(self, start: int | None = None) -> TailIterator:
+    def tail(
+        self, start: int | None = None, *, encryption: EncryptionKey | None = None
+    ) -> TailIterator:
         """Iterate records from ``start`` (default: the current tail) on, following new appends
         forever.
 
         Leave the loop with ``break`` (or call :meth:`TailIterator.close`); the underlying async
         iterator is closed on the client's loop.
         """
-        return TailIterator(self._stream.tail(start), self._runner)
+        return TailIterator(self._stream.tail(start, encryption=encryption), self._runner)
 
     def trim(self, new_start: int) -> None:
         """Make offsets before ``new_start`` unreadable."""

@@ -18,6 +18,8 @@ __all__ = [
     "ConfigError",
     "CorruptionError",
     "DataLossError",
+    "DecryptionFailed",
+    "EncryptionKeyRequired",
     "FencedError",
     "IdentityMismatch",
     "InvalidArgument",
@@ -45,6 +47,16 @@ class ConfigError(WalstreamError, ValueError):
 
 class InvalidArgument(WalstreamError, ValueError):
     """An API argument is malformed (empty batch, both ``start`` and ``tail_offset``, ...)."""
+
+
+class EncryptionKeyRequired(InvalidArgument):
+    """An encrypted record was read without a key, or a key is malformed (not base64 of 32
+    bytes, an unknown cipher). Read with the key the records were written with."""
+
+
+class DecryptionFailed(WalstreamError):
+    """A record could not be decrypted with the key given: another key or cipher wrote it, it
+    is not encrypted, or its bytes changed. Nothing was returned; read with the right key."""
 
 
 class FencedError(WalstreamError):

@@ -34,6 +34,7 @@ from walstream.errors import InvalidArgument
 
 __all__ = [
     "DEPLOYMENT_ID_BYTES",
+    "ENCRYPTED_HEADER",
     "MAX_FENCING_TOKEN_BYTES",
     "MAX_FIELD_BYTES",
     "MAX_HEADER_COUNT",
@@ -62,6 +63,9 @@ MAX_I64 = 2**63 - 1
 MIN_I64 = -(2**63)
 #: Longest stream name, in characters (the rule allows ASCII only, so also in bytes).
 MAX_STREAM_NAME_LENGTH = 255
+#: The header name of encrypted records (:mod:`walstream.encryption`): reserved, a plaintext
+#: record may not begin with it.
+ENCRYPTED_HEADER = "walstream-cipher"
 #: Longest fencing token, in UTF-8 bytes.
 MAX_FENCING_TOKEN_BYTES = 4096
 
@@ -367,6 +371,12 @@ def check_append_input(
         if type(record) is not Record and not isinstance(record, Record):
             raise InvalidArgument(
                 f"append takes walstream.Record objects, got {type(record).__name__}"
+            )
+        headers = record.headers
+        if headers and headers[0][0] == ENCRYPTED_HEADER:
+            raise InvalidArgument(
+                f"header name {ENCRYPTED_HEADER!r} is reserved for encrypted records: rename "
+                "the header, or append with encryption=EncryptionKey(...)"
             )
     if match_tail is not None:
         check_int(match_tail, "match_tail")

@@ -10,12 +10,14 @@ the stream registry (:mod:`walstream.engine.streams`), the write path
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from walstream.clock import Clock, Rng, SystemClock, make_rng
 from walstream.config.engine import EngineConfig
+from walstream.encryption import EncryptionKey, encrypt_record, open_records
 from walstream.engine.append import StreamWriter
 from walstream.engine.cache import LogCache
 from walstream.engine.cluster import ClusterMember
@@ -85,14 +87,21 @@ class Stream:
         records: Iterable[Record],
         match_tail: int | None = None,
         fencing_token: str | None = None,
+        *,
+        encryption: EncryptionKey | None = None,
     ) -> AppendAck:
         """Append ``records`` atomically; durable in the WAL when this returns.
 
         ``match_tail``: append only if the stream's tail equals it (else
         :class:`TailMismatchError` carrying the actual tail). ``fencing_token``: must equal the
         token set with :meth:`set_fencing_token` (else :class:`FencedError`).
+        ``encryption``: seal each record with this key before it reaches the WAL
+        (:mod:`walstream.encryption`; readers need the same key).
         """
         checked = check_append_input(records, match_tail, fencing_token)
+        if encryption is not None:
+            stream_id = self.stream_id
+            checked = [encrypt_record(record, encryption, stream_id) for record in checked]
         return await self._client._writer.append(self._state, checked, match_tail, fencing_token)
 
     async def read(
@@ -104,21 +113,34 @@ class Stream:
         limit_records: int = _DEFAULT_LIMIT_RECORDS,
         limit_bytes: int = _DEFAULT_LIMIT_BYTES,
         wait: float = 0.0,
+        encryption: EncryptionKey | None = None,
     ) -> ReadResult:
         """Records from a position given by exactly one of ``start`` (an offset),
         ``from_timestamp`` (first record with ``timestamp_ms >=`` it) or ``tail_offset`` (that
         many records before the tail). At least one record is returned when any exists; at
-        the tail, waits up to ``wait`` seconds for new records."""
-        return await self._client._reader.read(
+        the tail, waits up to ``wait`` seconds for new records.
+
+        ``encryption``: the key encrypted records were appended with (they are returned
+        decrypted; :class:`DecryptionFailed` for a record it does not open). Without it, an
+        encrypted record raises :class:`EncryptionKeyRequired`. ``limit_bytes`` counts the
+        stored (encrypted) sizes."""
+        result = await self._client._reader.read(
             self._state, start, from_timestamp, tail_offset, limit_records, limit_bytes, wait
         )
+        records = open_records(result.records, encryption, self.stream_id)
+        if records is result.records:
+            return result
+        return dataclasses.replace(result, records=records)
 
-    async def tail(self, start: int | None = None) -> AsyncIterator[SequencedRecord]:
-        """Every record from ``start`` (default: the current tail) on, following new ones."""
+    async def tail(
+        self, start: int | None = None, *, encryption: EncryptionKey | None = None
+    ) -> AsyncIterator[SequencedRecord]:
+        """Every record from ``start`` (default: the current tail) on, following new ones
+        (``encryption``: as :meth:`read`)."""
         check_optional_int(start, "start")
         position = await self.check_tail() if start is None else start
         while True:
-            result = await self.read(start=position, wait=30.0)
+            result = await self.read(start=position, wait=30.0, encryption=encryption)
             for record in result.records:
                 yield record
             if result.records:
