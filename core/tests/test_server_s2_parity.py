@@ -10,6 +10,7 @@ reference; the guide ``docs/guides/http.md`` says where the two differ and which
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import json
 import os
@@ -29,6 +30,7 @@ from s2_sdk import (  # noqa: E402
     AppendInput,
     BasinConfig,
     Compression,
+    Encryption,
     Endpoints,
     EnsureStatus,
     ReadLimit,
@@ -373,3 +375,122 @@ async def test_a_gigabyte_gzip_bomb_gets_413_and_little_memory(
     growth_mib = (_rss_kib(pid, "VmHWM") - before_kib) / 1024
     assert growth_mib < 64, f"peak RSS grew by {growth_mib:.1f} MiB"
     assert (await s2.basin(name).stream("s").check_tail()).seq_num == 0
+
+
+# -- encryption with a client key ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cipher", [Encryption.AEGIS_256, Encryption.AES_256_GCM])
+async def test_an_encrypted_stream_round_trips_with_its_key_unary_and_in_sessions(
+    s2: S2, cipher: Encryption
+) -> None:
+    """S2: a basin's ``stream_cipher`` is the cipher of its streams (``StreamInfo.cipher``);
+    appends and reads with the ``s2-encryption-key`` header round-trip, unary and in
+    sessions; a plaintext stream ignores a key."""
+    basin = s2.basin(await new_basin(s2, config=BasinConfig(stream_cipher=cipher)))
+    info = await basin.create_stream("secret")
+    assert info.cipher == cipher
+    assert [s.cipher for s in (await basin.list_streams()).items] == [cipher]
+    key = os.urandom(32)
+    stream = basin.stream("secret", encryption_key=key)
+    ack = await stream.append(
+        AppendInput(records=[Record(body=b"hello", headers=[(b"h", b"v")]), Record(body=b"")])
+    )
+    assert (ack.start.seq_num, ack.end.seq_num) == (0, 2)
+    async with stream.append_session() as session:
+        ticket = await session.submit(AppendInput(records=[Record(body=b"s2" * 10240)]))
+        assert (await ticket).end.seq_num == 3
+    batch = await stream.read(start=SeqNum(0))
+    assert [(r.body, r.headers) for r in batch.records] == [
+        (b"hello", [(b"h", b"v")]),
+        (b"", []),
+        (b"s2" * 10240, []),
+    ]
+    in_session = [
+        r.body
+        async for b in stream.read_session(start=SeqNum(0), limit=ReadLimit(count=3))
+        for r in b.records
+    ]
+    assert in_session == [b"hello", b"", b"s2" * 10240]
+
+    plain = s2.basin(await new_basin(s2))
+    await plain.create_stream("open")
+    keyed = plain.stream("open", encryption_key=key)
+    await keyed.append(AppendInput(records=[Record(body=b"clear")]))
+    assert [r.body for r in (await plain.stream("open").read(start=SeqNum(0))).records] == [
+        b"clear"
+    ]
+
+
+@pytest.mark.parametrize("cipher", [Encryption.AEGIS_256, Encryption.AES_256_GCM])
+async def test_an_encrypted_stream_refuses_a_missing_malformed_or_wrong_key(
+    s2: S2, http: aiohttp.ClientSession, cipher: Encryption
+) -> None:
+    """S2: no key is 400 ``bad_header`` naming the cipher (append and read); a key that is not
+    base64 of 32 bytes is 400 ``bad_header``; a read with another key is 400
+    ``decryption_failed``, and nothing is appended by a refused append."""
+    name = await new_basin(s2, config=BasinConfig(stream_cipher=cipher))
+    basin = s2.basin(name)
+    await basin.create_stream("secret")
+    bare = basin.stream("secret")
+    with pytest.raises(S2ServerError) as refused:
+        await bare.append(AppendInput(records=[Record(body=b"x")]))
+    assert refused.value.code == "bad_header" and cipher.value in str(refused.value)
+    with pytest.raises(S2ServerError) as refused:
+        await bare.read(start=SeqNum(0))
+    assert refused.value.code == "bad_header" and cipher.value in str(refused.value)
+    writer = basin.stream("secret", encryption_key=os.urandom(32))
+    await writer.append(AppendInput(records=[Record(body=b"secret")]))
+    with pytest.raises(S2ServerError) as wrong:
+        await basin.stream("secret", encryption_key=os.urandom(32)).read(start=SeqNum(0))
+    assert (wrong.value.status_code, wrong.value.code) == (400, "decryption_failed")
+    for bad in ("!!!!", base64.b64encode(b"short").decode(), "A" * 45):
+        async with http.post(
+            "/v1/streams/secret/records",
+            json={"records": [{"body": "x"}]},
+            headers={"s2-basin": name, "s2-encryption-key": bad},
+        ) as answer:
+            assert (answer.status, (await answer.json())["code"]) == (400, "bad_header"), bad
+    assert (await bare.check_tail()).seq_num == 1
+
+
+async def test_the_key_is_stored_nowhere_and_logged_nowhere(tmp_path: Path) -> None:
+    """A server with debug logging, an encrypted stream written and read (and refused with a
+    wrong key): neither the key nor the plaintext is in any file of the deployment (WAL file,
+    object files, metadata) nor in the server's log."""
+    deployment = tmp_path / "deploy.yaml"
+    deployment.write_text(
+        "node: {id: 1}\n"
+        "wal: {type: ebs, path: data/wal.img, capacity: 64MiB}\n"
+        "object_store: {type: local, root: data/objects}\n"
+        "metadata: {type: sqlite, path: data/meta.db}\n"
+        "upload: {max_bytes: 64KiB, max_interval: 50ms}\n"
+    )
+    serve = WalstreamServe(deployment, token=TOKEN, serve_args=["-v"])
+    serve.start()
+    key = os.urandom(32)
+    marker = b"PLAINTEXT-" + os.urandom(8).hex().encode()
+    try:
+        async with S2(TOKEN, endpoints=Endpoints(account=serve.url, basin=serve.url)) as s2:
+            name = await new_basin(s2, config=BasinConfig(stream_cipher=Encryption.AEGIS_256))
+            basin = s2.basin(name)
+            await basin.create_stream("secret")
+            stream = basin.stream("secret", encryption_key=key)
+            for _ in range(50):
+                await stream.append(AppendInput(records=[Record(body=marker * 50)] * 10))
+            assert len((await stream.read(start=SeqNum(0))).records) > 0
+            with pytest.raises(S2ServerError):
+                await basin.stream("secret", encryption_key=os.urandom(32)).read(start=SeqNum(0))
+        _, log = serve.stop_and_read_log()
+    finally:
+        if serve.running:
+            serve.stop()
+    assert "walstream" in log  # the server's log was read
+    encoded = base64.b64encode(key)
+    files = [p for p in (tmp_path / "data").rglob("*") if p.is_file()]
+    assert any("objects" in p.parts for p in files)
+    for path in files:
+        data = path.read_bytes()
+        assert key not in data and encoded not in data, path
+        assert marker not in data, path
+    assert encoded.decode() not in log and key.hex() not in log

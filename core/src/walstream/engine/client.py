@@ -114,6 +114,7 @@ class Stream:
         limit_bytes: int = _DEFAULT_LIMIT_BYTES,
         wait: float = 0.0,
         encryption: EncryptionKey | None = None,
+        stored: bool = False,
     ) -> ReadResult:
         """Records from a position given by exactly one of ``start`` (an offset),
         ``from_timestamp`` (first record with ``timestamp_ms >=`` it) or ``tail_offset`` (that
@@ -123,10 +124,14 @@ class Stream:
         ``encryption``: the key encrypted records were appended with (they are returned
         decrypted; :class:`DecryptionFailed` for a record it does not open). Without it, an
         encrypted record raises :class:`EncryptionKeyRequired`. ``limit_bytes`` counts the
-        stored (encrypted) sizes."""
+        stored (encrypted) sizes. ``stored=True`` returns the records as stored, encrypted ones
+        sealed (their timestamps and offsets are true; the envelopes can be opened elsewhere,
+        ``docs/architecture/encryption.md``)."""
         result = await self._client._reader.read(
             self._state, start, from_timestamp, tail_offset, limit_records, limit_bytes, wait
         )
+        if stored:
+            return result
         records = open_records(result.records, encryption, self.stream_id)
         if records is result.records:
             return result

@@ -11,7 +11,9 @@ batch is durable; appends that arrive meanwhile wait for it, so none checked aga
 token lands after the fence record) and ``trim`` (the body, an 8-byte big-endian sequence number, becomes the
 first readable record once the batch is durable; clamped to the tail). Command records are
 stored like any record. Timestamps: a client timestamp is capped at the arrival time, a missing
-one is the arrival time, and the engine keeps them non-decreasing.
+one is the arrival time, and the engine keeps them non-decreasing. On a stream with a cipher
+every record of the append (command records too) is sealed with the request's key by the
+engine (:mod:`walstream.encryption`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from walstream.server.s2.model import (
 from walstream.server.s2.wire import AppendRequest, position_json
 
 if TYPE_CHECKING:
+    from walstream.encryption import EncryptionKey
     from walstream.engine.client import Stream
     from walstream.server.s2.context import S2Context
 
@@ -123,9 +126,14 @@ def _record(
     return Record(body, key, tuple(pairs), stamped)
 
 
-async def append_once(app: S2Context, stream: Stream, request: AppendRequest) -> dict[str, Any]:
+async def append_once(
+    app: S2Context,
+    stream: Stream,
+    request: AppendRequest,
+    encryption: EncryptionKey | None = None,
+) -> dict[str, Any]:
     """Append one ``AppendInput``; its ``AppendAck`` as JSON."""
-    start, end, tail = await append_positions(app, stream, request)
+    start, end, tail = await append_positions(app, stream, request, encryption)
     return {
         "start": position_json(*start),
         "end": position_json(*end),
@@ -134,7 +142,10 @@ async def append_once(app: S2Context, stream: Stream, request: AppendRequest) ->
 
 
 async def append_positions(
-    app: S2Context, stream: Stream, request: AppendRequest
+    app: S2Context,
+    stream: Stream,
+    request: AppendRequest,
+    encryption: EncryptionKey | None = None,
 ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
     prepared = _prepare(request, app.now_ms())
     wanted = request.fencing_token
@@ -155,7 +166,10 @@ async def append_positions(
             raise _token_mismatch(stream)
         try:
             ack = await stream.append(
-                prepared.records, match_tail=request.match_seq_num, fencing_token=engine_token
+                prepared.records,
+                match_tail=request.match_seq_num,
+                fencing_token=engine_token,
+                encryption=encryption,
             )
         except TailMismatchError as error:
             raise S2Error(412, "", str(error), {"seq_num_mismatch": error.actual_tail}) from None

@@ -127,8 +127,7 @@ def decompress(data: bytes, coding: Coding, limit: int, what: str = "the request
         raise S2Error(
             413,
             "invalid",
-            f"{what} decompresses to over {limit} bytes (server.max_body_bytes); send less "
-            "at once",
+            f"{what} decompresses to over {limit} bytes (server.max_body_bytes); send less at once",
         )
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 

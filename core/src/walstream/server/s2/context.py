@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
+from walstream.encryption import Cipher, EncryptionKey
 from walstream.errors import ConfigError, InvalidArgument, StreamExists, StreamNotFound
 from walstream.metadata.rules import check_basin_name
 from walstream.records import check_text
@@ -217,6 +218,40 @@ class S2Context:
             raise S2Error(400, "bad_header", str(error)) from None
         await self.basin_config(name)
         return name
+
+    async def stream_cipher(self, basin: str, name: str) -> Cipher | None:
+        """The cipher stream ``name`` of ``basin`` is written with (None: plaintext).
+
+        The hook for the stream configuration (the stream-lifecycle issue's store): S2 fixes a
+        stream's cipher when the stream is created (its basin's ``stream_cipher`` then) and
+        checks every request against it. Until the stream configuration is stored, the cipher
+        is the basin's ``stream_cipher`` now, so a basin reconfigured to another cipher changes
+        it for its existing streams too (their records stay readable with their key: each
+        stored record names its cipher). Replace this with the stream config's cipher."""
+        del name  # the stream's own config will answer here
+        value = (await self.basin_config(basin)).get("stream_cipher")
+        return None if value is None else Cipher(value)
+
+    async def encryption_for(self, request: Request, basin: str, name: str) -> EncryptionKey | None:
+        """The key of a request to stream ``name`` (S2's ``EncryptionSpec::resolve``): None for
+        a plaintext stream (a key sent is ignored); for an encrypted one, the
+        ``s2-encryption-key`` header (base64 of 32 bytes), else 400 ``bad_header`` naming the
+        stream's cipher. The key lives for the request only: it is never stored or logged."""
+        cipher = await self.stream_cipher(basin, name)
+        if cipher is None:
+            return None
+        given = request.header("s2-encryption-key")
+        if given is None or not given.strip():
+            raise S2Error(
+                400, "bad_header", f"missing encryption key for stream cipher '{cipher.value}'"
+            )
+        if len(given.strip()) > 44:
+            raise S2Error(
+                400,
+                "bad_header",
+                f"invalid encryption key for stream cipher '{cipher.value}': over 44 characters",
+            )
+        return EncryptionKey.from_base64(cipher, given)
 
     async def open_stream(self, name: str) -> Stream:
         """The stream named ``name`` (StreamNotFound if there is none), without a metadata

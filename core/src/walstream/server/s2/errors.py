@@ -23,6 +23,8 @@ from walstream.errors import (
     ConfigError,
     CorruptionError,
     DataLossError,
+    DecryptionFailed,
+    EncryptionKeyRequired,
     FencedError,
     InvalidArgument,
     OutOfRangeError,
@@ -66,6 +68,10 @@ def from_walstream(error: WalstreamError) -> S2Error:
         return S2Error(404, "basin_not_found", message)
     if isinstance(error, (StreamExists, BasinExists)):
         return S2Error(409, "resource_already_exists", message)
+    if isinstance(error, EncryptionKeyRequired):
+        return S2Error(400, "bad_header", message)
+    if isinstance(error, DecryptionFailed):
+        return S2Error(400, "decryption_failed", message)
     if isinstance(error, (InvalidArgument, ConfigError)):
         return S2Error(422, "invalid", message)
     if isinstance(error, FencedError):

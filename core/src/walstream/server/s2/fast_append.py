@@ -61,6 +61,7 @@ _WANTED = frozenset(
         b"authorization",
         b"content-length",
         b"content-encoding",
+        b"s2-encryption-key",
     )
 )
 _ACK_JSON = (
@@ -147,6 +148,10 @@ class FastAppend:
         basin, name = names
         if basin != ROOT_BASIN and basin not in app.basins:
             return False
+        if b"s2-encryption-key" in headers or (
+            basin != ROOT_BASIN and app.basins[basin].get("stream_cipher")
+        ):
+            return False  # an encrypted stream: the general route resolves its key
         stream_id = app.stream_ids.get(name)
         if stream_id is None:
             return False

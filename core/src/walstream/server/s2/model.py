@@ -19,9 +19,11 @@ that name stores it as the key again, so records cross between the two APIs unch
 **Configurations.** walstream keeps every record until it is trimmed and has one storage class,
 so a stream's configuration is fixed: :func:`stream_config_json`. A create, ensure or
 reconfigure that asks for anything else (age-based retention, ``arrival`` or ``client-require``
-timestamping, ``uncapped`` timestamps, delete-on-empty, encryption) is refused with 422 naming
-the setting. Basin configurations are stored as given after the same check;
-``create_stream_on_append`` and ``create_stream_on_read`` are honoured.
+timestamping, ``uncapped`` timestamps, delete-on-empty) is refused with 422 naming the setting.
+Basin configurations are stored after the same check (:func:`check_basin_config`), reconfigured
+by :func:`reconfigure_basin`; ``create_stream_on_append``, ``create_stream_on_read`` and
+``stream_cipher`` (the cipher of the basin's streams, :mod:`walstream.encryption`) are
+honoured.
 """
 
 from __future__ import annotations
@@ -133,7 +135,7 @@ def _unsupported(setting: str, value: Any) -> S2Error:
         "invalid",
         f"{setting}={value!r} is not supported by walstream: streams keep records until "
         "trimmed, take client timestamps capped at arrival (arrival time when absent), and "
-        "are neither encrypted nor deleted when empty; leave it unset",
+        "are not deleted when empty; leave it unset",
     )
 
 

@@ -40,6 +40,7 @@ from walstream.server.s2.wire import (
 )
 
 if TYPE_CHECKING:
+    from walstream.encryption import EncryptionKey
     from walstream.engine.client import Stream
     from walstream.server.s2.context import S2Context
     from walstream.server.s2.request import Request
@@ -147,7 +148,7 @@ async def tail_timestamp(app: S2Context, stream: Stream, tail: int) -> int:
     timestamp = 0
     if tail > 0:
         try:
-            result = await stream.read(tail - 1, limit_records=1)
+            result = await stream.read(tail - 1, limit_records=1, stored=True)
         except OutOfRangeError:
             result = None
         if result is not None and result.records and result.records[0].offset == tail - 1:
@@ -196,8 +197,10 @@ async def read_once(
     byte_limit: int,
     until: int | None,
     wait: float,
+    encryption: EncryptionKey | None = None,
 ) -> tuple[list[SequencedRecord], int, bool]:
-    """One batch: (records, tail, done) where ``done`` says ``until`` was reached."""
+    """One batch: (records, tail, done) where ``done`` says ``until`` was reached; encrypted
+    records are opened with ``encryption``."""
     try:
         result = await stream.read(
             start,
@@ -205,12 +208,17 @@ async def read_once(
             limit_records=count,
             limit_bytes=byte_limit,
             wait=wait,
+            encryption=encryption,
         )
     except OutOfRangeError as error:
         if start is None or start >= error.start_offset:
             raise
         result = await stream.read(
-            error.start_offset, limit_records=count, limit_bytes=byte_limit, wait=wait
+            error.start_offset,
+            limit_records=count,
+            limit_bytes=byte_limit,
+            wait=wait,
+            encryption=encryption,
         )
     records: list[SequencedRecord] = []
     size = 0
@@ -276,7 +284,14 @@ async def read_committed_here(app: S2Context, request: Request, stream: Stream) 
     byte_limit = min(params.bytes or MAX_BATCH_BYTES, MAX_BATCH_BYTES)
     try:
         records, _, _ = await read_once(
-            stream, params.seq_num, params.timestamp, count, byte_limit, params.until, 0
+            stream,
+            params.seq_num,
+            params.timestamp,
+            count,
+            byte_limit,
+            params.until,
+            0,
+            await app.encryption_for(request, await app.basin_of(request), stream.name or ""),
         )
     except OutOfRangeError:
         return False
@@ -300,12 +315,13 @@ async def long_poll(
     byte_limit: int,
     until: int | None,
     wait: float,
+    encryption: EncryptionKey | None = None,
 ) -> tuple[list[SequencedRecord], int]:
     """A read that waits: it ends when records arrive, at shutdown (answered with what it
     has), or as soon as its client is gone (which frees its place under max_long_polls)."""
     with app.long_poll():
         reading = asyncio.ensure_future(
-            read_once(stream, start, timestamp, count, byte_limit, until, wait)
+            read_once(stream, start, timestamp, count, byte_limit, until, wait, encryption)
         )
         gone = asyncio.ensure_future(request.disconnected())
         try:

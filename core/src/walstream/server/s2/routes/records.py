@@ -54,12 +54,13 @@ async def _append_route(app: S2Context, request: Request, basin: str, name: str)
         return await append_session(app, request, basin, name)
     body = await request.body()
     stream = await app.open_for(basin, name, "create_stream_on_append")
+    encryption = await app.encryption_for(request, basin, name)
     # The body's form follows Content-Type, the answer's form follows Accept (as S2's own server).
     parsed = append_input(body, content_type in PROTOBUF_TYPES, wants_base64(request))
     answer_type = protobuf_answer(request)
     if answer_type is None:
-        return await request.respond_json(200, await append_once(app, stream, parsed))
-    start, end, tail = await append_positions(app, stream, parsed)
+        return await request.respond_json(200, await append_once(app, stream, parsed, encryption))
+    start, end, tail = await append_positions(app, stream, parsed, encryption)
     await request.respond(200, encode_append_ack(start, end, tail), answer_type)
 
 
@@ -71,6 +72,7 @@ async def _read_route(app: S2Context, request: Request, basin: str, name: str) -
         return await read_session(app, request, basin, name, params, sse=S2S not in content_type)
     wants_base64(request)  # a bad s2-format is refused before the stream is looked up
     stream = await app.open_for(basin, name, "create_stream_on_read")
+    encryption = await app.encryption_for(request, basin, name)
     wait = min(params.wait or 0, app.max_wait_s)
     start, timestamp = await resolve_start(app, stream, params, may_follow=wait > 0)
     if reads_nothing(params):
@@ -81,11 +83,20 @@ async def _read_route(app: S2Context, request: Request, basin: str, name: str) -
     records: list[SequencedRecord]
     if wait > 0:
         records, tail = await long_poll(
-            app, request, stream, start, timestamp, count, byte_limit, params.until, wait
+            app,
+            request,
+            stream,
+            start,
+            timestamp,
+            count,
+            byte_limit,
+            params.until,
+            wait,
+            encryption,
         )
     else:
         records, tail, _ = await read_once(
-            stream, start, timestamp, count, byte_limit, params.until, 0
+            stream, start, timestamp, count, byte_limit, params.until, 0, encryption
         )
     position = await batch_tail(app, stream, records, tail)
     await _respond_batch(request, records, position)

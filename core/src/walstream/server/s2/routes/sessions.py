@@ -52,6 +52,7 @@ from walstream.server.s2.wire import (
 )
 
 if TYPE_CHECKING:
+    from walstream.encryption import EncryptionKey
     from walstream.server.s2.context import S2Context
     from walstream.server.s2.request import Request
 
@@ -88,6 +89,7 @@ async def read_session(
 ) -> None:
     base64_format = wants_base64(request) if sse else False
     stream = await app.open_for(basin, name, "create_stream_on_read")
+    encryption = await app.encryption_for(request, basin, name)
     start, timestamp = await resolve_start(app, stream, params, may_follow=may_follow(params))
     with app.long_poll():
         if sse:
@@ -109,6 +111,7 @@ async def read_session(
                 stopping,
                 gone,
                 Coding.NONE if sse else answer_coding(request.header("accept-encoding")),
+                encryption,
             )
         except Exception as error:  # the answer began: report in-band, then end it
             s2_error = _as_s2(error)
@@ -139,6 +142,7 @@ async def _follow(
     stopping: asyncio.Future[Any],
     gone: asyncio.Future[Any],
     coding: Coding,
+    encryption: EncryptionKey | None,
 ) -> None:
     if reads_nothing(params):
         if sse:
@@ -161,7 +165,7 @@ async def _follow(
         if not follows:
             wait = 0.0
         reading = asyncio.ensure_future(
-            read_once(stream, start, timestamp, count, byte_limit, params.until, wait)
+            read_once(stream, start, timestamp, count, byte_limit, params.until, wait, encryption)
         )
         if not await _first(reading, stopping, gone):
             reading.cancel()
@@ -230,6 +234,7 @@ def may_follow(params: ReadParams) -> bool:
 async def append_session(app: S2Context, request: Request, basin: str, name: str) -> None:
     coding = answer_coding(request.header("accept-encoding"))
     stream = await app.open_for(basin, name, "create_stream_on_append")
+    encryption = await app.encryption_for(request, basin, name)
     await request.start(200, _S2S)
     frames = FrameReader(max_message_bytes=min(app.max_body_bytes, (1 << 24) - 1))
     acks: asyncio.Queue[asyncio.Future[Any] | None] = asyncio.Queue(MAX_PIPELINED_INPUTS)
@@ -260,7 +265,7 @@ async def append_session(app: S2Context, request: Request, basin: str, name: str
                 if barrier is not None:
                     await asyncio.wait({barrier})
                     barrier = None
-                appended = asyncio.ensure_future(append_positions(app, stream, parsed))
+                appended = asyncio.ensure_future(append_positions(app, stream, parsed, encryption))
                 appended.add_done_callback(_retrieve)
                 submitted.append(appended)
                 if any(any(not n for n, _ in r.headers) for r in parsed.records):

@@ -108,11 +108,17 @@ async def _list_streams(app: S2Context, request: Request, basin: str) -> None:
         if info.name is not None
     )
     chosen = [item for item in named if item[0] > start_after]
+    cipher = await app.stream_cipher(basin, "")
     await request.respond_json(
         200,
         {
             "streams": [
-                {"name": name, "created_at": rfc3339(created), "deleted_at": None}
+                {
+                    "name": name,
+                    "created_at": rfc3339(created),
+                    "deleted_at": None,
+                    "cipher": None if cipher is None else cipher.value,
+                }
                 for name, created in chosen[:limit]
             ],
             "has_more": len(chosen) > limit,
@@ -123,8 +129,10 @@ async def _list_streams(app: S2Context, request: Request, basin: str) -> None:
 async def _stream_info(app: S2Context, basin: str, name: str) -> dict[str, Any]:
     info = await app.client.metadata.get_stream(name)
     app.stream_ids[name] = info.stream_id
+    cipher = await app.stream_cipher(basin, name)
     return {
         "name": s2_stream_name(basin, name),
         "created_at": rfc3339(info.created_ms),
         "deleted_at": None,
+        "cipher": None if cipher is None else cipher.value,
     }
