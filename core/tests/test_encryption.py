@@ -8,9 +8,13 @@ format (``docs/architecture/encryption.md``) opens what was stored.
 from __future__ import annotations
 
 import base64
+import json
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import walstream
@@ -24,6 +28,7 @@ from walstream import (
 )
 from walstream.encryption import ENCRYPTED_HEADER, associated_data
 from walstream.format.object import decode_block_records, parse_index
+from walstream_conformance.harness.serve import WalstreamServe
 
 MARKER = b"PLAINTEXT-MARKER-4f2a"
 
@@ -198,3 +203,69 @@ def _documented_decrypt(
         headers.append((name, plain[at + 4 : at + 4 + size]))
         at += 4 + size
     return key, headers, plain[at:]
+
+
+# -- the CLI ------------------------------------------------------------------------------------
+
+_DEPLOYMENT = (
+    "node: {id: 1}\n"
+    "wal: {type: ebs, path: data/wal.img, capacity: 64MiB}\n"
+    "object_store: {type: local, root: data/objects}\n"
+    "metadata: {type: sqlite, path: data/meta.db}\n"
+    "upload: {max_bytes: 64KiB, max_interval: 50ms}\n"
+)
+
+
+def _cli(folder: Path, *args: str, env: dict[str, str] | None = None, stdin: str = "") -> Any:
+    walstream_cli = str(Path(sys.executable).with_name("walstream"))
+    environment = {**os.environ, "WALSTREAM_ENCRYPTION_KEY": "", **(env or {})}
+    return subprocess.run(
+        [walstream_cli, "--config", str(folder / "deploy.yaml"), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        env=environment,
+        timeout=120,
+    )
+
+
+def _values(result: Any) -> list[str]:
+    return [json.loads(line)["value"] for line in result.stdout.splitlines()]
+
+
+@pytest.mark.parametrize("through_server", [False, True], ids=["node", "live-server"])
+def test_the_cli_appends_and_reads_an_encrypted_stream_with_its_key_only(
+    tmp_path: Path, through_server: bool
+) -> None:
+    """``--encryption-key CIPHER:BASE64`` (or ``$WALSTREAM_ENCRYPTION_KEY``) on append, read
+    and tail; without it a read fails with EncryptionKeyRequired, with another key
+    with DecryptionFailed, on the node itself and through a running ``walstream serve``."""
+    (tmp_path / "deploy.yaml").write_text(_DEPLOYMENT)
+    key = "aegis-256:" + base64.b64encode(os.urandom(32)).decode()
+    other = "aegis-256:" + base64.b64encode(os.urandom(32)).decode()
+    serve = WalstreamServe(tmp_path / "deploy.yaml") if through_server else None
+    if serve is not None:
+        serve.start()
+    try:
+        assert _cli(tmp_path, "streams", "create", "vault").returncode == 0
+        appended = _cli(tmp_path, "append", "vault", "--encryption-key", key, stdin="one\ntwo\n")
+        assert appended.returncode == 0, appended.stderr
+        read = _cli(
+            tmp_path, "read", "vault", "--format", "json", env={"WALSTREAM_ENCRYPTION_KEY": key}
+        )
+        assert read.returncode == 0, read.stderr
+        assert _values(read) == ["one", "two"]
+        tail = _cli(tmp_path, "tail", "vault", "--format", "json", "--encryption-key", key)
+        assert _values(tail) == ["one", "two"]
+        refused = _cli(tmp_path, "read", "vault")
+        assert refused.returncode != 0 and "encryption key" in refused.stderr, refused.stderr
+        assert "one" not in refused.stdout
+        wrong = _cli(tmp_path, "read", "vault", "--encryption-key", other)
+        assert wrong.returncode != 0 and "decryption failed" in wrong.stderr.lower(), wrong.stderr
+        malformed = _cli(tmp_path, "read", "vault", "--encryption-key", "aegis-256:!!")
+        assert malformed.returncode != 0 and "invalid base64" in malformed.stderr
+    finally:
+        if serve is not None:
+            _, log = serve.stop_and_read_log()
+            assert key.split(":")[1] not in log

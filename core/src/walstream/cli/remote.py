@@ -20,6 +20,7 @@ from typing import Any
 
 from walstream.cli.deployments import backend, command_name, live_holder, load_deployment
 from walstream.cli.output import PROG
+from walstream.encryption import EncryptionKey, open_records
 from walstream.errors import (
     ConfigError,
     InvalidArgument,
@@ -134,11 +135,20 @@ class _RemoteNode:
         body: Any = None,
         query: dict[str, Any] | None = None,
         timeout: float = HTTP_TIMEOUT_S,
+        headers: dict[str, str] | None = None,
     ) -> Any:
-        return await _in_daemon_thread(lambda: self._call(method, path, body, query, timeout))
+        return await _in_daemon_thread(
+            lambda: self._call(method, path, body, query, timeout, headers or {})
+        )
 
     def _call(
-        self, method: str, path: str, body: Any, query: dict[str, Any] | None, timeout: float
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        query: dict[str, Any] | None,
+        timeout: float,
+        extra_headers: dict[str, str],
     ) -> Any:
         import urllib.error
         import urllib.parse
@@ -147,7 +157,12 @@ class _RemoteNode:
         url = self.url + path
         if query:
             url += "?" + urllib.parse.urlencode(query)
-        headers = {"Accept": "application/json", "s2-basin": ROOT_BASIN, "s2-format": "base64"}
+        headers = {
+            "Accept": "application/json",
+            "s2-basin": ROOT_BASIN,
+            "s2-format": "base64",
+            **extra_headers,
+        }
         data = None
         if body is not None:
             data = json.dumps(body).encode()
@@ -420,6 +435,7 @@ class _LiveStream:
         tail_offset: int | None = None,
         limit_records: int = READ_PAGE_RECORDS,
         wait: float = 0,
+        encryption: EncryptionKey | None = None,
     ) -> ReadResult:
         remote = self._client.remote
         if remote is not None and start is not None and not wait:
@@ -431,12 +447,14 @@ class _LiveStream:
                     self.stream_id, start, info.committed_end, limit_records, 1 << 20
                 )
                 if records:
-                    return ReadResult(list(records), await self.check_tail())
+                    opened = open_records(records, encryption, self.stream_id)
+                    return ReadResult(opened, await self.check_tail())
         if remote is not None:
             return await self._read_remote(
-                remote, start, from_timestamp, tail_offset, limit_records, wait
+                remote, start, from_timestamp, tail_offset, limit_records, wait, encryption
             )
-        return await self._read_committed(start, from_timestamp, tail_offset, limit_records)
+        result = await self._read_committed(start, from_timestamp, tail_offset, limit_records)
+        return ReadResult(open_records(result.records, encryption, self.stream_id), result.tail)
 
     async def _read_remote(
         self,
@@ -446,6 +464,7 @@ class _LiveStream:
         tail_offset: int | None,
         limit_records: int,
         wait: float,
+        encryption: EncryptionKey | None,
     ) -> ReadResult:
         self._require_name()
         query: dict[str, Any] = {"count": min(limit_records, READ_PAGE_RECORDS)}
@@ -468,7 +487,11 @@ class _LiveStream:
                 )
         try:
             body = await remote.call(
-                "GET", self._path + "/records", query=query, timeout=HTTP_TIMEOUT_S + wait
+                "GET",
+                self._path + "/records",
+                query=query,
+                timeout=HTTP_TIMEOUT_S + wait,
+                headers=_key_headers(encryption),
             )
         except OutOfRangeError as past:
             if start is None or start == past.tail:
@@ -535,9 +558,11 @@ class _LiveStream:
         # A trim updates the metadata before it is acknowledged: its start is current.
         return int((await self._info()).start_offset)
 
-    async def append(self, records: Sequence[Record]) -> Any:
+    async def append(
+        self, records: Sequence[Record], *, encryption: EncryptionKey | None = None
+    ) -> Any:
         """Appends in batches the S2 API accepts (1000 records, under 1 MiB each): atomic
-        per batch, not across batches."""
+        per batch, not across batches; ``encryption``: the server seals them with the key."""
         self._require_name()
         acks: list[Any] = []
         for batch in _batches(records):
@@ -546,6 +571,7 @@ class _LiveStream:
                     "POST",
                     self._path + "/records",
                     {"records": [_encode_record(record) for record in batch]},
+                    headers=_key_headers(encryption),
                 )
             )
         return argparse.Namespace(
@@ -569,9 +595,12 @@ class _LiveStream:
         }
         await self._client._remote().call("POST", self._path + "/records", {"records": [command]})
 
-    async def tail(self, start: int) -> AsyncIterator[SequencedRecord]:
+    async def tail(
+        self, start: int, *, encryption: EncryptionKey | None = None
+    ) -> AsyncIterator[SequencedRecord]:
         """Follow the stream from ``start``: with long polls through the server, else by
-        looking for newly committed records every :attr:`_LiveNodeClient.poll_interval_s`."""
+        looking for newly committed records every :attr:`_LiveNodeClient.poll_interval_s`
+        (``encryption``: the key of encrypted records)."""
         position = start
         if self._client.remote is None:
             while True:
@@ -580,14 +609,14 @@ class _LiveStream:
                     position = int(info.start_offset)  # trimmed meanwhile: skip what is gone
                 if position < info.committed_end:
                     result = await self._read_committed(position, None, None, READ_PAGE_RECORDS)
-                    for record in result.records:
+                    for record in open_records(result.records, encryption, self.stream_id):
                         yield record
                         position = record.offset + 1
                     if result.records:
                         continue
                 await asyncio.sleep(self._client.poll_interval_s)
         while True:
-            result = await self.read(position, wait=LIVE_POLL_WAIT_S)
+            result = await self.read(position, wait=LIVE_POLL_WAIT_S, encryption=encryption)
             for record in result.records:
                 yield record
                 position = record.offset + 1
@@ -611,6 +640,16 @@ def _batches(records: Sequence[Record]) -> list[list[Record]]:
         batches[-1].append(record)
         size += cost
     return batches
+
+
+def _key_headers(encryption: EncryptionKey | None) -> dict[str, str]:
+    """The headers that carry a key to the server (for this request only)."""
+    if encryption is None:
+        return {}
+    return {
+        "s2-encryption-key": base64.b64encode(encryption.secret).decode("ascii"),
+        "walstream-encryption-cipher": encryption.cipher.value,
+    }
 
 
 def _named(info: Any) -> str:

@@ -15,6 +15,7 @@ from walstream.cli.moves import add_move_command
 from walstream.cli.output import PROG, NoProgress, format_record, out, plural, progress_bar, table
 from walstream.cli.remote import READ_PAGE_RECORDS, open_client, open_follower
 from walstream.cli.runner import EXIT_OK, EXIT_USAGE
+from walstream.encryption import EncryptionKey
 from walstream.errors import OutOfRangeError
 from walstream.records import ReadResult, Record, parse_stream_ref
 
@@ -141,7 +142,7 @@ async def cmd_append(args: argparse.Namespace) -> int:
             stream = await client.open_stream(_name_or_id(args.stream))
             for values in _batches(_lines(source), args.batch):
                 records = [Record(value, key=key, headers=headers) for value in values]
-                ack = await stream.append(records)
+                ack = await stream.append(records, encryption=key_of(args))
                 appended += len(records)
                 batches += 1
                 tail = ack.tail
@@ -176,17 +177,20 @@ def _header(text: str) -> tuple[str, bytes]:
 async def _first_read(stream: Stream, args: argparse.Namespace, page: int) -> ReadResult:
     """The first page of ``read``: at --start, --from-timestamp or --tail-offset; without any of
     them at the stream's first readable offset."""
+    key = key_of(args)
     if args.from_timestamp is not None:
-        return await stream.read(from_timestamp=args.from_timestamp, limit_records=page)
+        return await stream.read(
+            from_timestamp=args.from_timestamp, limit_records=page, encryption=key
+        )
     if args.tail_offset is not None:
-        return await stream.read(tail_offset=args.tail_offset, limit_records=page)
+        return await stream.read(tail_offset=args.tail_offset, limit_records=page, encryption=key)
     if args.start is not None:
-        return await stream.read(start=args.start, limit_records=page)
+        return await stream.read(start=args.start, limit_records=page, encryption=key)
     try:
-        return await stream.read(start=0, limit_records=page)
+        return await stream.read(start=0, limit_records=page, encryption=key)
     except OutOfRangeError as trimmed:
         # Trimmed: begin where the stream begins now.
-        return await stream.read(start=trimmed.start_offset, limit_records=page)
+        return await stream.read(start=trimmed.start_offset, limit_records=page, encryption=key)
 
 
 async def cmd_read(args: argparse.Namespace) -> int:
@@ -197,12 +201,16 @@ async def cmd_read(args: argparse.Namespace) -> int:
         if page == 0:
             return EXIT_OK
         result = await _first_read(stream, args, page)
-        await _print_pages(stream, result, remaining, args.format)
+        await _print_pages(stream, result, remaining, args.format, key_of(args))
     return EXIT_OK
 
 
 async def _print_pages(
-    stream: Stream, result: ReadResult, remaining: int | None, output_format: str
+    stream: Stream,
+    result: ReadResult,
+    remaining: int | None,
+    output_format: str,
+    key: EncryptionKey | None = None,
 ) -> int:
     """Print ``result`` and the pages after it, up to the tail the first read saw (records
     appended since are not waited for) and at most ``remaining`` records. One read returns at
@@ -222,10 +230,11 @@ async def _print_pages(
         if remaining == 0 or position >= end:
             return position
         page = READ_PAGE_RECORDS if remaining is None else min(READ_PAGE_RECORDS, remaining)
-        result = await stream.read(start=position, limit_records=page)
+        result = await stream.read(start=position, limit_records=page, encryption=key)
 
 
 async def cmd_tail(args: argparse.Namespace) -> int:
+    key = key_of(args)
     # Following runs until Ctrl-C: it never takes the node, so writers keep running beside it.
     opened = open_follower(args.config) if args.follow else open_client(args.config, writes=False)
     async with opened as client:
@@ -233,12 +242,14 @@ async def cmd_tail(args: argparse.Namespace) -> int:
         if args.start is not None:
             position = args.start
         else:
-            position = await _print_last(stream, args.lines, args.format)
+            position = await _print_last(stream, args.lines, args.format, key)
         if args.start is not None and not args.follow:
             tail = await stream.check_tail()
             while position < tail:
                 result = await stream.read(
-                    start=position, limit_records=min(READ_PAGE_RECORDS, tail - position)
+                    start=position,
+                    limit_records=min(READ_PAGE_RECORDS, tail - position),
+                    encryption=key,
                 )
                 if not result.records:
                     break
@@ -246,19 +257,42 @@ async def cmd_tail(args: argparse.Namespace) -> int:
                     out(format_record(record, args.format))
                 position = result.records[-1].offset + 1
         if args.follow:
-            async for record in stream.tail(start=position):
+            async for record in stream.tail(start=position, encryption=key):
                 out(format_record(record, args.format))
                 sys.stdout.flush()
     return EXIT_OK
 
 
-async def _print_last(stream: Stream, lines: int, output_format: str) -> int:
+async def _print_last(
+    stream: Stream, lines: int, output_format: str, key: EncryptionKey | None
+) -> int:
     """Print the last ``lines`` records (every readable one when the stream holds fewer);
     return the offset after them."""
     if lines <= 0:
         return await stream.check_tail()
-    result = await stream.read(tail_offset=lines, limit_records=min(lines, READ_PAGE_RECORDS))
-    return await _print_pages(stream, result, lines, output_format)
+    result = await stream.read(
+        tail_offset=lines, limit_records=min(lines, READ_PAGE_RECORDS), encryption=key
+    )
+    return await _print_pages(stream, result, lines, output_format, key)
+
+
+ENCRYPTION_KEY_ENV = "WALSTREAM_ENCRYPTION_KEY"
+
+
+def key_of(args: argparse.Namespace) -> EncryptionKey | None:
+    """The key of ``--encryption-key``, else of ``$WALSTREAM_ENCRYPTION_KEY`` (CIPHER:BASE64)."""
+    text = getattr(args, "encryption_key", None) or os.environ.get(ENCRYPTION_KEY_ENV)
+    return None if not text else EncryptionKey.parse(text)
+
+
+def _add_encryption_key(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--encryption-key",
+        metavar="CIPHER:BASE64",
+        help="key of an encrypted stream: aegis-256 or aes-256-gcm, a colon, and the base64 "
+        f"of 32 bytes (default: ${ENCRYPTION_KEY_ENV}, which keeps the key out of the "
+        "process list); appends are encrypted with it, reads decrypted",
+    )
 
 
 async def cmd_trim(args: argparse.Namespace) -> int:
@@ -368,6 +402,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         help=f"records per atomic batch (default {DEFAULT_APPEND_BATCH})",
     )
     append.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_encryption_key(append)
 
     # read
     read = add_command(
@@ -406,6 +441,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "--limit", "-n", type=at_least(0), metavar="N", help="print at most N records"
     )
     add_format(read)
+    _add_encryption_key(read)
 
     # tail
     tail = add_command(
@@ -447,6 +483,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         f"all of them when the stream holds fewer (default {DEFAULT_TAIL_LINES})",
     )
     add_format(tail)
+    _add_encryption_key(tail)
 
     # trim
     trim = add_command(

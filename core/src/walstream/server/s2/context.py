@@ -30,7 +30,10 @@ from walstream.server.s2.routing import Router, not_owner_here
 if TYPE_CHECKING:
     from walstream.engine.client import Client, Stream
 
-__all__ = ["S2Context"]
+__all__ = ["CIPHER_HEADER", "S2Context"]
+
+CIPHER_HEADER = "walstream-encryption-cipher"
+"""A request's cipher, for a stream whose basin names none (walstream's own header)."""
 
 log = logging.getLogger("walstream.server.s2.app")
 
@@ -234,10 +237,25 @@ class S2Context:
 
     async def encryption_for(self, request: Request, basin: str, name: str) -> EncryptionKey | None:
         """The key of a request to stream ``name`` (S2's ``EncryptionSpec::resolve``): None for
-        a plaintext stream (a key sent is ignored); for an encrypted one, the
+        a plaintext stream (a key sent is ignored); for an encrypted one (or a request naming
+        its cipher in the walstream header :data:`CIPHER_HEADER`, which S2's SDKs do not send:
+        walstream's CLI does, for streams of a basin without ``stream_cipher``), the
         ``s2-encryption-key`` header (base64 of 32 bytes), else 400 ``bad_header`` naming the
         stream's cipher. The key lives for the request only: it is never stored or logged."""
         cipher = await self.stream_cipher(basin, name)
+        chosen = request.header(CIPHER_HEADER)
+        if chosen is not None:
+            try:
+                named = Cipher.named(chosen)
+            except InvalidArgument as error:
+                raise S2Error(400, "bad_header", f"{CIPHER_HEADER}: {error}") from None
+            if cipher is not None and named is not cipher:
+                raise S2Error(
+                    400,
+                    "bad_header",
+                    f"{CIPHER_HEADER}: the stream's cipher is {cipher.value}, not {named.value}",
+                )
+            cipher = named
         if cipher is None:
             return None
         given = request.header("s2-encryption-key")

@@ -62,6 +62,7 @@ _WANTED = frozenset(
         b"content-length",
         b"content-encoding",
         b"s2-encryption-key",
+        b"walstream-encryption-cipher",
     )
 )
 _ACK_JSON = (
@@ -148,8 +149,10 @@ class FastAppend:
         basin, name = names
         if basin != ROOT_BASIN and basin not in app.basins:
             return False
-        if b"s2-encryption-key" in headers or (
-            basin != ROOT_BASIN and app.basins[basin].get("stream_cipher")
+        if (
+            b"s2-encryption-key" in headers
+            or b"walstream-encryption-cipher" in headers
+            or (basin != ROOT_BASIN and app.basins[basin].get("stream_cipher"))
         ):
             return False  # an encrypted stream: the general route resolves its key
         stream_id = app.stream_ids.get(name)
