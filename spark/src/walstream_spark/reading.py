@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pyarrow as pa
+from walstream.encryption import EncryptionKey, open_records
 from walstream.engine.object_reader import ObjectReader
 from walstream.errors import BackendUnavailable, StreamNotFound
 from walstream.records import SequencedRecord
@@ -45,9 +46,12 @@ _CHUNK_BYTES = 16 << 20
 _BLOCK_CACHE_BYTES = 32 << 20
 
 
-def read_slice(backends: DeploymentBackends, piece: ReadSlice) -> Iterator[list[SequencedRecord]]:
+def read_slice(
+    backends: DeploymentBackends, piece: ReadSlice, encryption: EncryptionKey | None = None
+) -> Iterator[list[SequencedRecord]]:
     """Chunks of the slice's records, in offset order; trimmed records and records older than
-    ``piece.min_timestamp_ms`` are left out."""
+    ``piece.min_timestamp_ms`` are left out. Encrypted records are opened with ``encryption``
+    (option ``encryptionKey``); without it they raise EncryptionKeyRequired."""
     cache = backends.engine_config.cache
     reader = ObjectReader(
         backends.objects,
@@ -58,7 +62,8 @@ def read_slice(backends: DeploymentBackends, piece: ReadSlice) -> Iterator[list[
         readahead_depth=cache.readahead_depth,
     )
     try:
-        yield from _read_chunks(backends, piece, reader)
+        for records in _read_chunks(backends, piece, reader):
+            yield open_records(records, encryption, piece.stream_id)
     finally:
         run(_release(reader, piece.stream_id))
 
@@ -105,8 +110,10 @@ def _read_chunks(
             yield records
 
 
-def read_slice_batches(backends: DeploymentBackends, piece: ReadSlice) -> Iterator[pa.RecordBatch]:
-    for records in read_slice(backends, piece):
+def read_slice_batches(
+    backends: DeploymentBackends, piece: ReadSlice, encryption: EncryptionKey | None = None
+) -> Iterator[pa.RecordBatch]:
+    for records in read_slice(backends, piece, encryption):
         yield to_arrow(piece.name, records)
 
 

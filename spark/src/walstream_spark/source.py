@@ -8,6 +8,7 @@ Reads (``spark.read`` / ``spark.readStream``)::
         .option("startingOffsets", "earliest")    # or "latest" or '{"clicks": 42}'
         .option("endingOffsets", "latest")        # batch only
         .option("fromTimestamp", 1700000000000)   # optional, ms since the epoch
+        .option("encryptionKey", "aegis-256:...") # encrypted streams: CIPHER:BASE64 of the key
         .load()
 
 Schema: ``stream string, offset long, timestamp timestamp, key binary, value binary,
@@ -52,6 +53,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
+from walstream.encryption import EncryptionKey
 from walstream.errors import ConfigError, StreamNotFound
 from walstream.metadata import StreamInfo
 
@@ -133,6 +135,10 @@ class _ReadOptions:
             options, "partitionRecords", _DEFAULT_PARTITION_RECORDS, 1
         )
         self.fail_on_data_loss = optional_bool(options, "failOnDataLoss", True)
+        self.encryption_key = options.get("encryptionKey") or None
+        """``CIPHER:BASE64`` of encrypted streams (checked here, parsed again in each task)."""
+        if self.encryption_key is not None:
+            EncryptionKey.parse(self.encryption_key)
 
     def plan(self, requests: list[StreamRequest]) -> list[SlicePartition]:
         backends = backends_for(self.config)
@@ -165,11 +171,14 @@ class _ReadOptions:
         return infos
 
 
-def _read(config: str, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+def _read(
+    config: str, partition: InputPartition, encryption: str | None = None
+) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, SlicePartition):
         return  # Spark's placeholder when the plan has no slice at all
     with shortened():
-        yield from read_slice_batches(backends_for(config), partition.piece)
+        key = None if not encryption else EncryptionKey.parse(encryption)
+        yield from read_slice_batches(backends_for(config), partition.piece, key)
 
 
 class WalstreamReader(DataSourceReader):
@@ -190,7 +199,7 @@ class WalstreamReader(DataSourceReader):
         return self.options.plan(requests)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read(self.options.config, partition)
+        return _read(self.options.config, partition, self.options.encryption_key)
 
 
 class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -250,7 +259,7 @@ class WalstreamStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return self.options.plan(requests)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return _read(self.options.config, partition)
+        return _read(self.options.config, partition, self.options.encryption_key)
 
     def commit(self, end: dict[str, int]) -> None:
         """Nothing to release: walstream keeps records until they are trimmed."""
