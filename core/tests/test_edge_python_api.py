@@ -192,19 +192,21 @@ BAD_NAMES = [
     "../x",
     "..",
     ".",
-    ".hidden",
     "a/b",
     "a\x00b",
     "\x00",
     "tab\there",
     "new\nline",
     "with space",
-    "-looks-like-an-option",
     "#5",
     "#orders",
-    "5",
-    "0042",
+    "=5",
     "ünïcode",
+    "+2D",  # an escape of a byte that stands for itself ('-')
+    "~41",  # an escape outside its range ('A')
+    "+2c",  # lower-case hex
+    "~C3",  # a lone UTF-8 lead byte
+    "x+2",  # a cut escape
     "\ud800",
     "x" * (MAX_STREAM_NAME_LENGTH + 1),
     "x" * (1 << 20),
@@ -221,6 +223,14 @@ GOOD_NAMES = [
     "x" * MAX_STREAM_NAME_LENGTH,
     "conformance-123-4-raced",
     "bench-0001-3",
+    # Encodings of S2's UTF-8 names (walstream.records.encode_stream_name).
+    "5",
+    "0042",
+    ".hidden",
+    "-looks-like-an-option",
+    "a/2Fb",
+    "~C3~BCn~C3~AFcode",
+    "with+20space",
 ]
 
 
@@ -267,7 +277,9 @@ def test_stream_references_are_unambiguous() -> None:
     assert parse_stream_ref("007") == 7
     assert parse_stream_ref("orders") == "orders"
     assert parse_stream_ref("5a") == "5a"
-    for text in ("#", "#x", "#5a", "#-1", "#" + "9" * 30, "9" * 30, "#١", ""):
+    assert parse_stream_ref("=5") == "5"  # the stream called 5
+    assert parse_stream_ref("=#5") == "#5"
+    for text in ("#", "#x", "#5a", "#-1", "#" + "9" * 30, "9" * 30, "#١", "", "="):
         with pytest.raises(InvalidArgument):
             parse_stream_ref(text)
     assert parse_stream_ref("١") == "١"  # not ASCII digits: a (nonexistent) name, not an id
@@ -304,6 +316,13 @@ def test_the_cli_addresses_streams_by_id_and_refuses_hash_names(tmp_path: Path) 
     unclear = cli("append", "#orders", stdin="x\n")
     assert unclear.returncode == 1 and "InvalidArgument" in unclear.stderr
     assert "'#' introduces a stream id" in unclear.stderr
+    # A stream literally called 5 (S2 allows it): '=5' names it, '5' and '#5' stay ids.
+    assert cli("streams", "create", "5").returncode == 0
+    assert cli("append", "=5", stdin="named-five\n").returncode == 0
+    named = cli("read", "=5", "--format", "json")
+    assert [json.loads(line)["value"] for line in named.stdout.splitlines()] == ["named-five"]
+    by_id = cli("read", "5", "--format", "json")
+    assert by_id.returncode == 1 and "StreamNotFound" in by_id.stderr, by_id.stderr
 
 
 # -- property-based: arbitrary arguments --------------------------------------------------------

@@ -18,6 +18,7 @@ import zlib
 from collections.abc import AsyncIterable, AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -494,3 +495,98 @@ async def test_the_key_is_stored_nowhere_and_logged_nowhere(tmp_path: Path) -> N
         assert key not in data and encoded not in data, path
         assert marker not in data, path
     assert encoded.decode() not in log and key.hex() not in log
+
+
+# -- UTF-8 stream names ---------------------------------------------------------------------------
+
+S2_NAMES = [
+    "orders",
+    "a/b",
+    "a b",
+    "a-b",
+    "a.b",
+    "Ünïcode",
+    "ü",
+    "日本語/ストリーム",
+    "🙂-smile",
+    "#5",
+    "5",
+    "=x",
+    "~tilde",
+    "-dash",
+    ".dot",
+    "é" * 240,
+]
+
+
+@pytest.mark.parametrize("root", [False, True], ids=["basin", "root-basin"])
+async def test_utf8_stream_names_list_in_s2_order_with_pages_and_prefixes(
+    s2: S2, server: WalstreamServe, root: bool
+) -> None:
+    """S2 accepts any UTF-8 name of 1 to 512 bytes: each is created, appended to and read
+    back under its own name; listings are in UTF-8 byte order, page with ``start_after`` and
+    ``limit``, and prefix queries find exactly the names with that prefix, in every basin and
+    in the root basin (whose streams the Python API sees under their encoded names)."""
+    prefix = f"u{os.getpid() % 10_000}-{next(_basins)}-"
+    # S2's longest name is 512 bytes (in the root basin the test's prefix takes some).
+    names = [prefix + name for name in S2_NAMES] if root else [*S2_NAMES, "é" * 256]
+    basin_name = "walstream" if root else await new_basin(s2)
+    basin = s2.basin(basin_name)
+    for name in names:
+        assert (await basin.create_stream(name)).name == name
+        await basin.stream(name).append(AppendInput(records=[Record(body=name.encode())]))
+    for name in names:
+        got = await basin.stream(name).read(start=SeqNum(0))
+        assert [r.body for r in got.records] == [name.encode()]
+    listed_prefix = prefix if root else ""
+    ordered = sorted(names, key=lambda n: n.encode())
+    assert [s.name for s in (await basin.list_streams(prefix=listed_prefix)).items] == ordered
+    # Pages of 4 in order, each after the last of the previous one.
+    paged: list[str] = []
+    after = ""
+    while True:
+        page = await basin.list_streams(prefix=listed_prefix, start_after=after, limit=4)
+        paged += [s.name for s in page.items]
+        if not page.has_more:
+            break
+        after = page.items[-1].name
+    assert paged == ordered
+    for query in ("a", "a/", "日本", "é" * 10, "#", "5", "🙂"):
+        wanted = [n for n in ordered if n.startswith(listed_prefix + query)]
+        found = await basin.list_streams(prefix=listed_prefix + query)
+        assert [s.name for s in found.items] == wanted, query
+    async with aiohttp.ClientSession(server.url) as http:
+        headers = {"authorization": f"Bearer {TOKEN}", "s2-basin": basin_name}
+        for name in (".", "..", "é" * 257):
+            async with http.post("/v1/streams", json={"stream": name}, headers=headers) as ans:
+                assert (ans.status, (await ans.json())["code"]) == (422, "invalid")
+        target = quote(names[1], safe="")  # 'a/b': its '/' percent-encoded in the path
+        async with http.get(f"/v1/streams/{target}", headers=headers) as answer:
+            assert answer.status == 200
+    if root:
+        for name in names:
+            await basin.delete_stream(name)
+
+
+def test_the_name_encoding_keeps_order_prefixes_and_is_reversible() -> None:
+    """For arbitrary UTF-8 names: decode(encode(n)) == n, encode(n) is a valid walstream name,
+    and order and prefixes of the UTF-8 bytes are those of the encodings."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from walstream.records import check_stream_name, decode_stream_name, encode_stream_name
+
+    names = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=30)
+
+    @settings(max_examples=400, deadline=None)
+    @given(names, names)
+    def check(first: str, second: str) -> None:
+        one, two = encode_stream_name(first), encode_stream_name(second)
+        assert decode_stream_name(one) == first
+        if first not in (".", ".."):
+            assert check_stream_name(one) == one
+        assert (one < two) == (first.encode() < second.encode())
+        assert two.startswith(one) == second.encode().startswith(first.encode())
+
+    check()
+    for plain in ("orders", "order-lines", "eu.orders_2", "_x", "5"):
+        assert encode_stream_name(plain) == plain

@@ -14,11 +14,20 @@ the metadata stores can hold:
 * offsets, stream ids, limits and timestamps are signed 64-bit integers; offsets, ids, limits and
   record timestamps (milliseconds since the Unix epoch) are never negative;
 * text (stream names, header names, fencing tokens) is valid UTF-8: no lone surrogates;
-* the **stream-name rule** (:func:`check_stream_name`): 1 to 255 ASCII letters, digits, ``.``,
-  ``_`` and ``-``, beginning with a letter, digit or ``_``, and not all digits. So a name is never
-  ``.``/``..``, never holds ``/``, NUL, control characters or spaces, never looks like a command
-  line option, and ``#N`` or a bare ``N`` always means the stream with id N
-  (:func:`parse_stream_ref`).
+* the **stream-name rule** (:func:`check_stream_name`): 1 to 2048 ASCII characters, the
+  *encoding of a UTF-8 name* (:func:`encode_stream_name`): ASCII letters, digits, ``.``, ``_``
+  and ``-`` stand for themselves; every other byte of the UTF-8 name is an escape, one of
+  ``+ / @ ^ ` ~`` followed by the byte in two upper-case hex digits (``+`` for bytes 00-2C, ``/``
+  for 2F, ``@`` for 3A-40, ``^`` for 5B-5E, `````` for 60, ``~`` for 7B-FF). So a name never
+  holds a space, a control character, NUL or a lone ``/``, and is never ``.`` or ``..``.
+  The encoding keeps the order of the UTF-8 bytes and their prefixes (an escape sorts where its
+  byte sorts, and no code is a prefix of another), so names list and page in S2's order and a
+  prefix query is a prefix query of the encoded names; names made of the characters that stand
+  for themselves (every name of the older rule) are their own encoding.
+
+  A name may be all digits (S2's stream ``5``): on the command line ``N`` and ``#N`` mean the
+  stream with id N, and ``=NAME`` means the stream called NAME (:func:`parse_stream_ref`;
+  ``=5``, ``=-orders``); the Python API takes an ``int`` id or a ``str`` name.
 """
 
 from __future__ import annotations
@@ -54,22 +63,40 @@ __all__ = [
     "check_stream_ref",
     "check_text",
     "check_wait",
+    "decode_stream_name",
     "describe",
+    "encode_stream_name",
     "parse_int_text",
     "parse_stream_ref",
 ]
 
 MAX_I64 = 2**63 - 1
 MIN_I64 = -(2**63)
-#: Longest stream name, in characters (the rule allows ASCII only, so also in bytes).
-MAX_STREAM_NAME_LENGTH = 255
+#: Longest stream name, in characters (the rule allows ASCII only, so also in bytes): S2's 512
+#: bytes, each escaped (3 characters), after a basin prefix of up to 49.
+MAX_STREAM_NAME_LENGTH = 2048
 #: The header name of encrypted records (:mod:`walstream.encryption`): reserved, a plaintext
 #: record may not begin with it.
 ENCRYPTED_HEADER = "walstream-cipher"
 #: Longest fencing token, in UTF-8 bytes.
 MAX_FENCING_TOKEN_BYTES = 4096
 
-_STREAM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_PLAIN_BYTES = frozenset(b"-.0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz")
+#: (escape character, lowest byte, highest byte): each escape lies in the range of bytes it
+#: stands for, between the characters that stand for themselves around it.
+_ESCAPE_RANGES = (
+    ("+", 0x00, 0x2C),
+    ("/", 0x2F, 0x2F),
+    ("@", 0x3A, 0x40),
+    ("^", 0x5B, 0x5E),
+    ("`", 0x60, 0x60),
+    ("~", 0x7B, 0xFF),
+)
+_ESCAPE_OF = {byte: char for char, low, high in _ESCAPE_RANGES for byte in range(low, high + 1)}
+_RANGE_OF = {char: (low, high) for char, low, high in _ESCAPE_RANGES}
+_ENCODED_BYTE = [chr(b) if b in _PLAIN_BYTES else f"{_ESCAPE_OF[b]}{b:02X}" for b in range(256)]
+_HEX = frozenset("0123456789ABCDEF")
 _DIGITS = re.compile(r"[0-9]+")
 _INTEGER_TEXT = re.compile(r"-?[0-9]+")
 #: Digits of the longest decimal a 64-bit integer needs (and a bit more), so ``int()`` never
@@ -148,11 +175,63 @@ def check_optional_text(value: Any, what: str, max_bytes: int | None = None) -> 
     return None if value is None else check_text(value, what, max_bytes)
 
 
+def encode_stream_name(name: str) -> str:
+    """The walstream name of a UTF-8 name (the module docstring's encoding): order, prefixes and
+    equality are those of the UTF-8 bytes. Raises :class:`InvalidArgument` for text that is not
+    valid UTF-8."""
+    if _PLAIN_NAME.fullmatch(name) is not None:
+        return name
+    try:
+        data = name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"name {describe(name)} is not valid UTF-8 text") from None
+    return "".join([_ENCODED_BYTE[byte] for byte in data])
+
+
+def decode_stream_name(name: str) -> str:
+    """The UTF-8 name a walstream name encodes (:class:`InvalidArgument` when it encodes none:
+    a character outside the rule, a malformed escape, or bytes that are not UTF-8)."""
+    if _PLAIN_NAME.fullmatch(name) is not None:
+        return name
+    data = bytearray()
+    position, size = 0, len(name)
+    while position < size:
+        char = name[position]
+        code = ord(char)
+        if code < 128 and code in _PLAIN_BYTES:
+            data.append(code)
+            position += 1
+            continue
+        bounds = _RANGE_OF.get(char)
+        digits = name[position + 1 : position + 3]
+        if bounds is None or len(digits) != 2 or not set(digits) <= _HEX:
+            raise InvalidArgument(
+                f"stream name {describe(name)}: character {char!r} at {position} is neither a "
+                "letter, digit, '.', '_' or '-' nor an escape (one of + / @ ^ ` ~ and two "
+                "upper-case hex digits)"
+            )
+        byte = int(digits, 16)
+        if not bounds[0] <= byte <= bounds[1]:
+            raise InvalidArgument(
+                f"stream name {describe(name)}: escape {char}{digits} at {position} names a "
+                f"byte the escape {char!r} does not stand for (it takes {bounds[0]:02X} to "
+                f"{bounds[1]:02X}; letters, digits, '.', '_' and '-' stand for themselves)"
+            )
+        data.append(byte)
+        position += 3
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidArgument(
+            f"stream name {describe(name)}: its escapes are not UTF-8 bytes"
+        ) from None
+
+
 def check_stream_name(name: Any) -> str | None:
     """The stream-name rule, checked when a stream is created (``None``: a stream without name).
 
-    1 to 255 characters from ``A-Z a-z 0-9 . _ -``, the first a letter, digit or ``_``, not all
-    digits.
+    1 to :data:`MAX_STREAM_NAME_LENGTH` characters that encode a UTF-8 name (the module
+    docstring), and neither ``.`` nor ``..``.
     """
     if name is None:
         return None
@@ -168,16 +247,15 @@ def check_stream_name(name: Any) -> str | None:
         raise InvalidArgument(
             f"a stream name has at most {MAX_STREAM_NAME_LENGTH} characters, got {len(name)}"
         )
-    if _STREAM_NAME.fullmatch(name) is None:
+    if name in (".", ".."):
+        raise InvalidArgument(f"a stream name is not {name!r}")
+    try:
+        decode_stream_name(name)
+    except InvalidArgument as error:
         raise InvalidArgument(
-            f"stream name {describe(name)} is not allowed: use ASCII letters, digits, '.', '_' "
-            "and '-', beginning with a letter, digit or '_' (e.g. orders, order-lines, eu.orders_2)"
-        )
-    if _DIGITS.fullmatch(name) is not None:
-        raise InvalidArgument(
-            f"stream name {describe(name)} is all digits, which addresses the stream with that "
-            "id; add a letter (e.g. s" + name[:20] + ")"
-        )
+            f"{error}. Use ASCII letters, digits, '.', '_' and '-' (e.g. orders, order-lines, "
+            "eu.orders_2), or walstream.records.encode_stream_name(any UTF-8 name)"
+        ) from None
     return name
 
 
@@ -210,10 +288,14 @@ def parse_int_text(text: str, what: str, minimum: int = 0, maximum: int = MAX_I6
 
 def parse_stream_ref(text: str) -> str | int:
     """A stream reference typed by a person or in a URL: ``#N`` or ``N`` (digits) is the stream
-    with id N, anything else a name. The name rule makes this unambiguous: a name never starts
-    with ``#`` and is never all digits."""
+    with id N, ``=NAME`` the stream called NAME (``=5`` is the stream named ``5``), anything
+    else a name. A name never holds ``#`` or ``=`` (they are escaped), so this is unambiguous."""
     if not isinstance(text, str):
         raise InvalidArgument(f"a stream reference must be text, got {describe(text)}")
+    if text.startswith("="):
+        if len(text) == 1:
+            raise InvalidArgument("'=' introduces a stream name (=NAME, e.g. =5)")
+        return check_text(text[1:], "stream name")
     if text.startswith("#"):
         if _DIGITS.fullmatch(text[1:]) is None:
             raise InvalidArgument(
@@ -349,9 +431,7 @@ def _checked_bytes(data: object, what: str) -> bytes:
     return data  # type: ignore[return-value]
 
 
-def check_append_input(
-    records: object, match_tail: object, fencing_token: object
-) -> list[Record]:
+def check_append_input(records: object, match_tail: object, fencing_token: object) -> list[Record]:
     """The arguments of an append, checked once for every caller of the engine: ``records`` as
     a non-empty list of :class:`Record` (any iterable of them is taken), ``match_tail`` an
     offset or None, ``fencing_token`` text of at most :data:`MAX_FENCING_TOKEN_BYTES` bytes or

@@ -1,14 +1,16 @@
 """How S2's concepts map onto walstream's, and the configurations this server accepts.
 
 **Names.** A basin is a :class:`walstream.metadata.BasinInfo` (S2's basin-name rule). Stream
-``S`` of basin ``B`` is the walstream stream named ``B.S`` (basin names hold no ``.``, so the
-first ``.`` separates the two). One more basin always exists, :data:`ROOT_BASIN`
-(``walstream``): its streams are all walstream streams under their own names, so streams made
-with the Python API or the CLI (``orders``, and ``B.S`` too) are reachable through the S2 API;
-it cannot be created or deleted. S2 allows any 1 to 512 bytes in a stream name; walstream stream
-names are ASCII letters, digits, ``.``, ``_`` and ``-`` and at most 255 characters, so an S2
-stream name must use only those characters and ``len(B) + 1 + len(S) <= 255``; any other name
-is refused with S2's ``invalid`` (422).
+``S`` of basin ``B`` is the walstream stream named ``B.`` + the encoding of ``S``
+(:func:`walstream.records.encode_stream_name`: ASCII letters, digits, ``.``, ``_`` and ``-``
+stand for themselves, every other UTF-8 byte is an escape such as ``+20`` for a space or
+``~C3~A9`` for ``é``); basin names hold no ``.``, so the first ``.`` separates the two. One
+more basin always exists, :data:`ROOT_BASIN` (``walstream``): its streams are all walstream
+streams under the names they encode, so streams made with the Python API or the CLI
+(``orders``, and ``B.S`` too) are reachable through the S2 API; it cannot be created or
+deleted. Any S2 name (1 to 512 bytes of UTF-8, not ``.`` or ``..``) is accepted. The encoding
+keeps the order and the prefixes of the UTF-8 bytes, so listings page in S2's order and prefix
+queries are prefix queries of the walstream names.
 
 **Records.** An S2 record's headers are the walstream record's headers (names are UTF-8 text
 in walstream: a header name that is not UTF-8 is refused with 422), its body is the value, its
@@ -28,11 +30,11 @@ honoured.
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 from typing import Any
 
-from walstream.records import MAX_STREAM_NAME_LENGTH
+from walstream.errors import InvalidArgument
+from walstream.records import decode_stream_name, encode_stream_name
 from walstream.server.s2.errors import S2Error
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "metered_bytes",
     "reconfigure_basin",
     "rfc3339",
+    "s2_prefix",
     "s2_stream_name",
     "same_basin_config",
     "stream_config_json",
@@ -71,32 +74,20 @@ MAX_FENCING_TOKEN_BYTES = 36
 """Bytes of UTF-8 in a fencing token."""
 MAX_UNARY_WAIT_S = 60
 """The longest ``wait`` of a read."""
-_STREAM_CHARS = re.compile(r"[A-Za-z0-9._-]+")
 _MAX_S2_STREAM_NAME_BYTES = 512
 
 
 def walstream_stream_name(basin: str, stream: str) -> str:
-    """The walstream name of S2 stream ``stream`` in ``basin`` (422 if it has none)."""
-    if not 1 <= len(stream.encode("utf-8", "surrogatepass")) <= _MAX_S2_STREAM_NAME_BYTES:
+    """The walstream name of S2 stream ``stream`` in ``basin`` (422 if S2 refuses the name)."""
+    try:
+        size = len(stream.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise S2Error(422, "invalid", "a stream name is valid UTF-8 text") from None
+    if not 1 <= size <= _MAX_S2_STREAM_NAME_BYTES:
         raise S2Error(422, "invalid", "a stream name has 1 to 512 bytes")
-    if _STREAM_CHARS.fullmatch(stream) is None:
-        raise S2Error(
-            422,
-            "invalid",
-            f"stream name {stream[:80]!r} cannot be stored by walstream: use ASCII letters, "
-            "digits, '.', '_' and '-' only",
-        )
-    prefix = basin_prefix(basin)
-    longest = MAX_STREAM_NAME_LENGTH - len(prefix)
-    if len(stream) > longest:
-        raise S2Error(
-            422,
-            "invalid",
-            f"a stream name in basin {basin!r} has at most {longest} characters on this "
-            f"server (walstream stores '<basin>.<stream>' in at most {MAX_STREAM_NAME_LENGTH}), "
-            f"got {len(stream)}",
-        )
-    return prefix + stream
+    if stream in (".", ".."):
+        raise S2Error(422, "invalid", 'stream name must not be "." or ".."')
+    return basin_prefix(basin) + encode_stream_name(stream)
 
 
 def metered_bytes(headers: tuple[tuple[bytes, bytes], ...], body: bytes) -> int:
@@ -110,7 +101,18 @@ def basin_prefix(basin: str) -> str:
 
 
 def s2_stream_name(basin: str, walstream_name: str) -> str:
-    return walstream_name[len(basin_prefix(basin)) :]
+    """The S2 name of a walstream stream of ``basin`` (InvalidArgument when its name encodes
+    none: a stream named before the name rule)."""
+    return decode_stream_name(walstream_name[len(basin_prefix(basin)) :])
+
+
+def s2_prefix(basin: str, prefix: str) -> str:
+    """The walstream names of ``basin``'s S2 streams that start with ``prefix`` start with
+    this (the encoding keeps prefixes)."""
+    try:
+        return basin_prefix(basin) + encode_stream_name(prefix)
+    except InvalidArgument:
+        raise S2Error(400, "bad_query", "prefix is valid UTF-8 text") from None
 
 
 def rfc3339(milliseconds: int) -> str:

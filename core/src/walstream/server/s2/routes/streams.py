@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from walstream.errors import FencedError, StreamNotFound
+from walstream.errors import FencedError, InvalidArgument, StreamNotFound
 from walstream.server.s2.errors import S2Error
 from walstream.server.s2.forwarding import forward_if_elsewhere
 from walstream.server.s2.model import (
-    basin_prefix,
     check_stream_config,
     rfc3339,
+    s2_prefix,
     s2_stream_name,
     stream_config_json,
     walstream_stream_name,
@@ -101,12 +101,16 @@ async def _stream_route(
 
 async def _list_streams(app: S2Context, request: Request, basin: str) -> None:
     prefix, start_after, limit = list_query(request)
-    infos = await app.client.list_streams(prefix=basin_prefix(basin) + prefix)
-    named = sorted(
-        (s2_stream_name(basin, info.name), info.created_ms)
-        for info in infos
-        if info.name is not None
-    )
+    infos = await app.client.list_streams(prefix=s2_prefix(basin, prefix))
+    named: list[tuple[str, int]] = []
+    for info in sorted(infos, key=lambda found: found.name or ""):
+        if info.name is None:
+            continue
+        try:
+            named.append((s2_stream_name(basin, info.name), info.created_ms))
+        except InvalidArgument:
+            continue  # a name from before the name rule: it has no S2 name
+    # The encoding keeps UTF-8 byte order, which is the order of the decoded names too.
     chosen = [item for item in named if item[0] > start_after]
     cipher = await app.stream_cipher(basin, "")
     await request.respond_json(
