@@ -521,7 +521,7 @@ async def test_sse_read_session_sends_batches_pings_and_done(http: aiohttp.Clien
         for record in json.loads(event.split("data: ", 1)[1].split("\n")[0])["records"]
     ]
     assert bodies == ["a", "b", "c", "d"]
-    assert "id: 3,3," in batches[0]
+    assert "id: 2,3," in batches[0]  # S2: the last seq_num, records and bytes so far
     assert events[-1] == "event: done\ndata: [DONE]"
 
 

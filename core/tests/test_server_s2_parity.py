@@ -590,3 +590,81 @@ def test_the_name_encoding_keeps_order_prefixes_and_is_reversible() -> None:
     check()
     for plain in ("orders", "order-lines", "eu.orders_2", "_x", "5"):
         assert encode_stream_name(plain) == plain
+
+
+# -- SSE resumption and idempotent stream creates ---------------------------------------------------
+
+
+async def _sse_events(answer: aiohttp.ClientResponse) -> list[tuple[str, str, str]]:
+    """(event, data, id) of each event of a finished SSE answer."""
+    text = (await answer.read()).decode()
+    events = []
+    for block in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if fields:
+            events.append((fields.get("event", ""), fields.get("data", ""), fields.get("id", "")))
+    return events
+
+
+async def test_an_sse_read_resumes_after_last_event_id(s2: S2, http: aiohttp.ClientSession) -> None:
+    """S2: a batch event's id is ``<last seq_num>,<records so far>,<bytes so far>``; a request
+    with ``Last-Event-ID`` (what an EventSource sends when it reconnects) continues after that
+    record with ``count`` and ``bytes`` less what was delivered; a malformed one is 400."""
+    name = await new_basin(s2)
+    basin = s2.basin(name)
+    await basin.create_stream("s")
+    for i in range(5):
+        await basin.stream("s").append(AppendInput(records=[Record(body=b"r%d" % i)]))
+    headers = {"s2-basin": name, "accept": "text/event-stream"}
+    query = {"seq_num": "0", "count": "3"}
+    async with http.get("/v1/streams/s/records", params=query, headers=headers) as answer:
+        events = await _sse_events(answer)
+    batches = [e for e in events if e[0] == "batch"]
+    first_bodies = [r["body"] for e in batches for r in json.loads(e[1])["records"]]
+    assert first_bodies == ["r0", "r1", "r2"]
+    last_id = batches[-1][2]
+    assert last_id.split(",")[:2] == ["2", "3"]
+    # Resumed after a first batch of two records: the third follows, and the count is spent.
+    resumed = {**headers, "last-event-id": f"1,2,{2 * 10}"}
+    async with http.get("/v1/streams/s/records", params=query, headers=resumed) as answer:
+        events = await _sse_events(answer)
+    bodies = [r["body"] for e in events if e[0] == "batch" for r in json.loads(e[1])["records"]]
+    assert bodies == ["r2"] and events[-1][0] == "done"
+    without_count = {**headers, "last-event-id": "3,4,40"}
+    async with http.get(
+        "/v1/streams/s/records", params={"seq_num": "0", "wait": "0"}, headers=without_count
+    ) as answer:
+        events = await _sse_events(answer)
+    bodies = [r["body"] for e in events if e[0] == "batch" for r in json.loads(e[1])["records"]]
+    assert bodies == ["r4"]
+    for bad in ("x", "1,2", "1,2,3,4", "-1,0,0"):
+        async with http.get(
+            "/v1/streams/s/records", params=query, headers={**headers, "last-event-id": bad}
+        ) as answer:
+            assert (answer.status, (await answer.json())["code"]) == (400, "bad_header"), bad
+
+
+async def test_a_stream_create_with_a_request_token_is_idempotent(
+    s2: S2, http: aiohttp.ClientSession
+) -> None:
+    """S2: a create retried with the same ``s2-request-token`` (and config) answers 201 with
+    the stream; another token, or none, answers 409."""
+    name = await new_basin(s2)
+    headers = {"s2-basin": name, "s2-request-token": "create-1"}
+    async with http.post("/v1/streams", json={"stream": "s"}, headers=headers) as answer:
+        assert answer.status == 201
+        created = await answer.json()
+    async with http.post("/v1/streams", json={"stream": "s"}, headers=headers) as answer:
+        assert answer.status == 201 and await answer.json() == created
+    for other in ({"s2-basin": name, "s2-request-token": "create-2"}, {"s2-basin": name}):
+        async with http.post("/v1/streams", json={"stream": "s"}, headers=other) as answer:
+            assert (answer.status, (await answer.json())["code"]) == (
+                409,
+                "resource_already_exists",
+            )
+    # Deleted and made again by another create: the old token does not answer for it.
+    await s2.basin(name).delete_stream("s")
+    async with http.post("/v1/streams", json={"stream": "s"}, headers={"s2-basin": name}) as ans:
+        assert ans.status == 201
+    async with http.post("/v1/streams", json={"stream": "s"}, headers=headers) as answer:
+        assert answer.status == 409

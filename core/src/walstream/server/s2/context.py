@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
@@ -30,8 +31,10 @@ from walstream.server.s2.routing import Router, not_owner_here
 if TYPE_CHECKING:
     from walstream.engine.client import Client, Stream
 
-__all__ = ["CIPHER_HEADER", "S2Context"]
+__all__ = ["CIPHER_HEADER", "MAX_CREATION_TOKENS", "S2Context"]
 
+MAX_CREATION_TOKENS = 10_000
+"""Stream creates whose request tokens a node remembers (:meth:`S2Context.remember_creation`)."""
 CIPHER_HEADER = "walstream-encryption-cipher"
 """A request's cipher, for a stream whose basin names none (walstream's own header)."""
 
@@ -75,8 +78,23 @@ class S2Context:
         """stream id -> (tail, timestamp of the record before it), as last seen."""
         self.router = Router(client)
         """Which other node owns a stream (requests for it are forwarded there)."""
+        self.creation_tokens: OrderedDict[int, str] = OrderedDict()
+        """stream id -> digest of the ``s2-request-token`` and config it was created with
+        (:meth:`remember_creation`)."""
         self.rejoins = 0
         """Times :meth:`replace_client` swapped in a new client (a fenced node rejoined)."""
+
+    def remember_creation(self, stream_id: int, digest: str) -> None:
+        """Keep the digest of a stream create's request token, so a retry of that create
+        answers 201 instead of 409 (S2's idempotent create).
+
+        Kept by this node, in memory, for the :data:`MAX_CREATION_TOKENS` newest creates: a
+        retry after a restart, or sent to another node, answers 409 as a create without a
+        token does. The hook for the stream configuration store (the stream-lifecycle issue):
+        S2 keeps this digest with the stream; store it there and read it back here."""
+        self.creation_tokens[stream_id] = digest
+        while len(self.creation_tokens) > MAX_CREATION_TOKENS:
+            self.creation_tokens.popitem(last=False)
 
     def now_ms(self) -> int:
         """The node's clock (arrival times of records, heartbeats)."""

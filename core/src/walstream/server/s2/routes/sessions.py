@@ -8,8 +8,11 @@ client leaves), or when the server shuts down. As S2's (s2-lite's ``ReadEnd::may
 session with a ``count``, ``bytes`` or ``until`` bound and no ``wait`` does not follow: it ends
 at the tail (and a start at the tail answers 416); ``count=0`` or ``bytes=0`` sends no batch. While waiting at the tail a heartbeat goes out
 every :data:`HEARTBEAT_S` seconds: an SSE ``ping`` event, or an empty S2S ``ReadBatch`` carrying
-the tail. SSE batches carry ``id: <next seq_num>,<records so far>,<bytes so far>``; the last
-event is ``done``; an error becomes an ``error`` event (SSE) or a terminal message (S2S).
+the tail. SSE batches carry ``id: <last seq_num>,<records so far>,<bytes so far>`` (S2's
+``LastEventId``); a request with ``Last-Event-ID`` resumes after it (from that seq_num + 1,
+with ``count`` and ``bytes`` less what was already delivered), as an ``EventSource`` does on a
+reconnect; the last event is ``done``; an error becomes an ``error`` event (SSE) or a terminal
+message (S2S).
 
 **Append sessions** take a stream of ``AppendInput`` messages and answer one ``AppendAck`` per
 input, in order. Inputs are pipelined into the engine in arrival order (which keeps their
@@ -21,12 +24,14 @@ carrying S2's status and error body; inputs already handed to the engine may sti
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
-from walstream.errors import WalstreamError
+from walstream.errors import InvalidArgument, WalstreamError
+from walstream.records import parse_int_text
 from walstream.server.s2.appends import append_positions
 from walstream.server.s2.compression import Coding, answer_coding
 from walstream.server.s2.errors import S2Error, from_walstream
@@ -88,6 +93,8 @@ async def read_session(
     app: S2Context, request: Request, basin: str, name: str, params: ReadParams, sse: bool
 ) -> None:
     base64_format = wants_base64(request) if sse else False
+    if sse:
+        params = resume_after(params, request.header("last-event-id"))
     stream = await app.open_for(basin, name, "create_stream_on_read")
     encryption = await app.encryption_for(request, basin, name)
     start, timestamp = await resolve_start(app, stream, params, may_follow=may_follow(params))
@@ -188,7 +195,7 @@ async def _follow(
                 event = (
                     b"event: batch\ndata: "
                     + json.dumps(document, separators=(",", ":")).encode()
-                    + f"\nid: {start},{sent_count},{sent_bytes}\n\n".encode()
+                    + f"\nid: {start - 1},{sent_count},{sent_bytes}\n\n".encode()
                 )
                 await request.write(event)
             else:
@@ -219,6 +226,31 @@ async def _follow(
             break
     if sse:
         await request.write(b"event: done\ndata: [DONE]\n\n")
+
+
+def resume_after(params: ReadParams, last_event_id: str | None) -> ReadParams:
+    """``params`` of an SSE read resumed after ``Last-Event-ID`` (S2's ``apply_last_event_id``):
+    ``<seq_num>,<count>,<bytes>`` of the last batch delivered; 400 ``bad_header`` when it is
+    not of that form."""
+    if last_event_id is None:
+        return params
+    parts = last_event_id.strip().split(",")
+    try:
+        if len(parts) != 3:
+            raise InvalidArgument("three numbers")
+        seq_num, count, size = (parse_int_text(part.strip(), "last-event-id") for part in parts)
+    except InvalidArgument:
+        raise S2Error(
+            400, "bad_header", "last-event-id is <seq_num>,<count>,<bytes> of an SSE event"
+        ) from None
+    return dataclasses.replace(
+        params,
+        seq_num=seq_num + 1,
+        timestamp=None,
+        tail_offset=None,
+        count=None if params.count is None else max(params.count - count, 0),
+        bytes=None if params.bytes is None else max(params.bytes - size, 0),
+    )
 
 
 def may_follow(params: ReadParams) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from walstream.errors import FencedError, InvalidArgument, StreamNotFound
+from walstream.errors import FencedError, InvalidArgument, StreamExists, StreamNotFound
 from walstream.server.s2.errors import S2Error
 from walstream.server.s2.forwarding import forward_if_elsewhere
 from walstream.server.s2.model import (
@@ -18,7 +18,7 @@ from walstream.server.s2.model import (
     walstream_stream_name,
 )
 from walstream.server.s2.request import json_object
-from walstream.server.s2.routes.common import list_query, not_allowed
+from walstream.server.s2.routes.common import creation_token, list_query, not_allowed
 from walstream.server.s2.routes.records import check_tail, records_route
 
 if TYPE_CHECKING:
@@ -40,7 +40,18 @@ async def streams_route(app: S2Context, request: Request, method: str, rest: lis
                 raise S2Error(422, "invalid", "stream: expected the stream name (a string)")
             check_stream_config(body.get("config"))
             name = walstream_stream_name(basin, stream)
-            await app.client.create_stream(name)
+            token = creation_token(request)
+            digest = None if token is None else token.digest(body.get("config"))
+            try:
+                created = await app.client.create_stream(name)
+            except StreamExists:
+                # A retry of the same create (same token and config) answers as the first did.
+                existing = await app.open_stream(name)
+                if digest is None or app.creation_tokens.get(existing.stream_id) != digest:
+                    raise
+            else:
+                if digest is not None:
+                    app.remember_creation(created.stream_id, digest)
             return await request.respond_json(201, await _stream_info(app, basin, name))
         raise not_allowed(method)
     name = walstream_stream_name(basin, rest[0])
@@ -95,6 +106,7 @@ async def _stream_route(
         stream = await app.open_stream(name)
         await app.client.delete_stream(stream.stream_id)
         app.stream_ids.pop(name, None)
+        app.creation_tokens.pop(stream.stream_id, None)
         return await request.respond(202)
     raise not_allowed(method)
 
