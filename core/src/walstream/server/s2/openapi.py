@@ -126,12 +126,25 @@ _SCHEMAS: dict[str, Any] = {
             ),
         },
     },
+    "EncryptionAlgorithm": {"type": "string", "enum": ["aegis-256", "aes-256-gcm"]},
     "BasinConfig": {
         "type": "object",
         "properties": {
             "create_stream_on_append": {"type": ["boolean", "null"]},
             "create_stream_on_read": {"type": ["boolean", "null"]},
             "default_stream_config": _nullable(_ref("StreamConfig")),
+            "stream_cipher": _nullable(_ref("EncryptionAlgorithm")),
+        },
+    },
+    "BasinReconfiguration": {
+        "type": "object",
+        "description": "Fields left out keep their value; stream_cipher null removes the cipher, "
+        "default_stream_config null resets it; null flags are left as they are",
+        "properties": {
+            "create_stream_on_append": {"type": ["boolean", "null"]},
+            "create_stream_on_read": {"type": ["boolean", "null"]},
+            "default_stream_config": _nullable(_ref("StreamConfig")),
+            "stream_cipher": _nullable(_ref("EncryptionAlgorithm")),
         },
     },
     "BasinInfo": {
@@ -171,6 +184,7 @@ _SCHEMAS: dict[str, Any] = {
             "name": {"type": "string"},
             "created_at": {"type": "string", "format": "date-time"},
             "deleted_at": {"type": ["string", "null"]},
+            "cipher": _nullable(_ref("EncryptionAlgorithm")),
         },
     },
     "ListStreamsResponse": {
@@ -185,7 +199,11 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "required": ["stream"],
         "properties": {
-            "stream": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,200}$"},
+            "stream": {
+                "type": "string",
+                "minLength": 1,
+                "description": "1 to 512 bytes of UTF-8, not '.' or '..'",
+            },
             "config": _nullable(_ref("StreamConfig")),
         },
     },
@@ -200,7 +218,19 @@ _SCHEMAS: dict[str, Any] = {
     },
 }
 
-_ERROR_STATUSES = ("400", "401", "404", "405", "408", "409", "413", "422", "429", "503")
+_ERROR_STATUSES = (
+    "400",
+    "401",
+    "404",
+    "405",
+    "408",
+    "409",
+    "413",
+    "415",
+    "422",
+    "429",
+    "503",
+)
 
 
 def _json(schema: dict[str, Any]) -> dict[str, Any]:
@@ -254,7 +284,53 @@ _LIST = [
 ]
 _BASIN_PATH = {"name": "basin", "in": "path", "required": True, "schema": {"type": "string"}}
 _STREAM_PATH = {"name": "stream", "in": "path", "required": True, "schema": {"type": "string"}}
-_PROVISION = {"s2-provision-result": {"schema": {"type": "string", "enum": ["created", "noop"]}}}
+_PROVISION = {
+    "s2-provision-result": {"schema": {"type": "string", "enum": ["created", "updated", "noop"]}}
+}
+_REQUEST_TOKEN = {
+    "name": "s2-request-token",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "maxLength": 36},
+    "description": "makes the create idempotent: a retry with the same token and config "
+    "answers 201 (s2-provision-result: noop) instead of 409",
+}
+_ENCRYPTION_KEY = {
+    "name": "s2-encryption-key",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "maxLength": 44},
+    "description": "base64 of the 32-byte key of a stream with a cipher (never stored)",
+}
+_ENCRYPTION_CIPHER = {
+    "name": "walstream-encryption-cipher",
+    "in": "header",
+    "required": False,
+    "schema": _ref("EncryptionAlgorithm"),
+    "description": "walstream's own: the cipher of the key, for a stream whose basin names "
+    "no stream_cipher",
+}
+_CONTENT_ENCODING = {
+    "name": "content-encoding",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "enum": ["gzip", "zstd", "identity"]},
+    "description": "a compressed body (bounded by the body limit once decompressed: 413)",
+}
+_ACCEPT_ENCODING = {
+    "name": "accept-encoding",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string"},
+    "description": "gzip or zstd: answers (and S2S messages) of 1 KiB and more are compressed",
+}
+_LAST_EVENT_ID = {
+    "name": "last-event-id",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "pattern": "^[0-9]+,[0-9]+,[0-9]+$"},
+    "description": "SSE: resume after this event id (<seq_num>,<count>,<bytes>)",
+}
 
 
 def _paths() -> dict[str, Any]:
@@ -285,6 +361,7 @@ def _paths() -> dict[str, Any]:
             },
             "post": {
                 "operationId": "create_basin",
+                "parameters": [_REQUEST_TOKEN],
                 "requestBody": {"required": True, "content": _json(_ref("CreateBasinRequest"))},
                 "responses": _answers(_ok("201", _ref("BasinInfo"), "created")),
             },
@@ -317,6 +394,17 @@ def _paths() -> dict[str, Any]:
                     ("403", {"description": "the root basin", "content": _json(_ref("ErrorInfo"))}),
                 ),
             },
+            "patch": {
+                "operationId": "reconfigure_basin",
+                "requestBody": {
+                    "required": False,
+                    "content": _json(_ref("BasinReconfiguration")),
+                },
+                "responses": _answers(
+                    _ok("200", _ref("BasinConfig"), "the basin's config after the change"),
+                    ("403", {"description": "the root basin", "content": _json(_ref("ErrorInfo"))}),
+                ),
+            },
             "delete": {
                 "operationId": "delete_basin",
                 "responses": _answers(
@@ -334,6 +422,7 @@ def _paths() -> dict[str, Any]:
             },
             "post": {
                 "operationId": "create_stream",
+                "parameters": [_REQUEST_TOKEN],
                 "requestBody": {"required": True, "content": _json(_ref("CreateStreamRequest"))},
                 "responses": _answers(_ok("201", _ref("StreamInfo"), "created")),
             },
@@ -376,10 +465,18 @@ def _paths() -> dict[str, Any]:
             },
         },
         "/v1/streams/{stream}/records": {
-            "parameters": [_BASIN_HEADER, _STREAM_PATH, _FORMAT_HEADER],
+            "parameters": [
+                _BASIN_HEADER,
+                _STREAM_PATH,
+                _FORMAT_HEADER,
+                _ENCRYPTION_KEY,
+                _ENCRYPTION_CIPHER,
+                _ACCEPT_ENCODING,
+            ],
             "get": {
                 "operationId": "read",
                 "parameters": [
+                    _LAST_EVENT_ID,
                     _query("seq_num", _I64, "start at this sequence number"),
                     _query("timestamp", _I64, "start at the first record at or after it"),
                     _query("tail_offset", _I64, "start this many records before the tail"),
@@ -408,6 +505,7 @@ def _paths() -> dict[str, Any]:
             },
             "post": {
                 "operationId": "append",
+                "parameters": [_CONTENT_ENCODING],
                 "requestBody": {"required": True, "content": _json(_ref("AppendInput"))},
                 "responses": _answers(_ok("200", _ref("AppendAck"), "appended"), condition),
             },
