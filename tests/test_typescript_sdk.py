@@ -53,6 +53,12 @@ CHECKS = [
         for transport in ("s2s", "fetch")
         for check in ("append_session", "producer", "read_session", "read_session_follow")
     ),
+    "read_count_zero",
+    "reconfigure_basin",
+    "utf8_stream_name",
+    "encryption_aegis-256",
+    "encryption_aes-256-gcm",
+    "compressed_session_gzip",
     "error_stream_not_found",
     "error_wrong_token",
     "error_bad_basin_name",
