@@ -3,8 +3,9 @@ basins, streams, unary appends and reads (protobuf), conditions and commands, lo
 the S2S producer and read sessions.
 
 Not covered because walstream does not implement them (docs/guides/http.md): access tokens,
-metrics, locations, basin reconfiguration, encryption, stream configurations other than the
-fixed one; the last test checks that the SDK gets S2's errors for them.
+metrics, locations, stream configurations other than the fixed one; a test checks that the SDK
+gets S2's errors for them. Basin reconfiguration, compression, encryption, UTF-8 names,
+idempotent creates and SSE resumption are in test_server_s2_parity.py.
 """
 
 from __future__ import annotations
