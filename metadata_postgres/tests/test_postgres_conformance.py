@@ -47,7 +47,7 @@ def test_walstream_conformance_command(tmp_path: Path, postgres_dsn: str, config
         command += ["--metadata-config", str(config)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "PASS" in done.stdout and "failed   0" in done.stdout
+    assert "CERTIFIED" in done.stdout and "failed   0" in done.stdout
     assert f"passed   {len(_suite_tests())}" in done.stdout
     if configured:
         assert "per-test schema   mine -> mine-conformance-" in done.stdout
