@@ -342,7 +342,10 @@ class Client:
     async def compact(self) -> bool:
         """Run one compaction pass now (normally periodic); True if it rewrote objects."""
         self._gate.check_open()
-        compactor = self._runtime.compactor or self._runtime.new_compactor()
+        if self._runtime.compactor is None:
+            # Kept, so that close() cancels a pass run by hand too.
+            self._runtime.compactor = self._runtime.new_compactor()
+        compactor = self._runtime.compactor
         changed = await compactor.compact_once()
         await compactor.collect_garbage()
         return changed

@@ -75,9 +75,11 @@ __all__ = [
     "IndexEntry",
     "ObjectIdentity",
     "ObjectIndex",
+    "block_body",
     "check_foreign_footer",
     "check_identity",
     "checksum",
+    "cut_block_body",
     "decode_block",
     "decode_block_records",
     "describe_object",
@@ -561,6 +563,69 @@ def _decode_block(
             f"{entry.end_offset}"
         )
     return batches
+
+
+def block_body(
+    data: bytes | memoryview, entry: IndexEntry, crc_seed: int = 0, *, at: int = 0
+) -> memoryview:
+    """The batch bytes of the data block ``entry`` of an object, checked against the block's CRC
+    and its index entry's size but not decoded: what a rewrite copies into a new object (the
+    copy gets a fresh CRC of its own). ``data`` holds the block from byte ``at`` on. Raises
+    :class:`CorruptionError` on a truncated block or a checksum mismatch."""
+    if at < 0 or len(data) - at < entry.size or entry.size < _MIN_BLOCK_SIZE:
+        raise CorruptionError(
+            f"data block of stream {entry.stream_id} at {entry.position} is "
+            f"{max(0, len(data) - at)} bytes, index says {entry.size} (truncated read?)"
+        )
+    view = memoryview(data)
+    body_end = at + entry.size - BLOCK_CRC_SIZE
+    (stored_crc,) = _U32.unpack_from(view, body_end)
+    body = view[at:body_end]
+    if checksum(body, crc_seed) != stored_crc:
+        raise CorruptionError(
+            f"data block checksum mismatch (stream {entry.stream_id}, offsets "
+            f"[{entry.start_offset}, {entry.end_offset}), object position {entry.position})"
+            + ("; the bytes are damaged or belong to another object" if crc_seed else "")
+        )
+    return body
+
+
+def cut_block_body(
+    body: memoryview, entry: IndexEntry, start_offset: int, end_offset: int
+) -> tuple[memoryview, int, int]:
+    """The whole batches of a checked block body (:func:`block_body`) that hold offsets in
+    ``[start_offset, end_offset)``, as ``(bytes, first offset, end offset)``; the first batch may
+    begin before ``start_offset`` (batches are never split). Walks the batch headers and checks
+    that they continue the index entry's stream and offsets (:class:`CorruptionError`
+    otherwise); an empty result has equal offsets."""
+    position = 0
+    next_offset = entry.start_offset
+    first = last = -1
+    first_offset = end = entry.start_offset
+    try:
+        while position < len(body):
+            header = decode_batch_header(body, position)
+            if header.stream_id != entry.stream_id or header.base_offset != next_offset:
+                raise CorruptionError(
+                    f"data block holds stream {header.stream_id} offset {header.base_offset}, "
+                    f"expected stream {entry.stream_id} offset {next_offset}"
+                )
+            if header.end_offset > start_offset and header.base_offset < end_offset:
+                if first < 0:
+                    first, first_offset = position, header.base_offset
+                last, end = position + header.size, header.end_offset
+            position += header.size
+            next_offset = header.end_offset
+    except (struct.error, ValueError, IndexError) as exc:
+        raise CorruptionError(f"malformed batch in data block: {exc}") from None
+    if position != len(body) or next_offset != entry.end_offset:
+        raise CorruptionError(
+            f"data block of stream {entry.stream_id} ends at offset {next_offset}, index says "
+            f"{entry.end_offset}"
+        )
+    if first < 0:
+        return body[0:0], start_offset, start_offset
+    return body[first:last], first_offset, end
 
 
 def decode_block(

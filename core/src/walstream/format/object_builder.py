@@ -192,6 +192,60 @@ class ObjectBuilder:
             self._block_bytes, self._block_crc = block_bytes, block_crc
             self._block_records, self._block_end = block_records, block_end
 
+    def add_block_body(
+        self, stream_id: int, start_offset: int, end_offset: int, body: bytes | memoryview
+    ) -> None:
+        """Append ``body``, whole encoded batches of ``stream_id`` holding offsets
+        ``[start_offset, end_offset)`` (the checked body of another object's data block,
+        :func:`walstream.format.object.block_body`), without decoding its batches: a rewrite
+        copies blocks at the speed of the CRC. Bodies of one stream join one block while it
+        stays within the block target (small blocks merge); a body larger than the target gets
+        a block of its own. The grouping and contiguity rules of :meth:`add_stream_batches`
+        apply."""
+        if self._finished:
+            raise InvalidArgument("add_block_body() after finish(): start a new ObjectBuilder")
+        count = end_offset - start_offset
+        if count <= 0 or count > _MAX_I32 or not body:
+            raise InvalidArgument(
+                f"stream {stream_id}: block body [{start_offset}, {end_offset}) of {len(body)} "
+                "bytes holds no records or too many"
+            )
+        if stream_id != self._stream_id:
+            if stream_id in self._seen_streams:
+                raise InvalidArgument(
+                    f"stream {stream_id} was already added to this object: add all "
+                    "batches of a stream together"
+                )
+            self._close_stream()
+            self._seen_streams.add(stream_id)
+            self._stream_id = stream_id
+            self._stream_start = start_offset
+            self._stream_bytes = 0
+            self._block_end = start_offset
+        elif self._stream_start < 0:
+            self._stream_start = self._block_end = start_offset
+        elif start_offset != self._block_end:
+            raise InvalidArgument(
+                f"stream {stream_id}: block starts at offset {start_offset}, expected "
+                f"{self._block_end} (batches of a stream must be contiguous)"
+            )
+        size = len(body)
+        if self._block_bytes and (
+            self._block_bytes + size > self._block_target_bytes
+            or self._block_records + count > _MAX_I32
+        ):
+            self._cut_block()
+        if not self._block_bytes:
+            self._block_start = start_offset
+            self._block_crc = self._crc_seed
+        self._parts.append(bytes(body))
+        self._block_bytes += size
+        self._block_crc = checksum(body, self._block_crc)
+        self._block_records += count
+        self._block_end = end_offset
+        if self._block_bytes >= self._block_target_bytes:
+            self._cut_block()
+
     def add_stream_run(
         self,
         stream_id: int,
