@@ -427,7 +427,9 @@ async def test_many_random_passes_keep_every_record() -> None:
 def test_the_split_size_is_a_deployment_option() -> None:
     from walstream.config.engine import ENGINE_SECTIONS
 
-    sections = {name: {o.name: o.default for o in options} for name, options in ENGINE_SECTIONS.items()}
+    sections = {
+        name: {o.name: o.default for o in options} for name, options in ENGINE_SECTIONS.items()
+    }
     sections["compaction"]["stream_split_bytes"] = 1 << 20
     sections["node"]["id"] = 1
     sections["append_timeout"] = 30.0

@@ -19,6 +19,7 @@ from walstream.format.batch import decode_batch, encode_batch
 from walstream.format.object import (
     FOOTER_SIZE,
     FOOTER_SIZE_V1,
+    FORMAT_VERSION,
     INDEX_ENTRY_SIZE,
     OBJECT_MAGIC,
     OBJECT_MAGIC_V1,
@@ -645,14 +646,15 @@ _FIELD_NAMES = (
 
 
 def _refooter(data: bytes, **changes: int | bytes) -> bytes:
-    """Rewrite the fields of a version-2 footer with a valid footer CRC, to test checks beyond
+    """Rewrite the fields of a version-3 footer with a valid footer CRC, to test checks beyond
     the checksum."""
-    fields = struct.Struct(">QIIIHH16sQ12s")
+    fields = struct.Struct(">QIIIHH16sQI8s")
+    names = (*_FIELD_NAMES, "page_entries")
     values: dict[str, int | bytes] = dict(
-        zip(_FIELD_NAMES, fields.unpack_from(data, len(data) - FOOTER_SIZE)[:8], strict=True)
+        zip(names, fields.unpack_from(data, len(data) - FOOTER_SIZE)[:9], strict=True)
     )
     values.update(changes)
-    packed = fields.pack(*values.values(), bytes(12))
+    packed = fields.pack(*values.values(), bytes(8))
     footer = packed + struct.pack(">I", crc32c.crc32c(packed)) + OBJECT_MAGIC
     return data[:-FOOTER_SIZE] + footer
 
@@ -660,14 +662,18 @@ def _refooter(data: bytes, **changes: int | bytes) -> bytes:
 def test_footer_checks_beyond_the_checksum() -> None:
     good = build(small_streams(), block_target_bytes=120).data
     assert _refooter(good) == good
-    with pytest.raises(CorruptionError, match="version 3 is not supported"):
-        parse_footer(_refooter(good, version=3)[-FOOTER_SIZE:], len(good))
-    with pytest.raises(CorruptionError, match="version 1 is not supported"):
-        parse_footer(_refooter(good, version=1)[-FOOTER_SIZE:], len(good))
+    with pytest.raises(CorruptionError, match="version 4 is not supported"):
+        parse_footer(_refooter(good, version=4)[-FOOTER_SIZE:], len(good))
+    with pytest.raises(CorruptionError, match="version 2 is not supported"):
+        parse_footer(_refooter(good, version=2)[-FOOTER_SIZE:], len(good))
     with pytest.raises(CorruptionError, match="flags"):
         parse_index(_refooter(good, flags=1), len(good))
     with pytest.raises(CorruptionError, match="entries"):
         parse_index(_refooter(good, entry_count=1), len(good))
+    with pytest.raises(CorruptionError, match="a page"):
+        parse_index(_refooter(good, page_entries=0), len(good))
+    with pytest.raises(CorruptionError):
+        parse_index(_refooter(good, page_entries=1), len(good))
     with pytest.raises(CorruptionError):
         parse_index(_refooter(good, index_position=0), len(good))
 
@@ -679,7 +685,7 @@ def test_describe_object_lists_the_footer_and_every_block() -> None:
     built = build(small_streams(), block_target_bytes=120)
     index = parse_index(built.data, len(built.data))
     lines = describe_object(built.data)
-    assert "format version 2" in lines[0]
+    assert f"format version {FORMAT_VERSION}" in lines[0]
     assert lines[1] == f"identity: deployment {DEPLOYMENT.hex()}, object id 42"
     assert len(lines) == 3 + len(index.entries)
     assert all("crc ok" in line for line in lines[3:])

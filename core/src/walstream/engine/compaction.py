@@ -458,5 +458,3 @@ class Compactor:
         if self._on_destroyed is not None:
             self._on_destroyed(set(ids))
         return len(ids)
-
-
