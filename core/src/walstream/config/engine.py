@@ -74,11 +74,12 @@ class CompactionConfig:
     interval_s: float = 30.0
     min_objects: int = 4
     """Compact when at least this many candidate objects wait."""
-    small_object_bytes: int = 32 << 20
+    small_object_bytes: int = 8 << 20
     """Stream-set objects below this size merge into larger stream-set objects; stream objects
-    from ``stream_split_bytes`` up to this size merge with their stream's neighbours. At half of
-    ``max_object_bytes``, a full step's output is no longer small, so it is not rewritten
-    again."""
+    from ``stream_split_bytes`` up to this size merge with their stream's neighbours (none with
+    the defaults, where both are 8 MiB: raise it to merge a busy stream's objects into larger
+    ones, at the price of rewriting them). Uploads at high throughput are already this large,
+    so compaction rewrites what small uploads made, not the bulk of the data."""
     max_object_bytes: int = 64 << 20
     """Largest object compaction writes, and the most source bytes one step reads and holds in
     memory (sources plus outputs: at most twice this)."""
@@ -87,7 +88,14 @@ class CompactionConfig:
     below it, its data stays in stream-set objects with other small streams (AutoMQ's default
     split size). Stream objects smaller than this merge into stream-set objects."""
 
+    max_bytes_per_s: int = 64 << 20
+    """Average source bytes a pass reads (and so about as many it writes) per second: a pass
+    pauses between steps to keep under it, so its disk and network bursts leave room for the
+    WAL and uploads (0: no limit)."""
+
     def __post_init__(self) -> None:
+        if self.max_bytes_per_s < 0:
+            raise ConfigError("compaction.max_bytes_per_s must be 0 (no limit) or positive")
         for name in ("small_object_bytes", "stream_split_bytes"):
             if getattr(self, name) > self.max_object_bytes:
                 raise ConfigError(
@@ -271,6 +279,14 @@ _COMPACTION_OPTIONS = (
         minimum=1,
     ),
     Option(
+        "max_bytes_per_s",
+        "size",
+        "average bytes per second a compaction pass reads (it writes about as many); 0: no "
+        "limit",
+        default=CompactionConfig.max_bytes_per_s,
+        minimum=0,
+    ),
+    Option(
         "stream_split_bytes",
         "size",
         "a stream gets stream objects of its own once a compaction step holds this many of its "
@@ -371,6 +387,7 @@ def engine_config_from_sections(sections: Mapping[str, Any]) -> EngineConfig:
             small_object_bytes=compaction["small_object_bytes"],
             max_object_bytes=compaction["max_object_bytes"],
             stream_split_bytes=compaction["stream_split_bytes"],
+            max_bytes_per_s=compaction["max_bytes_per_s"],
         ),
         append_timeout_s=sections["append_timeout"],
         advertise=_check_advertise(sections["node"].get("advertise")),

@@ -57,6 +57,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from walstream.clock import Clock, Rng, make_rng
 from walstream.config.engine import CompactionConfig
@@ -89,6 +90,7 @@ from walstream.objects.contract import ObjectStore
 __all__ = ["MAX_STEP_SOURCES", "Compactor", "PassReport"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 MAX_STEP_SOURCES = 500
 """Most source objects one step replaces: bounds a step's metadata transaction and GETs
@@ -151,10 +153,15 @@ class Compactor:
         self._task: asyncio.Task[None] | None = None
         self._passes: set[asyncio.Task[bool]] = set()
         self._stop = asyncio.Event()
+        self._one_pass = asyncio.Lock()
+        """One pass at a time: a pass asked for by hand waits for the periodic one."""
         self._halt = threading.Event()
         """Set with ``_stop``: tells a worker thread to abandon its step."""
         self.last_pass: PassReport | None = None
         """The report of the last pass that ran to its end."""
+        self.in_thread = True
+        """Run the CPU work of a step in a worker thread (False: on the event loop, to measure
+        what the thread buys: ``bench/streams_scale.py --inline-compaction``)."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="compactor")
@@ -293,6 +300,10 @@ class Compactor:
             ) from None
 
     async def _pass(self) -> bool:
+        async with self._one_pass:
+            return await self._pass_alone()
+
+    async def _pass_alone(self) -> bool:
         if self._stop.is_set():
             return False
         committed = await self._metadata.list_objects(state=ObjectState.COMMITTED)
@@ -310,7 +321,17 @@ class Compactor:
             sum(step.size for step in steps),
         )
         done = sources = outputs = bytes_read = bytes_written = corrupt = 0
+        pace_from = self._clock.monotonic()
+        paced_bytes = 0
         for number, step in enumerate(steps, 1):
+            if self._config.max_bytes_per_s and paced_bytes:
+                # Keep the pass's average under max_bytes_per_s: wait until the bytes read so
+                # far are due, then go on (the wait ends at once when the compactor stops).
+                due = pace_from + paced_bytes / self._config.max_bytes_per_s
+                delay = due - self._clock.monotonic()
+                if delay > 0 and await self._clock.wait(self._stop, delay):
+                    break
+            paced_bytes += step.size
             try:
                 result = await self._run_step(step)
             except CorruptionError as exc:
@@ -350,7 +371,7 @@ class Compactor:
         except NotFound:
             log.info("compaction step dropped: a source was removed meanwhile")
             return None
-        plan: StepPlan = await asyncio.to_thread(
+        plan: StepPlan = await self._offload(
             plan_step,
             list(zip(step.sources, datas, strict=True)),
             streams,
@@ -368,7 +389,7 @@ class Compactor:
             else []
         )
         identities = [ObjectIdentity(deployment_id, object_id) for object_id in ids]
-        built = await asyncio.to_thread(
+        built = await self._offload(
             build_outputs, plan.outputs, identities, DEFAULT_BLOCK_TARGET_BYTES, self._halt
         )
         shapes = [
@@ -414,6 +435,13 @@ class Compactor:
         size = sum(commit.size for commit in commits)
         self._hooks.emit(Compacted(source_ids, [commit.object_id for commit in commits], size))
         return sum(info.size for info in step.sources), size, len(commits)
+
+    async def _offload(self, function: Callable[..., _T], *args: object) -> _T:
+        """Run CPU-heavy ``function`` in a worker thread (:attr:`in_thread`, the default) or
+        inline on the event loop (benchmarks compare the two)."""
+        if self.in_thread:
+            return await asyncio.to_thread(function, *args)
+        return function(*args)
 
     async def _fetch_all(self, sources: Sequence[ObjectInfo]) -> list[bytes]:
         """Every source object whole, one GET each, a few at a time."""
