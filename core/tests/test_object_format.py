@@ -393,6 +393,29 @@ def test_a_run_whose_batches_fill_a_block_exactly_cuts_it_where_one_by_one_does(
     assert len(parse_index(got.data[-got.index_size :], len(got.data)).entries) == 4
 
 
+@pytest.mark.parametrize("block_target_bytes", [1, 40, 1 << 20])
+def test_streams_of_one_batch_added_whole_build_the_same_bytes(block_target_bytes: int) -> None:
+    """The uploader adds a stream of one batch with add_stream_batch: byte for byte what
+    adding it batch by batch builds, with a stream of several batches after it too."""
+    identity = ObjectIdentity(bytes(range(16)), 7)
+    singles = [encode_batch(s, 1, 10 * s, [Record(b"v" * s)], [s]) for s in range(1, 30)]
+    tail = [encode_batch(99, 1, n, [Record(b"t")], [0]) for n in range(3)]
+    one_by_one = ObjectBuilder(block_target_bytes=block_target_bytes, identity=identity)
+    whole = ObjectBuilder(block_target_bytes=block_target_bytes, identity=identity)
+    for batch in singles + tail:
+        one_by_one.add_batch(batch)
+    for s, batch in enumerate(singles, 1):
+        whole.add_stream_batch(s, batch, 10 * s, 10 * s + 1)
+    whole.add_stream_run(99, tail, [0, 1, 2], [1, 2, 3])
+    expected, got = one_by_one.finish(), whole.finish()
+    assert got.data == expected.data and got.slices == expected.slices
+    builder = ObjectBuilder()
+    builder.add_stream_batch(1, singles[0], 10, 11)
+    builder.add_stream_batch(2, singles[1], 20, 21)
+    with pytest.raises(InvalidArgument, match="together"):
+        builder.add_stream_batch(1, singles[0], 11, 12)
+
+
 def test_a_run_with_a_gap_or_an_empty_batch_is_refused() -> None:
     batch = encode_batch(1, 0, 0, [Record(b"a")], [0])
     with pytest.raises(InvalidArgument, match="contiguous"):

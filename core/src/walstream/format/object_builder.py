@@ -272,6 +272,35 @@ class ObjectBuilder:
         if self._block_bytes >= self._block_target_bytes:
             self._cut_block()
 
+    def add_stream_batch(
+        self, stream_id: int, data: bytes, base_offset: int, end_offset: int
+    ) -> None:
+        """:meth:`add_stream_run` for a stream of ONE batch (the common case in a block of
+        appends to many streams), with the same bytes and the same checks, at a fraction of the
+        Python work."""
+        count = end_offset - base_offset
+        if (
+            stream_id == self._stream_id
+            or stream_id in self._seen_streams
+            or self._finished
+            or not 0 < count <= _MAX_I32
+        ):
+            self.add_stream_batches(stream_id, [(data, base_offset, end_offset)])
+            return
+        self._close_stream()
+        self._seen_streams.add(stream_id)
+        self._stream_id = stream_id
+        self._stream_start = base_offset
+        self._stream_bytes = 0
+        self._parts.append(data)
+        self._block_start = base_offset
+        self._block_end = end_offset
+        self._block_bytes = len(data)
+        self._block_crc = crc32c(data, self._crc_seed)
+        self._block_records = count
+        if self._block_bytes >= self._block_target_bytes:
+            self._cut_block()
+
     def add_stream_run(
         self,
         stream_id: int,
