@@ -146,6 +146,12 @@ class ObjectReader:
         """The largest ``prefetch_bytes`` seen."""
         return self._ahead.most_prefetch_bytes
 
+    def forget_stream(self, stream_id: int) -> None:
+        """The stream went idle: drop its scan position and read-ahead (a later read starts a
+        new scan)."""
+        self._sequential.pop(stream_id, None)
+        self.release(stream_id)
+
     def release(self, stream_id: int) -> None:
         """Drop (and cancel) what was read ahead for ``stream_id``: its scan will not read it."""
         self._ahead.release(stream_id)
