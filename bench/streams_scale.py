@@ -6,8 +6,11 @@ For each N and metadata store, in a fresh folder:
 - **create/s**: N ``create_stream`` calls, 64 at a time;
 - **claim/s**: the first append to each stream (it claims the stream, then appends one 1 KiB
   record), 64 at a time;
-- **RSS per stream**: the process's resident memory after the claims, less before the creates,
-  over N (the node, its caches and the metadata client together);
+- **RSS per stream**: the process's resident memory after the claims (each appended one
+  16-byte record, so the LogCache holds little) and after the node parked the idle streams, less
+  before the creates, over N (the node, its caches, the metadata client and this script's
+  handles together; the allocator rarely gives memory back, so this is an upper bound for idle
+  streams);
 - **random ÷ single**: ``--clients`` closed loops (the shared ``_loadgen.closed_loop``) of 1 KiB
   appends, either all to ONE stream or each to a stream drawn at random from the N; ``--runs``
   runs of each, alternating, ``--seconds`` each; the ratio of the medians;
@@ -263,10 +266,11 @@ async def measure_point(
         point["create_per_s"] = n / await in_parallel(n, create)
 
         async def claim(index: int) -> None:
-            await streams[index].append([Record(VALUE)])
+            await streams[index].append([Record(b"c" * 16)])
 
         point["claim_per_s"] = n / await in_parallel(n, claim)
         await client.flush()
+        point["parked"] = client._streams.park_idle(all_idle=True)
         gc.collect()
         point["rss_per_stream"] = max(0, rss_bytes() - rss_before) / n
         started = time.perf_counter()
@@ -321,8 +325,9 @@ COLUMNS = [
     Column("random_per_s", "random/s", 9, ".0f"),
     Column("random_over_single", "rnd÷one", 7, ".2f"),
     Column("compaction_pass_s", "pass s", 7, ".1f"),
-    Column("objects_before", "obj bef", 7),
-    Column("objects_after_pass", "obj aft", 7),
+    Column("objects_before", "objects", 7),
+    Column("pass_sources", "replaced", 8),
+    Column("pass_outputs", "written", 7),
     Column("window_min_ratio", "min win", 7, ".2f"),
     Column("close_s", "close s", 7, ".2f"),
     Column("list_s", "list s", 7, ".3f"),
