@@ -21,7 +21,7 @@ from walstream.metadata import ObjectState
 from walstream.metadata.sqlite import SqliteMetadataStore
 from walstream.objects.local import LocalObjectStore
 from walstream.wal.memory import MemoryWal
-from walstream_conformance.harness.serve import WalstreamServe
+from walstream_conformance.harness.serve import WalstreamServe, walstream_command
 
 NAMES = [f"s{i}" for i in range(40)]
 ROUNDS = 30
@@ -201,7 +201,8 @@ class ServeWithStuckReads(WalstreamServe):
     stop_timeout_s = 60.0
 
     def command(self) -> list[str]:
-        return [sys.executable, "-c", SERVE, *super().command()[1:]]
+        arguments = super().command()[len(walstream_command()) :]
+        return [sys.executable, "-c", SERVE, *arguments]
 
 
 async def test_a_sigterm_drain_cancels_a_running_pass(tmp_path: Path) -> None:
