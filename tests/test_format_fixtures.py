@@ -1,7 +1,7 @@
 """Old-format fixtures: bytes written by the code of commit 7f2c0d6 must still be read.
 
 ``tests/fixtures/formats`` holds an ebs WAL file, S3 WAL objects (format 2 and 1), uploaded
-objects (format 2 and 1), quorum chunks (format 2, 1 and a damage marker), a chunk server's
+objects (format 3, 2 and 1; format 3, the paged index, was added later by the same script), quorum chunks (format 2, 1 and a damage marker), a chunk server's
 segment folder and chunk-server protocol frames, all made by ``make_fixtures.py`` from the inputs
 below. Each test reads a fixture with today's code and checks the exact records (offsets, keys,
 values, headers, timestamps); where the encoder is deterministic it also checks that today's
@@ -26,6 +26,8 @@ from walstream.format.object import (
     ObjectIdentity,
     decode_block_records,
     parse_footer,
+    parse_index_pages,
+    parse_index_top,
     verify_object,
 )
 from walstream.format.object_builder import ObjectBuilder
@@ -95,9 +97,12 @@ def s3_wal_object(version: int) -> bytes:
 
 
 def build_object(version: int) -> bytes:
-    identity = ObjectIdentity(DEPLOYMENT_ID, OBJECT_ID) if version == 2 else None
-    # A small block target: stream 7's two batches land in two blocks.
-    builder = ObjectBuilder(block_target_bytes=64, identity=identity)
+    identity = ObjectIdentity(DEPLOYMENT_ID, OBJECT_ID) if version >= 2 else None
+    # A small block target: stream 7's two batches land in two blocks; two index entries a
+    # page: version 3's four entries take two pages.
+    builder = ObjectBuilder(
+        block_target_bytes=64, identity=identity, format_version=version, index_page_entries=2
+    )
     for stream_id, start, end in sorted(WAL_ORDER):
         builder.add_batch(_batch(stream_id, start, end))
     return builder.finish().data
@@ -259,6 +264,29 @@ def test_s3_wal_object_of_format_1_is_read_and_rewritten_identically() -> None:
 
 
 # -- uploaded objects ---------------------------------------------------------------------------
+
+
+async def test_object_of_format_3_is_read_whole_and_by_pages_and_rebuilt_identically() -> None:
+    data = (FIXTURES / "object_v3.wso").read_bytes()
+    identity = ObjectIdentity(DEPLOYMENT_ID, OBJECT_ID)
+    footer = parse_footer(data[-FOOTER_SIZE:], len(data))
+    assert (footer.version, footer.identity, footer.entry_count) == (3, identity, 4)
+    assert (footer.page_entries, footer.page_count) == (2, 2)
+    index = verify_object(data, identity)
+    store = MemoryObjectStore()
+    await store.put("o.wso", data)
+    assert repr(await read_index(store, "o.wso", expected=identity)) == repr(index)
+    _check_object_records(data, index.entries, index.block_crc_seed)
+    # The paged path: the top index names one page per stream.
+    top = parse_index_top(data, len(data), expected=identity)
+    assert [(p.last_stream_id, p.last_end_offset, p.entry_count) for p in top.pages] == [
+        (7, 5, 2),
+        (42, 12, 2),
+    ]
+    assert list(top.pages_for(7)) == [0, 1] and list(top.pages_for(42)) == [1]
+    pages = parse_index_pages(top, range(2), data, 0)
+    assert [e for number in (0, 1) for e in pages[number]] == index.entries
+    assert build_object(3) == data
 
 
 async def test_object_of_format_2_is_read_and_rebuilt_identically() -> None:

@@ -19,6 +19,7 @@ from walstream.format.batch import decode_batch, encode_batch
 from walstream.format.object import (
     FOOTER_SIZE,
     FOOTER_SIZE_V1,
+    FORMAT_VERSION,
     INDEX_ENTRY_SIZE,
     OBJECT_MAGIC,
     OBJECT_MAGIC_V1,
@@ -392,6 +393,29 @@ def test_a_run_whose_batches_fill_a_block_exactly_cuts_it_where_one_by_one_does(
     assert len(parse_index(got.data[-got.index_size :], len(got.data)).entries) == 4
 
 
+@pytest.mark.parametrize("block_target_bytes", [1, 40, 1 << 20])
+def test_streams_of_one_batch_added_whole_build_the_same_bytes(block_target_bytes: int) -> None:
+    """The uploader adds a stream of one batch with add_stream_batch: byte for byte what
+    adding it batch by batch builds, with a stream of several batches after it too."""
+    identity = ObjectIdentity(bytes(range(16)), 7)
+    singles = [encode_batch(s, 1, 10 * s, [Record(b"v" * s)], [s]) for s in range(1, 30)]
+    tail = [encode_batch(99, 1, n, [Record(b"t")], [0]) for n in range(3)]
+    one_by_one = ObjectBuilder(block_target_bytes=block_target_bytes, identity=identity)
+    whole = ObjectBuilder(block_target_bytes=block_target_bytes, identity=identity)
+    for batch in singles + tail:
+        one_by_one.add_batch(batch)
+    for s, batch in enumerate(singles, 1):
+        whole.add_stream_batch(s, batch, 10 * s, 10 * s + 1)
+    whole.add_stream_run(99, tail, [0, 1, 2], [1, 2, 3])
+    expected, got = one_by_one.finish(), whole.finish()
+    assert got.data == expected.data and got.slices == expected.slices
+    builder = ObjectBuilder()
+    builder.add_stream_batch(1, singles[0], 10, 11)
+    builder.add_stream_batch(2, singles[1], 20, 21)
+    with pytest.raises(InvalidArgument, match="together"):
+        builder.add_stream_batch(1, singles[0], 11, 12)
+
+
 def test_a_run_with_a_gap_or_an_empty_batch_is_refused() -> None:
     batch = encode_batch(1, 0, 0, [Record(b"a")], [0])
     with pytest.raises(InvalidArgument, match="contiguous"):
@@ -645,14 +669,15 @@ _FIELD_NAMES = (
 
 
 def _refooter(data: bytes, **changes: int | bytes) -> bytes:
-    """Rewrite the fields of a version-2 footer with a valid footer CRC, to test checks beyond
+    """Rewrite the fields of a version-3 footer with a valid footer CRC, to test checks beyond
     the checksum."""
-    fields = struct.Struct(">QIIIHH16sQ12s")
+    fields = struct.Struct(">QIIIHH16sQI8s")
+    names = (*_FIELD_NAMES, "page_entries")
     values: dict[str, int | bytes] = dict(
-        zip(_FIELD_NAMES, fields.unpack_from(data, len(data) - FOOTER_SIZE)[:8], strict=True)
+        zip(names, fields.unpack_from(data, len(data) - FOOTER_SIZE)[:9], strict=True)
     )
     values.update(changes)
-    packed = fields.pack(*values.values(), bytes(12))
+    packed = fields.pack(*values.values(), bytes(8))
     footer = packed + struct.pack(">I", crc32c.crc32c(packed)) + OBJECT_MAGIC
     return data[:-FOOTER_SIZE] + footer
 
@@ -660,14 +685,18 @@ def _refooter(data: bytes, **changes: int | bytes) -> bytes:
 def test_footer_checks_beyond_the_checksum() -> None:
     good = build(small_streams(), block_target_bytes=120).data
     assert _refooter(good) == good
-    with pytest.raises(CorruptionError, match="version 3 is not supported"):
-        parse_footer(_refooter(good, version=3)[-FOOTER_SIZE:], len(good))
-    with pytest.raises(CorruptionError, match="version 1 is not supported"):
-        parse_footer(_refooter(good, version=1)[-FOOTER_SIZE:], len(good))
+    with pytest.raises(CorruptionError, match="version 4 is not supported"):
+        parse_footer(_refooter(good, version=4)[-FOOTER_SIZE:], len(good))
+    with pytest.raises(CorruptionError, match="version 2 is not supported"):
+        parse_footer(_refooter(good, version=2)[-FOOTER_SIZE:], len(good))
     with pytest.raises(CorruptionError, match="flags"):
         parse_index(_refooter(good, flags=1), len(good))
     with pytest.raises(CorruptionError, match="entries"):
         parse_index(_refooter(good, entry_count=1), len(good))
+    with pytest.raises(CorruptionError, match="a page"):
+        parse_index(_refooter(good, page_entries=0), len(good))
+    with pytest.raises(CorruptionError):
+        parse_index(_refooter(good, page_entries=1), len(good))
     with pytest.raises(CorruptionError):
         parse_index(_refooter(good, index_position=0), len(good))
 
@@ -679,7 +708,7 @@ def test_describe_object_lists_the_footer_and_every_block() -> None:
     built = build(small_streams(), block_target_bytes=120)
     index = parse_index(built.data, len(built.data))
     lines = describe_object(built.data)
-    assert "format version 2" in lines[0]
+    assert f"format version {FORMAT_VERSION}" in lines[0]
     assert lines[1] == f"identity: deployment {DEPLOYMENT.hex()}, object id 42"
     assert len(lines) == 3 + len(index.entries)
     assert all("crc ok" in line for line in lines[3:])

@@ -25,7 +25,7 @@ from walstream.errors import (
     PreconditionFailed,
 )
 from walstream.format.batch import encode_batch
-from walstream.format.object import ObjectIdentity, parse_footer, parse_index
+from walstream.format.object import FORMAT_VERSION, ObjectIdentity, parse_footer, parse_index
 from walstream.format.object_builder import ObjectBuilder
 from walstream.format.object_keys import is_identity_key, legacy_object_key, object_key
 from walstream.metadata import (
@@ -190,7 +190,7 @@ async def test_uploads_write_the_identity_into_every_object() -> None:
     for info in infos:
         data = await deployment.objects.get(info.key)
         footer = parse_footer(data, len(data))
-        assert footer.version == 2
+        assert footer.version == FORMAT_VERSION
         assert footer.identity == ObjectIdentity(deployment_id, info.object_id)
         assert info.key == object_key(info.object_id, deployment_id)
 
@@ -206,7 +206,7 @@ def test_inspect_object_shows_the_identity_of_new_and_old_files(
         (tmp_path / name).write_bytes(builder.finish().data)
     assert cli_main(["inspect", "object", str(tmp_path / "new.wso")]) == 0
     out = capsys.readouterr().out
-    assert "format version 2" in out
+    assert f"format version {FORMAT_VERSION}" in out
     assert f"identity: deployment {deployment_id.hex()}, object id 77" in out
     assert "verified" in out
     assert cli_main(["inspect", "object", str(tmp_path / "old.wso")]) == 0

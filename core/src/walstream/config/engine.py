@@ -65,13 +65,47 @@ class UploadConfig:
 
 @dataclass(frozen=True)
 class CompactionConfig:
+    """The ``compaction:`` section (docs/architecture/compaction.md explains the shape).
+
+    Sizes must satisfy ``stream_split_bytes <= max_object_bytes`` and ``small_object_bytes <=
+    max_object_bytes`` (:class:`~walstream.errors.ConfigError` otherwise)."""
+
     enabled: bool = True
     interval_s: float = 30.0
     min_objects: int = 4
-    """Compact when at least this many small objects wait."""
+    """Compact when at least this many candidate objects wait."""
     small_object_bytes: int = 8 << 20
-    """Stream-set objects and stream objects below this size are compaction candidates."""
-    max_object_bytes: int = 256 << 20
+    """Stream-set objects below this size merge into larger stream-set objects; stream objects
+    from ``stream_split_bytes`` up to this size merge with their stream's neighbours (none with
+    the defaults, where both are 8 MiB: raise it to merge a busy stream's objects into larger
+    ones, at the price of rewriting them). Uploads at high throughput are already this large,
+    so compaction rewrites what small uploads made, not the bulk of the data."""
+    max_object_bytes: int = 64 << 20
+    """Largest object compaction writes, and the most source bytes one step reads and holds in
+    memory (sources plus outputs: at most twice this)."""
+    stream_split_bytes: int = 8 << 20
+    """A stream gets stream objects of its own once a step holds this many of its live bytes;
+    below it, its data stays in stream-set objects with other small streams (AutoMQ's default
+    split size). Stream objects smaller than this merge into stream-set objects."""
+
+    max_bytes_per_s: int = 64 << 20
+    """Average source bytes a pass reads (and so about as many it writes) per second: a pass
+    pauses between steps to keep under it, so its disk and network bursts leave room for the
+    WAL and uploads (0: no limit)."""
+
+    def __post_init__(self) -> None:
+        if self.max_bytes_per_s < 0:
+            raise ConfigError("compaction.max_bytes_per_s must be 0 (no limit) or positive")
+        for name in ("small_object_bytes", "stream_split_bytes"):
+            if getattr(self, name) > self.max_object_bytes:
+                raise ConfigError(
+                    f"compaction.{name} ({getattr(self, name)} bytes) must not exceed "
+                    f"compaction.max_object_bytes ({self.max_object_bytes} bytes): a step "
+                    "reads at most max_object_bytes; raise max_object_bytes or lower it"
+                )
+        for name in ("small_object_bytes", "stream_split_bytes", "max_object_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"compaction.{name} must be at least 1 byte")
 
 
 @dataclass(frozen=True)
@@ -232,15 +266,32 @@ _COMPACTION_OPTIONS = (
     Option(
         "small_object_bytes",
         "size",
-        "objects below this size are compaction candidates",
+        "stream-set objects below this size merge into larger ones; stream objects from "
+        "stream_split_bytes up to this size merge with their stream's neighbours",
         default=CompactionConfig.small_object_bytes,
         minimum=1,
     ),
     Option(
         "max_object_bytes",
         "size",
-        "largest object compaction writes",
+        "largest object compaction writes, and the most bytes one step reads (memory: twice this)",
         default=CompactionConfig.max_object_bytes,
+        minimum=1,
+    ),
+    Option(
+        "max_bytes_per_s",
+        "size",
+        "average bytes per second a compaction pass reads (it writes about as many); 0: no "
+        "limit",
+        default=CompactionConfig.max_bytes_per_s,
+        minimum=0,
+    ),
+    Option(
+        "stream_split_bytes",
+        "size",
+        "a stream gets stream objects of its own once a compaction step holds this many of its "
+        "bytes; smaller streams stay together in stream-set objects",
+        default=CompactionConfig.stream_split_bytes,
         minimum=1,
     ),
 )
@@ -335,6 +386,8 @@ def engine_config_from_sections(sections: Mapping[str, Any]) -> EngineConfig:
             min_objects=compaction["min_objects"],
             small_object_bytes=compaction["small_object_bytes"],
             max_object_bytes=compaction["max_object_bytes"],
+            stream_split_bytes=compaction["stream_split_bytes"],
+            max_bytes_per_s=compaction["max_bytes_per_s"],
         ),
         append_timeout_s=sections["append_timeout"],
         advertise=_check_advertise(sections["node"].get("advertise")),

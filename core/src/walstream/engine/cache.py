@@ -133,18 +133,34 @@ class LogBlock:
 
     def acked_runs(self) -> list[StreamRun]:
         """The acknowledged batches, one run per stream, streams in the order of their first
-        batch here (what the uploader writes)."""
+        batch here (what the uploader writes). One pass over the columns: each run gets its
+        offsets, epoch, timestamps and size as it grows, so the uploader does no further work
+        per batch to describe a stream (a block of random appends holds thousands of streams
+        of one or two batches each)."""
         runs: dict[int, StreamRun] = {}
         fields, states, data = self.fields, self.states, self.data
+        get = runs.get
+        at = 0
         for index in range(len(states)):
             if states[index] != _ACKED:
+                at += _FIELDS
                 continue
-            stream_id = fields[_FIELDS * index + _STREAM]
-            run = runs.get(stream_id)
+            stream_id, epoch, base, end, min_ts, max_ts = fields[at : at + 6]
+            at += _FIELDS
+            run = get(stream_id)
             if run is None:
-                run = runs[stream_id] = StreamRun(self, stream_id)
+                runs[stream_id] = StreamRun(
+                    self, stream_id, [index], len(data[index]), epoch, base, end, min_ts, max_ts
+                )
+                continue
             run.indexes.append(index)
             run.size_bytes += len(data[index])
+            run.epoch = epoch
+            run.end_offset = end
+            if min_ts < run.min_timestamp_ms:
+                run.min_timestamp_ms = min_ts
+            if max_ts > run.max_timestamp_ms:
+                run.max_timestamp_ms = max_ts
         return list(runs.values())
 
     @property
@@ -157,39 +173,43 @@ class LogBlock:
 
 
 class StreamRun:
-    """One stream's acknowledged batches in one block, in offset order."""
+    """One stream's acknowledged batches in one block, in offset order: their places in the
+    block, total size, offsets ``[start_offset, end_offset)``, the newest batch's epoch and the
+    timestamps' range."""
 
-    __slots__ = ("block", "indexes", "size_bytes", "stream_id")
+    __slots__ = (
+        "block",
+        "end_offset",
+        "epoch",
+        "indexes",
+        "max_timestamp_ms",
+        "min_timestamp_ms",
+        "size_bytes",
+        "start_offset",
+        "stream_id",
+    )
 
-    def __init__(self, block: LogBlock, stream_id: int) -> None:
+    def __init__(
+        self,
+        block: LogBlock,
+        stream_id: int,
+        indexes: list[int],
+        size_bytes: int,
+        epoch: int,
+        start_offset: int,
+        end_offset: int,
+        min_timestamp_ms: int,
+        max_timestamp_ms: int,
+    ) -> None:
         self.block = block
         self.stream_id = stream_id
-        self.indexes = array("q")
-        self.size_bytes = 0
-
-    def _field(self, position: int, field: int) -> int:
-        return self.block.fields[_FIELDS * self.indexes[position] + field]
-
-    @property
-    def start_offset(self) -> int:
-        return self._field(0, _BASE)
-
-    @property
-    def end_offset(self) -> int:
-        return self._field(-1, _END)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of the newest batch."""
-        return self._field(-1, _EPOCH)
-
-    @property
-    def min_timestamp_ms(self) -> int:
-        return min(self._field(at, _MIN_TS) for at in range(len(self.indexes)))
-
-    @property
-    def max_timestamp_ms(self) -> int:
-        return max(self._field(at, _MAX_TS) for at in range(len(self.indexes)))
+        self.indexes = indexes
+        self.size_bytes = size_bytes
+        self.epoch = epoch
+        self.start_offset = start_offset
+        self.end_offset = end_offset
+        self.min_timestamp_ms = min_timestamp_ms
+        self.max_timestamp_ms = max_timestamp_ms
 
     def columns(self) -> tuple[list[bytes], Sequence[int], Sequence[int]]:
         """The encoded batches, their base offsets and their end offsets (whole columns of the

@@ -56,7 +56,12 @@ class Stream:
 
     def __init__(self, client: Client, state: LocalStream) -> None:
         self._client = client
-        self._state = state
+        self._held_state = state
+
+    @property
+    def _state(self) -> LocalStream:
+        """The stream's shared state, made active again if the node parked it while idle."""
+        return self._client._streams.touch(self._held_state)
 
     @property
     def stream_id(self) -> int:
@@ -221,7 +226,8 @@ class Client:
             self.hooks,
             readahead_depth=cache.readahead_depth,
         )
-        self._streams = StreamRegistry(metadata, self._cache, self._gate)
+        self._streams = StreamRegistry(metadata, self._cache, self._gate, self.clock)
+        self._streams.on_park.append(self.reader.forget_stream)
         self._writer = StreamWriter(
             wal=wal,
             metadata=metadata,
@@ -342,7 +348,10 @@ class Client:
     async def compact(self) -> bool:
         """Run one compaction pass now (normally periodic); True if it rewrote objects."""
         self._gate.check_open()
-        compactor = self._runtime.compactor or self._runtime.new_compactor()
+        if self._runtime.compactor is None:
+            # Kept, so that close() cancels a pass run by hand too.
+            self._runtime.compactor = self._runtime.new_compactor()
+        compactor = self._runtime.compactor
         changed = await compactor.compact_once()
         await compactor.collect_garbage()
         return changed

@@ -1,42 +1,82 @@
-"""Compaction and garbage collection of objects.
+"""Compaction and garbage collection of objects, shaped like AutoMQ's s3stream compaction.
 
-Compaction rewrites small objects so that a stream's history lives in few, large *stream
-objects*: every committed stream-set object, and stream objects smaller than
-``small_object_bytes``, are candidates. Per stream, the candidates' ranges are grouped into runs
-of contiguous offsets; each run that involves a stream-set object or at least two stream objects
-is rewritten as stream object(s) of at most ``max_object_bytes``. The swap is one metadata
-transaction (``replace_objects``) that fails if a source changed meanwhile; trimmed ranges and
-ranges of deleted streams are dropped.
+Uploads leave many small objects: a *stream-set object* (SSO) per upload holding every stream
+that had data, and a *stream object* when one stream had the block to itself. Compaction keeps
+their number per byte bounded without giving each stream objects of its own:
+
+1. **Stream-set merge** (phase A). Candidates are stream-set objects smaller than
+   ``small_object_bytes`` and stream objects smaller than ``stream_split_bytes``. Oldest first,
+   they are taken in *steps* of at most ``max_object_bytes`` of input (and at most
+   :data:`MAX_STEP_SOURCES` objects). A step rewrites its sources' live data into one new
+   stream-set object; a stream whose live bytes in the step reach ``stream_split_bytes`` is
+   *split* into a stream object of its own instead. Small streams therefore stay together.
+2. **Stream-object merge** (phase B). Stream objects of ``stream_split_bytes`` up to
+   ``small_object_bytes`` that hold contiguous offsets of one stream are merged, up to
+   ``max_object_bytes`` per new object.
+
+Rules every step keeps (each has a test that fails when it is broken):
+
+- it writes no more objects than it replaces (:mod:`walstream.engine.compaction_plan` caps the
+  split streams and layers by the step's source count; phase B merges two or more into one);
+- each source object is fetched whole with ONE ranged GET, its index parsed from that read, so
+  every source index is read once per pass and a pass's I/O is the bytes it rewrites;
+- the CPU work (index parsing, block CRCs, building objects) runs in a worker thread, off the
+  event loop; block bodies are copied, not decoded;
+- nothing is lost, duplicated or reordered: live data (ACTIVE streams, at or after their
+  ``start_offset``, inside the ranges metadata records) is copied block by block in offset
+  order; data-loss gaps and data held outside the step split a stream into separate runs;
+- every step commits on its own with :meth:`~walstream.metadata.contract.MetadataStore
+  .replace_objects`, which fails if a source changed meanwhile (trimmed away, stream deleted,
+  compacted by another node), so an interrupted pass keeps every step it committed and redoes at
+  most one step;
+- crash safety: new objects get prepared ids first (a crash leaves them to expire and be
+  collected), are written with a conditional create, and become visible only through the
+  replace; output keys are deleted only when the replace definitely did not apply
+  (:class:`PreconditionFailed`, or nothing was sent); after a cancelled or ambiguous replace they
+  are left for the prepared-id expiry, since the replace may have committed them;
+- :meth:`Compactor.close` cancels a running pass at once (the worker thread stops at its next
+  block), so ``client.close()`` and a server drain are not held up by compaction.
 
 Garbage collection deletes the keys of MARK_DESTROYED objects and of prepared ids whose TTL
-expired (uploads that never committed), then forgets them in metadata. A reader that raced a
-deletion gets ``NotFound`` and looks the range up again.
+expired (uploads or compaction outputs that never committed), then forgets them in metadata. A
+reader that raced a deletion gets ``NotFound`` and looks the range up again.
 
 Schedule: when a pass is due is derived from durable state, so restarts do not reset it. A pass
-is due once the oldest candidate has been committed for ``interval_s`` (its ``committed_ms``), or
-at once when garbage waits; within one process passes are at least ``interval_s`` apart. A node
-restarted more often than ``interval_s`` therefore still compacts: right after it starts.
+is due once the oldest candidate has been committed for ``interval_s`` (its ``committed_ms``),
+or at once when garbage waits; within one process passes are at least ``interval_s`` apart.
 
-Outputs are written with :func:`walstream.engine.upload.publish_object` (conditional create, never an
-overwrite), carry the deployment and object id, and source objects are read with their identity
-checked.
+Bound: once a pass has run over quiet data, every object is at least ``stream_split_bytes`` or
+``small_object_bytes`` (whichever is smaller), except at most one small stream-set object per step
+and per stream-object run; docs/architecture/compaction.md turns this into objects per GiB.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from walstream.clock import Clock, Rng, make_rng
 from walstream.config.engine import CompactionConfig
+from walstream.engine.compaction_plan import (
+    StepPlan,
+    build_outputs,
+    plan_step,
+)
 from walstream.engine.events import Compacted, EngineHooks
-from walstream.engine.object_reader import read_index
 from walstream.engine.upload import publish_object
-from walstream.errors import IdentityMismatch, PreconditionFailed, WalstreamError
-from walstream.format.object import ObjectIdentity, decode_block
-from walstream.format.object_builder import ObjectBuilder
+from walstream.errors import (
+    CorruptionError,
+    InvalidArgument,
+    NotFound,
+    PreconditionFailed,
+    WalstreamError,
+)
+from walstream.format.object import ObjectIdentity
+from walstream.format.object_builder import DEFAULT_BLOCK_TARGET_BYTES
 from walstream.format.object_keys import object_key
 from walstream.metadata.contract import (
     MetadataStore,
@@ -44,20 +84,46 @@ from walstream.metadata.contract import (
     ObjectInfo,
     ObjectKind,
     ObjectState,
-    StreamRange,
-    StreamState,
 )
 from walstream.objects.contract import ObjectStore
 
-__all__ = ["Compactor"]
+__all__ = ["MAX_STEP_SOURCES", "Compactor", "PassReport"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+MAX_STEP_SOURCES = 500
+"""Most source objects one step replaces: bounds a step's metadata transaction and GETs
+(AutoMQ's default for one stream-set compaction is 500 objects too)."""
+_FETCH_CONCURRENCY = 8
+_DEFAULT_PREPARE_TTL_MS = 600_000
 
 
-@dataclass
-class _Piece:
-    info: ObjectInfo
-    range: StreamRange
+@dataclass(frozen=True, slots=True)
+class PassReport:
+    """What one :meth:`Compactor.compact_once` pass did."""
+
+    steps: int
+    """Steps committed."""
+    planned_steps: int
+    sources: int
+    """Objects replaced."""
+    outputs: int
+    """Objects written in their place (never more than ``sources``)."""
+    bytes_read: int
+    bytes_written: int
+    skipped_corrupt: int = 0
+    """Steps left alone because a source failed its checks (logged as errors)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    phase: str
+    sources: tuple[ObjectInfo, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(info.size for info in self.sources)
 
 
 class Compactor:
@@ -72,6 +138,7 @@ class Compactor:
         on_destroyed: Callable[[set[int]], None] | None = None,
         deployment_id: bytes | None = None,
         rng: Rng | None = None,
+        prepare_ttl_ms: int = _DEFAULT_PREPARE_TTL_MS,
     ) -> None:
         self._deployment_id = deployment_id
         """The deployment whose objects this compacts (loaded from metadata when not given)."""
@@ -82,16 +149,33 @@ class Compactor:
         self._hooks = hooks
         self._clock = clock
         self._on_destroyed = on_destroyed
+        self._prepare_ttl_ms = prepare_ttl_ms
         self._task: asyncio.Task[None] | None = None
+        self._passes: set[asyncio.Task[bool]] = set()
         self._stop = asyncio.Event()
+        self._one_pass = asyncio.Lock()
+        """One pass at a time: a pass asked for by hand waits for the periodic one."""
+        self._halt = threading.Event()
+        """Set with ``_stop``: tells a worker thread to abandon its step."""
+        self.last_pass: PassReport | None = None
+        """The report of the last pass that ran to its end."""
+        self.in_thread = True
+        """Run the CPU work of a step in a worker thread (False: on the event loop, to measure
+        what the thread buys: ``bench/streams_scale.py --inline-compaction``)."""
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="compactor")
 
     async def close(self) -> None:
+        """Stop: cancel the periodic loop and any running pass (its committed steps stay; the
+        step in flight is abandoned and its outputs left for garbage collection)."""
         self._stop.set()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
+        self._halt.set()
+        tasks = [task for task in (self._task, *self._passes) if task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _loop(self) -> None:
         last_pass_ms: int | None = None
@@ -130,160 +214,258 @@ class Compactor:
             due = now_ms + interval_ms
         return max(0, max(due, earliest) - now_ms) / 1000
 
-    def _is_candidate(self, info: ObjectInfo) -> bool:
-        return info.kind is ObjectKind.STREAM_SET or (
-            info.kind is ObjectKind.STREAM and info.size < self._config.small_object_bytes
+    def _merges_into_sets(self, info: ObjectInfo) -> bool:
+        """A phase-A candidate: merged with others into a stream-set object."""
+        if info.kind is ObjectKind.STREAM_SET:
+            return info.size < self._config.small_object_bytes
+        return info.size < self._config.stream_split_bytes
+
+    def _merges_per_stream(self, info: ObjectInfo) -> bool:
+        """A phase-B candidate: merged with the stream's neighbouring stream objects."""
+        return (
+            info.kind is ObjectKind.STREAM
+            and self._config.stream_split_bytes <= info.size < self._config.small_object_bytes
+            and len(info.ranges) == 1
         )
+
+    def _is_candidate(self, info: ObjectInfo) -> bool:
+        return self._merges_into_sets(info) or self._merges_per_stream(info)
 
     async def _deployment(self) -> bytes:
         if self._deployment_id is None:
             self._deployment_id = await self._metadata.deployment_id()
         return self._deployment_id
 
+    def plan_steps(self, committed: Sequence[ObjectInfo]) -> list[_Step]:
+        """The steps of a pass over ``committed`` (every COMMITTED object), in order: phase A
+        steps oldest first, then phase B. Each step has two or more sources, at most
+        ``max_object_bytes`` of them and at most :data:`MAX_STEP_SOURCES`."""
+        limit = self._config.max_object_bytes
+        steps: list[_Step] = []
+
+        def close(group: list[ObjectInfo], phase: str) -> None:
+            if len(group) >= 2:
+                steps.append(_Step(phase, tuple(group)))
+
+        group: list[ObjectInfo] = []
+        size = 0
+        ordered = sorted(committed, key=lambda info: (info.committed_ms, info.object_id))
+        for info in ordered:
+            if not self._merges_into_sets(info):
+                continue
+            if group and (size + info.size > limit or len(group) >= MAX_STEP_SOURCES):
+                close(group, "stream-set")
+                group, size = [], 0
+            group.append(info)
+            size += info.size
+        close(group, "stream-set")
+
+        per_stream: dict[int, list[ObjectInfo]] = {}
+        for info in committed:
+            if self._merges_per_stream(info):
+                per_stream.setdefault(info.ranges[0].stream_id, []).append(info)
+        for stream_id in sorted(per_stream):
+            infos = sorted(per_stream[stream_id], key=lambda info: info.ranges[0].start_offset)
+            group, size = [], 0
+            for info in infos:
+                contiguous = bool(group) and (
+                    group[-1].ranges[0].end_offset == info.ranges[0].start_offset
+                )
+                if group and (
+                    not contiguous or size + info.size > limit or len(group) >= MAX_STEP_SOURCES
+                ):
+                    close(group, "stream")
+                    group, size = [], 0
+                group.append(info)
+                size += info.size
+            close(group, "stream")
+        return steps
+
     async def compact_once(self) -> bool:
-        """One pass; True if objects were rewritten."""
-        committed = await self._metadata.list_objects(state=ObjectState.COMMITTED)
-        candidates = [info for info in committed if self._is_candidate(info)]
-        if len(candidates) < self._config.min_objects:
-            return False
-        # Bound one pass: oldest candidates first, up to max_object_bytes of input.
-        selected: list[ObjectInfo] = []
-        total = 0
-        for info in candidates:
-            if selected and total + info.size > self._config.max_object_bytes:
-                break
-            selected.append(info)
-            total += info.size
-        stream_ids = sorted({r.stream_id for info in selected for r in info.ranges})
-        streams = await self._metadata.get_streams(stream_ids)
-
-        pieces: dict[int, list[_Piece]] = {}
-        for info in selected:
-            for stream_range in info.ranges:
-                stream = streams.get(stream_range.stream_id)
-                if stream is None or stream.state is StreamState.DELETED:
-                    continue
-                if stream_range.end_offset <= stream.start_offset:
-                    continue
-                pieces.setdefault(stream_range.stream_id, []).append(_Piece(info, stream_range))
-
-        runs: list[list[_Piece]] = []
-        for stream_pieces in pieces.values():
-            stream_pieces.sort(key=lambda piece: piece.range.start_offset)
-            run: list[_Piece] = []
-            for piece in stream_pieces:
-                if run and piece.range.start_offset != run[-1].range.end_offset:
-                    runs.append(run)
-                    run = []
-                run.append(piece)
-            if run:
-                runs.append(run)
-        rewrite = [
-            run for run in runs if len(run) >= 2 or run[0].info.kind is ObjectKind.STREAM_SET
-        ]
-        sources = {piece.info.object_id: piece.info for run in rewrite for piece in run}
-        # A stream-set object is destroyed as a whole: all of its live ranges must be rewritten.
-        for info in selected:
-            if info.kind is ObjectKind.STREAM_SET:
-                sources[info.object_id] = info
-        if not sources or (
-            len(sources) < 2 and all(info.kind is ObjectKind.STREAM for info in sources.values())
-        ):
-            return False
-
-        new_commits: list[ObjectCommit] = []
-        written_keys: list[str] = []
+        """One pass; True if objects were rewritten. The pass runs as a task of its own so that
+        :meth:`close` can cancel it: then this raises :class:`InvalidArgument` (the client
+        closed) and the steps committed so far stay."""
+        task = asyncio.create_task(self._pass(), name="compaction-pass")
+        self._passes.add(task)
+        task.add_done_callback(self._passes.discard)
         try:
-            for run in rewrite:
-                for commit in await self._write_run(run):
-                    new_commits.append(commit)
-                    written_keys.append(commit.key)
-            await self._metadata.replace_objects(sorted(sources), new_commits)
-        except IdentityMismatch:
-            await self._objects.delete(written_keys)
-            raise
-        except PreconditionFailed as exc:
-            log.info("compaction lost a race (%s); its output is discarded", exc)
-            await self._objects.delete(written_keys)
-            return False
-        except BaseException:
-            await self._objects.delete(written_keys)
-            raise
-        size = sum(commit.size for commit in new_commits)
-        self._hooks.emit(Compacted(sorted(sources), [c.object_id for c in new_commits], size))
-        log.info(
-            "compacted %d objects into %d stream objects (%d bytes)",
-            len(sources),
-            len(new_commits),
-            size,
-        )
-        return True
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.cancelled() or not self._stop.is_set():
+                task.cancel()
+                raise
+            raise InvalidArgument(
+                "the client closed during the compaction pass; the steps it committed stay, "
+                "the next pass redoes the rest"
+            ) from None
 
-    async def _write_run(self, run: list[_Piece]) -> list[ObjectCommit]:
-        stream_id = run[0].range.stream_id
+    async def _pass(self) -> bool:
+        async with self._one_pass:
+            return await self._pass_alone()
+
+    async def _pass_alone(self) -> bool:
+        if self._stop.is_set():
+            return False
+        committed = await self._metadata.list_objects(state=ObjectState.COMMITTED)
+        candidates = sum(1 for info in committed if self._is_candidate(info))
+        if candidates < self._config.min_objects:
+            return False
+        steps = self.plan_steps(committed)
+        if not steps:
+            return False
+        log.info(
+            "compaction pass: %d steps over %d of %d objects (%d bytes)",
+            len(steps),
+            sum(len(step.sources) for step in steps),
+            len(committed),
+            sum(step.size for step in steps),
+        )
+        done = sources = outputs = bytes_read = bytes_written = corrupt = 0
+        pace_from = self._clock.monotonic()
+        paced_bytes = 0
+        for number, step in enumerate(steps, 1):
+            if self._config.max_bytes_per_s and paced_bytes:
+                # Keep the pass's average under max_bytes_per_s: wait until the bytes read so
+                # far are due, then go on (the wait ends at once when the compactor stops).
+                due = pace_from + paced_bytes / self._config.max_bytes_per_s
+                delay = due - self._clock.monotonic()
+                if delay > 0 and await self._clock.wait(self._stop, delay):
+                    break
+            paced_bytes += step.size
+            try:
+                result = await self._run_step(step)
+            except CorruptionError as exc:
+                # Never rewrite from a damaged source: leave the step's objects as they are
+                # (reads of the bad block keep failing loudly) and go on with the next step.
+                corrupt += 1
+                log.error(
+                    "compaction step %d/%d skipped: a source object failed its checks: %s",
+                    number, len(steps), exc,
+                )  # fmt: skip
+                continue
+            if result is None:
+                continue
+            read, written, output_count = result
+            done += 1
+            sources += len(step.sources)
+            outputs += output_count
+            bytes_read += read
+            bytes_written += written
+            log.info(
+                "compaction step %d/%d (%s): %d objects (%d bytes) -> %d objects (%d bytes)",
+                number, len(steps), step.phase, len(step.sources), read, output_count, written,
+            )  # fmt: skip
+        self.last_pass = PassReport(
+            done, len(steps), sources, outputs, bytes_read, bytes_written, corrupt
+        )
+        return done > 0
+
+    async def _run_step(self, step: _Step) -> tuple[int, int, int] | None:
+        """Rewrite one step; ``(bytes read, bytes written, objects written)``, or None when
+        the step lost a race (a source changed) and was dropped."""
         deployment_id = await self._deployment()
-        outputs: list[tuple[list[bytes], list[StreamRange]]] = []
-        batches: list[bytes] = []
-        batches_bytes = 0
-        covered: list[StreamRange] = []
-        for piece in run:
-            index = await read_index(
-                self._objects,
-                piece.info.key,
-                piece.info.size,
-                piece.info.index_size,
-                expected=ObjectIdentity(deployment_id, piece.info.object_id),
+        stream_ids = sorted({r.stream_id for info in step.sources for r in info.ranges})
+        streams = await self._metadata.get_streams(stream_ids)
+        try:
+            datas = await self._fetch_all(step.sources)
+        except NotFound:
+            log.info("compaction step dropped: a source was removed meanwhile")
+            return None
+        plan: StepPlan = await self._offload(
+            plan_step,
+            list(zip(step.sources, datas, strict=True)),
+            streams,
+            deployment_id,
+            self._config.stream_split_bytes,
+            self._halt,
+        )
+        if len(plan.outputs) > len(step.sources):  # the planner's own rule; never relaxed
+            raise AssertionError(
+                f"compaction planned {len(plan.outputs)} objects for {len(step.sources)}"
             )
-            for entry in index.blocks_for(
-                stream_id, piece.range.start_offset, piece.range.end_offset
-            ):
-                block = await self._objects.get(
-                    piece.info.key, entry.position, entry.position + entry.size
-                )
-                for header, batch in decode_block(block, entry, index.block_crc_seed):
-                    if (
-                        header.base_offset < piece.range.start_offset
-                        or header.base_offset >= piece.range.end_offset
-                    ):
-                        continue
-                    if batches and batches_bytes + len(batch) > self._config.max_object_bytes:
-                        outputs.append((batches, covered))
-                        batches, batches_bytes, covered = [], 0, []
-                    batches.append(batch)
-                    batches_bytes += len(batch)
-                    covered = _extend(covered, piece.range, header.base_offset, header.end_offset)
-        if batches:
-            outputs.append((batches, covered))
-        ids = await self._metadata.prepare_objects(len(outputs), 600_000)
+        ids = (
+            await self._metadata.prepare_objects(len(plan.outputs), self._prepare_ttl_ms)
+            if plan.outputs
+            else []
+        )
+        identities = [ObjectIdentity(deployment_id, object_id) for object_id in ids]
+        built = await self._offload(
+            build_outputs, plan.outputs, identities, DEFAULT_BLOCK_TARGET_BYTES, self._halt
+        )
+        shapes = [
+            (output.kind, tuple(run.stream_range() for run in output.runs))
+            for output in plan.outputs
+        ]
+        del datas, plan  # the sources' bytes are no longer needed
         commits: list[ObjectCommit] = []
-        for object_id, (output, ranges) in zip(ids, outputs, strict=True):
-            # The output's identity needs its id, which exists only once the outputs are counted.
-            identity = ObjectIdentity(deployment_id, object_id)
-            builder = ObjectBuilder(identity=identity)
-            for batch in output:
-                builder.add_batch(batch)
-            built = builder.finish()
-            key = object_key(object_id, deployment_id)
-            await publish_object(
-                self._objects,
-                key,
-                built.data,
-                identity,
-                clock=self._clock,
-                rng=self._rng,
-                give_up=self._stop.is_set,
-            )
-            commits.append(
-                ObjectCommit(
-                    object_id,
+        written: list[str] = []
+        try:
+            for identity, (kind, ranges), result in zip(identities, shapes, built, strict=True):
+                key = object_key(identity.object_id, deployment_id)
+                await publish_object(
+                    self._objects,
                     key,
-                    ObjectKind.STREAM,
-                    len(built.data),
-                    built.index_size,
-                    tuple(ranges),
+                    result.data,
+                    identity,
+                    clock=self._clock,
+                    rng=self._rng,
+                    give_up=self._stop.is_set,
                 )
-            )
-        return commits
+                written.append(key)
+                commits.append(
+                    ObjectCommit(
+                        identity.object_id, key, kind, len(result.data), result.index_size, ranges
+                    )
+                )
+        except WalstreamError:
+            # Nothing was committed: the outputs are ours alone to delete.
+            await self._delete_quietly(written)
+            raise
+        source_ids = sorted(info.object_id for info in step.sources)
+        try:
+            await self._metadata.replace_objects(source_ids, commits)
+        except PreconditionFailed as exc:
+            # The replace definitely did not apply (a source changed): drop the outputs.
+            log.info("compaction step lost a race (%s); its output is discarded", exc)
+            await self._delete_quietly(written)
+            return None
+        # Any other failure (or a cancellation) may have committed the replace: the outputs
+        # stay; if they did not commit, their prepared ids expire and the garbage collector
+        # deletes them.
+        size = sum(commit.size for commit in commits)
+        self._hooks.emit(Compacted(source_ids, [commit.object_id for commit in commits], size))
+        return sum(info.size for info in step.sources), size, len(commits)
+
+    async def _offload(self, function: Callable[..., _T], *args: object) -> _T:
+        """Run CPU-heavy ``function`` in a worker thread (:attr:`in_thread`, the default) or
+        inline on the event loop (benchmarks compare the two)."""
+        if self.in_thread:
+            return await asyncio.to_thread(function, *args)
+        return function(*args)
+
+    async def _fetch_all(self, sources: Sequence[ObjectInfo]) -> list[bytes]:
+        """Every source object whole, one GET each, a few at a time."""
+        gate = asyncio.Semaphore(_FETCH_CONCURRENCY)
+
+        async def fetch(info: ObjectInfo) -> bytes:
+            async with gate:
+                data = await self._objects.get(info.key)
+            if len(data) != info.size:
+                raise CorruptionError(
+                    f"object {info.key!r} is {len(data)} bytes, metadata says {info.size} "
+                    "(truncated or replaced)"
+                )
+            return data
+
+        return list(await asyncio.gather(*(fetch(info) for info in sources)))
+
+    async def _delete_quietly(self, keys: list[str]) -> None:
+        if not keys:
+            return
+        try:
+            await self._objects.delete(keys)
+        except WalstreamError as exc:
+            log.warning("could not delete discarded compaction output %s: %s", keys, exc)
 
     async def collect_garbage(self) -> int:
         """Delete destroyed objects and expired uploads; returns how many were removed."""
@@ -304,31 +486,3 @@ class Compactor:
         if self._on_destroyed is not None:
             self._on_destroyed(set(ids))
         return len(ids)
-
-
-def _extend(
-    ranges: list[StreamRange], source: StreamRange, start: int, end: int
-) -> list[StreamRange]:
-    """Grow the output's single range of the stream by one batch ``[start, end)``."""
-    if ranges:
-        last = ranges[-1]
-        return [
-            StreamRange(
-                last.stream_id,
-                last.start_offset,
-                end,
-                last.epoch,
-                min(last.min_timestamp_ms, source.min_timestamp_ms),
-                max(last.max_timestamp_ms, source.max_timestamp_ms),
-            )
-        ]
-    return [
-        StreamRange(
-            source.stream_id,
-            start,
-            end,
-            source.epoch,
-            source.min_timestamp_ms,
-            source.max_timestamp_ms,
-        )
-    ]

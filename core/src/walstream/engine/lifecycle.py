@@ -184,6 +184,8 @@ class NodeRuntime:
             clock=self.clock,
             on_destroyed=self.reader.forget_objects,
             deployment_id=self.deployment_id,
+            rng=self.rng,
+            prepare_ttl_ms=int(self.config.upload.prepare_ttl_s * 1000),
         )
 
     async def stop(self) -> None:

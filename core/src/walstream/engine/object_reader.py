@@ -42,25 +42,36 @@ from walstream.errors import (
 )
 from walstream.format.batch import record_size
 from walstream.format.object import (
+    DEFAULT_INDEX_PAGE_ENTRIES,
+    FOOTER_SIZE,
     FOOTER_SIZE_V1,
+    FORMAT_VERSION,
+    INDEX_ENTRY_SIZE,
     MAX_FOOTER_SIZE,
+    TOP_ENTRY_SIZE,
     IndexEntry,
     ObjectIdentity,
     ObjectIndex,
     check_foreign_footer,
     parse_footer_checked,
     parse_index,
+    parse_index_pages,
+    parse_index_top,
 )
 from walstream.format.object_keys import is_identity_key
 from walstream.metadata.contract import MetadataStore, ObjectInfo
 from walstream.objects.contract import ObjectStore
 from walstream.records import SequencedRecord
 
-__all__ = ["ObjectReader", "read_index"]
+__all__ = ["WHOLE_INDEX_BYTES", "ObjectReader", "read_index"]
 
 log = logging.getLogger(__name__)
 
 _INDEX_CACHE_ENTRIES = 4096
+WHOLE_INDEX_BYTES = 16 << 10
+"""An index of at most this many bytes (index, top index and footer) is read whole with one
+suffix GET; a larger version-3 index is read in part (its top index, then the pages a stream
+needs)."""
 _MAX_STALE_RETRIES = 3
 
 
@@ -134,6 +145,12 @@ class ObjectReader:
     def most_prefetch_bytes(self) -> int:
         """The largest ``prefetch_bytes`` seen."""
         return self._ahead.most_prefetch_bytes
+
+    def forget_stream(self, stream_id: int) -> None:
+        """The stream went idle: drop its scan position and read-ahead (a later read starts a
+        new scan)."""
+        self._sequential.pop(stream_id, None)
+        self.release(stream_id)
 
     def release(self, stream_id: int) -> None:
         """Drop (and cancel) what was read ahead for ``stream_id``: its scan will not read it."""
@@ -252,7 +269,8 @@ class ObjectReader:
         after each GET. A sequential scan keeps its next GETs in flight meanwhile, on into the
         objects ``infos[1:]`` that follow."""
         info = infos[0]
-        if sequential and info.object_id not in self._indexes:
+        known = self._indexes.get(info.object_id)
+        if sequential and (known is None or not known.covers(stream_id)):
             # The scan starts with this object: its index and first window at once, and the
             # indexes of the objects after it.
             self._ahead.plan_start(infos, stream_id, start, end, window[0])
@@ -261,7 +279,7 @@ class ObjectReader:
             # Its index is being read ahead: wait for that instead of a second GET (a failure
             # leaves nothing cached, and the index is read here again).
             await asyncio.wait({loading})
-        index = await self.index(info)
+        index = await self.index(info, stream_id)
         entries = index.blocks_for(stream_id, start, end)
         seed = index.block_crc_seed
         result: list[list[SequencedRecord]] = []
@@ -362,7 +380,7 @@ class ObjectReader:
         except CorruptionError:
             self._indexes.discard_if(lambda key: key == info.object_id)
             return error
-        if fresh.entries != cached.entries or fresh.identity != cached.identity:
+        if not set(cached.entries) <= set(fresh.entries) or fresh.identity != cached.identity:
             self._indexes.discard_if(lambda key: key == info.object_id)
         return error
 
@@ -371,18 +389,98 @@ class ObjectReader:
             self.deployment_id = await self.metadata.deployment_id()
         return ObjectIdentity(self.deployment_id, info.object_id)
 
-    async def index(self, info: ObjectInfo) -> ObjectIndex:
+    async def index(self, info: ObjectInfo, stream_id: int | None = None) -> ObjectIndex:
         """The index of ``info``'s object, its footer checked against this deployment and the
-        object id (cached once it parsed; a failed read caches nothing)."""
+        object id (cached once it parsed; a failed read caches nothing).
+
+        With ``stream_id``, a large version-3 index is read only in part: the footer and top
+        index, then the pages that can hold the stream (:meth:`ObjectIndex.covers` tells which
+        streams a partial index answers for; later streams add their pages to it). A small
+        index (at most :data:`WHOLE_INDEX_BYTES`) and any index of an earlier version is read
+        whole with one suffix GET, as before."""
         index = self._indexes.get(info.object_id)
+        if index is not None and (stream_id is None or index.covers(stream_id)):
+            if stream_id is None and index.partial:
+                index = None  # a caller that needs every entry: read it whole
+            else:
+                return index
+        expected = await self._identity(info)
         if index is None:
-            expected = await self._identity(info)
+            if stream_id is None or info.index_size <= WHOLE_INDEX_BYTES:
+                self.gets += 1
+                index = await read_index(
+                    self.objects, info.key, info.size, info.index_size, expected=expected
+                )
+                self._indexes.put(info.object_id, index, 1)
+                return index
+            index = await self._read_top(info, expected)
+            if index.top is None:
+                self._indexes.put(info.object_id, index, 1)
+                return index
+        assert stream_id is not None and index.top is not None
+        pages = index.top.pages_for(stream_id)
+        missing = [number for number in pages if number not in index.loaded_pages]
+        if missing:
+            wanted = range(missing[0], missing[-1] + 1)
+            first, last = index.top.byte_range(wanted)
             self.gets += 1
-            index = await read_index(
-                self.objects, info.key, info.size, info.index_size, expected=expected
-            )
-            self._indexes.put(info.object_id, index, 1)
+            data = await self.objects.get(info.key, first, last)
+            try:
+                index.add_pages(parse_index_pages(index.top, wanted, data, first))
+            except CorruptionError as exc:
+                raise CorruptionError(f"object {info.key!r}: {exc}") from None
+        self._indexes.put(info.object_id, index, 1)
         return index
+
+    async def _read_top(self, info: ObjectInfo, expected: ObjectIdentity) -> ObjectIndex:
+        """A partial index of a version-3 object (footer and top index, no pages yet) with one
+        suffix GET sized for the top index of an object of this ``index_size`` (two if the
+        guess was short), or the whole index of an object of an earlier version."""
+        entries = info.index_size // INDEX_ENTRY_SIZE  # at most this many: sizes the guess
+        guess = min(
+            info.index_size,
+            FOOTER_SIZE + (entries // DEFAULT_INDEX_PAGE_ENTRIES + 2) * TOP_ENTRY_SIZE + 512,
+        )
+        self.gets += 1
+        tail = await self.objects.get(info.key, -guess)
+        require = is_identity_key(info.key)
+        try:
+            footer = parse_footer_checked(tail, info.size, info.key, expected, require)
+            if footer.version != FORMAT_VERSION:
+                rest = info.index_size - len(tail)
+                if rest > 0:
+                    self.gets += 1
+                    tail = (
+                        await self.objects.get(
+                            info.key, info.size - info.index_size, info.size - len(tail)
+                        )
+                        + tail
+                    )
+                return parse_index(
+                    tail, info.size, key=info.key, expected=expected, require_identity=require
+                )
+            needed = footer.top_length + footer.size
+            if len(tail) < needed:
+                self.gets += 1
+                tail = (
+                    await self.objects.get(info.key, info.size - needed, info.size - len(tail))
+                    + tail
+                )
+            top = parse_index_top(
+                tail, info.size, key=info.key, expected=expected, require_identity=require
+            )
+        except IdentityMismatch:
+            raise
+        except CorruptionError as exc:
+            raise CorruptionError(f"object {info.key!r}: {exc}") from None
+        if footer.tail_size != info.index_size:
+            raise CorruptionError(
+                f"object {info.key!r}: its index takes {footer.tail_size} bytes, metadata says "
+                f"{info.index_size}"
+            )
+        return ObjectIndex(
+            [], info.size, footer.index_position, footer.version, footer.identity, top
+        )
 
     def forget_objects(self, object_ids: set[int]) -> None:
         self.blocks.discard_if(lambda key: key[0] in object_ids)
@@ -391,19 +489,19 @@ class ObjectReader:
 
 
 def _weakly(
-    method: Callable[[ObjectInfo], Awaitable[ObjectIndex]],
-) -> Callable[[ObjectInfo], Awaitable[ObjectIndex]]:
+    method: Callable[[ObjectInfo, int], Awaitable[ObjectIndex]],
+) -> Callable[[ObjectInfo, int], Awaitable[ObjectIndex]]:
     """``method``, called without holding its object: the read-ahead a reader owns would
     otherwise hold the reader in a reference cycle, and with it the reader's block cache (a
     scan's decoded records, tens of thousands of tracked objects), until a full collection of
     the cyclic garbage collector — which, in a Spark worker, runs after every task."""
     weak = weakref.WeakMethod(method)
 
-    def call(info: ObjectInfo) -> Awaitable[ObjectIndex]:
+    def call(info: ObjectInfo, stream_id: int) -> Awaitable[ObjectIndex]:
         bound = weak()
         if bound is None:
             raise RuntimeError("the ObjectReader of this read-ahead is gone")
-        return bound(info)
+        return bound(info, stream_id)
 
     return call
 
@@ -450,9 +548,7 @@ async def read_index(
     except CorruptionError as exc:
         raise CorruptionError(f"object {key!r}: {exc}") from None
     footer_bytes = footer_bytes[len(footer_bytes) - footer.size :]
-    index_bytes = await store.get(
-        key, footer.index_position, footer.index_position + footer.index_length
-    )
+    index_bytes = await store.get(key, footer.index_position, object_size - footer.size)
     return _parse_index_of(key, index_bytes + footer_bytes, object_size, expected, require)
 
 

@@ -95,7 +95,7 @@ class ReadAhead:
         objects: ObjectStore,
         blocks: BlockCache[tuple[int, int], list[SequencedRecord]],
         indexes: BlockCache[int, ObjectIndex],
-        load_index: Callable[[ObjectInfo], Awaitable[ObjectIndex]],
+        load_index: Callable[[ObjectInfo, int], Awaitable[ObjectIndex]],
         max_bytes: int,
         depth: int,
     ) -> None:
@@ -186,7 +186,7 @@ class ReadAhead:
                     ):
                         return
                 index = self._indexes.get(info.object_id)
-                if index is None:
+                if index is None or not index.covers(stream_id):
                     whole = first_offset <= info.ranges[0].start_offset
                     self.prefetch_index(info, stream_id, end, window_bytes, indexed and whole)
                     indexed = False
@@ -289,7 +289,7 @@ class ReadAhead:
 
         async def load() -> None:
             try:
-                await self._load_index(info)
+                await self._load_index(info, stream_id)
             finally:
                 self._index_loads.pop(info.object_id, None)
             for scanning, plan in list(self._plans.items()):
@@ -317,7 +317,7 @@ class ReadAhead:
             data = await self._objects.get(info.key, 0, head_bytes)
             await asyncio.wait({loading})
             index = self._indexes.get(info.object_id)
-            if index is None or len(data) != head_bytes:
+            if index is None or not index.covers(stream_id) or len(data) != head_bytes:
                 return None  # the read reads the index and the blocks itself
             run: list[IndexEntry] = []
             for entry in index.blocks_for(stream_id, stream_range.start_offset, end):

@@ -4,12 +4,22 @@ and deletes them, and the gate every stream operation passes first.
 The gate holds the node's lifecycle flags and its failure latch: the first fatal error (a fenced
 node, a failed WAL append or upload) is kept, and from then on every write raises a typed error
 that names it; reads of committed data go on working.
+
+Memory per stream follows activity, not the number of streams (like s2-lite, which keeps a task
+only per *active* stream): a stream untouched for :data:`IDLE_AFTER_S` with nothing in flight is
+*parked*. Its :class:`LocalStream` (lock, events, metadata row) is dropped and, when this node
+writes it, only a compact :class:`_Parked` record of its offsets and epoch is kept, so its next
+append needs no metadata round trip; a stream this node only read keeps nothing. A handle that
+still holds the dropped state keeps it alive (a weak map finds it again), and every use of a
+handle brings its state back first, so one stream never has two states.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from walstream.clock import Clock
@@ -18,12 +28,16 @@ from walstream.errors import BackendUnavailable, FencedError, InvalidArgument, S
 from walstream.metadata.contract import MetadataStore, StreamInfo, StreamState
 from walstream.records import check_stream_name, check_stream_ref, check_text
 
-__all__ = ["LocalStream", "NodeGate", "StreamRegistry"]
+__all__ = ["IDLE_AFTER_S", "LocalStream", "NodeGate", "StreamRegistry"]
 
 log = logging.getLogger("walstream.engine.client")
 
+IDLE_AFTER_S = 60.0
+"""A stream untouched for between this and twice this many seconds, with nothing in flight, is
+parked (its per-stream state released)."""
 
-@dataclass(eq=False)
+
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class LocalStream:
     """This node's view of one stream, shared by all its :class:`walstream.Stream` handles."""
 
@@ -60,6 +74,43 @@ class LocalStream:
         if changed is not None:
             self._changed = None
             changed.set()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight, queued, locked or waited on: the state can be parked."""
+        return (
+            self.next_offset == self.acked_tail
+            and not self.queued
+            and self._changed is None
+            and not self.lock.locked()
+            and not self.deleted
+        )
+
+
+class _Parked:
+    """What a parked stream this node writes keeps: enough to write it again at once."""
+
+    __slots__ = ("epoch", "fencing_token", "info", "last_timestamp_ms", "next_offset", "start")
+
+    def __init__(self, state: LocalStream) -> None:
+        self.info = state.info
+        self.epoch = state.epoch
+        self.next_offset = state.next_offset
+        self.start = state.start_offset
+        self.last_timestamp_ms = state.last_timestamp_ms
+        self.fencing_token = state.fencing_token
+
+    def revive(self) -> LocalStream:
+        return LocalStream(
+            info=self.info,
+            claimed=True,
+            epoch=self.epoch,
+            next_offset=self.next_offset,
+            acked_tail=self.next_offset,
+            start_offset=self.start,
+            last_timestamp_ms=self.last_timestamp_ms,
+            fencing_token=self.fencing_token,
+        )
 
 
 class NodeGate:
@@ -150,13 +201,89 @@ class NodeGate:
 
 
 class StreamRegistry:
-    """The streams this node has handed out handles for, by stream id."""
+    """The streams this node has handed out handles for, by stream id: active ones in full,
+    idle ones parked (see the module docstring)."""
 
-    def __init__(self, metadata: MetadataStore, cache: LogCache, gate: NodeGate) -> None:
+    def __init__(
+        self,
+        metadata: MetadataStore,
+        cache: LogCache,
+        gate: NodeGate,
+        clock: Clock | None = None,
+        idle_after_s: float = IDLE_AFTER_S,
+    ) -> None:
         self._metadata = metadata
         self._cache = cache
         self._gate = gate
+        self._clock = clock
+        self._idle_after_s = idle_after_s
         self._streams: dict[int, LocalStream] = {}
+        self._touched: set[int] = set()
+        self._held: weakref.WeakValueDictionary[int, LocalStream] = (
+            weakref.WeakValueDictionary()
+        )
+        """Parked states a handle still holds."""
+        self._parked: dict[int, _Parked] = {}
+        self._last_sweep = clock.monotonic() if clock is not None else 0.0
+        self.on_park: list[Callable[[int], None]] = []
+        """Called with each stream id parked (caches drop what they hold for it)."""
+
+    @property
+    def active_count(self) -> int:
+        return len(self._streams)
+
+    @property
+    def parked_count(self) -> int:
+        return len(self._parked)
+
+    def touch(self, state: LocalStream) -> LocalStream:
+        """``state`` is being used: make it active again if it was parked."""
+        stream_id = state.info.stream_id
+        if self._streams.get(stream_id) is not state and not state.deleted:
+            self._streams[stream_id] = state
+            self._parked.pop(stream_id, None)
+            self._held.pop(stream_id, None)
+        self._touched.add(stream_id)
+        if self._clock is not None:
+            self._maybe_sweep()
+        return state
+
+    def _maybe_sweep(self) -> None:
+        assert self._clock is not None
+        now = self._clock.monotonic()
+        if now - self._last_sweep >= self._idle_after_s:
+            self._last_sweep = now
+            self.park_idle()
+
+    def park_idle(self, *, all_idle: bool = False) -> int:
+        """Park every idle stream not touched since the last sweep (``all_idle``: touched or
+        not); how many were parked."""
+        parked = 0
+        for stream_id, state in list(self._streams.items()):
+            if (stream_id in self._touched and not all_idle) or not state.idle:
+                continue
+            del self._streams[stream_id]
+            if state.claimed:
+                self._parked[stream_id] = _Parked(state)
+            self._held[stream_id] = state
+            for callback in self.on_park:
+                callback(stream_id)
+            parked += 1
+        self._touched.clear()
+        return parked
+
+    def _known(self, stream_id: int) -> LocalStream | None:
+        """The stream's state if this node has one, active, held by a handle, or parked."""
+        state = self._streams.get(stream_id)
+        if state is None:
+            state = self._held.get(stream_id)
+            if state is None:
+                parked = self._parked.get(stream_id)
+                if parked is None:
+                    return None
+                state = parked.revive()
+            self.touch(state)
+        return state
 
     async def create(self, name: str | None) -> LocalStream:
         self._gate.check_open()
@@ -168,9 +295,9 @@ class StreamRegistry:
         self._gate.check_open()
         check_stream_ref(name_or_id)
         if isinstance(name_or_id, int):
-            state = self._streams.get(name_or_id)
+            state = self._known(name_or_id)
             if state is not None and not state.deleted:
-                return state
+                return self.touch(state)
         info = await self._metadata.get_stream(name_or_id)
         return self.track(info)
 
@@ -184,7 +311,10 @@ class StreamRegistry:
         check_stream_ref(name_or_id)
         info = await self._metadata.get_stream(name_or_id)
         await self._metadata.delete_stream(info.stream_id)
-        state = self._streams.pop(info.stream_id, None)
+        state = self._known(info.stream_id)
+        self._streams.pop(info.stream_id, None)
+        self._parked.pop(info.stream_id, None)
+        self._held.pop(info.stream_id, None)
         if state is not None:
             state.deleted = True
             state.notify()
@@ -192,7 +322,7 @@ class StreamRegistry:
 
     def track(self, info: StreamInfo) -> LocalStream:
         """The shared state of ``info``'s stream, created from metadata on first use."""
-        state = self._streams.get(info.stream_id)
+        state = self._known(info.stream_id)
         if state is None or state.deleted:
             state = LocalStream(
                 info=info,
@@ -202,7 +332,7 @@ class StreamRegistry:
                 fencing_token=info.fencing_token,
             )
             self._streams[info.stream_id] = state
-        return state
+        return self.touch(state)
 
     def is_live(self, stream_id: int) -> bool:
         """False once this node deleted the stream (the uploader drops its batches)."""
@@ -210,7 +340,7 @@ class StreamRegistry:
         return state is None or not state.deleted
 
     def notify_all(self) -> None:
-        for state in self._streams.values():
+        for state in [*self._streams.values(), *self._held.values()]:
             state.notify()
 
     async def refresh_remote(self, state: LocalStream) -> None:

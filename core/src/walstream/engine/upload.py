@@ -388,5 +388,11 @@ class Uploader:
 def _build(runs: list[StreamRun], identity: ObjectIdentity) -> BuiltObject:
     builder = ObjectBuilder(identity=identity)
     for run in runs:
-        builder.add_stream_run(run.stream_id, *run.columns())
+        if len(run.indexes) == 1:
+            (index,) = run.indexes
+            builder.add_stream_batch(
+                run.stream_id, run.block.data[index], run.start_offset, run.end_offset
+            )
+        else:
+            builder.add_stream_run(run.stream_id, *run.columns())
     return builder.finish()
