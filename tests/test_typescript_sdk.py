@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from walstream.server.serve import HTTP_STACKS
 from walstream_conformance.harness.serve import WalstreamServe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,16 +65,14 @@ CHECKS = [
 ]
 
 
-def walstream_serve(folder: Path, http_stack: str) -> WalstreamServe:
-    """``walstream serve`` of an embedded-style deployment in ``folder``, with a token, served
-    by ``http_stack`` (``server.http_stack``)."""
+def walstream_serve(folder: Path) -> WalstreamServe:
+    """``walstream serve`` of an embedded-style deployment in ``folder``, with a token."""
     deployment = folder / "deploy.yaml"
     deployment.write_text(
         "node: {id: 1}\n"
         "wal: {type: ebs, path: ./walstream-data/wal.img, capacity: 64MiB}\n"
         "object_store: {type: local, root: ./walstream-data/objects}\n"
         "metadata: {type: sqlite, path: ./walstream-data/meta.db}\n"
-        f"server: {{http_stack: {http_stack}}}\n"
     )
     return WalstreamServe(deployment, token=TOKEN)
 
@@ -94,14 +91,13 @@ def s2_api_answer(endpoint: str) -> str | None:
         return f"no answer: {error}"
 
 
-@pytest.fixture(scope="module", params=HTTP_STACKS)
+@pytest.fixture(scope="module")
 def sdk_results(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, dict[str, Any]]]:
-    """The SDK's checks against ``walstream serve`` on each HTTP server (the SDK speaks
-    HTTP/1.1 through fetch)."""
-    folder = tmp_path_factory.mktemp(f"sdk-{request.param}")
-    with walstream_serve(folder, request.param) as server:
+    """The SDK's checks against ``walstream serve`` (the SDK speaks HTTP/1.1 through fetch)."""
+    folder = tmp_path_factory.mktemp("sdk")
+    with walstream_serve(folder) as server:
         refusal = s2_api_answer(server.endpoint_url)
         if refusal is not None:
             pytest.skip(

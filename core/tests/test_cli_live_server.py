@@ -25,12 +25,12 @@ from walstream.errors import BackendUnavailable
 from walstream_conformance.harness.serve import WalstreamServe
 
 WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
-HAS_HYPERCORN = importlib.util.find_spec("hypercorn") is not None
+HAS_HTTP = importlib.util.find_spec("httptools") is not None
 HAS_EBS = importlib.util.find_spec("walstream_wal_ebs") is not None
 
 pytestmark = pytest.mark.skipif(
-    not (HAS_HYPERCORN and HAS_EBS),
-    reason="needs hypercorn (walstream serve) and the ebs WAL of the embedded deployment",
+    not (HAS_HTTP and HAS_EBS),
+    reason="needs httptools (walstream serve) and the ebs WAL of the embedded deployment",
 )
 
 # The embedded deployment's shape (ebs WAL file, local objects, SQLite), with uploads so rare

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from walstream.errors import ConfigError
 from walstream.server.limits import ServerLimits
-from walstream.server.serve import HTTP_STACKS, RunningServer, serve
+from walstream.server.serve import RunningServer, serve
 
 TOKEN = "edge-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -53,7 +53,6 @@ def write_deployment(folder: Path) -> Path:
 def start(
     folder: Path,
     limits: ServerLimits = LIMITS,
-    http_stack: str | None = None,
     listen: str = "127.0.0.1:0",
 ) -> AbstractAsyncContextManager[RunningServer]:
     return serve(
@@ -64,14 +63,13 @@ def start(
         max_wait_s=10.0,
         limits=limits,
         environ={},
-        http_stack=http_stack,
     )
 
 
-@pytest.fixture(params=HTTP_STACKS)
-async def server(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[RunningServer]:
-    """The node served by each HTTP server (``server.http_stack``) in turn."""
-    async with start(tmp_path, http_stack=request.param) as running:
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[RunningServer]:
+    """The node served over HTTP."""
+    async with start(tmp_path) as running:
         yield running
 
 
@@ -436,8 +434,8 @@ async def test_a_non_utf8_authorization_header_gets_401(server: RunningServer) -
 async def test_requests_the_http_server_cannot_parse_get_a_4xx_and_nothing_happens(
     server: RunningServer,
 ) -> None:
-    """Malformed HTTP is refused by the HTTP server itself: granian's and hypercorn's own 4xx
-    (or a disconnect), native's 400 or 431 in S2's error shape."""
+    """Malformed HTTP is refused by the HTTP server itself: 400 or 431 in S2's error shape (or a
+    disconnect)."""
     for request in (
         b"GET /v1/basins?x=" + b"9" * 70_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
         b"GET /health HTTP/1.1\r\nX-Long: " + b"v" * 70_000 + b"\r\n\r\n",
@@ -448,9 +446,8 @@ async def test_requests_the_http_server_cannot_parse_get_a_4xx_and_nothing_happe
         if response:  # some malformed requests are simply disconnected
             status = int(response.split(b" ", 2)[1])
             assert 400 <= status < 500, response[:200]
-            if server.http_stack == "native":
-                status, body = parse_raw(response)
-                assert_error_body(status, body, status, "invalid")
+            status, body = parse_raw(response)
+            assert_error_body(status, body, status, "invalid")
     async with aiohttp.ClientSession(headers=AUTH, timeout=TIMEOUT) as session:
         status, health = await answer(session, "GET", server.url + "/health")
     assert (status, health["status"]) == (200, "ok")
@@ -598,12 +595,18 @@ async def test_a_slow_second_head_on_a_kept_alive_connection_is_closed(
         writer.close()
 
 
-@pytest.mark.parametrize("http_stack", ["hypercorn", "native"])
-async def test_connections_over_the_bound_get_503(tmp_path: Path, http_stack: str) -> None:
-    """hypercorn, native: a connection over ``max_connections`` is answered 503 and closed."""
+async def test_connections_over_the_bound_get_503_when_none_is_idle(tmp_path: Path) -> None:
+    """A connection over ``max_connections`` when every open one has a request in progress is
+    answered 503 and closed."""
     limits = ServerLimits(header_timeout_s=10.0, max_connections=4)
-    async with start(tmp_path, limits, http_stack=http_stack) as running:
-        idle = [await asyncio.open_connection("127.0.0.1", running.port) for _ in range(4)]
+    async with start(tmp_path, limits) as running:
+        busy = [await asyncio.open_connection("127.0.0.1", running.port) for _ in range(4)]
+        for _, writer in busy:  # a body that never completes: each stays busy
+            writer.write(
+                b"POST /v1/basins HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                + TOKEN.encode()
+                + b"\r\nContent-Length: 50\r\n\r\n{"
+            )
         await asyncio.sleep(0.2)
         assert getattr(running.listener, "open", None) == 4
         status, body = parse_raw(
@@ -613,7 +616,7 @@ async def test_connections_over_the_bound_get_503(tmp_path: Path, http_stack: st
         )
         assert_error_body(status, body, 503, "unavailable")
         assert "server.max_connections" in body["message"]
-        for _, writer in idle:
+        for _, writer in busy:
             writer.close()
         await asyncio.sleep(0.2)
         async with aiohttp.ClientSession(headers=AUTH, timeout=TIMEOUT) as session:
@@ -621,50 +624,36 @@ async def test_connections_over_the_bound_get_503(tmp_path: Path, http_stack: st
         assert (status, health["status"]) == (200, "ok")
 
 
-async def test_with_granian_connections_over_the_bound_wait_for_a_free_one(
-    tmp_path: Path,
-) -> None:
-    """granian: a connection over ``max_connections`` is not served until one closes."""
-    limits = ServerLimits(header_timeout_s=10.0, max_connections=4)
-    async with start(tmp_path, limits, http_stack="granian") as running:
-        assert running.http_stack == "granian"
-        idle = [await asyncio.open_connection("127.0.0.1", running.port) for _ in range(4)]
-        await asyncio.sleep(0.2)
-        reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
-        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        await writer.drain()
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(reader.read(1), 0.5)
-        idle[0][1].close()
-        status, health = parse_raw(await asyncio.wait_for(reader.read(), 5))
-        assert (status, health["status"]) == (200, "ok")
-        writer.close()
-        for _, other in idle[1:]:
-            other.close()
-
-
-@pytest.mark.parametrize("http_stack", HTTP_STACKS)
-async def test_a_busy_listen_address_is_refused(tmp_path: Path, http_stack: str) -> None:
-    """A second server on a port in use fails instead of sharing it (granian binds with
-    SO_REUSEPORT, which would let both listen)."""
-    first, second = tmp_path / f"{http_stack}-first", tmp_path / f"{http_stack}-second"
+async def test_a_busy_listen_address_is_refused(tmp_path: Path) -> None:
+    """A second server on a port in use fails instead of sharing it."""
+    first, second = tmp_path / "first", tmp_path / "second"
     first.mkdir()
     second.mkdir()
-    async with start(first, http_stack=http_stack) as running:
+    async with start(first) as running:
         with pytest.raises(ConfigError, match="already in use"):
-            async with start(second, http_stack=http_stack, listen=running.url[7:]):
+            async with start(second, listen=running.url[7:]):
                 pass
         async with aiohttp.ClientSession(headers=AUTH, timeout=TIMEOUT) as session:
             status, health = await answer(session, "GET", running.url + "/health")
         assert (status, health["status"]) == (200, "ok")
 
 
-async def test_an_unknown_http_stack_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(
-        ConfigError, match=r"server\.http_stack: expected one of granian, hypercorn, native"
-    ):
-        async with start(tmp_path, http_stack="uvicorn"):
-            pass
+async def test_http_stack_is_accepted_with_a_deprecation_warning_and_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``server.http_stack`` (granian, hypercorn or native before there was one stack) still
+    loads for one release, with a warning that says it is ignored and will be refused."""
+    deployment = write_deployment(tmp_path)
+    deployment.write_text(deployment.read_text() + "server: {http_stack: granian}\n")
+    caplog.set_level(logging.WARNING)
+    async with serve(deployment, listen="127.0.0.1:0", token=TOKEN, environ={}) as running:
+        async with aiohttp.ClientSession(headers=AUTH, timeout=TIMEOUT) as session:
+            status, health = await answer(session, "GET", running.url + "/health")
+        assert (status, health["status"]) == (200, "ok")
+    assert any(
+        "server.http_stack is deprecated and ignored" in record.getMessage()
+        for record in caplog.records
+    )
 
 
 async def test_long_polls_over_the_bound_get_429(
@@ -691,16 +680,15 @@ async def test_long_polls_over_the_bound_get_429(
     assert (status, read["records"]) == (200, [])
 
 
-@pytest.mark.parametrize("http_stack", HTTP_STACKS)
 async def test_a_long_poll_whose_client_leaves_frees_its_place(
-    tmp_path: Path, http_stack: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Every HTTP server tells the application (http.disconnect) when a client leaves: its long
     poll ends at once instead of holding a place under max_long_polls until ``wait`` runs out,
     and nothing is logged as a failure."""
     caplog.set_level(logging.WARNING)
     limits = ServerLimits(header_timeout_s=5.0, max_long_polls=1)
-    async with start(tmp_path, limits, http_stack=http_stack) as running:
+    async with start(tmp_path, limits) as running:
         async with aiohttp.ClientSession(
             base_url=running.url, headers=AUTH, timeout=TIMEOUT
         ) as http:
@@ -754,7 +742,9 @@ def test_server_options_come_from_the_yaml_server_section(tmp_path: Path) -> Non
             },
         }
     )
-    assert limits_from_section(deployment.sections["server"]) == ServerLimits(2.0, 0.5, 7, 3)
+    assert limits_from_section(deployment.sections["server"]) == ServerLimits(
+        header_timeout_s=2.0, body_timeout_s=0.5, max_connections=7, max_long_polls=3
+    )
     defaults = walstream_plugins.load_deployment(MEMORY)
     assert limits_from_section(defaults.sections["server"]) == ServerLimits()
     for bad in ({"max_connections": 0}, {"header_timeout": "0s"}, {"max_long_polls": "x"}):
@@ -908,12 +898,9 @@ def check_error_answer(status: int, text: str) -> None:
         assert parsed["code"] and parsed["message"], parsed
 
 
-@pytest.mark.parametrize("http_stack", HTTP_STACKS)
-def test_arbitrary_http_requests_never_get_a_5xx_other_than_503(
-    tmp_path: Path, soak: bool, http_stack: str
-) -> None:
+def test_arbitrary_http_requests_never_get_a_5xx_other_than_503(tmp_path: Path, soak: bool) -> None:
     loop = asyncio.new_event_loop()
-    context = start(tmp_path, http_stack=http_stack)
+    context = start(tmp_path)
     running = loop.run_until_complete(context.__aenter__())
 
     async def open_session() -> aiohttp.ClientSession:

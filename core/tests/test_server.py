@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 import walstream
 from prometheus_client.parser import text_string_to_metric_families
-from walstream.server.serve import HTTP_STACKS, RunningServer, serve
+from walstream.server.serve import RunningServer, serve
 from walstream_conformance.harness.serve import WalstreamServe
 from walstream_conformance.waiting import eventually
 
@@ -58,9 +58,9 @@ def deployment(tmp_path: Path) -> Path:
     return write_deployment(tmp_path, f"server-{tmp_path.name}")
 
 
-@pytest.fixture(params=HTTP_STACKS)
-async def server(deployment: Path, request: pytest.FixtureRequest) -> AsyncIterator[RunningServer]:
-    """The node served by each HTTP server (``server.http_stack``) in turn."""
+@pytest.fixture
+async def server(deployment: Path) -> AsyncIterator[RunningServer]:
+    """The node served over HTTP."""
     async with serve(
         deployment,
         listen="127.0.0.1:0",
@@ -68,9 +68,7 @@ async def server(deployment: Path, request: pytest.FixtureRequest) -> AsyncItera
         max_body_bytes=MAX_BODY_BYTES,
         max_wait_s=10.0,
         environ={},
-        http_stack=request.param,
     ) as running:
-        assert running.http_stack == request.param
         yield running
 
 
@@ -525,15 +523,11 @@ async def test_sse_read_session_sends_batches_pings_and_done(http: aiohttp.Clien
     assert events[-1] == "event: done\ndata: [DONE]"
 
 
-@pytest.mark.parametrize("http_stack", HTTP_STACKS)
 async def test_shutdown_answers_waiting_long_polls_and_uploads_everything(
-    deployment: Path, http_stack: str
+    deployment: Path,
 ) -> None:
     async with aiohttp.ClientSession(timeout=REQUEST_TIMEOUT, headers=IN_BASIN) as session:
-        async with serve(
-            deployment, listen="127.0.0.1:0", max_wait_s=30, environ={}, http_stack=http_stack
-        ) as running:
-            assert running.http_stack == http_stack
+        async with serve(deployment, listen="127.0.0.1:0", max_wait_s=30, environ={}) as running:
             # An idle keep-alive HTTP/1.1 connection does not hold shutdown up either.
             _, idle = await asyncio.open_connection(running.host, running.port)
             url = running.url
@@ -630,12 +624,7 @@ async def test_metrics_are_prometheus_text_and_counters_move(
 # -- real processes ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("http_stack", HTTP_STACKS)
-async def test_serve_process_answers_health_and_exits_0_on_sigterm(
-    deployment: Path, http_stack: str
-) -> None:
-    text = deployment.read_text()
-    deployment.write_text(text.replace("server: {", f"server: {{http_stack: {http_stack}, "))
+async def test_serve_process_answers_health_and_exits_0_on_sigterm(deployment: Path) -> None:
     process = WalstreamServe(deployment, token=TOKEN)
     url = await asyncio.to_thread(process.start)
     try:

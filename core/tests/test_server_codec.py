@@ -230,10 +230,10 @@ async def test_answers_given_before_the_engine() -> None:
 
 
 def test_the_server_package_and_the_node_lock_do_not_import_the_http_server() -> None:
-    # Every command imports walstream.engine.node_lock; only `walstream serve` needs hypercorn.
+    # Every command imports walstream.engine.node_lock; only `walstream serve` needs the HTTP stack.
     probe = (
         "import sys, walstream.server, walstream.engine.node_lock; "
-        "print('hypercorn' in sys.modules or 'h2' in sys.modules)"
+        "print('httptools' in sys.modules or 'h2' in sys.modules)"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True

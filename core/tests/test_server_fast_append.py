@@ -18,7 +18,7 @@ import pytest
 from walstream.server.limits import ServerLimits
 from walstream.server.s2.errors import S2Error
 from walstream.server.s2.request import BodyDeadlines, read_body
-from walstream.server.serve import HTTP_STACKS, RunningServer, serve
+from walstream.server.serve import RunningServer, serve
 
 TOKEN = "hot-path-token"
 BASIN = "hot-path-basin"
@@ -27,9 +27,9 @@ TIMEOUT = aiohttp.ClientTimeout(total=20)
 LIMITS = ServerLimits(body_timeout_s=1.0)
 
 
-@pytest.fixture(params=HTTP_STACKS)
-async def server(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[RunningServer]:
-    """The node served by each HTTP server (``server.http_stack``) in turn."""
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[RunningServer]:
+    """The node served over HTTP."""
     deployment = tmp_path / "deploy.yaml"
     deployment.write_text(
         "node: {id: 1}\n"
@@ -43,7 +43,6 @@ async def server(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterato
         token=TOKEN,
         limits=LIMITS,
         environ={},
-        http_stack=request.param,
     ) as running:
         yield running
 

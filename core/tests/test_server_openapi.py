@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from walstream.server.serve import HTTP_STACKS
 from walstream_conformance.harness.serve import WalstreamServe
 
 schemathesis = pytest.importorskip("schemathesis")
@@ -56,12 +55,12 @@ def call(url: str, method: str, body: Any = None, headers: dict[str, str] | None
         return json.loads(payload) if payload else None
 
 
-@pytest.fixture(scope="module", params=HTTP_STACKS)
+@pytest.fixture(scope="module")
 def server_url(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[str]:
-    """``walstream serve`` with each HTTP server (``server.http_stack``)."""
-    folder = tmp_path_factory.mktemp(f"openapi-{request.param}")
+    """``walstream serve`` for the module."""
+    folder = tmp_path_factory.mktemp("openapi")
     deployment = folder / "deploy.yaml"
     deployment.write_text(
         "node: {id: 1}\n"
@@ -69,7 +68,7 @@ def server_url(
         "object_store: {type: local, root: data/objects, fsync: false}\n"
         "metadata: {type: sqlite, path: data/meta.db}\n"
         "upload: {max_bytes: 256KiB, max_interval: 50ms}\n"
-        f"server: {{max_long_polls: 4, http_stack: {request.param}}}\n"
+        "server: {max_long_polls: 4}\n"
     )
     server = WalstreamServe(deployment, token=TOKEN)
     url = server.start()

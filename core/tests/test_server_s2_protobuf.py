@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from walstream.server.serve import HTTP_STACKS, RunningServer, serve
+from walstream.server.serve import RunningServer, serve
 
 pb = pytest.importorskip("s2_sdk._generated.s2.v1.s2_pb2")
 
@@ -26,9 +26,9 @@ TS_APPEND = {"Accept": "application/protobuf", "Content-Type": "application/prot
 TS_READ = {"Accept": "application/protobuf"}
 
 
-@pytest.fixture(params=HTTP_STACKS)
+@pytest.fixture
 async def http(
-    tmp_path: Path, request: pytest.FixtureRequest
+    tmp_path: Path,
 ) -> AsyncIterator[aiohttp.ClientSession]:
     """A session on a fresh server (memory WAL, each HTTP server in turn) that sends the token
     and names a basin holding the stream ``orders``."""
@@ -46,7 +46,6 @@ async def http(
             listen="127.0.0.1:0",
             token=TOKEN,
             environ={},
-            http_stack=request.param,
         ) as running,
         aiohttp.ClientSession(
             base_url=running.url,

@@ -16,7 +16,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from walstream.server.serve import HTTP_STACKS
 from walstream_conformance.harness.serve import WalstreamServe
 
 s2_sdk = pytest.importorskip("s2_sdk")
@@ -42,13 +41,13 @@ from s2_sdk import (  # noqa: E402
 TOKEN = "sdk-token"
 
 
-@pytest.fixture(scope="module", params=HTTP_STACKS)
+@pytest.fixture(scope="module")
 def server_url(
-    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[str]:
-    """One ``walstream serve`` process per HTTP server (``server.http_stack``; the SDK speaks
-    HTTP/2) for the module (each test uses its own basin)."""
-    folder = tmp_path_factory.mktemp(f"sdk-{request.param}")
+    """One ``walstream serve`` process (the SDK speaks HTTP/2) for the module (each test uses
+    its own basin)."""
+    folder = tmp_path_factory.mktemp("sdk")
     deployment = folder / "deploy.yaml"
     deployment.write_text(
         "node: {id: 1}\n"
@@ -56,7 +55,7 @@ def server_url(
         "object_store: {type: local, root: data/objects, fsync: false}\n"
         "metadata: {type: sqlite, path: data/meta.db}\n"
         "upload: {max_bytes: 256KiB, max_interval: 50ms}\n"
-        f"server: {{http_stack: {request.param}}}\n"
+        "server: {}\n"
     )
     server = WalstreamServe(deployment, token=TOKEN)
     url = server.start()

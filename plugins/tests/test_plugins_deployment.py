@@ -120,7 +120,16 @@ def test_every_engine_section_maps_onto_engine_config(write_yaml: WriteYaml) -> 
         "header_timeout": 15.0,
         "body_timeout": 60.0,
         "max_connections": 512,
+        "max_connections_per_address": 64,
         "max_long_polls": 256,
+        "max_long_polls_per_address": 64,
+        "send_timeout": 30.0,
+        "max_connection_output": 4 << 20,
+        "max_output": 64 << 20,
+        "max_resets_per_connection": 100,
+        "max_resets_per_address": 400,
+        "max_control_frames": 1000,
+        "tls": None,
         "http_stack": None,
     }
     assert deployment.disabled_hooks == ("metrics",)

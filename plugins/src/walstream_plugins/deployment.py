@@ -105,24 +105,96 @@ _SERVER_OPTIONS = (
     Option(
         "max_connections",
         "int",
-        "connections open at once; more are answered 503",
+        "connections open at once; past it the longest-idle keep-alive connection is closed "
+        "for the new one, and when none is idle the new one is answered 503",
         default=512,
+        minimum=1,
+    ),
+    Option(
+        "max_connections_per_address",
+        "int",
+        "connections one remote address may hold open; more are answered 503 (requests "
+        "signed with the cluster secret are exempt)",
+        default=64,
         minimum=1,
     ),
     Option(
         "max_long_polls",
         "int",
-        "reads waiting at the tail (wait=) at once; more get 429",
+        "reads waiting at the tail (wait=, sessions) at once; more get 429",
         default=256,
         minimum=1,
     ),
     Option(
+        "max_long_polls_per_address",
+        "int",
+        "reads waiting at the tail per remote address; more get 429 (node-to-node exempt)",
+        default=64,
+        minimum=1,
+    ),
+    Option(
+        "send_timeout",
+        "duration",
+        "abandon an answer the client takes nothing of for this long (stream reset or "
+        "connection closed, its work cancelled)",
+        default=30.0,
+        minimum=0.001,
+    ),
+    Option(
+        "max_connection_output",
+        "size",
+        "bytes of answers built and not yet taken by the client, per connection (at least "
+        "1MiB); a read waits for room before it reads",
+        default=4 << 20,
+        minimum=1 << 20,
+    ),
+    Option(
+        "max_output",
+        "size",
+        "bytes of answers built and not yet taken by clients, for the whole server",
+        default=64 << 20,
+        minimum=1 << 20,
+    ),
+    Option(
+        "max_resets_per_connection",
+        "int",
+        "HTTP/2 streams reset per 10 s on one connection; more: GOAWAY ENHANCE_YOUR_CALM",
+        default=100,
+        minimum=1,
+    ),
+    Option(
+        "max_resets_per_address",
+        "int",
+        "HTTP/2 streams reset per 10 s over all connections of one remote address; more: its "
+        "connections are closed and new ones refused until the budget refills",
+        default=400,
+        minimum=1,
+    ),
+    Option(
+        "max_control_frames",
+        "int",
+        "HTTP/2 PING, SETTINGS and PRIORITY frames per 10 s on one connection; more: GOAWAY "
+        "ENHANCE_YOUR_CALM",
+        default=1000,
+        minimum=1,
+    ),
+    Option(
+        "tls",
+        "any",
+        "serve HTTPS: {certificate: PEM path, key: PEM path, client_ca: PEM path (optional: "
+        "require client certificates)}; HTTP/1.1 and HTTP/2 by ALPN",
+    ),
+    Option(
         "http_stack",
         "str",
-        "the HTTP server: granian, hypercorn or native (each serves HTTP/1.1 and h2c on one "
-        "port; unset: walstream's default, see HTTP service)",
-        choices=("granian", "hypercorn", "native"),
+        "deprecated and ignored (walstream has one HTTP stack since 0.2; granian and hypercorn "
+        "were removed): a warning is logged; the key is refused from the next release",
     ),
+)
+_TLS_OPTIONS = (
+    Option("certificate", "path", "PEM certificate chain of the server", required=True),
+    Option("key", "path", "PEM private key of the certificate", required=True),
+    Option("client_ca", "path", "PEM CA bundle that signs the client certificates (mutual TLS)"),
 )
 _HOOKS_OPTIONS = (
     Option(
@@ -496,6 +568,18 @@ def _from_mapping(
     sections["append_timeout"] = append_timeout_s
     sections["cluster"] = _cluster_section(document, sections["node"], base_dir)
     _check_listen(sections["server"]["listen"])
+    tls = sections["server"].get("tls")
+    if tls is not None:
+        sections["server"]["tls"] = _validate_section("server.tls", tls, _TLS_OPTIONS, base_dir)
+        for option in _TLS_OPTIONS:
+            if option.required and sections["server"]["tls"].get(option.name) is None:
+                raise ConfigError(f"server.tls.{option.name}: required (a PEM file path)")
+    if sections["server"].get("http_stack") is not None:
+        log.warning(
+            "server.http_stack is deprecated and ignored: walstream serves HTTP with its one "
+            "stack (granian and hypercorn were removed); delete the key, it is refused from "
+            "the next release"
+        )
     _check_disabled_hooks(sections["hooks"]["disable"])
     cache = sections["cache"]
     if cache["readahead_min_bytes"] > cache["readahead_max_bytes"]:

@@ -7,7 +7,8 @@ Contract (besides :class:`~walstream_conformance.harness.child.ChildServer`'s):
   ``workdir`` (relative paths of the deployment resolve there), with ``--token`` when one is
   given; ``WALSTREAM_TOKEN`` is emptied for the child, so the outer environment never decides
   the token (the deployment's ``server.token`` still applies);
-- it is up once its first stdout line says ``listening on http://…`` (kept as :attr:`banner`);
+- it is up once its first stdout line says ``listening on http://…`` or ``https://…`` (kept
+  as :attr:`banner`);
   a child that exits first raises :class:`walstream.errors.BackendUnavailable` naming its exit
   code and the tail of its stderr (e.g. a second server of a node refused with ``NodeBusy``);
 - :meth:`WalstreamServe.stop_cleanly` is SIGTERM and a wait, and fails the test unless the
@@ -26,7 +27,7 @@ from .child import ChildServer
 
 __all__ = ["WalstreamServe", "walstream_command"]
 
-_LISTENING = re.compile(r"listening on (http://[^\s:]+:(\d+))")
+_LISTENING = re.compile(r"listening on (https?)://[^\s:]+:(\d+)")
 
 
 def walstream_command() -> list[str]:
@@ -63,6 +64,8 @@ class WalstreamServe(ChildServer):
         self.serve_args = list(serve_args)
         self.banner = ""
         """The first stdout line of the last start (``listening on http://… …``)."""
+        self.scheme = "http"
+        """``https`` when the server serves TLS (``server.tls``)."""
 
     def command(self) -> list[str]:
         token = [] if self.token is None else ["--token", self.token]
@@ -83,12 +86,15 @@ class WalstreamServe(ChildServer):
     def parse_port(self, line: str) -> int | None:
         self.banner = line
         match = _LISTENING.search(line)
-        return int(match.group(2)) if match else None
+        if match is None:
+            return None
+        self.scheme = match.group(1)
+        return int(match.group(2))
 
     @property
     def url(self) -> str:
-        """The server's base URL (``http://127.0.0.1:<port>``)."""
-        return self.endpoint_url
+        """The server's base URL (``http://127.0.0.1:<port>``, or ``https://`` over TLS)."""
+        return self.scheme + self.endpoint_url.removeprefix("http")
 
     @property
     def pid(self) -> int:

@@ -136,13 +136,7 @@ async def cmd_serve(args: argparse.Namespace) -> int:
     try:
         from walstream.server import serve as server
     except ModuleNotFoundError as missing:
-        if (missing.name or "").partition(".")[0] not in (
-            "hypercorn",
-            "h2",
-            "h11",
-            "granian",
-            "httptools",
-        ):
+        if (missing.name or "").partition(".")[0] not in ("h2", "hpack", "httptools", "uvloop"):
             raise
         raise ConfigError(
             f"walstream serve needs {missing.name}; run: pip install 'walstream[server]'"
@@ -313,10 +307,10 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "authentication. SIGTERM or SIGINT stops accepting, answers long polls, then closes\n"
         "the node (uploading everything acknowledged) and exits 0. The routes are listed in\n"
         "docs/reference/http-api.md, in /openapi.json and in the walstream.server.s2 package. Timeouts and bounds of slow or greedy\n"
-        "clients come from the server section: header_timeout, body_timeout,\n"
-        "max_connections, max_long_polls; the HTTP server from server.http_stack:\n"
-        "native (the default: walstream's own, in the node's event loop), granian or\n"
-        "hypercorn.\n\n"
+        "clients come from the server section (header_timeout, body_timeout, send_timeout,\n"
+        "max_connections and max_connections_per_address, max_long_polls, max_output,\n"
+        "the HTTP/2 reset and control-frame budgets); server.tls serves HTTPS (HTTP/1.1\n"
+        "and HTTP/2 by ALPN). $WALSTREAM_CLUSTER_SECRET signs the requests between nodes.\n\n"
         "While it runs, the server holds the node lock <metadata file>.node-N.lock with its\n"
         "URL in it: other walstream commands on this deployment go through its HTTP API\n"
         "instead of taking the node over, and a second serve of the same node exits 2\n"

@@ -1,9 +1,10 @@
 """Running one node as an HTTP server: :func:`serve` opens the node of a deployment under its
 node lock (:mod:`walstream.engine.node_lock`) and serves the S2 API application
-(:mod:`walstream.server.s2`) with granian (:mod:`walstream.server.hosting_granian`), hypercorn
-(:mod:`walstream.server.hosting`) or walstream's own server (:mod:`walstream.server.hosting_native`),
-as ``server.http_stack`` says;
-:func:`run_until_signalled` is ``walstream serve``.
+(:mod:`walstream.server.s2`) with walstream's HTTP stack (:mod:`walstream.server.http`), over
+TLS when ``server.tls`` is set; :func:`run_until_signalled` is ``walstream serve``.
+
+Node credentials: ``WALSTREAM_CLUSTER_SECRET`` (:mod:`walstream.server.node_auth`) signs what
+this node forwards to the others and is required of what they forward to it.
 
 Rejoin: with a ``cluster:`` section, a node that lost its lease or was failed over is fenced
 (its client latches :class:`~walstream.errors.FencedError` and writes nothing more). The server
@@ -49,16 +50,16 @@ from walstream.server.limits import (
     ServerLimits,
     limits_from_section,
 )
+from walstream.server.node_auth import SECRET_ENVIRONMENT_VARIABLE, credentials_from_environment
 from walstream.server.s2.app import S2App
 from walstream.tuning import tune_gc
 
 if TYPE_CHECKING:
     from walstream.engine.client import Client
+    from walstream.server.node_auth import NodeCredentials
 
 __all__ = [
-    "DEFAULT_HTTP_STACK",
     "DEFAULT_LISTEN",
-    "HTTP_STACKS",
     "REJOIN_CHECK_S",
     "Listener",
     "RunningServer",
@@ -71,15 +72,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = "127.0.0.1:7400"
 TOKEN_ENVIRONMENT_VARIABLE = "WALSTREAM_TOKEN"
-#: The HTTP servers ``server.http_stack`` chooses from (docs/benchmarks/index.md has the numbers).
-HTTP_STACKS = ("granian", "hypercorn", "native")
-#: native: over h2c (S2's Python SDK speaks only HTTP/2) it serves 1.07-1.38x granian's
-#: records/s with a lower p99 (medians of 18 alternating rounds of bench/peers.py --http 2:
-#: 1.08x at 1 client x 1 record, 1.07x at 64 x 1, 1.38x at 1 x 100, 1.11x at 64 x 100; p99
-#: 0.79-0.95x), and over HTTP/1.1 1.01-1.11x (10 rounds) for less server CPU per request.
-#: granian was the default while native handed h2c to hypercorn (0.56x granian's at 64 x 1).
-#: docs/benchmarks/index.md has the tables.
-DEFAULT_HTTP_STACK = "native"
 #: How often the server looks for a fenced client to replace (the check reads one attribute).
 REJOIN_CHECK_S = 0.2
 #: Backoff between attempts to open a new epoch while the metadata store is unreachable.
@@ -100,34 +92,19 @@ class Listener(Protocol):
     async def close(self, grace_s: float = ...) -> None: ...
 
 
-def choose_http_stack(value: str | None) -> str:
-    """``server.http_stack`` (None: :data:`DEFAULT_HTTP_STACK`), checked."""
-    if value is None:
-        return DEFAULT_HTTP_STACK
-    if value not in HTTP_STACKS:
-        raise ConfigError(
-            f"server.http_stack: expected one of {', '.join(HTTP_STACKS)}, got {value!r}"
-        )
-    return value
-
-
 async def open_listener(
-    stack: str, app: S2App, host: str, port: int, limits: ServerLimits
+    app: S2App,
+    host: str,
+    port: int,
+    limits: ServerLimits,
+    node_credentials: NodeCredentials | None = None,
 ) -> Listener:
-    """Serve ``app`` on ``host:port`` with the HTTP server ``stack`` (imported only when
-    chosen, so the others need not be installed). A port in use is a ConfigError."""
+    """Serve ``app`` on ``host:port`` with walstream's HTTP stack (imported here, so that other
+    commands do not load it). A port in use is a ConfigError."""
+    from walstream.server import http
+
     try:
-        if stack == "granian":
-            from walstream.server import hosting_granian
-
-            return await hosting_granian.open_listener(app, host, port, limits)
-        if stack == "native":
-            from walstream.server import hosting_native
-
-            return await hosting_native.open_listener(app, host, port, limits)
-        from walstream.server import hosting
-
-        return await hosting.open_listener(app, host, port, limits)
+        return await http.open_listener(app, host, port, limits, node_credentials=node_credentials)
     except OSError as failure:
         if failure.errno != errno.EADDRINUSE:
             raise
@@ -159,16 +136,18 @@ class RunningServer:
     app: S2App
     limits: ServerLimits = field(default_factory=ServerLimits)
     listener: Listener | None = None
-    """The listener (hypercorn's and native's count ``open`` and ``refused`` connections)."""
-    http_stack: str = DEFAULT_HTTP_STACK
-    """The HTTP server serving it: ``granian``, ``hypercorn`` or ``native``."""
+    """The listener (counts ``open`` and ``refused`` connections)."""
     extra_listeners: Mapping[str, ExtraListener] = field(default_factory=dict)
     """The extra listeners started from the deployment's sections, by section (``kafka``)."""
 
     @property
+    def scheme(self) -> str:
+        return "http" if self.limits.tls is None else "https"
+
+    @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
 
 def rejoinable(client: Client) -> bool:
@@ -291,15 +270,14 @@ async def serve(
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
     limits: ServerLimits | None = None,
     environ: Mapping[str, str] | None = None,
-    http_stack: str | None = None,
 ) -> AsyncIterator[RunningServer]:
     """Open the node of ``config`` (a deployment YAML path, mapping, Deployment, or None for
     the embedded default) and serve it over HTTP until the context exits; then stop accepting,
     answer long polls, and close the client (which uploads everything acknowledged).
 
-    ``listen``, ``token``, ``limits`` and ``http_stack`` (one of :data:`HTTP_STACKS`) override
-    the deployment's ``server`` section (port 0: any free port, see :attr:`RunningServer.port`).
-    Raises :class:`~walstream.errors.ConfigError` for an unknown ``http_stack``.
+    ``listen``, ``token`` and ``limits`` override the deployment's ``server`` section (port 0:
+    any free port, see :attr:`RunningServer.port`). ``environ`` (default ``os.environ``) gives
+    ``WALSTREAM_TOKEN`` and ``WALSTREAM_CLUSTER_SECRET``.
 
     While serving, the process holds the node lock of the deployment (:mod:`walstream.engine.node_lock`)
     with its URL in it, so `walstream` commands on the same deployment use this server instead
@@ -314,10 +292,17 @@ async def serve(
     server_section = deployment.sections["server"]
     host, port = parse_listen(listen or server_section["listen"] or DEFAULT_LISTEN)
     chosen_limits = limits or limits_from_section(server_section)
-    stack = choose_http_stack(http_stack or server_section.get("http_stack"))
-    chosen_token = _choose_token(
-        token, server_section.get("token"), os.environ if environ is None else environ
-    )
+    environment = os.environ if environ is None else environ
+    chosen_token = _choose_token(token, server_section.get("token"), environment)
+    credentials = credentials_from_environment(environment, deployment.node_id)
+    if credentials is None and deployment.sections.get("cluster") is not None:
+        log.warning(
+            "node %d runs in a cluster without %s: requests between nodes are not "
+            "authenticated, so a client can send the forwarding header and, with the service "
+            "token, call /cluster routes; give every node the same secret",
+            deployment.node_id,
+            SECRET_ENVIRONMENT_VARIABLE,
+        )
     if chosen_token is None and host not in ("127.0.0.1", "::1", "localhost"):
         log.warning(
             "serving %s:%d without a token: anyone who reaches it can write and "
@@ -357,6 +342,7 @@ async def serve(
             max_body_bytes=max_body_bytes,
             max_wait_s=max_wait_s,
             limits=chosen_limits,
+            node_credentials=credentials,
         )
         served = app
         app.render_metrics = with_cluster_metrics(
@@ -371,7 +357,7 @@ async def serve(
                 ),
                 name="walstream-serve-rejoin",
             )
-        listener = await open_listener(stack, app, host, port, chosen_limits)
+        listener = await open_listener(app, host, port, chosen_limits, credentials)
         for name in listener_section_names():
             section = deployment.sections.get(name)
             if section is None:
@@ -386,7 +372,7 @@ async def serve(
                 )
             )
         running = RunningServer(
-            client, host, listener.port, chosen_token, app, chosen_limits, listener, stack, extras
+            client, host, listener.port, chosen_token, app, chosen_limits, listener, extras
         )
         if held is not None:
             # Where `walstream` commands on this deployment send their writes and live reads.

@@ -30,6 +30,7 @@ from walstream.server.s2.routing import Router, not_owner_here
 
 if TYPE_CHECKING:
     from walstream.engine.client import Client, Stream
+    from walstream.server.node_auth import NodeCredentials
 
 __all__ = ["CIPHER_HEADER", "MAX_CREATION_TOKENS", "S2Context"]
 
@@ -54,8 +55,12 @@ class S2Context:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_wait_s: float = DEFAULT_MAX_WAIT_S,
         limits: ServerLimits | None = None,
+        node_credentials: NodeCredentials | None = None,
     ) -> None:
         self.client = client
+        self.node_credentials = node_credentials
+        """The cluster secret (``WALSTREAM_CLUSTER_SECRET``): signs what this node forwards and
+        is required of forwarded and internal requests (None: not configured)."""
         self.token = token or None
         self.token_bytes = b"" if self.token is None else _token_bytes(self.token)
         self.render_metrics = render_metrics
@@ -66,6 +71,8 @@ class S2Context:
         """Bounds the time every request body takes to arrive (``server.body_timeout``)."""
         self.long_polls = 0
         """Reads that wait (``wait > 0``, SSE and S2S sessions) in progress."""
+        self.long_polls_by_address: dict[str, int] = {}
+        """... per remote address (node-to-node requests are not counted)."""
         self.stopping = asyncio.Event()
         self.requests: dict[tuple[str, str, int], int] = {}
         self.basins: dict[str, dict[str, Any]] = {}
@@ -114,9 +121,11 @@ class S2Context:
         return old
 
     @contextmanager
-    def long_poll(self) -> Iterator[None]:
-        """Count one waiting read (429 ``rate_limited`` over ``server.max_long_polls``): each
-        holds a connection and a task, so a crowd of pollers cannot take the node's memory."""
+    def long_poll(self, request: Request | None = None) -> Iterator[None]:
+        """Count one waiting read (429 ``rate_limited`` over ``server.max_long_polls``, or over
+        ``server.max_long_polls_per_address`` for the request's remote address; a request signed
+        by a node is not counted per address): each holds a connection and a task, so a crowd of
+        pollers cannot take the node's memory."""
         if self.long_polls >= self.limits.max_long_polls:
             raise S2Error(
                 429,
@@ -124,11 +133,29 @@ class S2Context:
                 f"{self.long_polls} waiting reads are already in progress "
                 "(server.max_long_polls); retry later, read without wait, or raise the bound",
             )
+        host = "" if request is None or request.node_id is not None else request.client_host
+        by_address = self.long_polls_by_address
+        if host:
+            held = by_address.get(host, 0)
+            if held >= self.limits.max_long_polls_per_address:
+                raise S2Error(
+                    429,
+                    "rate_limited",
+                    f"this address already has {held} waiting reads in progress "
+                    "(server.max_long_polls_per_address); retry later or read without wait",
+                )
+            by_address[host] = held + 1
         self.long_polls += 1
         try:
             yield
         finally:
             self.long_polls -= 1
+            if host:
+                left = by_address[host] - 1
+                if left:
+                    by_address[host] = left
+                else:
+                    del by_address[host]
 
     async def unless_stopping(
         self, work: asyncio.Future[Any], *others: asyncio.Future[Any]

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ReadParams",
     "Wire",
+    "batch_bytes",
     "batch_tail",
     "long_poll",
     "parse_read_params",
@@ -234,6 +235,11 @@ async def read_once(
     return records, result.tail, done
 
 
+def batch_bytes(records: list[SequencedRecord]) -> int:
+    """The metered size of a batch (what its answer is built from)."""
+    return sum(metered_bytes(wire_headers(record), record.value) for record in records)
+
+
 def wire_headers(record: SequencedRecord) -> tuple[tuple[bytes, bytes], ...]:
     headers = tuple((name.encode("utf-8"), value) for name, value in record.headers)
     if record.key is not None:
@@ -282,6 +288,7 @@ async def read_committed_here(app: S2Context, request: Request, stream: Stream) 
         return False
     count = min(params.count or MAX_BATCH_RECORDS, MAX_BATCH_RECORDS)
     byte_limit = min(params.bytes or MAX_BATCH_BYTES, MAX_BATCH_BYTES)
+    await request.reserve_output(byte_limit)
     try:
         records, _, _ = await read_once(
             stream,
@@ -319,7 +326,7 @@ async def long_poll(
 ) -> tuple[list[SequencedRecord], int]:
     """A read that waits: it ends when records arrive, at shutdown (answered with what it
     has), or as soon as its client is gone (which frees its place under max_long_polls)."""
-    with app.long_poll():
+    with app.long_poll(request):
         reading = asyncio.ensure_future(
             read_once(stream, start, timestamp, count, byte_limit, until, wait, encryption)
         )

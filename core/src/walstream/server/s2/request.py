@@ -21,6 +21,10 @@ from walstream.server.s2.compression import (
 )
 from walstream.server.s2.errors import S2Error
 
+#: The HTTP stack's scope extension for reserving output room
+#: (:data:`walstream.server.http.request_body.OUTPUT_ROOM`).
+OUTPUT_ROOM = "walstream.output_room"
+
 __all__ = [
     "BodyDeadlines",
     "Receive",
@@ -100,12 +104,15 @@ class Request:
 
     __slots__ = (
         "body_done",
+        "client_host",
         "deadlines",
         "error",
         "headers",
         "http_version",
         "max_body_bytes",
         "method",
+        "node_id",
+        "output_room",
         "query",
         "receive",
         "segments",
@@ -153,9 +160,33 @@ class Request:
         self.started = False
         self.status = 0
         self.body_done = False
+        client = scope.get("client")
+        self.client_host: str = str(client[0]) if client else ""
+        """The remote address (bounds per address: long polls)."""
+        self.node_id: int | None = None
+        """The node that signed this request (node credentials), else None."""
+        extensions = scope.get("extensions")
+        self.output_room: Callable[[int], Awaitable[int]] | None = (
+            None if not extensions else extensions.get(OUTPUT_ROOM)
+        )
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
+
+    async def reserve_output(self, want: int) -> int:
+        """Reserve room for an answer of about ``want`` bytes before building it (the HTTP
+        stack's output budgets: answers built and not yet taken by clients); returns what may be
+        built (``want`` when the server keeps no budget). 503 when no room came within
+        ``server.send_timeout``."""
+        room = self.output_room
+        if room is None:
+            return want
+        try:
+            return await room(want)
+        except TimeoutError as busy:
+            raise S2Error(
+                503, "unavailable", str(busy) or "no output room; retry shortly"
+            ) from None
 
     async def body(self) -> bytes:
         """The whole request body: 413 over ``max_body_bytes``, 408 when it does not arrive

@@ -9,6 +9,7 @@ from walstream.server.s2.appends import append_once, append_positions
 from walstream.server.s2.errors import S2Error
 from walstream.server.s2.model import MAX_BATCH_BYTES, MAX_BATCH_RECORDS
 from walstream.server.s2.reads import (
+    batch_bytes,
     batch_tail,
     long_poll,
     parse_read_params,
@@ -94,7 +95,11 @@ async def _read_route(app: S2Context, request: Request, basin: str, name: str) -
             wait,
             encryption,
         )
+        # Room for its answer once records came (a wait holds no output budget).
+        await request.reserve_output(batch_bytes(records))
     else:
+        # Room for the answer before the read: it builds no more than the budgets allow.
+        await request.reserve_output(byte_limit)
         records, tail, _ = await read_once(
             stream, start, timestamp, count, byte_limit, params.until, 0, encryption
         )

@@ -38,6 +38,7 @@ from walstream.server.s2.errors import S2Error, from_walstream
 from walstream.server.s2.model import MAX_BATCH_BYTES, MAX_BATCH_RECORDS, metered_bytes
 from walstream.server.s2.reads import (
     ReadParams,
+    batch_bytes,
     batch_tail,
     read_once,
     reads_nothing,
@@ -98,7 +99,7 @@ async def read_session(
     stream = await app.open_for(basin, name, "create_stream_on_read")
     encryption = await app.encryption_for(request, basin, name)
     start, timestamp = await resolve_start(app, stream, params, may_follow=may_follow(params))
-    with app.long_poll():
+    with app.long_poll(request):
         if sse:
             await request.start(200, b"text/event-stream", [(b"cache-control", b"no-cache")])
         else:
@@ -182,6 +183,8 @@ async def _follow(
                 await request.write(b"event: done\ndata: [DONE]\n\n")
             return
         records, tail, until_reached = reading.result()
+        if records:  # room for the batch's answer (the budgets of the HTTP stack)
+            await request.reserve_output(batch_bytes(records))
         timestamp = None
         position = await batch_tail(app, stream, records, tail)
         if records:

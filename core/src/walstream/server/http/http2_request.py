@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from walstream.server.hosting_native.http2_stream import CONNECTION_SPECIFIC
+from walstream.server.http.http2_stream import CONNECTION_SPECIFIC
 from walstream.server.s2.errors import S2Error
 
 __all__ = ["MAX_HEADER_LIST_BYTES", "Malformed", "request_scope"]
@@ -36,6 +36,7 @@ _PSEUDO = {b":method": 0, b":scheme": 1, b":authority": 2, b":path": 3}
 #: client cycling through names cannot grow the server's memory).
 _CHECKED_NAMES: set[bytes] = set()
 _MAX_CHECKED_NAMES = 1024
+_MAX_CHECKED_NAME_BYTES = 64
 
 
 class Malformed(Exception):
@@ -112,6 +113,8 @@ def _check_name(name: bytes, value: bytes) -> None:
         if value != b"trailers":
             raise Malformed("te other than trailers")
         return
+    if len(name) > _MAX_CHECKED_NAME_BYTES:
+        return  # checked each time: a long name is not remembered
     if len(_CHECKED_NAMES) >= _MAX_CHECKED_NAMES:
         _CHECKED_NAMES.clear()
     _CHECKED_NAMES.add(name)

@@ -28,6 +28,10 @@ __all__ = ["CachingDecoder", "LiteralEncoder"]
 
 #: Fields (encoder) and blocks (decoder) each coder keeps; it forgets all of them beyond this.
 CACHE_ENTRIES = 512
+#: Only blocks (decoder) and fields (encoder) up to this size are cached: a connection's caches
+#: hold at most CACHE_ENTRIES x this (and the decoded lists, bounded alike), whatever the client
+#: sends.
+CACHED_BYTES = 1024
 
 _STATIC_FIELDS: dict[tuple[bytes, bytes], int] = {}
 _STATIC_NAMES: dict[bytes, int] = {}
@@ -80,9 +84,10 @@ class LiteralEncoder(Encoder):
             encoded = fields.get((name, value))
             if encoded is None:
                 encoded = _field(name, value)
-                if len(fields) >= CACHE_ENTRIES:
-                    fields.clear()
-                fields[(name, value)] = encoded
+                if len(encoded) <= CACHED_BYTES:
+                    if len(fields) >= CACHE_ENTRIES:
+                        fields.clear()
+                    fields[(name, value)] = encoded
             parts.append(encoded)
         return b"".join(parts)
 
@@ -119,6 +124,8 @@ class CachingDecoder(Decoder):
     def decode(self, data: bytes, raw: bool = False) -> Iterable[Any]:
         table = self.header_table
         assert isinstance(table, _CountingTable)
+        if len(data) > CACHED_BYTES:
+            return super().decode(data, raw)
         generation = table.generation
         key = (generation, bytes(data))
         known = self.blocks.get(key)

@@ -21,17 +21,37 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from walstream.server.hosting_native.framing import date_line, status_line
-from walstream.server.hosting_native.request_body import RequestBody
+from walstream.server.http.framing import date_line, status_line
+from walstream.server.http.request_body import RequestBody
 
 if TYPE_CHECKING:
-    from walstream.server.hosting_native.http1 import Connection
+    from walstream.server.http.state import OutputBudget, ServingState
+
+
+class Http1Link(Protocol):
+    """What an exchange needs of its HTTP/1.1 connection."""
+
+    loop: asyncio.AbstractEventLoop
+    listener: ServingState
+    output: OutputBudget
+    buffered: int
+    reading_paused: bool
+    writing_paused: bool
+    closed: bool
+    draining: bool
+
+    def maybe_resume(self) -> None: ...
+    def write(self, data: bytes) -> None: ...
+    def write_pieces(self, pieces: list[bytes]) -> None: ...
+    async def drained(self, timeout_s: float | None = None) -> bool: ...
+    def stalled(self) -> None: ...
+
 
 __all__ = ["Exchange"]
 
-log = logging.getLogger("walstream.server.hosting_native")
+log = logging.getLogger("walstream.server.http")
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LAST_CHUNK = b"0\r\n\r\n"
@@ -63,7 +83,7 @@ class Exchange(RequestBody):
 
     def __init__(
         self,
-        connection: Connection,
+        connection: Http1Link,
         scope: dict[str, Any],
         keep_alive: bool,
         expect_continue: bool,
@@ -88,6 +108,10 @@ class Exchange(RequestBody):
     def event_loop(self) -> asyncio.AbstractEventLoop:
         return self.connection.loop
 
+    def output_budgets(self) -> tuple[OutputBudget, OutputBudget, float]:
+        listener = self.connection.listener
+        return self.connection.output, listener.output, listener.limits.send_timeout_s
+
     def taken(self, size: int) -> None:
         connection = self.connection
         connection.buffered -= size
@@ -105,14 +129,24 @@ class Exchange(RequestBody):
     async def send(self, message: Any) -> None:
         kind = message["type"]
         if kind == "http.response.body":
-            self.body(message.get("body", b""), message.get("more_body", False))
-        elif kind == "http.response.start":
+            body = message.get("body", b"")
+            self.body(body, message.get("more_body", False))
+            connection = self.connection
+            if connection.writing_paused and not connection.closed:
+                if not await connection.drained(connection.listener.limits.send_timeout_s):
+                    connection.stalled()
+                    return
+            if self.reserved:
+                self.settle(len(body))
+            return
+        if kind == "http.response.start":
             self.start(message["status"], message.get("headers", ()))
         else:
             raise ValueError(f"unexpected ASGI message {kind!r} for an HTTP request")
         connection = self.connection
         if connection.writing_paused and not connection.closed:
-            await connection.drained()
+            if not await connection.drained(connection.listener.limits.send_timeout_s):
+                connection.stalled()
 
     def start(self, status: int, headers: Any) -> None:
         if self.started:

@@ -14,7 +14,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-__all__ = ["RequestBody"]
+from walstream.server.http.state import OutputBudget, OutputBusy
+
+__all__ = ["OUTPUT_ROOM", "RequestBody"]
+
+#: The ASGI scope extension through which the application reserves room for an answer before
+#: it builds it (``scope["extensions"][OUTPUT_ROOM](want_bytes)``: awaitable, returns the bytes
+#: granted, raises :class:`~walstream.server.http.state.OutputBusy`, a TimeoutError, when no room
+#: came within ``server.send_timeout``).
+OUTPUT_ROOM = "walstream.output_room"
 
 
 class RequestBody:
@@ -24,9 +32,11 @@ class RequestBody:
     bytes means for its connection (:meth:`taken`: flow control) and may act before a
     ``receive()`` first waits for the client (:meth:`before_waiting`: ``100 Continue``)."""
 
-    __slots__ = ("chunks", "complete", "delivered", "finished", "gone", "waiters")
+    __slots__ = ("chunks", "complete", "delivered", "finished", "gone", "reserved", "waiters")
 
     def start_body(self) -> None:
+        self.reserved = 0
+        """Output bytes reserved by :meth:`output_room` and not yet given back."""
         self.chunks: list[bytes] = []
         self.complete = False
         """The request's body was all received."""
@@ -40,6 +50,55 @@ class RequestBody:
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         raise NotImplementedError
+
+    def output_budgets(self) -> tuple[OutputBudget, OutputBudget, float]:
+        """The connection's output budget, the server's, and ``server.send_timeout``."""
+        raise NotImplementedError
+
+    async def output_room(self, want: int) -> int:
+        """Reserve ``want`` bytes (at most the connection's budget) of answer before building
+        it: waits while the connection's or the server's budget is full (answers built and not
+        yet taken by clients). Given back as the answer's body goes out (:meth:`settle`), the
+        rest when the exchange ends (:meth:`settle_all`)."""
+        connection, server, timeout_s = self.output_budgets()
+        want = max(0, min(want, connection.limit))
+        loop = self.event_loop()
+        deadline = loop.time() + timeout_s
+        while not (connection.fits(want) and server.fits(want)):
+            if self.gone:
+                return 0
+            left = deadline - loop.time()
+            if left <= 0:
+                raise OutputBusy(
+                    "no room for an answer within server.send_timeout: the server holds "
+                    "server.max_output (or this connection server.max_connection_output) bytes "
+                    "of answers its clients have not taken; retry shortly"
+                )
+            budget = connection if not connection.fits(want) else server
+            try:
+                async with asyncio.timeout(left):
+                    await budget.wait(loop)
+            except TimeoutError:
+                continue  # looks once more, then raises
+        connection.used += want
+        server.used += want
+        self.reserved += want
+        return want
+
+    def settle(self, sent: int) -> None:
+        """``sent`` bytes of body went out: give back as much of the reservation."""
+        reserved = self.reserved
+        if reserved:
+            given = reserved if sent >= reserved else sent
+            self.reserved = reserved - given
+            connection, server, _ = self.output_budgets()
+            connection.release(given)
+            server.release(given)
+
+    def settle_all(self) -> None:
+        """The exchange ended: give back what is still reserved."""
+        if self.reserved:
+            self.settle(self.reserved)
 
     def taken(self, size: int) -> None:
         """``size`` bytes of body were given to the application."""

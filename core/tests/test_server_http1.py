@@ -1,4 +1,4 @@
-"""``server.http_stack: native`` (walstream's own HTTP server, :mod:`walstream.server.hosting_native`)
+"""walstream's HTTP stack (:mod:`walstream.server.http`) over HTTP/1.1
 at the byte level: raw sockets on 127.0.0.1 against ``walstream serve`` in this process, or
 against the listener with a small ASGI application where the S2 application cannot provoke the
 case (an application that fails, an answer that waits).
@@ -21,7 +21,7 @@ import h2.config
 import h2.connection
 import h2.events
 import pytest
-from walstream.server.hosting_native import NativeListener, open_listener
+from walstream.server.http import HttpListener, open_listener
 from walstream.server.limits import ServerLimits
 from walstream.server.serve import RunningServer, serve
 
@@ -33,7 +33,7 @@ IN_BASIN = b"s2-basin: " + BASIN.encode() + b"\r\n"
 
 
 def start(
-    folder: Path, limits: ServerLimits = LIMITS, http_stack: str = "native"
+    folder: Path, limits: ServerLimits = LIMITS
 ) -> AbstractAsyncContextManager[RunningServer]:
     deployment = folder / "deploy.yaml"
     deployment.write_text(
@@ -49,14 +49,12 @@ def start(
         max_wait_s=30.0,
         limits=limits,
         environ={},
-        http_stack=http_stack,
     )
 
 
 @pytest.fixture
 async def server(tmp_path: Path) -> AsyncIterator[RunningServer]:
     async with start(tmp_path) as running:
-        assert running.http_stack == "native"
         yield running
 
 
@@ -394,13 +392,25 @@ async def test_a_head_that_never_ends_is_cut_at_64_kib(server: RunningServer) ->
         writer.close()
 
 
-async def test_connections_over_the_bound_get_503_and_are_closed(tmp_path: Path) -> None:
+def busy_request() -> bytes:
+    """An append whose body never completes: its connection stays busy (not idle)."""
+    return (
+        b"POST /v1/streams/busy/records HTTP/1.1\r\nhost: x\r\n"
+        + AUTH
+        + IN_BASIN
+        + b"content-type: application/json\r\ncontent-length: 100\r\n\r\n{"
+    )
+
+
+async def test_connections_over_the_bound_get_503_when_none_is_idle(tmp_path: Path) -> None:
     limits = ServerLimits(header_timeout_s=10.0, max_connections=3)
     async with start(tmp_path, limits) as running:
         listener = running.listener
-        assert isinstance(listener, NativeListener)
-        idle = [await connect(running.port) for _ in range(3)]
-        await asyncio.sleep(0.2)
+        assert isinstance(listener, HttpListener)
+        busy = [await connect(running.port) for _ in range(3)]
+        for _, writer in busy:
+            writer.write(busy_request())
+        await asyncio.sleep(0.3)
         assert listener.open == 3
         reader, writer = await connect(running.port)
         writer.write(request("GET", "/health"))
@@ -411,14 +421,39 @@ async def test_connections_over_the_bound_get_503_and_are_closed(tmp_path: Path)
         assert await closed_by_server(reader)
         writer.close()
         assert (listener.refused, listener.open) == (1, 3)
-        idle[0][1].close()
+        busy[0][1].close()
         await asyncio.sleep(0.2)
         reader, writer = await connect(running.port)
         writer.write(request("GET", "/health"))
         assert (await read_answer(reader)).json()["status"] == "ok"
         writer.close()
-        for _, other in idle[1:]:
+        for _, other in busy[1:]:
             other.close()
+
+
+async def test_idle_connections_give_way_to_new_ones_when_the_server_is_full(
+    tmp_path: Path,
+) -> None:
+    """A client holding idle sockets (never used, or idle after an answer) cannot lock others
+    out: the longest-idle one is closed for each new connection."""
+    limits = ServerLimits(header_timeout_s=30.0, max_connections=3)
+    async with start(tmp_path, limits) as running:
+        listener = running.listener
+        assert isinstance(listener, HttpListener)
+        idle = [await connect(running.port) for _ in range(3)]
+        await asyncio.sleep(0.2)
+        assert listener.open == 3
+        for _ in range(5):
+            reader, writer = await connect(running.port)
+            writer.write(request("GET", "/health"))
+            assert (await read_answer(reader)).json()["status"] == "ok"
+            writer.close()
+            await asyncio.sleep(0.05)
+        assert listener.refused == 0
+        assert listener.evicted >= 1
+        assert await closed_by_server(idle[0][0])  # the longest idle went first
+        for _, writer in idle:
+            writer.close()
 
 
 async def test_an_idle_connection_is_closed_after_the_header_timeout(
@@ -518,7 +553,7 @@ async def test_h2c_with_prior_knowledge_is_served_on_the_same_port(
         http1_reader, http1_writer = await connect(server.port)
         http1_writer.write(request("GET", "/health"))
         assert (await read_answer(http1_reader)).json()["status"] == "ok"
-        assert isinstance(server.listener, NativeListener) and server.listener.open == 2
+        assert isinstance(server.listener, HttpListener) and server.listener.open == 2
         http1_writer.close()
     finally:
         writer.close()
@@ -536,7 +571,7 @@ async def test_close_lets_a_request_in_progress_finish_and_closes_idle_connectio
     refused meanwhile, and close() returns once all of them are done."""
     await make_stream(server.port)
     listener = server.listener
-    assert isinstance(listener, NativeListener)
+    assert isinstance(listener, HttpListener)
     idle_reader, idle_writer = await connect(server.port)
     idle_h2 = H2Client(*await connect(server.port))
     assert (await idle_h2.get("/health", []))[0] == 200
@@ -583,7 +618,7 @@ async def test_close_lets_a_request_in_progress_finish_and_closes_idle_connectio
 App = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
 
-async def listening(app: App, limits: ServerLimits = LIMITS) -> NativeListener:
+async def listening(app: App, limits: ServerLimits = LIMITS) -> HttpListener:
     return await open_listener(app, "127.0.0.1", 0, limits)
 
 

@@ -1,5 +1,6 @@
-"""The native listener: one listening socket in the node's own event loop, its connections, the
-bounds of :class:`~walstream.server.limits.ServerLimits` it keeps, and its graceful close."""
+"""The listener: one listening socket in the node's own event loop (cleartext, or TLS with ALPN
+choosing HTTP/2 or HTTP/1.1), its connections, the bounds of
+:class:`~walstream.server.limits.ServerLimits` it keeps, and its graceful close."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from walstream.server.hosting_native.http1 import Connection
+from walstream.server.http.http1 import Connection
+from walstream.server.http.state import ServingState
+from walstream.server.http.tls import server_context
 from walstream.server.limits import ServerLimits
 
 if TYPE_CHECKING:
-    from walstream.server.hosting_native.http2 import Http2Connection
+    from walstream.server.node_auth import NodeCredentials
 
-__all__ = ["SHUTDOWN_GRACE_S", "NativeListener", "open_listener"]
+__all__ = ["SHUTDOWN_GRACE_S", "HttpListener", "open_listener"]
 
-log = logging.getLogger("walstream.server.hosting_native")
+log = logging.getLogger("walstream.server.http")
 
 #: How long shutdown waits for requests still running after long polls were answered.
 SHUTDOWN_GRACE_S = 10.0
@@ -25,7 +28,7 @@ SHUTDOWN_GRACE_S = 10.0
 _ABORT_WAIT_S = 1.0
 
 
-class NativeListener:
+class HttpListener(ServingState):
     """A listening socket serving an ASGI application (made by :func:`open_listener`)."""
 
     def __init__(
@@ -34,29 +37,21 @@ class NativeListener:
         limits: ServerLimits,
         loop: asyncio.AbstractEventLoop,
         host: str,
+        *,
+        node_credentials: NodeCredentials | None = None,
     ) -> None:
-        self.app = app
-        self.limits = limits
-        self.loop = loop
+        super().__init__(
+            app,
+            limits,
+            loop,
+            scheme="https" if limits.tls is not None else "http",
+            node_credentials=node_credentials,
+        )
         self.host = host
         self.port = 0
         self.server: asyncio.Server | None = None
-        self.open = 0
-        """Connections being served (refused ones are not counted)."""
-        self.refused = 0
-        """Connections answered 503 because ``max_connections`` were open."""
-        self.connections: set[Connection | Http2Connection] = set()
-        self.closing = False
-        self.asgi_version = {"version": "3.0", "spec_version": "2.3"}
         self._sweep_s = min(1.0, limits.header_timeout_s / 8)
         self._sweep_handle: asyncio.TimerHandle | None = None
-        self._all_closed: asyncio.Future[None] | None = None
-
-    def connection_closed(self, connection: Connection | Http2Connection) -> None:
-        self.connections.discard(connection)
-        if not self.connections and self._all_closed is not None:
-            if not self._all_closed.done():
-                self._all_closed.set_result(None)
 
     def start_sweep(self) -> None:
         self._sweep_handle = self.loop.call_later(self._sweep_s, self._sweep)
@@ -68,6 +63,7 @@ class NativeListener:
         now = self.loop.time()
         for connection in list(self.connections):
             connection.check_head_deadline(now)
+        self.sweep_addresses()
         if not self.closing:
             self._sweep_handle = self.loop.call_later(self._sweep_s, self._sweep)
 
@@ -108,17 +104,32 @@ class NativeListener:
 
 
 async def open_listener(
-    app: Callable[..., Awaitable[None]], host: str, port: int, limits: ServerLimits
-) -> NativeListener:
-    """Listen on ``host:port`` (port 0: any free port) and serve ``app`` on each connection."""
+    app: Callable[..., Awaitable[None]],
+    host: str,
+    port: int,
+    limits: ServerLimits,
+    *,
+    node_credentials: NodeCredentials | None = None,
+) -> HttpListener:
+    """Listen on ``host:port`` (port 0: any free port) and serve ``app`` on each connection
+    (HTTPS when ``limits.tls`` is set)."""
     loop = asyncio.get_running_loop()
-    listener = NativeListener(app, limits, loop, host)
+    listener = HttpListener(app, limits, loop, host, node_credentials=node_credentials)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    context = None if limits.tls is None else server_context(limits.tls)
 
     def accepted() -> Any:
         return Connection(listener)
 
-    server = await loop.create_server(accepted, host, port, family=family, backlog=1024)
+    server = await loop.create_server(
+        accepted,
+        host,
+        port,
+        family=family,
+        backlog=1024,
+        ssl=context,
+        ssl_handshake_timeout=None if context is None else limits.header_timeout_s,
+    )
     listener.server = server
     listener.port = int(server.sockets[0].getsockname()[1])
     listener.start_sweep()

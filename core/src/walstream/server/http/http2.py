@@ -1,88 +1,96 @@
-"""An HTTP/2 connection of the native listener (cleartext, prior knowledge: h2c): the ``h2``
-library's state machine (frames, HPACK, stream states, flow control) driven by an
+"""An HTTP/2 connection of the listener (h2c with prior knowledge, or HTTP/2 chosen by ALPN over
+TLS): the ``h2`` library's state machine (frames, HPACK, stream states, flow control) driven by an
 :class:`asyncio.Protocol` in the node's event loop, each stream served to the ASGI application by
-its own task (:class:`~walstream.server.hosting_native.http2_stream.Http2Stream`).
+its own task (:class:`~walstream.server.http.http2_stream.Http2Stream`). ``h2`` is used through
+its public interface only (no private method is overridden); its HPACK coders are swapped for
+cheaper ones through its ``encoder``/``decoder`` attributes
+(:mod:`~walstream.server.http.header_codec`), and its header validation is off and done in one
+pass by :mod:`~walstream.server.http.http2_request`.
 
 A connection that opens with the client preface is handed here by the HTTP/1.1 side
-(:mod:`walstream.server.hosting_native.http1`) with the bytes read so far. Its SETTINGS:
+(:mod:`walstream.server.http.http1`) with the bytes read so far. Its SETTINGS:
 ``MAX_CONCURRENT_STREAMS`` :data:`MAX_STREAMS`, 1 MiB stream and connection windows
-(:data:`WINDOW_BYTES`; what a stream's application has not read holds the client back),
-``MAX_FRAME_SIZE`` 1 MiB (a header block is still cut at 256 KiB), ``MAX_HEADER_LIST_SIZE`` 64
-KiB (as the HTTP/1.1 head). What ``h2`` writes for one round of received bytes (answers to PING
-and SETTINGS, WINDOW_UPDATE, RST_STREAM) and what the streams' answers produce during one turn
-of the event loop goes out in one ``transport.write``.
+(:data:`WINDOW_BYTES`: what a stream's application has not read holds the client back),
+``MAX_HEADER_LIST_SIZE`` 64 KiB (as the HTTP/1.1 head), and the default 16 KiB
+``MAX_FRAME_SIZE``, so that a header block (HEADERS and at most 64 CONTINUATION frames, ``h2``'s
+bound) holds at most about 1 MiB before it is refused.
 
-Per request, ``h2``'s own work is most of the cost of HTTP/2 here: its HPACK coders are replaced
-by cheaper ones (:mod:`~walstream.server.hosting_native.header_codec`), its validation of
-request headers is off and done in one pass by
-:mod:`~walstream.server.hosting_native.http2_request` (a malformed request gets RST_STREAM
-``PROTOCOL_ERROR``, a header list over 64 KiB ``431`` in S2's error shape, ``CONNECT`` ``400``),
-and one eager ``repr`` per received frame is skipped (:class:`_H2Connection`). A header list
-over 256 KiB (the HPACK decoder's bound), or a header block growing past it, gets GOAWAY
-``ENHANCE_YOUR_CALM``. A request body that disagrees with its ``content-length``, or any other
-protocol error, is a connection error (GOAWAY with ``h2``'s code, then close). An application
-that fails before its headers went out gets a ``500`` in S2's error shape; after, its stream is
-reset (``INTERNAL_ERROR``). An answer complete before its request body is ends with RST_STREAM
-``NO_ERROR`` (RFC 9113 8.1).
+What a hostile client cannot do (``docs/architecture/http.md``):
+
+- **Rapid reset.** A stream the client resets is cancelled (its work stops) and counts against
+  :data:`MAX_STREAMS` until its task ended. Streams reset by the client, or by the server for the
+  client's fault (malformed, refused), spend a budget per connection
+  (``server.max_resets_per_connection``) and per remote address
+  (``server.max_resets_per_address``), refilled over 10 s; past either, GOAWAY
+  ``ENHANCE_YOUR_CALM`` and the connection closes (and new connections of an address whose
+  budget is spent are refused).
+- **PING, SETTINGS, PRIORITY and empty-DATA floods** spend ``server.max_control_frames`` per
+  10 s; past it, GOAWAY ``ENHANCE_YOUR_CALM``.
+- **Not reading.** While the socket's write buffer is over its high-water mark nothing more is
+  read, so no PING or SETTINGS is answered into a buffer that does not drain; an answer that makes
+  no progress for ``server.send_timeout`` resets its stream.
+- **HPACK and CONTINUATION bombs.** A header list is decoded up to 256 KiB at most (the HPACK
+  decoder's bound), a header block is bounded as above; either past its bound is a connection
+  error (GOAWAY).
+
+A malformed request gets RST_STREAM ``PROTOCOL_ERROR``, a header list over 64 KiB ``431`` in S2's
+error shape, ``CONNECT`` ``400``. A request body that disagrees with its ``content-length``, or any
+other protocol error, is a connection error (GOAWAY with ``h2``'s code, then close). An
+application that fails before its headers went out gets a ``500`` in S2's error shape; after, its
+stream is reset (``INTERNAL_ERROR``). An answer complete before its request body is ends with
+RST_STREAM ``NO_ERROR`` (RFC 9113 8.1).
 
 GOAWAY. ``h2`` accepts no frame at all once a GOAWAY was sent or received, and neither do the
-clients built on it (S2's Python SDK): a GOAWAY is therefore only sent when no stream is in
-progress. A graceful close (:meth:`Http2Connection.shutdown`) first sets
+clients built on it (S2's Python SDK): a graceful GOAWAY is therefore only sent when no stream is
+in progress. A graceful close (:meth:`Http2Connection.shutdown`) first sets
 ``MAX_CONCURRENT_STREAMS`` to 0 and refuses new streams (RST_STREAM ``REFUSED_STREAM``: the
 client may retry them elsewhere), lets the streams in progress finish, then sends GOAWAY
 ``NO_ERROR`` and closes. A GOAWAY from the client ends the connection (its streams see
 ``http.disconnect``). Idle: a connection without a stream for ``header_timeout`` (since it
 opened or since its last stream ended) gets GOAWAY and is closed, as an idle HTTP/1.1
-keep-alive connection is; a PING does not keep it open.
+keep-alive connection is; a PING does not keep it open. When the server is full, the
+longest-idle connection (HTTP/1.1 or HTTP/2) is closed for a new one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import h2.config
 import h2.connection
 import h2.events
 import h2.settings
 from h2.errors import ErrorCodes
-from h2.exceptions import (
-    DenialOfServiceError,
-    ProtocolError,
-    StreamClosedError,
-    StreamIDTooLowError,
-)
-from h2.frame_buffer import FrameBuffer
-from hyperframe.frame import RstStreamFrame
+from h2.exceptions import ProtocolError
 
-from walstream.server.hosting_native.flow import WriteFlow
-from walstream.server.hosting_native.framing import LINGER_S
-from walstream.server.hosting_native.header_codec import CachingDecoder, LiteralEncoder
-from walstream.server.hosting_native.http2_request import (
+from walstream.server.http.flow import WriteFlow
+from walstream.server.http.framing import LINGER_S
+from walstream.server.http.header_codec import CachingDecoder, LiteralEncoder
+from walstream.server.http.http2_request import (
     MAX_HEADER_LIST_BYTES,
     Malformed,
     request_scope,
 )
-from walstream.server.hosting_native.http2_stream import Http2Stream
+from walstream.server.http.http2_stream import Http2Stream
+from walstream.server.http.request_body import OUTPUT_ROOM
+from walstream.server.http.state import OutputBudget, TokenBucket
 from walstream.server.s2.errors import S2Error
 
 if TYPE_CHECKING:
-    from walstream.server.hosting_native.listener import NativeListener
+    from walstream.server.http.state import ServingState
 
 __all__ = ["MAX_HEADER_LIST_BYTES", "MAX_STREAMS", "WINDOW_BYTES", "Http2Connection"]
 
-log = logging.getLogger("walstream.server.hosting_native")
+log = logging.getLogger("walstream.server.http")
 
-#: Streams a client may have open at once on one connection.
+#: Streams a client may have open at once on one connection (and streams whose application is
+#: still running, reset or not: a reset stream counts until its task ended).
 MAX_STREAMS = 128
 #: Flow-control windows the listener grants, per stream and per connection.
 WINDOW_BYTES = 1 << 20
-#: Largest frame the client may send: a stream window in one frame (a 100-record append of
-#: 110 KB is one DATA frame, not seven: 33% less HTTP/2 work for it than at the default 16 KiB).
-FRAME_BYTES = WINDOW_BYTES
-#: Larger header lists, or header blocks (HEADERS and CONTINUATION frames) longer than this,
-#: are not decoded at all: GOAWAY ENHANCE_YOUR_CALM.
+#: Larger header lists are not decoded at all: a connection error (GOAWAY).
 _HPACK_BOUND_BYTES = 4 * MAX_HEADER_LIST_BYTES
 _INITIAL_WINDOW = 65535  # RFC 9113 6.9.2
 #: The client preface and the head of its first frame, which must be SETTINGS (not an ACK).
@@ -100,7 +108,6 @@ _CONFIG = h2.config.H2Configuration(
 _SETTINGS = {
     h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
     h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW_BYTES,
-    h2.settings.SettingCodes.MAX_FRAME_SIZE: FRAME_BYTES,
     h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_BYTES,
 }
 _JSON = b"application/json"
@@ -112,54 +119,8 @@ StreamReset = h2.events.StreamReset
 WindowUpdated = h2.events.WindowUpdated
 ConnectionTerminated = h2.events.ConnectionTerminated
 RemoteSettingsChanged = h2.events.RemoteSettingsChanged
-
-
-class _FrameBuffer(FrameBuffer):
-    """``h2``'s frame reader, refusing a header block (HEADERS and its CONTINUATION frames)
-    over :data:`_HPACK_BOUND_BYTES` as its frames arrive: h2 bounds only their number (64), so a
-    block of 1 MiB frames would be held up to 64 MiB before the HPACK bound saw it."""
-
-    def _update_header_buffer(self, frame: Any) -> Any:
-        frame = super()._update_header_buffer(frame)
-        pending = self._headers_buffer
-        if pending and sum(len(part.data) for part in pending) > _HPACK_BOUND_BYTES:
-            raise DenialOfServiceError("a header block over 256 KiB")
-        return frame
-
-
-class _H2Connection(h2.connection.H2Connection):
-    """``h2``'s connection without the one eager cost of its logging: ``_receive_frame`` formats
-    every received frame (``repr``) for a trace line its silent logger drops, 4% of the event
-    loop's time under load. The same method as h2 4.x's otherwise (pinned below 5 in
-    ``core/pyproject.toml``, as is :class:`_FrameBuffer`'s use of its reader's internals)."""
-
-    def _receive_frame(self, frame: Any) -> list[h2.events.Event]:
-        events: list[h2.events.Event]
-        try:
-            frames, events = self._frame_dispatch_table[frame.__class__](frame)
-        except StreamClosedError as error:
-            # Closed by RST_STREAM: answer RST_STREAM; else a connection error.
-            if not self._stream_is_closed_by_reset(error.stream_id):
-                raise
-            reset = RstStreamFrame(error.stream_id)
-            reset.error_code = error.error_code
-            self._prepare_for_sending([reset])
-            events = error._events
-        except StreamIDTooLowError as error:
-            # Closed by RST_STREAM: a stream error; by END_STREAM or implicitly: a connection
-            # error.
-            if self._stream_is_closed_by_reset(error.stream_id):
-                reset = RstStreamFrame(error.stream_id)
-                reset.error_code = ErrorCodes.STREAM_CLOSED
-                self._prepare_for_sending([reset])
-                events = []
-            elif self._stream_is_closed_by_end(error.stream_id):
-                raise StreamClosedError(error.stream_id) from error
-            else:
-                raise
-        else:
-            self._prepare_for_sending(frames)
-        return events
+#: Frames a client may send without asking for any work, counted by server.max_control_frames.
+_CONTROL_EVENTS = (h2.events.PingReceived, RemoteSettingsChanged, h2.events.PriorityUpdated)
 
 
 class Http2Connection(WriteFlow):
@@ -168,15 +129,20 @@ class Http2Connection(WriteFlow):
     __slots__ = (
         "client",
         "closing",
+        "control_budget",
         "counted",
         "draining",
         "flush_pending",
         "h2",
+        "host",
         "idle_deadline",
         "last_stream_id",
         "linger_handle",
         "listener",
         "opening",
+        "output",
+        "read_paused",
+        "reset_budget",
         "server_address",
         "streams",
         "transport",
@@ -184,7 +150,7 @@ class Http2Connection(WriteFlow):
 
     def __init__(
         self,
-        listener: NativeListener,
+        listener: ServingState,
         transport: asyncio.Transport,
         client: tuple[str, int] | None,
         server_address: tuple[str, int] | None,
@@ -196,6 +162,14 @@ class Http2Connection(WriteFlow):
         self.server_address = server_address
         self.counted = False
         """Counted in the listener's open connections (until connection_lost)."""
+        self.host = ""
+        """The remote address, counted in the listener's per-address table while counted."""
+        now = self.loop.time()
+        self.reset_budget = TokenBucket(listener.limits.max_resets_per_connection, now)
+        self.control_budget = TokenBucket(listener.limits.max_control_frames, now)
+        self.output = OutputBudget(listener.limits.max_connection_output_bytes)
+        self.read_paused = False
+        """Reading is paused while the socket's write buffer is over its high-water mark."""
         self.closed = False
         """The transport is gone."""
         self.closing = False
@@ -213,10 +187,8 @@ class Http2Connection(WriteFlow):
         self.opening: bytes | None = b""
         """Bytes received before the head of the first frame was complete (then None)."""
         self.idle_deadline = self.loop.time() + listener.limits.header_timeout_s
-        connection = _H2Connection(_CONFIG)
+        connection = h2.connection.H2Connection(_CONFIG)
         connection.local_settings = h2.settings.Settings(client=False, initial_values=_SETTINGS)
-        connection.max_inbound_frame_size = FRAME_BYTES
-        connection.incoming_buffer = _FrameBuffer(server=True)
         connection.encoder = LiteralEncoder()
         connection.decoder = CachingDecoder(_HPACK_BOUND_BYTES)
         connection.initiate_connection()
@@ -253,12 +225,19 @@ class Http2Connection(WriteFlow):
         streams = self.streams
         for event in events:
             if isinstance(event, DataReceived):
+                if not event.flow_controlled_length and event.stream_ended is None:
+                    if not self.spend_control():  # an empty DATA frame asks for nothing
+                        return
+                    continue
                 stream = streams.get(event.stream_id)
                 if stream is None or stream.gone:
                     if event.flow_controlled_length:
-                        self.h2.acknowledge_received_data(
-                            event.flow_controlled_length, event.stream_id
-                        )
+                        try:
+                            self.h2.acknowledge_received_data(
+                                event.flow_controlled_length, event.stream_id
+                            )
+                        except ProtocolError:  # the stream closed meanwhile
+                            pass
                     continue
                 if event.data:
                     stream.chunks.append(event.data)
@@ -268,7 +247,8 @@ class Http2Connection(WriteFlow):
                 if stream.waiters:
                     stream.wake()
             elif isinstance(event, RequestReceived):
-                self.request_received(event)
+                if not self.request_received(event):
+                    return
             elif isinstance(event, StreamEnded):
                 stream = streams.get(event.stream_id)
                 if stream is not None and not stream.complete:
@@ -283,12 +263,19 @@ class Http2Connection(WriteFlow):
                 else:
                     self.wake_writers()
             elif isinstance(event, StreamReset):
+                # (remote_reset False: h2 reset it for the client's fault, a frame on a closed
+                # stream: it counts as well.)
                 stream = streams.get(event.stream_id)
                 if stream is not None:
-                    stream.lose()
-            elif isinstance(event, RemoteSettingsChanged):
-                if h2.settings.SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
-                    self.wake_writers()
+                    stream.cancel()  # its work stops; it counts until its task ended
+                if not self.spend_reset():
+                    return
+            elif isinstance(event, _CONTROL_EVENTS):
+                if not self.spend_control():
+                    return
+                if isinstance(event, RemoteSettingsChanged):
+                    if h2.settings.SettingCodes.INITIAL_WINDOW_SIZE in event.changed_settings:
+                        self.wake_writers()
             elif isinstance(event, ConnectionTerminated):
                 # h2 takes no frame after a GOAWAY: the connection ends here.
                 self.closing = True
@@ -302,6 +289,63 @@ class Http2Connection(WriteFlow):
             # PING and SETTINGS are acknowledged by h2; priorities and trailers are ignored.
         self.flush()
 
+    # -- budgets -------------------------------------------------------------------------------
+
+    def spend_reset(self) -> bool:
+        """One stream reset by the client (or for its fault): False when the connection's or
+        the address's budget is spent (GOAWAY ENHANCE_YOUR_CALM went out)."""
+        now = self.loop.time()
+        if not self.reset_budget.take(now):
+            self.calm("server.max_resets_per_connection")
+            return False
+        if self.host:
+            address = self.listener.addresses.get(self.host)
+            if address is not None and not address.resets.take(now):
+                self.calm("server.max_resets_per_address")
+                return False
+        return True
+
+    def spend_control(self) -> bool:
+        """One PING, SETTINGS, PRIORITY or empty DATA frame: False past the budget."""
+        if not self.control_budget.take(self.loop.time()):
+            self.calm("server.max_control_frames")
+            return False
+        return True
+
+    def calm(self, bound: str) -> None:
+        """A budget is spent: GOAWAY ENHANCE_YOUR_CALM, cancel every stream, close."""
+        log.info(
+            "HTTP/2 connection from %s spent its %s budget; GOAWAY ENHANCE_YOUR_CALM",
+            self.client,
+            bound,
+        )
+        for stream in list(self.streams.values()):
+            stream.cancel()
+        try:
+            self.h2.close_connection(
+                ErrorCodes.ENHANCE_YOUR_CALM, last_stream_id=self.last_stream_id
+            )
+        except ProtocolError:
+            pass
+        self.linger(self.h2.data_to_send())
+
+    # -- write-side backpressure ---------------------------------------------------------------
+
+    def pause_writing(self) -> None:
+        """The socket's buffer is over its high-water mark: read nothing more (no PING or
+        SETTINGS is answered into a buffer that does not drain) until it is below again."""
+        self.writing_paused = True
+        if not self.read_paused and not self.closed:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        if self.read_paused and not self.closed:
+            self.read_paused = False
+            self.transport.resume_reading()
+        self.wake_drained()
+
     def eof_received(self) -> bool | None:
         return None  # the client is done: close (streams in progress see http.disconnect)
 
@@ -310,12 +354,19 @@ class Http2Connection(WriteFlow):
         self.closing = True
         if self.counted:
             self.counted = False
-            self.listener.open -= 1
+            listener = self.listener
+            listener.open -= 1
+            listener.mark_busy(self)
+            if self.host:
+                address = listener.addresses.get(self.host)
+                if address is not None:
+                    address.connections -= 1
+                    listener.forget_address(self.host)
         if self.linger_handle is not None:
             self.linger_handle.cancel()
             self.linger_handle = None
         for stream in self.streams.values():
-            stream.lose()
+            stream.lose()  # http.disconnect: long polls and sessions end, an append finishes
         self.wake_drained()
         if not self.streams:
             self.listener.connection_closed(self)
@@ -365,13 +416,19 @@ class Http2Connection(WriteFlow):
 
     # -- requests ----------------------------------------------------------------------------
 
-    def request_received(self, event: h2.events.RequestReceived) -> None:
+    def request_received(self, event: h2.events.RequestReceived) -> bool:
+        """Start the application on a new stream (or refuse it); False when the connection
+        closed (a budget is spent)."""
         stream_id = event.stream_id
         if self.draining:
             self.h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
-            return
+            return True
         complete = event.stream_ended is not None
         self.last_stream_id = stream_id
+        if len(self.streams) >= MAX_STREAMS:
+            # Streams reset by the client whose tasks have not ended yet still count.
+            self.h2.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
+            return self.spend_reset()
         try:
             scope = request_scope(
                 event.headers, self.listener.asgi_version, self.server_address, self.client
@@ -379,14 +436,20 @@ class Http2Connection(WriteFlow):
         except Malformed as why:
             log.info("HTTP/2 stream %d: malformed request (%s); reset", stream_id, why)
             self.h2.reset_stream(stream_id, ErrorCodes.PROTOCOL_ERROR)
-            return
+            return self.spend_reset()
         except S2Error as refusal:
             self.refuse(stream_id, refusal, complete)
-            return
+            return True
         stream = Http2Stream(self, stream_id, scope)
+        scope["extensions"] = {OUTPUT_ROOM: stream.output_room}
         stream.complete = complete
+        if not self.streams:
+            self.listener.mark_busy(self)
         self.streams[stream_id] = stream
-        stream.task = self.loop.create_task(self.run(stream), name="walstream-http2-stream")
+        task = self.loop.create_task(self.run(stream), name="walstream-http2-stream")
+        stream.task = task
+        task.add_done_callback(lambda _: self.stream_done(stream))
+        return True
 
     def refuse(self, stream_id: int, error: S2Error, complete: bool) -> None:
         """Answer a request the application does not see, in S2's error shape."""
@@ -435,8 +498,6 @@ class Http2Connection(WriteFlow):
                     )
                     if not stream.gone:
                         await self.internal_error(stream)
-        finally:
-            self.stream_done(stream)
 
     async def internal_error(self, stream: Http2Stream) -> None:
         body = b'{"code":"other","message":"internal error; the server log has the details"}'
@@ -449,13 +510,18 @@ class Http2Connection(WriteFlow):
     def stream_done(self, stream: Http2Stream) -> None:
         """A stream's application returned: hand back the window of what it did not read, end
         a request that is still sending, and close the connection if it was waiting for this."""
-        del self.streams[stream.stream_id]
+        stream.settle_all()
+        if self.streams.pop(stream.stream_id, None) is None:
+            return
         if self.closing:
             if self.closed and not self.streams:
                 self.listener.connection_closed(self)
             return
         if stream.credit:
-            self.h2.acknowledge_received_data(stream.credit, stream.stream_id)
+            try:
+                self.h2.acknowledge_received_data(stream.credit, stream.stream_id)
+            except ProtocolError:  # reset meanwhile
+                pass
             stream.credit = 0
         if not stream.complete and not stream.gone:
             # The answer is complete before the request (RFC 9113 8.1): stop the client.
@@ -465,6 +531,8 @@ class Http2Connection(WriteFlow):
                 self.goaway()
                 return
             self.idle_deadline = self.loop.time() + self.listener.limits.header_timeout_s
+            if self.counted:
+                self.listener.mark_idle(self)
         self.schedule_flush()
 
     # -- closing -----------------------------------------------------------------------------
@@ -502,6 +570,11 @@ class Http2Connection(WriteFlow):
             transport.close()
             return
         self.linger_handle = self.loop.call_later(LINGER_S, transport.close)
+
+    def evict(self) -> None:
+        """The server is full and this connection has no stream: GOAWAY and close."""
+        if not self.streams:
+            self.goaway()
 
     def check_head_deadline(self, now: float) -> None:
         """Close the connection when it had no stream for ``header_timeout``."""

@@ -1,7 +1,14 @@
-"""One connection of the native listener: HTTP/1.1 (and 1.0) parsed by ``httptools`` and served
-to the ASGI application, or handed to HTTP/2
-(:class:`~walstream.server.hosting_native.http2.Http2Connection`) when it opens with the client
-preface.
+"""One connection of the listener: HTTP/1.1 (and 1.0) parsed by ``httptools`` and served to the
+ASGI application, or handed to HTTP/2 (:class:`~walstream.server.http.http2.Http2Connection`)
+when it opens with the client preface (h2c with prior knowledge, or HTTP/2 chosen by ALPN).
+
+Admission (:meth:`Connection.connection_made`, every connection starts here): past
+``max_connections`` the longest-idle connection is closed to make room, and when none is idle
+the new one gets ``503``; past ``max_connections_per_address`` for its remote address it is
+admitted on probation: its first request must carry node credentials
+(:mod:`walstream.server.node_auth`), else it gets ``503``; an address whose HTTP/2 reset budget
+is spent gets ``503``. A stalled answer (the client takes none of it for ``send_timeout``)
+closes the connection and cancels its request.
 
 Per connection (:class:`Connection`, an :class:`asyncio.Protocol`): the parser's callbacks turn
 bytes into :class:`~walstream.server.hosting_native.exchange.Exchange` objects (one request and
@@ -29,17 +36,19 @@ from urllib.parse import unquote_to_bytes
 
 import httptools
 
-from walstream.server.hosting_native.exchange import Exchange
-from walstream.server.hosting_native.flow import WriteFlow
-from walstream.server.hosting_native.framing import LINGER_S, PREFACE, error_answer
-from walstream.server.hosting_native.http2 import Http2Connection
+from walstream.server.http.exchange import Exchange
+from walstream.server.http.flow import WriteFlow
+from walstream.server.http.framing import LINGER_S, PREFACE, error_answer
+from walstream.server.http.http2 import Http2Connection
+from walstream.server.http.request_body import OUTPUT_ROOM
+from walstream.server.http.state import OutputBudget
 
 if TYPE_CHECKING:
-    from walstream.server.hosting_native.listener import NativeListener
+    from walstream.server.http.state import ServingState
 
 __all__ = ["Connection"]
 
-log = logging.getLogger("walstream.server.hosting_native")
+log = logging.getLogger("walstream.server.http")
 
 #: Largest request head (request line and headers), in bytes; a longer one gets 431.
 MAX_HEAD_BYTES = 64 * 1024
@@ -66,6 +75,10 @@ class _HeadTooLarge(Exception):
     pass
 
 
+class _Refused(Exception):
+    """A request on probation without node credentials: its refusal is queued."""
+
+
 class _Failure:
     """A request that cannot be served (malformed, head too large): its answer, written in
     its turn, after which the connection closes."""
@@ -89,12 +102,15 @@ class Connection(WriteFlow):
         "head_deadline",
         "head_size",
         "headers",
+        "host",
         "in_head",
         "linger_handle",
         "listener",
+        "output",
         "parser",
         "parsing",
         "pending",
+        "probation",
         "raw_body_left",
         "raw_head",
         "reading_paused",
@@ -108,9 +124,14 @@ class Connection(WriteFlow):
         "waiter",
     )
 
-    def __init__(self, listener: NativeListener) -> None:
+    def __init__(self, listener: ServingState) -> None:
         self.listener = listener
         self.loop = listener.loop
+        self.host = ""
+        """The remote address (counted in the listener's per-address table while open)."""
+        self.probation = False
+        """Over ``max_connections_per_address``: its first request must be a node's."""
+        self.output = OutputBudget(listener.limits.max_connection_output_bytes)
         self.transport: asyncio.Transport | None = None
         self.state = _SNIFF
         self.sniffed = b""
@@ -147,24 +168,52 @@ class Connection(WriteFlow):
         # uvloop's transports are not subclasses of asyncio's, only alike.
         self.transport = cast(asyncio.Transport, transport)
         listener = self.listener
+        limits = listener.limits
         listener.connections.add(self)
-        if listener.closing or listener.open >= listener.limits.max_connections:
-            listener.refused += 1
-            self.linger(
-                error_answer(
-                    503,
-                    "unavailable",
-                    f"this server already has {listener.open} connections open "
-                    "(server.max_connections); retry later or raise the bound",
-                    retry_after=True,
-                )
+        self.client = _address(transport.get_extra_info("peername"))
+        self.server_address = _address(transport.get_extra_info("sockname"))
+        host = "" if self.client is None else self.client[0]
+        refusal = None
+        if listener.closing:
+            refusal = "this server is shutting down; retry on another node"
+        elif listener.open >= limits.max_connections and not listener.make_room():
+            refusal = (
+                f"this server already has {listener.open} connections open, none of them idle "
+                "(server.max_connections); retry later or raise the bound"
             )
+        elif host and host in listener.addresses:
+            address = listener.addresses[host]
+            if address.resets.exhausted(self.loop.time()):
+                refusal = (
+                    "this address reset too many HTTP/2 streams (server.max_resets_per_address); "
+                    "retry later"
+                )
+            elif address.connections >= limits.max_connections_per_address:
+                self.probation = True
+        if refusal is not None:
+            listener.refused += 1
+            self.linger(error_answer(503, "unavailable", refusal, retry_after=True))
             return
         listener.open += 1
         self.counted = True
-        self.client = _address(transport.get_extra_info("peername"))
-        self.server_address = _address(transport.get_extra_info("sockname"))
-        self.head_deadline = self.loop.time() + listener.limits.header_timeout_s
+        if host:
+            self.host = host
+            listener.address(host).connections += 1
+        listener.mark_idle(self)
+        self.head_deadline = self.loop.time() + limits.header_timeout_s
+
+    def uncount(self) -> None:
+        """Leave the listener's counts (the connection closed, or was handed to HTTP/2)."""
+        if self.counted:
+            self.counted = False
+            listener = self.listener
+            listener.open -= 1
+            listener.mark_busy(self)
+            if self.host:
+                address = listener.addresses.get(self.host)
+                if address is not None:
+                    address.connections -= 1
+                    listener.forget_address(self.host)
 
     def data_received(self, data: bytes) -> None:
         state = self.state
@@ -190,9 +239,7 @@ class Connection(WriteFlow):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.state = _CLOSING
-        if self.counted:
-            self.counted = False
-            self.listener.open -= 1
+        self.uncount()
         if self.linger_handle is not None:
             self.linger_handle.cancel()
             self.linger_handle = None
@@ -251,13 +298,13 @@ class Connection(WriteFlow):
             path = unquote_to_bytes(raw_path).decode("utf-8", "replace")
         else:
             path = raw_path.decode("ascii")
-        scope = {
+        scope: dict[str, Any] = {
             "type": "http",
             "asgi": self.listener.asgi_version,
             "http_version": version,
             "server": self.server_address,
             "client": self.client,
-            "scheme": "http",
+            "scheme": self.listener.scheme,
             "method": method,
             "root_path": "",
             "path": path,
@@ -268,10 +315,39 @@ class Connection(WriteFlow):
         exchange = Exchange(
             self, scope, parser.should_keep_alive(), self.expect and version == "1.1"
         )
+        scope["extensions"] = {OUTPUT_ROOM: exchange.output_room}
+        if self.probation:
+            self.probation = False
+            credentials = self.listener.node_credentials
+            target = url.decode("latin-1")
+            if (
+                credentials is None
+                or credentials.verify_headers(method, target, self.headers) is None
+            ):
+                self.listener.refused += 1
+                self.state = _CLOSING
+                self.pending.append(
+                    _Failure(
+                        error_answer(
+                            503,
+                            "unavailable",
+                            "this address already holds server.max_connections_per_address "
+                            "connections; close some, or retry later",
+                            retry_after=True,
+                        )
+                    )
+                )
+                self.start_serving()
+                raise _Refused
+        self.listener.mark_busy(self)
         self.parsing = exchange
         self.in_head = False
         self.raw_head = 0
         self.pending.append(exchange)
+        self.start_serving()
+
+    def start_serving(self) -> None:
+        """Wake the connection's task (or start it) for what ``pending`` holds."""
         waiter = self.waiter
         if waiter is not None:
             self.waiter = None
@@ -314,6 +390,11 @@ class Connection(WriteFlow):
         except httptools.HttpParserUpgrade as upgrade:
             self.ignore_upgrade(data, int(upgrade.args[0]))
         except httptools.HttpParserError as error:
+            if self.state == _CLOSING:  # refused on probation (_Refused): its answer is queued
+                if self.transport is not None and not self.reading_paused:
+                    self.reading_paused = True
+                    self.transport.pause_reading()
+                return
             if self.too_large:
                 self.fail(431, "the request head is over 64 KiB (request line and headers)")
             else:
@@ -453,6 +534,8 @@ class Connection(WriteFlow):
                 self.maybe_resume()
             if not pending:
                 self.head_deadline = loop.time() + self.listener.limits.header_timeout_s
+                if self.counted:
+                    self.listener.mark_idle(self)
 
     async def run(self, exchange: Exchange) -> bool:
         """Serve one request; True when the connection may carry the next one."""
@@ -483,6 +566,7 @@ class Connection(WriteFlow):
                 self.internal_error(exchange)
         finally:
             self.current = None
+            exchange.settle_all()
         if exchange.chunks:  # body the application did not read
             self.buffered -= sum(len(chunk) for chunk in exchange.chunks)
             exchange.chunks.clear()
@@ -535,6 +619,8 @@ class Connection(WriteFlow):
         listener = self.listener
         connection = Http2Connection(listener, transport, self.client, self.server_address)
         connection.counted, self.counted = self.counted, False
+        connection.host, self.host = self.host, ""
+        listener.mark_busy(self)
         listener.connections.discard(self)
         listener.connections.add(connection)
         transport.set_protocol(connection)
@@ -553,6 +639,24 @@ class Connection(WriteFlow):
             assert self.transport is not None
             self.state = _CLOSING
             self.transport.close()
+
+    def evict(self) -> None:
+        """The server is full and this connection is idle: close it for a new one."""
+        if self.closed or self.current is not None or self.pending:
+            return
+        self.state = _CLOSING
+        assert self.transport is not None
+        self.transport.close()
+
+    def stalled(self) -> None:
+        """The client took nothing of an answer for ``send_timeout``: drop the connection and
+        cancel the request in progress (its work stops)."""
+        log.info(
+            "HTTP/1.1 connection from %s took nothing for %.0f s (server.send_timeout); closed",
+            self.client,
+            self.listener.limits.send_timeout_s,
+        )
+        self.abort()
 
     def shutdown(self) -> None:
         """The listener is closing: close now when idle, else after the answer in progress

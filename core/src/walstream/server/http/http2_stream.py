@@ -1,6 +1,6 @@
-"""One request and its answer on an HTTP/2 connection of the native listener (one stream): the
-ASGI 3.0 ``receive`` and ``send`` (HTTP spec 2.3) the application gets, on the connection's
-``h2`` state machine (:mod:`walstream.server.hosting_native.http2`).
+"""One request and its answer on an HTTP/2 connection (one stream): the ASGI 3.0 ``receive`` and
+``send`` (HTTP spec 2.3) the application gets, on the connection's ``h2`` state machine
+(:mod:`walstream.server.http.http2`).
 
 ``receive()`` gives the body as its DATA frames arrive (``more_body``) and hands their bytes back
 to the client's flow-control windows as it gives them (WINDOW_UPDATE, batched by ``h2``): an
@@ -18,25 +18,50 @@ buffer is over its high-water mark it waits for it to drain. END_STREAM ends the
 ``HEAD``, ``1xx``, ``204`` or ``304`` answer has no body. A body longer than its
 ``content-length`` is cut, one that ends short resets the stream (the client must not take it as
 whole). Response trailers are not supported (the application sends none).
+
+A ``send()`` that makes no progress for ``server.send_timeout`` (no window opened, the socket
+did not drain) abandons the stream: RST_STREAM ``CANCEL`` and its task is cancelled. A stream
+the client resets is cancelled too (:meth:`Http2Stream.cancel`); it counts against the
+connection's streams until its task has ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError
 
-from walstream.server.hosting_native.request_body import RequestBody
+from walstream.server.http.request_body import RequestBody
 
 if TYPE_CHECKING:
-    from walstream.server.hosting_native.http2 import Http2Connection
+    import h2.connection
+
+    from walstream.server.http.state import OutputBudget, ServingState
+
+
+class Http2Link(Protocol):
+    """What a stream needs of its HTTP/2 connection."""
+
+    loop: asyncio.AbstractEventLoop
+    listener: ServingState
+    output: OutputBudget
+    h2: h2.connection.H2Connection
+    writing_paused: bool
+    closed: bool
+
+    def schedule_flush(self) -> None: ...
+    def flush(self) -> None: ...
+    def acknowledge(self, stream_id: int, size: int) -> None: ...
+    def reset(self, stream: Http2Stream, code: ErrorCodes) -> None: ...
+    async def drained(self, timeout_s: float | None = None) -> bool: ...
+
 
 __all__ = ["Http2Stream"]
 
-log = logging.getLogger("walstream.server.hosting_native")
+log = logging.getLogger("walstream.server.http")
 
 #: Headers an HTTP/2 message must not carry (RFC 9113 8.2.2); the listener drops them from the
 #: application's answer.
@@ -73,7 +98,7 @@ class Http2Stream(RequestBody):
         "window_waiter",
     )
 
-    def __init__(self, connection: Http2Connection, stream_id: int, scope: dict[str, Any]) -> None:
+    def __init__(self, connection: Http2Link, stream_id: int, scope: dict[str, Any]) -> None:
         self.connection = connection
         self.stream_id = stream_id
         self.scope = scope
@@ -104,10 +129,33 @@ class Http2Stream(RequestBody):
         if self.window_waiter is not None:
             self.wake_writer()
 
+    def cancel(self) -> None:
+        """The client reset the stream, or it stalled: its work stops (the task is cancelled;
+        the stream counts until the task has ended)."""
+        self.lose()
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+
+    def stalled(self) -> None:
+        """The client took nothing of the answer for ``send_timeout``: reset and cancel."""
+        log.info(
+            "HTTP/2 stream %d took nothing for %.0f s (server.send_timeout); reset",
+            self.stream_id,
+            self.connection.listener.limits.send_timeout_s,
+        )
+        if not self.gone:
+            self.connection.reset(self, ErrorCodes.CANCEL)
+        self.cancel()
+
     # -- receive -----------------------------------------------------------------------------
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         return self.connection.loop
+
+    def output_budgets(self) -> tuple[OutputBudget, OutputBudget, float]:
+        listener = self.connection.listener
+        return self.connection.output, listener.output, listener.limits.send_timeout_s
 
     def taken(self, size: int) -> None:
         if self.credit:
@@ -124,13 +172,18 @@ class Http2Stream(RequestBody):
             left = self.body(body, more)
             if left:
                 await self.body_rest(body, len(body) - left, more)
-        elif kind == "http.response.start":
+            connection = self.connection
+            if connection.writing_paused and not connection.closed:
+                if not await connection.drained(connection.listener.limits.send_timeout_s):
+                    self.stalled()
+                    return
+            if self.reserved:
+                self.settle(len(body))
+            return
+        if kind == "http.response.start":
             self.start(message["status"], message.get("headers", ()))
         else:
             raise ValueError(f"unexpected ASGI message {kind!r} for an HTTP request")
-        connection = self.connection
-        if connection.writing_paused and not connection.closed:
-            await connection.drained()
 
     def start(self, status: int, headers: Any) -> None:
         if self.started:
@@ -230,6 +283,9 @@ class Http2Stream(RequestBody):
         view = memoryview(body)
         size = len(body)
         cut = not more and self.length_left > 0
+        loop = connection.loop
+        timeout_s = connection.listener.limits.send_timeout_s
+        deadline = loop.time() + timeout_s
         try:
             while sent < size:
                 if self.gone or connection.closed:
@@ -237,18 +293,33 @@ class Http2Stream(RequestBody):
                 room = min(h2.local_flow_control_window(stream_id), h2.max_outbound_frame_size)
                 if room <= 0:
                     connection.flush()  # what went out lets the client read, then open windows
-                    waiter = connection.loop.create_future()
+                    left = deadline - loop.time()
+                    if left <= 0:
+                        self.stalled()
+                        return
+                    waiter = loop.create_future()
                     self.window_waiter = waiter
+                    handle = loop.call_later(left, self.wake_writer)
                     try:
                         await waiter
                     finally:
+                        handle.cancel()
                         self.window_waiter = None
                     continue
+                if connection.writing_paused:
+                    # The socket is full: what h2 would frame now would only wait in memory.
+                    connection.flush()
+                    if not await connection.drained(deadline - loop.time()):
+                        self.stalled()
+                        return
+                    continue
+                deadline = loop.time() + timeout_s  # progress: the window opened
                 end = min(size, sent + room)
                 h2.send_data(
                     stream_id, view[sent:end], end_stream=end == size and not more and not cut
                 )
                 sent = end
+                connection.flush()  # frame by frame: the socket says when to wait
         except ProtocolError:
             self.gone = True
             return

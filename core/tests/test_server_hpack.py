@@ -1,4 +1,4 @@
-"""The native HTTP/2 connection's HPACK coders (:mod:`walstream.server.hosting_native.header_codec`)
+"""The native HTTP/2 connection's HPACK coders (:mod:`walstream.server.http.header_codec`)
 decode and encode exactly as ``hpack``'s own: checked against them on the same blocks."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from hpack import Decoder, Encoder
-from walstream.server.hosting_native.header_codec import CachingDecoder, LiteralEncoder
+from walstream.server.http.header_codec import CachingDecoder, LiteralEncoder
 
 
 def test_the_literal_encoder_is_read_back_by_hpack_and_keeps_no_table() -> None:

@@ -36,10 +36,29 @@ class WriteFlow(asyncio.Protocol):
                 drain.set_result(None)
         self.drain_waiters.clear()
 
-    async def drained(self) -> None:
+    async def drained(self, timeout_s: float | None = None) -> bool:
         """Returns when the transport's write buffer is below its high-water mark again (or
-        the connection closed)."""
+        the connection closed): True; False when ``timeout_s`` passed first (the client took
+        nothing for that long)."""
+        loop = self.loop
+        deadline = None if timeout_s is None else loop.time() + timeout_s
         while self.writing_paused and not self.closed:
-            waiter = self.loop.create_future()
+            waiter = loop.create_future()
             self.drain_waiters.append(waiter)
-            await waiter
+            if deadline is None:
+                await waiter
+                continue
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            handle = loop.call_later(left, _expire, waiter)
+            try:
+                await waiter
+            finally:
+                handle.cancel()
+        return True
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
