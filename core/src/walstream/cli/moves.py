@@ -4,13 +4,16 @@ The command reads the metadata store (without starting a node) for the stream's 
 target's advertised address, and asks the owner (or, for a stream nobody writes, the target)
 over HTTP to move it: the owner holds the stream's appends, uploads and commits what it
 acknowledged, releases the stream, and the target claims it before the held appends are let go
-(they answer 503 and the client's retry reaches the new owner).
+(they answer 503 and the client's retry reaches the new owner). ``/cluster`` routes are internal:
+with ``WALSTREAM_CLUSTER_SECRET`` in its environment the command signs the request as the
+deployment's node (:mod:`walstream.server.node_auth`); a node with a secret refuses it unsigned.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
 from walstream.cli.arguments import add_command
@@ -21,6 +24,7 @@ from walstream.cli.runner import EXIT_OK
 from walstream.errors import BackendUnavailable, FencedError, InvalidArgument
 from walstream.metadata.contract import NodeInfo, NodeState
 from walstream.records import parse_int_text, parse_stream_ref
+from walstream.server.node_auth import credentials_from_environment
 
 __all__ = ["add_move_command", "cmd_streams_move"]
 
@@ -43,10 +47,13 @@ async def cmd_streams_move(args: argparse.Namespace) -> int:
     owner = nodes.get(info.owner_node_id) if info.owner_node_id is not None else None
     via = owner.address if owner is not None and _reachable(owner) else target.address
     assert via is not None
-    token = _token(load_deployment(args.config))
-    status, body = await _post(
-        f"{via.rstrip('/')}/cluster/v1/streams/{info.stream_id}/move?to={to}", token
-    )
+    deployment = load_deployment(args.config)
+    token = _token(deployment)
+    target_path = f"/cluster/v1/streams/{info.stream_id}/move?to={to}"
+    # An internal route: with a cluster secret the node refuses it unsigned, token or not.
+    credentials = credentials_from_environment(os.environ, deployment.node_id)
+    signed = {} if credentials is None else credentials.headers("POST", target_path)
+    status, body = await _post(f"{via.rstrip('/')}{target_path}", token, signed)
     label = info.name if info.name is not None else f"#{info.stream_id}"
     if status != 200:
         message = body.get("message", body) if isinstance(body, dict) else body
@@ -61,13 +68,14 @@ def _reachable(node: NodeInfo | None) -> bool:
     return node is not None and node.state is NodeState.RUNNING and bool(node.address)
 
 
-async def _post(url: str, token: str | None) -> tuple[int, Any]:
+async def _post(url: str, token: str | None, extra: dict[str, str]) -> tuple[int, Any]:
     """POST ``url`` (standard library only, in a thread): (status, JSON body or text)."""
     import asyncio
     import urllib.error
     import urllib.request
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers.update(extra)
     request = urllib.request.Request(url, data=b"", method="POST", headers=headers)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 

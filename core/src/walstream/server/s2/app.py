@@ -24,7 +24,10 @@ its basin with the ``s2-basin`` header, or with a ``Host`` of the form ``{basin}
     GET    /v1/streams/{stream}/records/tail    check tail
 
 When a token is configured every route but ``/health`` and ``/openapi.json`` needs
-``Authorization: Bearer <token>`` (else 401). The routes are in
+``Authorization: Bearer <token>`` (else 401). With a cluster secret
+(:mod:`walstream.server.node_auth`), a request that carries the forwarding header or asks for an
+internal route (``/cluster/...``) must also carry a valid node signature (else 401, whatever
+token it holds). The routes are in
 :mod:`walstream.server.s2.routes` (one module per resource), the state they share in
 :mod:`walstream.server.s2.context`, the concept mapping in :mod:`walstream.server.s2.model`.
 """
@@ -35,9 +38,11 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from walstream.errors import WalstreamError
+from walstream.server.node_auth import NODE_AUTH_HEADER, SECRET_ENVIRONMENT_VARIABLE
 from walstream.server.s2.context import S2Context
 from walstream.server.s2.errors import S2Error, from_walstream
 from walstream.server.s2.fast_append import FastAppend
+from walstream.server.s2.forward import FORWARDED_HEADER
 from walstream.server.s2.openapi import document
 from walstream.server.s2.request import Receive, Request, Scope, Send, lifespan
 from walstream.server.s2.routes.basins import basins_route
@@ -51,6 +56,22 @@ if TYPE_CHECKING:
 __all__ = ["PROMETHEUS_CONTENT_TYPE", "S2App"]
 
 log = logging.getLogger(__name__)
+
+_NODE_AUTH = NODE_AUTH_HEADER.encode("ascii")
+_FORWARDED = FORWARDED_HEADER.encode("ascii")
+#: :meth:`S2App._node_of`: a forwarded or internal request without a valid node signature.
+_REFUSED = -1
+
+
+def _no_node_credentials() -> S2Error:
+    return S2Error(
+        401,
+        "authn",
+        "forwarded and internal (/cluster) requests must carry a valid node signature "
+        f"({NODE_AUTH_HEADER}, made with the cluster secret {SECRET_ENVIRONMENT_VARIABLE}); "
+        "a client token does not open them. From a node: check that every node has the same "
+        "secret and that their clocks agree within 30 s",
+    )
 
 
 class S2App(S2Context):
@@ -66,9 +87,23 @@ class S2App(S2Context):
             if scope["type"] == "lifespan":
                 await lifespan(receive, send)
             return
-        if scope["method"] == "POST" and await self.fast_append(scope, receive, send):
+        node_id: int | None = None
+        if self.node_credentials is not None:
+            node_id = self._node_of(scope)
+            if node_id == _REFUSED:
+                node_id = None
+                request = Request(scope, receive, send, self.max_body_bytes, self.deadlines)
+                await self.answer_error(request, _no_node_credentials())
+                self.count_request(request.method, "(node credentials)", request.status)
+                return
+        if (
+            scope["method"] == "POST"
+            and node_id is None
+            and await self.fast_append(scope, receive, send)
+        ):
             return
         request = Request(scope, receive, send, self.max_body_bytes, self.deadlines)
+        request.node_id = node_id
         route = "(unmatched)"
         try:
             if request.error is not None:
@@ -85,6 +120,31 @@ class S2App(S2Context):
                 request, S2Error(500, "other", "internal error; the server log has the details")
             )
         self.count_request(request.method, route, request.status)
+
+    def _node_of(self, scope: Scope) -> int | None:
+        """With a cluster secret: the node that signed a forwarded or internal request,
+        :data:`_REFUSED` when such a request is not validly signed, None for a client's."""
+        credentials = self.node_credentials
+        assert credentials is not None
+        signature: bytes | None = None
+        forwarded = False
+        for name, value in scope["headers"]:
+            if name == _NODE_AUTH:
+                signature = value
+            elif name == _FORWARDED:
+                forwarded = True
+        internal = (scope.get("raw_path") or b"").startswith(b"/cluster")
+        if not forwarded and not internal and signature is None:
+            return None
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode("utf-8")
+        query: bytes = scope.get("query_string", b"")
+        target = raw_path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
+        node_id = credentials.verify(scope["method"], target, signature)
+        if node_id is None:
+            if forwarded or internal:
+                return _REFUSED
+            return None  # a bad signature on a client's request grants nothing
+        return node_id
 
     @staticmethod
     def _route_name(request: Request) -> str:

@@ -1,8 +1,9 @@
 """Relaying one S2 request to the node that owns its stream (HTTP/1.1 over the standard
 library's asyncio streams, one connection per forwarded request).
 
-The forwarded request carries :data:`FORWARDED_HEADER` (the forwarding node's id): a node never
-forwards such a request again, so a disagreement between nodes about who owns a stream ends in
+The forwarded request carries :data:`FORWARDED_HEADER` (the forwarding node's id) and, with a
+cluster secret, the node's signature (:mod:`walstream.server.node_auth`; the owner refuses a
+forwarded request without a valid one): a node never forwards such a request again, so a disagreement between nodes about who owns a stream ends in
 a 503 with a retry hint instead of a loop. The owner's answer is relayed as it comes (status,
 headers but the hop-by-hop ones, the body piece by piece), so long polls, SSE and S2S sessions
 work through any node. A request body is streamed to the owner while its answer is relayed.
@@ -20,6 +21,7 @@ import contextlib
 import ssl
 from urllib.parse import urlsplit
 
+from walstream.server.node_auth import NODE_AUTH_HEADER, NodeCredentials
 from walstream.server.s2.errors import S2Error
 from walstream.server.s2.request import Request
 
@@ -63,6 +65,7 @@ async def relay(
     from_node_id: int,
     basin: str,
     header_timeout_s: float,
+    credentials: NodeCredentials | None = None,
 ) -> None:
     """Send ``request`` to the node at ``address`` (its advertised base URL) and answer with
     what it answers. Raises :class:`OwnerUnreachable` when no connection could be made, and
@@ -89,7 +92,7 @@ async def relay(
         ) from None
     pump: asyncio.Task[None] | None = None
     try:
-        head, streamed = _request_head(request, parts.netloc, basin, from_node_id)
+        head, streamed = _request_head(request, parts.netloc, basin, from_node_id, credentials)
         writer.write(head)
         if streamed:
             pump = asyncio.ensure_future(_pump_body(request, writer, chunked=streamed == "chunked"))
@@ -118,13 +121,24 @@ async def relay(
 
 
 def _request_head(
-    request: Request, netloc: str, basin: str, from_node_id: int
+    request: Request,
+    netloc: str,
+    basin: str,
+    from_node_id: int,
+    credentials: NodeCredentials | None = None,
 ) -> tuple[bytes, str]:
     """The request line and headers, and how the body goes: "" none, "length", "chunked"."""
     lines = [f"{request.method} {request.target} HTTP/1.1", f"host: {netloc}"]
     for name, value in request.headers.items():
-        if name not in _HOP_BY_HOP and not name.startswith(":") and name != FORWARDED_HEADER:
+        if (
+            name not in _HOP_BY_HOP
+            and not name.startswith(":")
+            and name != FORWARDED_HEADER
+            and name != NODE_AUTH_HEADER
+        ):
             lines.append(f"{name}: {value}")
+    if credentials is not None:
+        lines.append(f"{NODE_AUTH_HEADER}: {credentials.sign(request.method, request.target)}")
     if "s2-basin" not in request.headers:
         lines.append(f"s2-basin: {basin}")  # the basin may have come from the Host header
     lines.append(f"{FORWARDED_HEADER}: {from_node_id}")
@@ -214,10 +228,18 @@ async def _relay_answer(
 
 
 async def call(
-    address: str, method: str, target: str, headers: dict[str, str], timeout_s: float = 30.0
+    address: str,
+    method: str,
+    target: str,
+    headers: dict[str, str],
+    timeout_s: float = 30.0,
+    credentials: NodeCredentials | None = None,
 ) -> tuple[int, bytes]:
-    """One small request without a body to the node at ``address``: (status, body). Raises
-    :class:`OwnerUnreachable` when it cannot be reached, TimeoutError past ``timeout_s``."""
+    """One small request without a body to the node at ``address`` (signed with
+    ``credentials`` when given): (status, body). Raises :class:`OwnerUnreachable` when it
+    cannot be reached, TimeoutError past ``timeout_s``."""
+    if credentials is not None:
+        headers = {**headers, **credentials.headers(method, target)}
     parts = urlsplit(address)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     try:

@@ -59,6 +59,7 @@ async def forward_if_elsewhere(app: S2Context, request: Request, basin: str, nam
             from_node_id=app.client.node_id,
             basin=basin,
             header_timeout_s=app.max_wait_s + app.limits.body_timeout_s + 10.0,
+            credentials=app.node_credentials,
         )
     except OwnerUnreachable:
         app.router.forget(stream.stream_id)

@@ -50,6 +50,7 @@ async def cluster_route(app: S2Context, request: Request, parts: list[str]) -> N
             from_node_id=client.node_id,
             basin="",
             header_timeout_s=60.0,
+            credentials=app.node_credentials,
         )
         return None
     if to == client.node_id:
@@ -70,7 +71,11 @@ async def cluster_route(app: S2Context, request: Request, parts: list[str]) -> N
 
     async def handoff() -> None:
         status, body = await call(
-            address, "POST", f"/cluster/v1/streams/{stream_id}/claim", headers
+            address,
+            "POST",
+            f"/cluster/v1/streams/{stream_id}/claim",
+            headers,
+            credentials=app.node_credentials,
         )
         if status != 200:
             raise FencedError(
