@@ -240,6 +240,9 @@ class Connection(WriteFlow):
         self.closed = True
         self.state = _CLOSING
         self.uncount()
+        # The parser holds this protocol (its callbacks): drop it, so the connection and what it
+        # buffered are freed by reference counting, not at the next full collection.
+        self.parser = None
         if self.linger_handle is not None:
             self.linger_handle.cancel()
             self.linger_handle = None

@@ -64,6 +64,7 @@ import h2.events
 import h2.settings
 from h2.errors import ErrorCodes
 from h2.exceptions import ProtocolError
+from h2.frame_buffer import FrameBuffer
 
 from walstream.server.http.flow import WriteFlow
 from walstream.server.http.framing import LINGER_S
@@ -328,6 +329,7 @@ class Http2Connection(WriteFlow):
         except ProtocolError:
             pass
         self.linger(self.h2.data_to_send())
+        self.release_buffers()  # what the client still sends is dropped
 
     # -- write-side backpressure ---------------------------------------------------------------
 
@@ -367,9 +369,20 @@ class Http2Connection(WriteFlow):
             self.linger_handle = None
         for stream in self.streams.values():
             stream.lose()  # http.disconnect: long polls and sessions end, an append finishes
+        self.release_buffers()
         self.wake_drained()
         if not self.streams:
             self.listener.connection_closed(self)
+
+    def release_buffers(self) -> None:
+        """Drop what ``h2`` buffers for this connection (received frames, a header block being
+        assembled, bytes not yet written). ``h2``'s connection object is a reference cycle of
+        its own (its frame dispatch table holds its bound methods), freed only by the cyclic
+        collector, which ``walstream serve`` runs seldom (:func:`walstream.tuning.tune_gc`):
+        without this, a closed connection's buffers (up to a header block of about 1 MiB) would
+        stay in memory until the next full collection."""
+        self.h2.incoming_buffer = FrameBuffer(server=True)
+        self.h2.data_to_send()
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -543,6 +556,7 @@ class Http2Connection(WriteFlow):
         for stream in self.streams.values():
             stream.lose()
         self.linger(self.h2.data_to_send())
+        self.release_buffers()  # what the client still sends is dropped
 
     def goaway(self) -> None:
         """No stream is in progress: GOAWAY ``NO_ERROR``, then close."""
