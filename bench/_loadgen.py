@@ -1,4 +1,4 @@
-"""Closed-loop load generation shared by ``bench/peers.py`` and ``bench/http_stack.py``.
+"""Closed-loop load generation shared by ``bench/peers.py`` and the other HTTP benchmarks.
 
 - :func:`closed_loop`: ``clients`` coroutines each issue one operation, wait for its answer,
   issue the next, for ``seconds``; latency is from the call to the answer.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import socket
 import subprocess
@@ -501,11 +502,17 @@ class ServerProcess:
         cwd: Path,
         port: int | None = None,
         timeout_s: float = 30.0,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.log = cwd / "server.log"
         self._log_file = self.log.open("w")
         self.process = subprocess.Popen(
-            command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            command,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=None if env is None else {**os.environ, **env},
         )
         regex = re.compile(pattern)
         assert self.process.stdout is not None

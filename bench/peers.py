@@ -8,9 +8,9 @@ Peers (each server is started by this script on 127.0.0.1 at a free port in a te
   S2's REST API v1 when the server answers it (``POST /v1/streams/{stream}/records`` with the
   ``s2-basin`` header, JSON ``{"records": [{"body": ...}]}``), else the previous walstream API
   (``{"records": [{"value_text": ...}]}``); ``--api`` forces one. The JSON says which ran.
-- ``walstream-http-granian``, ``walstream-http-hypercorn``, ``walstream-http-native``: the same,
-  with ``server.http_stack`` set to that HTTP server (``walstream-http`` runs walstream's default,
-  or ``--http-stack``), so the stacks are measured side by side in one run.
+- ``walstream-http-before``: the same, served by another checkout of walstream (``--before
+  PATH``: its dists' ``src`` folders go first on the server's ``PYTHONPATH``; the clients and the
+  deployment are the same), so a change is measured side by side with the code before it.
 - ``walstream-inproc``: the same deployment through ``walstream.open`` in this process (no HTTP),
   which calls ``walstream.tune_gc()`` once the node is open, as docs/guides/python.md recommends
   for a process that runs a node (``walstream serve`` does the same).
@@ -33,6 +33,9 @@ for Redis (redis-py without hiredis spends more CPU on a 100-command ``MULTI``/`
 Redis does) and the core NATS protocol for JetStream publishes (nats-py's ``js.publish`` makes
 an inbox, a future and a JSON decode per message). Streams and the JetStream stream are created
 with the server's own API (HTTP, nats-py).
+
+``--rounds N`` measures every peer N times, the order reversed every other round, and reports
+the medians over all rounds (before/after comparisons on a shared machine).
 
 Workloads: 1 and 64 clients (each its own connection, all appending to one stream), one 1 KiB
 record per append or a batch of 100 x 1 KiB. Each cell runs ``--seconds`` per run, ``--runs``
@@ -88,15 +91,20 @@ RECORD_BYTES = 1024
 BATCH = 100
 CLIENTS = (1, 64)
 WORKLOADS = [(clients, batch) for batch in (1, BATCH) for clients in CLIENTS]
-#: walstream serve with each HTTP server (``server.http_stack``), besides ``walstream-http``.
-STACK_PEERS = {
-    "walstream-http-granian": "granian",
-    "walstream-http-hypercorn": "hypercorn",
-    "walstream-http-native": "native",
-}
+#: The dists whose ``src`` folders a ``--before`` checkout serves from.
+DIST_SOURCES = (
+    "core/src",
+    "plugins/src",
+    "wal_ebs/src",
+    "wal_s3/src",
+    "wal_s3express/src",
+    "wal_nvme_quorum/src",
+    "metadata_postgres/src",
+    "conformance/src",
+)
 PEERS = [
     "walstream-http",
-    *STACK_PEERS,
+    "walstream-http-before",
     "walstream-inproc",
     "redis",
     "nats",
@@ -120,16 +128,19 @@ def workload_name(clients: int, batch: int) -> str:
 # -- walstream over HTTP ------------------------------------------------------------------------
 
 
-def walstream_serve_command(workdir: Path, http_stack: str | None) -> list[str]:
-    """``walstream serve`` on the embedded default deployment (rooted in ``workdir``), with
-    ``server.http_stack`` set when ``http_stack`` is given."""
-    command = [sys.executable, "-m", "walstream.cli", "serve", "--listen", "127.0.0.1:0"]
-    if http_stack is None:
-        return command
-    deployment = dict(embedded_deployment(workdir / "walstream-data"))
-    deployment["server"] = {"http_stack": http_stack}
-    (workdir / "deploy.json").write_text(json.dumps(deployment))
-    return [*command, "-c", str(workdir / "deploy.json")]
+def walstream_serve_command() -> list[str]:
+    """``walstream serve`` on the embedded default deployment (rooted in the working folder)."""
+    return [sys.executable, "-m", "walstream.cli", "serve", "--listen", "127.0.0.1:0"]
+
+
+def checkout_environment(checkout: Path | None) -> dict[str, str] | None:
+    """``PYTHONPATH`` that serves walstream from ``checkout`` (None: this one)."""
+    if checkout is None:
+        return None
+    folders = [str(checkout / source) for source in DIST_SOURCES if (checkout / source).is_dir()]
+    if not (checkout / "core/src/walstream").is_dir():
+        raise SystemExit(f"--before {checkout}: not a walstream checkout (no core/src/walstream)")
+    return {"PYTHONPATH": os.pathsep.join(folders)}
 
 
 async def detect_api(port: int) -> str:
@@ -223,14 +234,16 @@ async def walstream_http(
     api_choice: str,
     info: dict[str, Any],
     http_version: str = "1.1",
-    http_stack: str | None = None,
+    checkout: Path | None = None,
 ) -> AsyncIterator[Any]:
     server = ServerProcess(
-        walstream_serve_command(workdir, http_stack),
+        walstream_serve_command(),
         r"listening on http://127\.0\.0\.1:(\d+)",
         cwd=workdir,
+        env=checkout_environment(checkout),
     )
-    info.setdefault("walstream_http_stacks", []).append(http_stack or "default")
+    if checkout is not None:
+        info["walstream_before"] = str(checkout)
     connections: list[Any] = []
     try:
         api = await detect_api(server.port) if api_choice == "auto" else api_choice
@@ -372,13 +385,11 @@ async def nats_peer(workdir: Path, api_choice: str, info: dict[str, Any]) -> Asy
         server.stop()
 
 
-def peer_context(name: str, http_version: str, http_stack: str | None) -> Callable[..., Any]:
+def peer_context(name: str, http_version: str, before: Path | None) -> Callable[..., Any]:
     if name == "walstream-http":
-        return lambda *args: walstream_http(*args, http_version=http_version, http_stack=http_stack)
-    if name in STACK_PEERS:
-        return lambda *args: walstream_http(
-            *args, http_version=http_version, http_stack=STACK_PEERS[name]
-        )
+        return lambda *args: walstream_http(*args, http_version=http_version)
+    if name == "walstream-http-before":
+        return lambda *args: walstream_http(*args, http_version=http_version, checkout=before)
     if name == "redis-nofsync":
         return lambda *args: redis_peer(*args, fsync="no")
     return {
@@ -401,7 +412,7 @@ async def measure_peer(
     workdir = Path(tempfile.mkdtemp(prefix=f"peers-{name}-"))
     try:
         seconds, runs = args.seconds, args.runs
-        async with peer_context(name, args.http, args.http_stack)(workdir, args.api, info) as make:
+        async with peer_context(name, args.http, args.before)(workdir, args.api, info) as make:
             pid = getattr(make, "server_pid", None)
             for clients, batch in WORKLOADS:
                 operation = await make(clients, batch)
@@ -469,7 +480,7 @@ def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
 
 def ratios(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for peer in ("walstream-http", *STACK_PEERS, "walstream-inproc"):
+    for peer in ("walstream-http", "walstream-http-before", "walstream-inproc"):
         for workload, cell in summary.get(peer, {}).items():
             redis = summary.get("redis", {}).get(workload)
             if redis:
@@ -478,6 +489,24 @@ def ratios(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[st
                     "p50_vs_redis": cell["p50_ms"] / redis["p50_ms"],
                     "p99_vs_redis": cell["p99_ms"] / redis["p99_ms"],
                 }
+    return out
+
+
+def after_vs_before(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """walstream-http / walstream-http-before per workload (records/s, p50, p99, server CPU)."""
+    out: dict[str, dict[str, float]] = {}
+    before = summary.get("walstream-http-before", {})
+    for workload, cell in summary.get("walstream-http", {}).items():
+        old = before.get(workload)
+        if not old:
+            continue
+        out[workload] = {
+            "records_per_s": cell["records_per_s"] / old["records_per_s"],
+            "p50_ms": cell["p50_ms"] / old["p50_ms"],
+            "p99_ms": cell["p99_ms"] / old["p99_ms"],
+        }
+        if "server_cpu_us" in cell and "server_cpu_us" in old:
+            out[workload]["server_cpu_us"] = cell["server_cpu_us"] / old["server_cpu_us"]
     return out
 
 
@@ -543,22 +572,43 @@ async def run(args: argparse.Namespace) -> int:
     info: dict[str, Any] = {}
     raw: dict[str, dict[str, list[dict[str, Any]]]] = {}
     skipped: dict[str, str] = {}
-    for peer in args.only or PEERS:
-        tool = {"redis": "redis-server", "redis-nofsync": "redis-server", "nats": "nats-server"}
-        if peer in tool and shutil.which(tool[peer]) is None:
-            skipped[peer] = f"{tool[peer]} is not installed (apt-get install {tool[peer]})"
-            print(f"{peer}: skipped, {skipped[peer]}", flush=True)
-            continue
-        print(f"{peer} ...", flush=True)
-        raw[peer] = await measure_peer(peer, args, info)
+    peers = list(args.only or PEERS)
+    if args.before is None and "walstream-http-before" in peers:
+        peers.remove("walstream-http-before")
+        skipped["walstream-http-before"] = "no --before checkout given"
+    for round_number in range(args.rounds):
+        order = peers if round_number % 2 == 0 else peers[::-1]
+        for peer in order:
+            tool = {"redis": "redis-server", "redis-nofsync": "redis-server", "nats": "nats-server"}
+            if peer in tool and shutil.which(tool[peer]) is None:
+                skipped[peer] = f"{tool[peer]} is not installed (apt-get install {tool[peer]})"
+                print(f"{peer}: skipped, {skipped[peer]}", flush=True)
+                continue
+            print(f"{peer} (round {round_number + 1} of {args.rounds}) ...", flush=True)
+            cells = await measure_peer(peer, args, info)
+            for workload, samples in cells.items():
+                raw.setdefault(peer, {}).setdefault(workload, []).extend(samples)
     summary = {peer: {w: summarize(s) for w, s in cells.items()} for peer, cells in raw.items()}
     print()
     print(table(summary))
+    compared = after_vs_before(summary)
+    if compared:
+        print()
+        print("walstream-http / walstream-http-before (medians):")
+        for workload, ratio in compared.items():
+            print(
+                f"  {workload:<16} records/s {ratio['records_per_s']:.2f}x  "
+                f"p50 {ratio['p50_ms']:.2f}x  p99 {ratio['p99_ms']:.2f}x  "
+                f"server CPU/req {ratio.get('server_cpu_us', float('nan')):.2f}x"
+            )
+    print(f"load average (1, 5, 15 min) at the end: {os.getloadavg()}")
     document = {
         "benchmark": "peers",
         "mode": "quick" if args.quick else "full",
         "seconds_per_run": args.seconds,
         "runs": args.runs,
+        "rounds": args.rounds,
+        "load_average": list(os.getloadavg()),
         "record_bytes": RECORD_BYTES,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "loop": args.loop,
@@ -566,6 +616,7 @@ async def run(args: argparse.Namespace) -> int:
         "skipped": skipped,
         "results": summary,
         "ratios_vs_redis": ratios(summary),
+        "after_vs_before": after_vs_before(summary),
         "runs_detail": {
             peer: {
                 workload: [{k: v for k, v in s.items() if k != "latencies_ms"} for s in samples]
@@ -605,10 +656,17 @@ def main(argv: list[str] | None = None) -> int:
         help="HTTP version to walstream serve: 1.1 keep-alive (default) or 2 (h2c prior knowledge)",
     )
     parser.add_argument(
-        "--http-stack",
-        choices=tuple(STACK_PEERS.values()),
+        "--before",
+        type=Path,
         default=None,
-        help="walstream-http's server.http_stack (default: walstream's default)",
+        help="a checkout of an earlier walstream (e.g. a worktree of main): adds the peer "
+        "walstream-http-before, served from its sources",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every peer this many times, alternating the order (medians over all)",
     )
     parser.add_argument("--only", nargs="+", choices=PEERS, metavar="PEER", help=", ".join(PEERS))
     parser.add_argument("--json", type=Path, default=None, help="default bench/results/peers.json")

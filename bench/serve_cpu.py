@@ -41,7 +41,7 @@ import httptools
 import walstream
 from _report import Column, Table, grouped_bars, machine, save_plot, write_json
 from peers import PAYLOAD, create_stream_http, embedded_deployment
-from walstream.server.hosting_native.http1 import Connection
+from walstream.server.http.http1 import Connection
 from walstream.server.s2 import fast_append
 from walstream.server.serve import serve
 
@@ -151,7 +151,6 @@ async def answered_at_once() -> AsyncIterator[None]:
 
 async def serve_case(workdir: Path, rounds: int) -> dict[str, float]:
     deployment = dict(embedded_deployment(workdir / "walstream-data"))
-    deployment["server"] = {"http_stack": "native"}
     async with serve(deployment, listen="127.0.0.1:0") as running:
         await create_stream_http(running.port, "s2")
         walstream.tune_gc()
