@@ -925,3 +925,215 @@ async def test_s2_python_sdk_style_use_keeps_one_connection_and_logs_nothing(
     finally:
         peer.close()
     assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+# -- the budgets against hostile clients --------------------------------------------------------
+
+
+def _frame(kind: int, flags: int, stream_id: int, payload: bytes) -> bytes:
+    return (
+        len(payload).to_bytes(3, "big")
+        + bytes((kind, flags))
+        + stream_id.to_bytes(4, "big")
+        + payload
+    )
+
+
+async def _slow_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    await asyncio.sleep(30)  # work a reset must cancel
+
+
+async def _events_until_closed(
+    reader: asyncio.StreamReader, timeout_s: float = 10.0
+) -> list[h2.events.Event]:
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    client.initiate_connection()
+    client.data_to_send()
+    events: list[h2.events.Event] = []
+    async with asyncio.timeout(timeout_s):
+        while chunk := await reader.read(1 << 16):
+            try:
+                events += client.receive_data(chunk)
+            except h2.exceptions.ProtocolError:
+                break
+    return events
+
+
+def _resets(first_stream: int, count: int) -> bytes:
+    """HEADERS (GET /, END_STREAM, END_HEADERS) then RST_STREAM, ``count`` streams."""
+    block = b"\x82\x86\x84" + b"\x41\x01x"  # :method GET, :scheme http, :path /, :authority x
+    out = bytearray()
+    for number in range(count):
+        stream_id = first_stream + 2 * number
+        out += _frame(0x1, 0x5, stream_id, block)
+        out += _frame(0x3, 0, stream_id, b"\x00\x00\x00\x08")  # CANCEL
+    return bytes(out)
+
+
+async def test_a_connection_past_its_reset_budget_gets_goaway_enhance_your_calm() -> None:
+    limits = ServerLimits(max_resets_per_connection=20, max_resets_per_address=1000)
+    listener = await listening(_slow_app, limits)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+        writer.write(PREFACE + EMPTY_SETTINGS + _resets(1, 50))
+        events = await _events_until_closed(reader)
+        writer.close()
+        (goaway,) = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+        assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        # Every stream's work was cancelled, none is left running.
+        await asyncio.sleep(0.2)
+        assert not listener.connections
+    finally:
+        await listener.close(1.0)
+
+
+async def test_an_address_past_its_reset_budget_is_refused_on_every_connection() -> None:
+    """Spread over many connections (each under its own budget), the resets of one address
+    still meet one budget: its connections get GOAWAY and a new one is refused (503)."""
+    limits = ServerLimits(max_resets_per_connection=100, max_resets_per_address=30)
+    listener = await listening(_slow_app, limits)
+    try:
+        calmed = 0
+        for _ in range(5):
+            reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+            writer.write(PREFACE + EMPTY_SETTINGS + _resets(1, 10))
+            events = await _events_until_closed(reader, 2.0) if calmed else []
+            if not calmed:
+                try:
+                    events = await _events_until_closed(reader, 0.5)
+                except TimeoutError:
+                    events = []
+            writer.close()
+            calmed += any(
+                isinstance(e, h2.events.ConnectionTerminated)
+                and e.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+                for e in events
+            )
+            if calmed:
+                break
+        assert calmed
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 503")
+        assert b"server.max_resets_per_address" in answer
+    finally:
+        await listener.close(1.0)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        _frame(0x6, 0, 0, b"\x00" * 8),  # PING
+        _frame(0x4, 0, 0, b"\x00\x04\x00\x00\xff\xff"),  # SETTINGS
+        _frame(0x2, 0, 1, b"\x00\x00\x00\x00\x10"),  # PRIORITY
+    ],
+    ids=["ping", "settings", "priority"],
+)
+async def test_a_control_frame_flood_gets_goaway_enhance_your_calm(frame: bytes) -> None:
+    limits = ServerLimits(max_control_frames=100)
+    listener = await listening(_slow_app, limits)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+        writer.write(PREFACE + EMPTY_SETTINGS + frame * 500)
+        events = await _events_until_closed(reader)
+        writer.close()
+        (goaway,) = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+        assert goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    finally:
+        await listener.close(1.0)
+
+
+async def test_nothing_is_read_while_the_client_does_not_read_its_answers() -> None:
+    """A client that floods PINGs and never reads: once the server's socket buffer is full the
+    server stops reading, so its memory holds no growing pile of PING answers (the flood
+    stops at the client's own socket)."""
+    limits = ServerLimits(max_control_frames=10**9)
+    listener = await listening(_slow_app, limits)
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+        writer.write(PREFACE + EMPTY_SETTINGS)
+        ping = _frame(0x6, 0, 0, b"\x00" * 8) * 4096
+        sent = 0
+        stalled = False
+        for _ in range(2000):  # up to ~140 MiB of PINGs: far more than the socket buffers
+            writer.write(ping)
+            sent += len(ping)
+            try:
+                await asyncio.wait_for(writer.drain(), 0.5)
+            except TimeoutError:
+                stalled = True  # the server stopped reading
+                break
+        assert stalled, f"the server read {sent >> 20} MiB of PINGs it could not answer"
+        (connection,) = listener.connections
+        assert connection.read_paused
+        assert connection.transport.get_write_buffer_size() < 1 << 20  # answers held: bounded
+        writer.transport.abort()
+    finally:
+        await listener.close(1.0)
+
+
+async def test_an_answer_the_client_takes_nothing_of_is_reset_after_the_send_timeout() -> None:
+    sent = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        try:
+            await send({"type": "http.response.body", "body": b"x" * 200_000})
+            sent.set()
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    listener = await listening(app, ServerLimits(send_timeout_s=0.5))
+    try:
+        peer = await Peer.connect(listener.port)
+        peer.h2.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+        peer.flush()
+        stream_id = peer.open("GET", "/")
+        await peer.until(lambda: peer.answers[stream_id].reset is not None)
+        assert peer.answers[stream_id].reset == h2.errors.ErrorCodes.CANCEL
+        await asyncio.wait_for(cancelled.wait(), 5)  # its work stopped
+        # The connection serves on.
+        peer.h2.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 65535})
+        peer.flush()
+        peer.close()
+    finally:
+        await listener.close(1.0)
+
+
+async def test_answers_not_taken_hold_the_output_budget_and_later_reads_wait_for_room() -> None:
+    """A read reserves its answer before building it: with the connection's budget held by an
+    answer the client does not take, the next reservation waits (nothing more is built), and
+    gets room once the first answer went out."""
+    from walstream.server.http import OUTPUT_ROOM
+
+    granted: list[int] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        room = await scope["extensions"][OUTPUT_ROOM](1 << 20)
+        granted.append(room)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"r" * room})
+
+    limits = ServerLimits(max_connection_output_bytes=1 << 20, send_timeout_s=20.0)
+    listener = await listening(app, limits)
+    try:
+        peer = await Peer.connect(listener.port)
+        peer.read_slowly = True  # takes nothing until told
+        first = peer.open("GET", "/first")
+        await peer.until(lambda: granted == [1 << 20])
+        second = peer.open("GET", "/second")
+        await asyncio.sleep(0.5)
+        assert granted == [1 << 20]  # the second read waits: it built nothing
+        peer.read_slowly = False
+        peer.acknowledge_all()
+        await peer.until(lambda: peer.answers[second].done, timeout_s=20)
+        assert granted == [1 << 20, 1 << 20]
+        assert len(peer.answers[first].body) == 1 << 20
+        peer.close()
+    finally:
+        await listener.close(1.0)

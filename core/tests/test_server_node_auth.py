@@ -6,6 +6,7 @@ still forward to each other and move streams. Without a secret the old rules hol
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -15,6 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 from walstream.errors import ConfigError
+from walstream.server.limits import ServerLimits
 from walstream.server.node_auth import (
     NODE_AUTH_HEADER,
     REPLAY_WINDOW_S,
@@ -207,3 +209,43 @@ async def test_without_a_secret_the_forwarding_header_and_the_token_are_trusted(
         stream_id = (await running.client.metadata.get_stream(f"{BASIN}.open")).stream_id
         status, _ = await call(running.url, "POST", f"/cluster/v1/streams/{stream_id}/claim", AUTH)
         assert status == 200
+
+
+async def test_one_address_holds_a_bounded_number_of_connections_and_nodes_are_exempt(
+    tmp_path: Path,
+) -> None:
+    """Past ``max_connections_per_address`` a connection from that address gets 503, unless its
+    first request is signed by a node; another address is served meanwhile."""
+    limits = ServerLimits(max_connections_per_address=2, header_timeout_s=30.0)
+    async with serve(
+        deployment(tmp_path, 1),
+        listen="127.0.0.1:0",
+        token=TOKEN,
+        limits=limits,
+        environ={SECRET_ENVIRONMENT_VARIABLE: SECRET},
+    ) as running:
+
+        async def ask(source: str, extra: bytes = b"") -> bytes:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", running.port, local_addr=(source, 0)
+            )
+            try:
+                writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n" + extra + b"\r\n")
+                return await asyncio.wait_for(reader.readuntil(b"\r\n"), 10)
+            finally:
+                writer.close()
+
+        held = [
+            await asyncio.open_connection("127.0.0.1", running.port, local_addr=("127.0.0.2", 0))
+            for _ in range(2)
+        ]
+        await asyncio.sleep(0.1)
+        assert b" 503 " in await ask("127.0.0.2")
+        assert b" 200 " in await ask("127.0.0.1")  # another address is served
+        signed = NodeCredentials(SECRET, 2).sign("GET", "/health")
+        assert b" 200 " in await ask("127.0.0.2", f"{NODE_AUTH_HEADER}: {signed}\r\n".encode())
+        held[0][1].close()
+        await asyncio.sleep(0.2)
+        assert b" 200 " in await ask("127.0.0.2")  # room again
+        for _, writer in held:
+            writer.close()

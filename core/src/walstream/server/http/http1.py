@@ -618,14 +618,22 @@ class Connection(WriteFlow):
         this connection's place in the listener) from here on."""
         transport = self.transport
         assert transport is not None
-        self.state = _HTTP2
         listener = self.listener
+        if self.probation:
+            # Over max_connections_per_address: only node requests (HTTP/1.1) are admitted.
+            listener.refused += 1
+            self.state = _CLOSING
+            transport.close()
+            return
+        self.state = _HTTP2
         connection = Http2Connection(listener, transport, self.client, self.server_address)
         connection.counted, self.counted = self.counted, False
         connection.host, self.host = self.host, ""
         listener.mark_busy(self)
         listener.connections.discard(self)
         listener.connections.add(connection)
+        if connection.counted:
+            listener.mark_idle(connection)  # no stream yet: it gives way when the server is full
         transport.set_protocol(connection)
         connection.start(received)
 
