@@ -243,6 +243,7 @@ class Connection(WriteFlow):
         # The parser holds this protocol (its callbacks): drop it, so the connection and what it
         # buffered are freed by reference counting, not at the next full collection.
         self.parser = None
+        self.output.wake_all()  # a read waiting for output room sees it is gone
         if self.linger_handle is not None:
             self.linger_handle.cancel()
             self.linger_handle = None

@@ -369,6 +369,7 @@ class Http2Connection(WriteFlow):
             self.linger_handle = None
         for stream in self.streams.values():
             stream.lose()  # http.disconnect: long polls and sessions end, an append finishes
+        self.output.wake_all()  # reads waiting for output room see they are gone
         self.release_buffers()
         self.wake_drained()
         if not self.streams:

@@ -59,14 +59,15 @@ class RequestBody:
         """Reserve ``want`` bytes (at most the connection's budget) of answer before building
         it: waits while the connection's or the server's budget is full (answers built and not
         yet taken by clients). Given back as the answer's body goes out (:meth:`settle`), the
-        rest when the exchange ends (:meth:`settle_all`)."""
+        rest when the exchange ends (:meth:`settle_all`). Raises :class:`OutputBusy` when no room
+        came within ``server.send_timeout``, or the client left while it waited."""
         connection, server, timeout_s = self.output_budgets()
         want = max(0, min(want, connection.limit))
         loop = self.event_loop()
         deadline = loop.time() + timeout_s
         while not (connection.fits(want) and server.fits(want)):
             if self.gone:
-                return 0
+                raise OutputBusy("the client is gone: nothing to build an answer for")
             left = deadline - loop.time()
             if left <= 0:
                 raise OutputBusy(

@@ -118,6 +118,13 @@ class OutputBudget:
             if not waiter.done():
                 waiter.set_result(None)
 
+    def wake_all(self) -> None:
+        """Wake every waiter (its connection closed: each looks again and sees it is gone)."""
+        waiters, self.waiters = self.waiters, deque()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
     async def wait(self, loop: asyncio.AbstractEventLoop) -> None:
         waiter = loop.create_future()
         self.waiters.append(waiter)
