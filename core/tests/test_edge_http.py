@@ -752,6 +752,48 @@ def test_server_options_come_from_the_yaml_server_section(tmp_path: Path) -> Non
             walstream_plugins.load_deployment({**MEMORY, "server": bad})
 
 
+def test_every_hostile_client_bound_is_a_checked_server_option() -> None:
+    import walstream_plugins
+    from walstream.errors import ConfigError
+    from walstream.server.limits import limits_from_section
+
+    section = {
+        "send_timeout": "5s",
+        "max_connections_per_address": 9,
+        "max_long_polls_per_address": 4,
+        "max_connection_output": "2MiB",
+        "max_output": "32MiB",
+        "max_resets_per_connection": 50,
+        "max_resets_per_address": 200,
+        "max_control_frames": 300,
+    }
+    deployment = walstream_plugins.load_deployment({**MEMORY, "server": section})
+    assert limits_from_section(deployment.sections["server"]) == ServerLimits(
+        send_timeout_s=5.0,
+        max_connections_per_address=9,
+        max_long_polls_per_address=4,
+        max_connection_output_bytes=2 << 20,
+        max_output_bytes=32 << 20,
+        max_resets_per_connection=50,
+        max_resets_per_address=200,
+        max_control_frames=300,
+    )
+    for bad, key in (
+        ({"send_timeout": "0s"}, "server.send_timeout"),
+        ({"max_connections_per_address": 0}, "server.max_connections_per_address"),
+        ({"max_connection_output": "64KiB"}, "server.max_connection_output"),
+        ({"max_resets_per_address": -1}, "server.max_resets_per_address"),
+        ({"max_control_frames": "many"}, "server.max_control_frames"),
+        ({"tls": {"key": "k.pem"}}, "server.tls.certificate"),
+        ({"tls": {"certificate": "c.pem", "key": "k.pem", "ca": "x"}}, "server.tls.ca"),
+    ):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            walstream_plugins.load_deployment({**MEMORY, "server": bad})
+    # Bounds that contradict each other are refused where they are made.
+    with pytest.raises(ConfigError, match="max_output"):
+        ServerLimits(max_connection_output_bytes=8 << 20, max_output_bytes=4 << 20)
+
+
 # -- property-based: arbitrary requests -----------------------------------------------------------
 
 ROUTES = [
