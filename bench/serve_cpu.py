@@ -62,9 +62,10 @@ _BARE_ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-le
 class CountingTransport:
     """The part of a transport the connections use; an answer wakes the request's waiter."""
 
-    def __init__(self) -> None:
+    def __init__(self, peer: tuple[str, int] = ("127.0.0.1", 40000)) -> None:
         self.answers = 0
         self.waiter: asyncio.Future[None] | None = None
+        self.peer = peer
 
     def write(self, data: bytes) -> None:
         self.answers += 1
@@ -76,7 +77,7 @@ class CountingTransport:
         self.write(b"".join(pieces))
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000)
+        return self.peer
 
     def pause_reading(self) -> None:
         pass
@@ -155,9 +156,11 @@ async def serve_case(workdir: Path, rounds: int) -> dict[str, float]:
         await create_stream_http(running.port, "s2")
         walstream.tune_gc()
         connections = []
-        for _ in range(CONNECTIONS):
+        for number in range(CONNECTIONS):
             connection = Connection(running.listener)  # type: ignore[arg-type]
-            transport = CountingTransport()
+            # One loopback address per client, as 64 clients would be (the server bounds the
+            # connections of one address; nothing is sent anywhere: the transport only counts).
+            transport = CountingTransport((f"127.0.1.{number + 1}", 40000))
             connection.connection_made(transport)  # type: ignore[arg-type]
             connections.append((connection, transport))
         try:

@@ -11,9 +11,10 @@ A connection that opens with the client preface is handed here by the HTTP/1.1 s
 (:mod:`walstream.server.http.http1`) with the bytes read so far. Its SETTINGS:
 ``MAX_CONCURRENT_STREAMS`` :data:`MAX_STREAMS`, 1 MiB stream and connection windows
 (:data:`WINDOW_BYTES`: what a stream's application has not read holds the client back),
-``MAX_HEADER_LIST_SIZE`` 64 KiB (as the HTTP/1.1 head), and the default 16 KiB
-``MAX_FRAME_SIZE``, so that a header block (HEADERS and at most 64 CONTINUATION frames, ``h2``'s
-bound) holds at most about 1 MiB before it is refused.
+``MAX_FRAME_SIZE`` 1 MiB (a large append is one DATA frame), ``MAX_HEADER_LIST_SIZE`` 64 KiB (as
+the HTTP/1.1 head); a header block (HEADERS and its CONTINUATION frames) is refused as soon as it
+passes 256 KiB, as its frames arrive (:mod:`~walstream.server.http.frame_guard`), before ``h2``
+would hold it.
 
 What a hostile client cannot do (``docs/architecture/http.md``):
 
@@ -31,7 +32,7 @@ What a hostile client cannot do (``docs/architecture/http.md``):
   no progress for ``server.send_timeout`` resets its stream.
 - **HPACK and CONTINUATION bombs.** A header list is decoded up to 256 KiB at most (the HPACK
   decoder's bound), a header block is bounded as above; either past its bound is a connection
-  error (GOAWAY).
+  error (GOAWAY; ``ENHANCE_YOUR_CALM`` for the block).
 
 A malformed request gets RST_STREAM ``PROTOCOL_ERROR``, a header list over 64 KiB ``431`` in S2's
 error shape, ``CONNECT`` ``400``. A request body that disagrees with its ``content-length``, or any
@@ -67,7 +68,8 @@ from h2.exceptions import ProtocolError
 from h2.frame_buffer import FrameBuffer
 
 from walstream.server.http.flow import WriteFlow
-from walstream.server.http.framing import LINGER_S
+from walstream.server.http.frame_guard import HeaderBlockGuard
+from walstream.server.http.framing import LINGER_S, PREFACE
 from walstream.server.http.header_codec import CachingDecoder, LiteralEncoder
 from walstream.server.http.http2_request import (
     MAX_HEADER_LIST_BYTES,
@@ -91,7 +93,11 @@ log = logging.getLogger("walstream.server.http")
 MAX_STREAMS = 128
 #: Flow-control windows the listener grants, per stream and per connection.
 WINDOW_BYTES = 1 << 20
-#: Larger header lists are not decoded at all: a connection error (GOAWAY).
+#: Largest frame the client may send: a stream window in one frame (a 100-record append of
+#: 110 KB is one DATA frame, not seven: less HTTP/2 work per append than at the default 16 KiB).
+FRAME_BYTES = WINDOW_BYTES
+#: Larger header lists, or header blocks (HEADERS and CONTINUATION frames) longer than this,
+#: are not decoded at all: GOAWAY ENHANCE_YOUR_CALM (:mod:`~walstream.server.http.frame_guard`).
 _HPACK_BOUND_BYTES = 4 * MAX_HEADER_LIST_BYTES
 _INITIAL_WINDOW = 65535  # RFC 9113 6.9.2
 #: The client preface and the head of its first frame, which must be SETTINGS (not an ACK).
@@ -109,6 +115,7 @@ _CONFIG = h2.config.H2Configuration(
 _SETTINGS = {
     h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS,
     h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: WINDOW_BYTES,
+    h2.settings.SettingCodes.MAX_FRAME_SIZE: FRAME_BYTES,
     h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST_BYTES,
 }
 _JSON = b"application/json"
@@ -134,6 +141,7 @@ class Http2Connection(WriteFlow):
         "counted",
         "draining",
         "flush_pending",
+        "guard",
         "h2",
         "host",
         "idle_deadline",
@@ -188,8 +196,10 @@ class Http2Connection(WriteFlow):
         self.opening: bytes | None = b""
         """Bytes received before the head of the first frame was complete (then None)."""
         self.idle_deadline = self.loop.time() + listener.limits.header_timeout_s
+        self.guard = HeaderBlockGuard(_HPACK_BOUND_BYTES)
         connection = h2.connection.H2Connection(_CONFIG)
         connection.local_settings = h2.settings.Settings(client=False, initial_values=_SETTINGS)
+        connection.max_inbound_frame_size = FRAME_BYTES
         connection.encoder = LiteralEncoder()
         connection.decoder = CachingDecoder(_HPACK_BOUND_BYTES)
         connection.initiate_connection()
@@ -218,6 +228,12 @@ class Http2Connection(WriteFlow):
                 self.h2.close_connection(ErrorCodes.PROTOCOL_ERROR)
                 self.fail("the client preface is not followed by SETTINGS")
                 return
+            framed = self.guard.feed(data[len(PREFACE) :])
+        else:
+            framed = self.guard.feed(data)
+        if not framed:
+            self.calm("it sent a header block over 256 KiB")
+            return
         try:
             events = self.h2.receive_data(data)
         except ProtocolError as error:
@@ -297,29 +313,26 @@ class Http2Connection(WriteFlow):
         the address's budget is spent (GOAWAY ENHANCE_YOUR_CALM went out)."""
         now = self.loop.time()
         if not self.reset_budget.take(now):
-            self.calm("server.max_resets_per_connection")
+            self.calm("its server.max_resets_per_connection budget is spent")
             return False
         if self.host:
             address = self.listener.addresses.get(self.host)
             if address is not None and not address.resets.take(now):
-                self.calm("server.max_resets_per_address")
+                self.calm("its address's server.max_resets_per_address budget is spent")
                 return False
         return True
 
     def spend_control(self) -> bool:
         """One PING, SETTINGS, PRIORITY or empty DATA frame: False past the budget."""
         if not self.control_budget.take(self.loop.time()):
-            self.calm("server.max_control_frames")
+            self.calm("its server.max_control_frames budget is spent")
             return False
         return True
 
-    def calm(self, bound: str) -> None:
-        """A budget is spent: GOAWAY ENHANCE_YOUR_CALM, cancel every stream, close."""
-        log.info(
-            "HTTP/2 connection from %s spent its %s budget; GOAWAY ENHANCE_YOUR_CALM",
-            self.client,
-            bound,
-        )
+    def calm(self, why: str) -> None:
+        """A budget is spent (or a bound passed): GOAWAY ENHANCE_YOUR_CALM, cancel every
+        stream, close."""
+        log.info("HTTP/2 connection from %s: %s; GOAWAY ENHANCE_YOUR_CALM", self.client, why)
         for stream in list(self.streams.values()):
             stream.cancel()
         try:
