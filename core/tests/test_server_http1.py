@@ -762,3 +762,45 @@ async def test_the_scope_is_asgi_3() -> None:
     assert (b"x-mixed-case", b"V") in scope["headers"]
     assert scope["server"] == ("127.0.0.1", listener.port)
     assert scope["client"][0] == "127.0.0.1"
+
+
+def test_the_application_asks_for_output_room_under_the_stacks_extension_name() -> None:
+    """The S2 application finds the stack's output reservation by name (it does not import the
+    stack): a renamed extension would silently turn every read's reservation off."""
+    from walstream.server.http import OUTPUT_ROOM as stack_name
+    from walstream.server.s2.request import OUTPUT_ROOM as application_name
+
+    assert stack_name == application_name
+
+
+async def test_a_read_over_http1_reserves_its_answer_before_building_it(tmp_path: Path) -> None:
+    """With the connection's output budget held, a read waits for room (nothing is built) and
+    answers 503 when none comes within send_timeout."""
+    limits = ServerLimits(
+        header_timeout_s=10.0, send_timeout_s=0.5, max_connection_output_bytes=1 << 20
+    )
+    async with start(tmp_path, limits) as running:
+        await make_stream(running.port)
+        reader, writer = await connect(running.port)
+        try:
+            record = json.dumps({"records": [{"body": "r0"}]}).encode()
+            writer.write(request("POST", "/v1/streams/orders/records", record))
+            assert (await read_answer(reader)).status == 200
+            port = writer.get_extra_info("sockname")[1]
+            await asyncio.sleep(0.1)
+            listener = running.listener
+            assert isinstance(listener, HttpListener)
+            (connection,) = [
+                c for c in listener.connections if c.client is not None and c.client[1] == port
+            ]
+            connection.output.used = connection.output.limit  # an answer not taken holds it
+            writer.write(request("GET", "/v1/streams/orders/records?seq_num=0"))
+            answer = await read_answer(reader)
+            assert answer.status == 503, (answer.status, answer.body[:300])
+            assert answer.json()["code"] == "unavailable"
+            assert "server.send_timeout" in answer.json()["message"]
+            connection.output.used = 0
+            writer.write(request("GET", "/v1/streams/orders/records?seq_num=0"))
+            assert (await read_answer(reader)).status == 200
+        finally:
+            writer.close()
