@@ -7,7 +7,8 @@ application in this loop.
 
 The modules, each importing only those below it: ``listener`` (the socket, sweeps, graceful
 close) → ``http1`` (every connection starts here) → ``exchange`` (an HTTP/1.1 request) and
-``http2`` → ``http2_request``, ``http2_stream``, ``header_codec`` → ``request_body`` →
+``http2`` → ``http2_request``, ``http2_stream``, ``header_codec``, ``frame_guard`` →
+``request_body`` →
 ``state`` (what the connections share: counts, per-address table, budgets), ``flow``,
 ``framing``, ``tls``.
 
