@@ -571,6 +571,9 @@ class Connection(WriteFlow):
         finally:
             self.current = None
             exchange.settle_all()
+            # The scope's extension holds the exchange (a reference cycle): drop it, so the
+            # exchange is freed by reference counting, not by the cyclic collector.
+            exchange.scope.pop("extensions", None)
         if exchange.chunks:  # body the application did not read
             self.buffered -= sum(len(chunk) for chunk in exchange.chunks)
             exchange.chunks.clear()

@@ -538,6 +538,7 @@ class Http2Connection(WriteFlow):
         """A stream's application returned: hand back the window of what it did not read, end
         a request that is still sending, and close the connection if it was waiting for this."""
         stream.settle_all()
+        stream.scope.pop("extensions", None)  # (it holds the stream: a reference cycle)
         if self.streams.pop(stream.stream_id, None) is None:
             return
         if self.closing:
