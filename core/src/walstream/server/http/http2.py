@@ -473,9 +473,7 @@ class Http2Connection(WriteFlow):
         if not self.streams:
             self.listener.mark_busy(self)
         self.streams[stream_id] = stream
-        task = self.loop.create_task(self.run(stream), name="walstream-http2-stream")
-        stream.task = task
-        task.add_done_callback(lambda _: self.stream_done(stream))
+        stream.task = self.loop.create_task(self.run(stream), name="walstream-http2-stream")
         return True
 
     def refuse(self, stream_id: int, error: S2Error, complete: bool) -> None:
@@ -496,7 +494,14 @@ class Http2Connection(WriteFlow):
             self.h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
 
     async def run(self, stream: Http2Stream) -> None:
-        """A stream's task: the application on its request."""
+        """A stream's task: the application on its request (a task cancelled before it began
+        is finished by :meth:`Http2Stream.cancel`'s callback instead)."""
+        try:
+            await self.serve_stream(stream)
+        finally:
+            self.stream_done(stream)
+
+    async def serve_stream(self, stream: Http2Stream) -> None:
         scope = stream.scope
         try:
             await self.listener.app(scope, stream.receive, stream.send)

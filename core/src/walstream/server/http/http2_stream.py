@@ -53,6 +53,7 @@ class Http2Link(Protocol):
     closed: bool
 
     def schedule_flush(self) -> None: ...
+    def stream_done(self, stream: Http2Stream) -> None: ...
     def flush(self) -> None: ...
     def acknowledge(self, stream_id: int, size: int) -> None: ...
     def reset(self, stream: Http2Stream, code: ErrorCodes) -> None: ...
@@ -136,6 +137,12 @@ class Http2Stream(RequestBody):
         task = self.task
         if task is not None and not task.done():
             task.cancel()
+            # A task cancelled before its first step never runs its finally: finish the stream
+            # when the task is done either way (stream_done runs once).
+            task.add_done_callback(self.finished_by_cancel)
+
+    def finished_by_cancel(self, task: asyncio.Task[None]) -> None:
+        self.connection.stream_done(self)
 
     def stalled(self) -> None:
         """The client took nothing of the answer for ``send_timeout``: reset and cancel."""
