@@ -158,8 +158,8 @@ class Http1Connection:
         self._host, self._port = host, port
         self._authority = f"{host}:{port}".encode()
         self.reconnects = 0
-        """Connections the server closed between requests (``connection: close``, e.g. hypercorn
-        after ``keep_alive_max_requests``, or an idle timeout), reopened for the next request."""
+        """Connections the server closed between requests (``connection: close``, an idle
+        timeout, or an idle connection closed for a new one), reopened for the next request."""
 
     @classmethod
     async def open(cls, host: str, port: int) -> Http1Connection:

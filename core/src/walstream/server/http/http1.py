@@ -11,7 +11,7 @@ is spent gets ``503``. A stalled answer (the client takes none of it for ``send_
 closes the connection and cancels its request.
 
 Per connection (:class:`Connection`, an :class:`asyncio.Protocol`): the parser's callbacks turn
-bytes into :class:`~walstream.server.hosting_native.exchange.Exchange` objects (one request and
+bytes into :class:`~walstream.server.http.exchange.Exchange` objects (one request and
 its answer) queued in arrival order; one task per connection (not one per request) runs the
 application on them one at a time, so pipelined requests are answered in order. Reading pauses
 while more than ``HIGH_WATER_BYTES`` of body or ``MAX_PIPELINED`` requests wait for the
