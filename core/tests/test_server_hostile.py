@@ -64,6 +64,10 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Target, i
         "wal: {type: memory, name: hostile}\n"
         "object_store: {type: local, root: data/objects, fsync: false}\n"
         "metadata: {type: sqlite, path: data/meta.db}\n"
+        # The engine's own background work (compaction passes, uploads of what the probes
+        # append) allocates too; held off, so the peaks measured are the attacks'.
+        "compaction: {enabled: false}\n"
+        "upload: {max_interval: 1h}\n"
         "server: {send_timeout: 2s, header_timeout: 4s, body_timeout: 6s}\n"
     )
     server = WalstreamServe(deployment, token=TOKEN)
