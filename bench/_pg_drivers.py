@@ -2,21 +2,26 @@
 on the shape of ``commit_objects`` (lock the node row, lock a stream row, lock a prepared object,
 update both, insert a range, commit), on a throwaway server with fsync on.
 
-    python bench/_pg_drivers.py [--commits 2000] [--runs 3]
+    .venv/bin/python bench/_pg_drivers.py [--commits 1600] [--runs 3]
 
-Prints p50/p99 of one committer and commits/s of 16 concurrent ones, per driver (median of runs).
+Prints p50/p99 and commits/s of 1 and of 16 concurrent committers, per driver (medians of the
+runs; the committers are clients of the shared closed loop, ``bench/common/loadgen.py``, sharing
+``--commits``). A one-off comparison (the choice is made): ``bench/run_all.py`` does not run it.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import time
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import asyncpg
 import psycopg
 import psycopg_pool
-from _report import median_of, percentile
+from common import cli
+from common.loadgen import LoopResult, closed_loop
+from common.report import median_of, write_results
 from metadata import commit_table
 from walstream_metadata_postgres.testing.server import PostgresServer
 
@@ -90,66 +95,83 @@ async def psycopg_commit(conn: psycopg.AsyncConnection, worker: int) -> None:
         )
 
 
-async def run_asyncpg(dsn: str, commits: int, workers: int) -> list[float]:
+Commit = Callable[[Any, int], Awaitable[None]]
+"""One commit of worker ``i`` (its node and stream ``i + 1``) on a pooled connection."""
+
+
+async def committed(
+    connection: Callable[[], AbstractAsyncContextManager[Any]],
+    commit: Commit,
+    commits: int,
+    workers: int,
+) -> LoopResult:
+    """``workers`` closed loops sharing ``commits`` (rounded down to a multiple of workers),
+    each taking a connection from the pool per commit."""
+
+    async def one(index: int) -> int:
+        async with connection() as conn:
+            await commit(conn, index + 1)
+        return 1
+
+    return await closed_loop(one, workers, operations=commits // workers * workers)
+
+
+async def run_asyncpg(dsn: str, commits: int, workers: int) -> LoopResult:
     pool = await asyncpg.create_pool(dsn, min_size=workers, max_size=workers)
-    latencies: list[float] = []
-
-    async def worker(index: int) -> None:
-        for _ in range(commits // workers):
-            start = time.perf_counter()
-            async with pool.acquire() as conn:
-                await asyncpg_commit(conn, index + 1)
-            latencies.append(time.perf_counter() - start)
-
-    await asyncio.gather(*(worker(i) for i in range(workers)))
-    await pool.close()
-    return latencies
+    try:
+        return await committed(pool.acquire, asyncpg_commit, commits, workers)
+    finally:
+        await pool.close()
 
 
-async def run_psycopg(dsn: str, commits: int, workers: int) -> list[float]:
+async def run_psycopg(dsn: str, commits: int, workers: int) -> LoopResult:
     pool = psycopg_pool.AsyncConnectionPool(dsn, min_size=workers, max_size=workers, open=False)
     await pool.open()
-    latencies: list[float] = []
-
-    async def worker(index: int) -> None:
-        for _ in range(commits // workers):
-            start = time.perf_counter()
-            async with pool.connection() as conn:
-                await psycopg_commit(conn, index + 1)
-            latencies.append(time.perf_counter() - start)
-
-    await asyncio.gather(*(worker(i) for i in range(workers)))
-    await pool.close()
-    return latencies
+    try:
+        return await committed(pool.connection, psycopg_commit, commits, workers)
+    finally:
+        await pool.close()
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--commits", type=int, default=1600)
-    parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
+async def measure(
+    dsn: str, commits: int, runs: int
+) -> dict[tuple[str, int], list[dict[str, float]]]:
+    """Per driver and committer count, every run's p50/p99 and commits/s."""
+    results: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for _ in range(runs):
+        for name, runner in (("asyncpg", run_asyncpg), ("psycopg", run_psycopg)):
+            for workers in (1, 16):
+                result = await runner(dsn, commits, workers)
+                results.setdefault((name, workers), []).append(
+                    {
+                        "p50_ms": result.latency(0.5, 1e3),
+                        "p99_ms": result.latency(0.99, 1e3),
+                        "commits_per_s": result.operations_per_s,
+                    }
+                )
+    return results
+
+
+async def main(argv: list[str] | None = None) -> None:
+    parser = cli.parser(__doc__, "_pg_drivers", quick="3 runs of 400 commits")
+    parser.add_argument("--commits", type=int, default=None, help="per run (default 1600)")
+    parser.add_argument("--runs", type=int, default=None, help="default 3")
+    args = parser.parse_args(argv)
+    commits = cli.sized(args, args.commits, full=1600, quick=400, smoke=32)
+    runs = cli.sized(args, args.runs, full=3, quick=3, smoke=1)
     with PostgresServer() as server:
         conn = await asyncpg.connect(server.dsn)
         await conn.execute(SCHEMA)
         await conn.close()
-        results: dict[tuple[str, int], list[dict[str, float]]] = {}
-        for _ in range(args.runs):
-            for name, runner in (("asyncpg", run_asyncpg), ("psycopg", run_psycopg)):
-                for workers in (1, 16):
-                    started = time.perf_counter()
-                    latencies = await runner(server.dsn, args.commits, workers)
-                    rate = len(latencies) / (time.perf_counter() - started)
-                    results.setdefault((name, workers), []).append(
-                        {
-                            "p50_ms": percentile(latencies, 0.5) * 1e3,
-                            "p99_ms": percentile(latencies, 0.99) * 1e3,
-                            "commits_per_s": rate,
-                        }
-                    )
-        commit_table("driver").print(
-            {"driver": name, "committers": workers, **median_of(runs)}
-            for (name, workers), runs in sorted(results.items())
-        )
+        results = await measure(server.dsn, commits, runs)
+    rows = [
+        {"driver": name, "committers": workers, **median_of(samples)}
+        for (name, workers), samples in sorted(results.items())
+    ]
+    commit_table("driver").print(rows)
+    write_results(
+        args.json, {"benchmark": "pg_drivers", "commits": commits, "runs": runs, "rows": rows}
+    )
 
 
 if __name__ == "__main__":

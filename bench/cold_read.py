@@ -11,7 +11,8 @@ The ``(no GET latency)`` row is the same read with the latency model off: what d
 checking the records costs, the ceiling of the latency rows. ``raw`` is the store alone:
 back-to-back ranged GETs over the same objects, neither checked nor decoded, of
 ``--raw-get-bytes`` by 1 and by ``--raw-concurrency`` readers, and of the reader's own GET size
-and depth (``readahead_max_bytes`` by ``readahead_depth`` readers). Every row is run
+and depth (``readahead_max_bytes`` by ``readahead_depth`` readers; each reader a client of the
+shared closed loop, ``bench/common/loadgen.py``, with its share of the ranges). Every row is run
 ``--runs`` times; run n of every row draws the same latencies (seed n), and the summary line
 compares medians. The latency model has no bandwidth term, so a GET of 32 MiB takes as long as
 one of 8 MiB: ranged-GET throughput here is the bytes in flight over the latency, and only the
@@ -27,13 +28,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import platform
+import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import _profile
-from _report import Table, grouped_bars, save_plot, write_json
+from common import cli, profile
+from common.loadgen import ClientDone, closed_loop
+from common.report import Table, grouped_bars, save_plot, write_results
 from walstream import Client, EngineConfig, Record
 from walstream.config import CacheConfig, CompactionConfig, UploadConfig
 from walstream.engine.object_reader import ObjectReader
@@ -45,7 +49,6 @@ from walstream_wal_s3 import S3ObjectStore, S3Settings
 from walstream_wal_s3.testing.latency import LatencyModel
 from walstream_wal_s3.testing.memory_s3 import MemoryBucket, MemoryS3Client
 
-RESULTS = Path(__file__).resolve().parent / "results" / "cold_read.json"
 MiB = 1 << 20
 GiB = 1 << 30
 SETTINGS = S3Settings(
@@ -56,6 +59,7 @@ SETTINGS = S3Settings(
     secret_access_key="bench",
     max_pool_connections=64,
 )
+COLD = "cold read_committed"
 
 
 def store_on(bucket: MemoryBucket) -> S3ObjectStore:
@@ -74,7 +78,10 @@ def per_gib(requests: dict[str, int], before: dict[str, int], size: int) -> dict
     }
 
 
-async def write_stream(bucket: MemoryBucket, total_bytes: int, record_bytes: int) -> Any:
+async def write_stream(
+    bucket: MemoryBucket, total_bytes: int, record_bytes: int
+) -> tuple[MemoryMetadataStore, int, int]:
+    """The stream written through the engine; its metadata, stream id and bytes written."""
     name = f"cold-{time.monotonic_ns()}"
     metadata = MemoryMetadataStore(name=name)
     config = EngineConfig(
@@ -96,7 +103,7 @@ async def write_stream(bucket: MemoryBucket, total_bytes: int, record_bytes: int
 
 
 async def cold_read(
-    bucket: MemoryBucket, metadata: Any, stream_id: int, pipelined: bool = True
+    bucket: MemoryBucket, metadata: MemoryMetadataStore, stream_id: int, pipelined: bool = True
 ) -> dict[str, Any]:
     store = store_on(bucket)
     # Without pipelining every window is fetched when needed: what pipelining buys.
@@ -123,33 +130,64 @@ async def cold_read(
 async def raw_gets(
     bucket: MemoryBucket, keys: list[tuple[str, int]], get_bytes: int, concurrency: int
 ) -> dict[str, Any]:
+    """Back-to-back ranged GETs of ``get_bytes`` over every object by ``concurrency`` readers,
+    reader i taking every i-th range."""
     store = store_on(bucket)
     ranges = [
         (key, start, min(start + get_bytes, size))
         for key, size in keys
         for start in range(0, size, get_bytes)
     ]
+    shares: list[Iterator[tuple[str, int, int]]] = [
+        iter(ranges[worker::concurrency]) for worker in range(concurrency)
+    ]
     before = dict(bucket.requests)
     total = 0
-    started = time.perf_counter()
 
-    async def reader(worker: int) -> None:
+    async def get(worker: int) -> int:
         nonlocal total
-        for key, start, end in ranges[worker::concurrency]:
-            data = await store.get(key, start, end)
-            total += len(data)
+        key, start, end = next(shares[worker], ("", 0, 0))
+        if not key:
+            raise ClientDone
+        data = await store.get(key, start, end)
+        total += len(data)  # not `total += len(await ...)`: that reads total first
+        return 1
 
-    await asyncio.gather(*(reader(worker) for worker in range(concurrency)))
-    elapsed = time.perf_counter() - started
+    result = await closed_loop(get, concurrency, operations=len(ranges))
     return {
-        "mib_per_s": round(total / elapsed / MiB, 1),
+        "mib_per_s": round(total / result.elapsed_s / MiB, 1),
         "records": len(ranges),
-        "seconds": round(elapsed, 2),
+        "seconds": round(result.elapsed_s, 2),
         **per_gib(bucket.requests, before, total),
     }
 
 
-async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+class Rows:
+    """The rows measured so far, each printed as it comes."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, reader: str, figures: dict[str, Any]) -> None:
+        self.rows.append({"reader": reader, **figures})
+        TABLE.print_row(self.rows[-1])
+
+    def median(self, reader: str) -> float:
+        values = sorted(row["mib_per_s"] for row in self.rows if row["reader"] == reader)
+        return float(values[len(values) // 2])
+
+
+@dataclass
+class Written:
+    """The stream as written: its bytes, the objects they went into, the PUTs per GiB."""
+
+    bytes: int
+    objects: int
+    puts_per_gib: float
+
+
+async def measure(args: argparse.Namespace) -> tuple[Rows, Written]:
+    """The stream written, then every row ``args.runs`` times."""
     bucket = MemoryBucket(LatencyModel(0.0, 0.0))
     metadata, stream_id, written = await write_stream(
         bucket, args.stream_mib * MiB, args.record_bytes
@@ -165,24 +203,15 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             args.get_p50_ms, args.get_p99_ms, methods=frozenset({"GET", "HEAD"}), seed=run
         )
 
-    rows: list[dict[str, Any]] = []
+    rows = Rows()
     for run_number in range(1, args.runs + 1):
         for pipelined in (True, False):
             latency(run_number)
-            with _profile.measured("cold_read pipelined", when=pipelined):
+            with profile.measured("cold_read pipelined", when=pipelined):
                 result = await cold_read(bucket, metadata, stream_id, pipelined)
-            rows.append(
-                {"reader": "cold read_committed" + ("" if pipelined else " (serial)"), **result}
-            )
-            TABLE.print_row(rows[-1])
+            rows.add(COLD + ("" if pipelined else " (serial)"), result)
     bucket.latency = LatencyModel(0.0, 0.0)
-    rows.append(
-        {
-            "reader": "cold read_committed (no GET latency)",
-            **await cold_read(bucket, metadata, stream_id),
-        }
-    )
-    TABLE.print_row(rows[-1])
+    rows.add(f"{COLD} (no GET latency)", await cold_read(bucket, metadata, stream_id))
     cache = CacheConfig()
     for concurrency, get_bytes in (
         (1, args.raw_get_bytes),
@@ -191,33 +220,29 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     ):
         for run_number in range(1, args.runs + 1):
             latency(run_number)
-            rows.append(
-                {
-                    "reader": f"raw {concurrency} x {get_bytes // MiB}MiB GET",
-                    **await raw_gets(bucket, keys, get_bytes, concurrency),
-                }
-            )
-            TABLE.print_row(rows[-1])
+            reader = f"raw {concurrency} x {get_bytes // MiB}MiB GET"
+            rows.add(reader, await raw_gets(bucket, keys, get_bytes, concurrency))
+    return rows, Written(written, len(objects), upload["puts_per_gib"])
 
-    def median_of(reader: str) -> float:
-        values = sorted(row["mib_per_s"] for row in rows if row["reader"] == reader)
-        return float(values[len(values) // 2])
 
-    median = median_of("cold read_committed")
-    raws = list(dict.fromkeys(row["reader"] for row in rows if row["reader"].startswith("raw")))
-    ratios = {reader: round(median / median_of(reader), 2) for reader in raws}
-    for row in rows:
+def compare(rows: Rows, written: Written, runs: int) -> None:
+    """The cold read's median over each raw row's (``cold_over_raw`` on the raw rows)."""
+    median = rows.median(COLD)
+    raws = list(
+        dict.fromkeys(row["reader"] for row in rows.rows if row["reader"].startswith("raw"))
+    )
+    ratios = {reader: round(median / rows.median(reader), 2) for reader in raws}
+    for row in rows.rows:
         if row["reader"] in ratios:
             row["cold_over_raw"] = ratios[row["reader"]]
     print(
-        f"objects: {len(objects)} ({written / len(objects) / MiB:.1f} MiB each); upload: "
-        f"{upload['puts_per_gib']} PUT/GiB; medians of {args.runs} runs: cold read {median} "
-        f"MiB/s (serial {median_of('cold read_committed (serial)')}) = "
+        f"objects: {written.objects} ({written.bytes / written.objects / MiB:.1f} MiB each); "
+        f"upload: {written.puts_per_gib} PUT/GiB; medians of {runs} runs: cold read {median} "
+        f"MiB/s (serial {rows.median(COLD + ' (serial)')}) = "
         + ", ".join(
-            f"{ratio}x {reader} ({median_of(reader)} MiB/s)" for reader, ratio in ratios.items()
+            f"{ratio}x {reader} ({rows.median(reader)} MiB/s)" for reader, ratio in ratios.items()
         )
     )
-    return rows
 
 
 TABLE = Table.of_keys(
@@ -225,7 +250,7 @@ TABLE = Table.of_keys(
 )
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     def draw(figure: Any, axis: Any) -> None:
         grouped_bars(
             axis,
@@ -236,36 +261,41 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         axis.set_ylabel("MiB/s")
         axis.set_title("cold catch-up read vs raw ranged GETs of the same store")
 
-    save_plot(path, draw, figsize=(8, 4))
+    return save_plot(path, draw, figsize=(8, 4))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a 128 MiB stream")
-    parser.add_argument("--stream-mib", type=int, default=None)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = cli.parser(__doc__, "cold_read", quick="a 128 MiB stream")
+    parser.add_argument("--stream-mib", type=int, default=None, help="default 512 (quick 128)")
     parser.add_argument("--record-bytes", type=int, default=4096)
     parser.add_argument("--get-p50-ms", type=float, default=50.0)
     parser.add_argument("--get-p99-ms", type=float, default=150.0)
     parser.add_argument("--raw-get-bytes", type=int, default=8 * MiB)
     parser.add_argument("--raw-concurrency", type=int, default=4)
-    parser.add_argument("--runs", type=int, default=3)
-    args = parser.parse_args()
-    if args.stream_mib is None:
-        args.stream_mib = 128 if args.quick else 512
+    parser.add_argument("--runs", type=int, default=None, help="default 3 (smoke 1)")
+    args = parser.parse_args(argv)
+    args.stream_mib = cli.sized(args, args.stream_mib, full=512, quick=128, smoke=8)
+    args.runs = cli.sized(args, args.runs, full=3, quick=3, smoke=1)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     TABLE.print_header()
-    rows = asyncio.run(run(args))
-    write_json(
-        RESULTS,
-        {
-            "benchmark": "cold_read",
-            "arguments": vars(args),
-            "python": platform.python_version(),
-            "rows": rows,
+    rows, written = asyncio.run(measure(args))
+    compare(rows, written, args.runs)
+    document = {
+        "benchmark": "cold_read",
+        "mode": cli.mode(args),
+        "arguments": {
+            key: str(value) if isinstance(value, Path) else value
+            for key, value in vars(args).items()
         },
-    )
-    plot(rows, RESULTS.with_suffix(".png"))
-    print(f"wrote {RESULTS}")
+        "rows": rows.rows,
+    }
+    write_results(args.json, document, lambda png: plot(rows.rows, png))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,8 +2,9 @@
 
 A compaction pass over ``--objects`` stream-set objects of ``--streams`` streams each (memory
 object store and metadata: no disk, so only CPU and the GIL are measured) runs while a ticker
-task on the same event loop sleeps 1 ms in a loop; the ticker's lateness is the delay any append
-or read would see. Each round runs the pass with its CPU work in the worker thread (the default)
+task on the same event loop sleeps 1 ms in a loop (a client of the shared closed loop,
+``bench/common/loadgen.py``, whose operation is the sleep); the ticker's lateness, the latency of
+a sleep less 1 ms, is the delay any append or read would see. Each round runs the pass with its CPU work in the worker thread (the default)
 and inline on the loop, alternating, ``--runs`` rounds; the table shows the medians of the
 pass time and of the ticker's p50, p99 and worst lateness, and the inline ÷ thread ratios.
 
@@ -19,21 +20,28 @@ import argparse
 import asyncio
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _report import Column, Table, grouped_bars, machine, percentile, save_plot, write_json
+from common import cli
+from common.loadgen import closed_loop
+from common.report import Column, Table, grouped_bars, save_plot, write_results
 from walstream import Client, EngineConfig, Record
 from walstream.config import CompactionConfig, UploadConfig
 from walstream.metadata.memory import MemoryMetadataStore
 from walstream.objects.memory import MemoryObjectStore
 from walstream.wal.memory import MemoryWal
 
-RESULTS = Path(__file__).resolve().parent / "results"
+TICK_S = 0.001
+KEYS = ("pass_s", "lag_p50_ms", "lag_p99_ms", "lag_max_ms")
+MODES = ("thread", "inline")
 
 
-async def one_pass(objects: int, streams: int, in_thread: bool) -> dict[str, float]:
+async def stream_set_objects(objects: int, streams: int) -> Client:
+    """A started client whose store holds ``objects`` stream-set objects of ``streams`` streams
+    (periodic uploads and compaction off)."""
     config = EngineConfig(
         upload=UploadConfig(max_bytes=256 << 20, max_interval_s=3600),
         compaction=CompactionConfig(enabled=False, min_objects=2, max_bytes_per_s=0),
@@ -42,86 +50,106 @@ async def one_pass(objects: int, streams: int, in_thread: bool) -> dict[str, flo
         wal=MemoryWal(), objects=MemoryObjectStore(), metadata=MemoryMetadataStore(), config=config
     )
     await client.start()
+    handles = [await client.create_stream(f"s{i}") for i in range(streams)]
+    value = os.urandom(200)
+    for _ in range(objects):
+        await asyncio.gather(*(h.append([Record(value)]) for h in handles))
+        await client.flush()
+    return client
+
+
+async def tick(_: int) -> int:
+    await asyncio.sleep(TICK_S)
+    return 1
+
+
+async def one_pass(objects: int, streams: int, in_thread: bool) -> dict[str, float]:
+    """One compaction pass with the ticker running; the pass time and the ticker's lateness."""
+    client = await stream_set_objects(objects, streams)
     try:
-        handles = [await client.create_stream(f"s{i}") for i in range(streams)]
-        value = os.urandom(200)
-        for _ in range(objects):
-            await asyncio.gather(*(h.append([Record(value)]) for h in handles))
-            await client.flush()
         compactor = client._runtime.new_compactor()
         compactor.in_thread = in_thread
-        lateness: list[float] = []
+        await closed_loop(tick, 1, 0.05)  # the ticker runs before the pass starts
         done = asyncio.Event()
-
-        async def ticker() -> None:
-            while not done.is_set():
-                started = time.perf_counter()
-                await asyncio.sleep(0.001)
-                lateness.append(time.perf_counter() - started - 0.001)
-
-        tick = asyncio.create_task(ticker())
-        await asyncio.sleep(0.05)
-        lateness.clear()
+        ticker = asyncio.create_task(closed_loop(tick, 1, stop=done))
         started = time.perf_counter()
         assert await compactor.compact_once()
         elapsed = time.perf_counter() - started
         done.set()
-        await tick
+        ticks = await ticker
     finally:
         await client.close()
     return {
         "pass_s": elapsed,
-        "lag_p50_ms": percentile(lateness, 0.5) * 1e3,
-        "lag_p99_ms": percentile(lateness, 0.99) * 1e3,
-        "lag_max_ms": max(lateness) * 1e3,
+        "lag_p50_ms": (ticks.latency(0.5) - TICK_S) * 1e3,
+        "lag_p99_ms": (ticks.latency(0.99) - TICK_S) * 1e3,
+        "lag_max_ms": (ticks.latency(1.0) - TICK_S) * 1e3,
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--objects", type=int, default=16)
-    parser.add_argument("--streams", type=int, default=5000)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    if args.quick:
-        args.objects, args.streams, args.runs = 8, 3000, 3
-    keys = ("pass_s", "lag_p50_ms", "lag_p99_ms", "lag_max_ms")
-    runs: dict[str, list[dict[str, float]]] = {"thread": [], "inline": []}
-    table = Table([Column("mode", width=8, align="<"), Column("round", width=5)]
-                  + [Column(key, width=11, spec=".2f") for key in keys])  # fmt: skip
-    table.print_header()
+TABLE = Table(
+    [Column("mode", width=8, align="<"), Column("round", width=5)]
+    + [Column(key, width=11, spec=".2f") for key in KEYS]
+)
+
+
+def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
+    """``args.runs`` rounds, each a pass in the thread then one inline."""
+    runs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    TABLE.print_header()
     for number in range(args.runs):
-        for mode in ("thread", "inline"):
+        for mode in MODES:
             result = asyncio.run(one_pass(args.objects, args.streams, mode == "thread"))
             runs[mode].append(result)
-            table.print_row({"mode": mode, "round": number + 1, **result})
-    medians = {mode: {k: statistics.median(r[k] for r in rows) for k in keys}
-               for mode, rows in runs.items()}  # fmt: skip
+            TABLE.print_row({"mode": mode, "round": number + 1, **result})
+    return runs
+
+
+def plot(medians: dict[str, dict[str, float]], path: Path) -> bool:
+    def draw(figure: Any, axis: Any) -> None:
+        grouped_bars(axis, list(KEYS), {m: [medians[m][k] for k in KEYS] for m in medians})
+        axis.set_yscale("log")
+        axis.set_title("compaction pass: CPU work in a thread vs on the loop (medians)")
+
+    return save_plot(path, draw)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = cli.parser(__doc__, "compaction_offload", quick="3 rounds, smaller objects")
+    parser.add_argument("--objects", type=int, default=None, help="default 16 (quick 8)")
+    parser.add_argument("--streams", type=int, default=None, help="default 5000 (quick 3000)")
+    parser.add_argument("--runs", type=int, default=None, help="default 5 (quick 3)")
+    args = parser.parse_args(argv)
+    args.objects = cli.sized(args, args.objects, full=16, quick=8, smoke=2)
+    args.streams = cli.sized(args, args.streams, full=5000, quick=3000, smoke=100)
+    args.runs = cli.sized(args, args.runs, full=5, quick=3, smoke=1)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    runs = measure(args)
+    medians = {
+        mode: {key: statistics.median(run[key] for run in rows) for key in KEYS}
+        for mode, rows in runs.items()
+    }
     print("\nmedians")
     for mode, row in medians.items():
-        table.print_row({"mode": mode, "round": "", **row})
-    ratios = {k: medians["inline"][k] / medians["thread"][k] for k in keys}
+        TABLE.print_row({"mode": mode, "round": "", **row})
+    ratios = {key: medians["inline"][key] / medians["thread"][key] for key in KEYS}
     print("inline ÷ thread: " + ", ".join(f"{k} {v:.2f}×" for k, v in ratios.items()))
-    print(f"load average: {os.getloadavg()[0]:.1f}")
     document: dict[str, Any] = {
-        "machine": machine(),
+        "benchmark": "compaction_offload",
+        "mode": cli.mode(args),
         "load": os.getloadavg()[0],
-        "options": vars(args),
+        "options": {key: value for key, value in vars(args).items() if key != "json"},
         "runs": runs,
         "medians": medians,
         "inline_over_thread": ratios,
     }
-    out = RESULTS / "compaction_offload.json"
-    write_json(out, document)
-
-    def draw(figure: Any, axis: Any) -> None:
-        grouped_bars(axis, list(keys), {m: [medians[m][k] for k in keys] for m in medians})
-        axis.set_yscale("log")
-        axis.set_title("compaction pass: CPU work in a thread vs on the loop (medians)")
-
-    save_plot(out.with_suffix(".png"), draw)
+    write_results(args.json, document, lambda png: plot(medians, png))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -14,6 +14,9 @@ peak (nothing may accumulate). ``--before PATH`` runs the same attacks against a
     .venv/bin/python bench/hostile.py --seconds 3 --only ping_flood rapid_reset
     .venv/bin/python bench/hostile.py --before ../http-before
 
+It exits 1 when an attack on this checkout exceeds a bound (not with ``--smoke``: one attack,
+0.5 s runs, to check the script runs).
+
 Writes ``bench/results/hostile.json`` and ``bench/results/hostile.png``.
 """
 
@@ -21,19 +24,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _report import Column, Table, grouped_bars, machine, save_plot, write_json
+from common import cli
+from common.report import Column, Table, grouped_bars, save_plot, write_results
+from common.serve import checkout_environment
 from walstream_conformance.harness.hostile import (
     ATTACKS,
     MemoryWatch,
+    ProbeResult,
     Probes,
     Target,
     cpu_seconds,
@@ -42,36 +45,47 @@ from walstream_conformance.harness.hostile import (
 )
 from walstream_conformance.harness.serve import WalstreamServe
 
-RESULTS = Path(__file__).resolve().parent / "results"
 TOKEN = "hostile-bench"
 MIB = 1 << 20
 #: The issue's bound: RSS above idle during an attack.
 RSS_BOUND_MIB = 256
 #: A probe answered later than this counts as not answered in time (the issue's 2 s).
 ANSWERED_IN_S = 2.0
-DIST_SOURCES = (
-    "core/src",
-    "plugins/src",
-    "wal_ebs/src",
-    "wal_s3/src",
-    "wal_s3express/src",
-    "wal_nvme_quorum/src",
-    "metadata_postgres/src",
-    "conformance/src",
+SMOKE_ATTACK = "smuggling"
+"""The one attack a smoke run makes."""
+
+TABLE = Table(
+    [
+        Column("attack", width=20, align="<"),
+        Column("idle_mib", "idle MiB", 8, ".0f"),
+        Column("peak_mib", "peak MiB", 8, ".0f"),
+        Column("above_idle_mib", "+MiB", 7, ".0f"),
+        Column("cpu_s", "CPU s", 7, ".2f"),
+        Column("health_answered", "health<2s", 10),
+        Column("health_max_ms", "max ms", 8, ".0f"),
+        Column("append_answered", "append<2s", 10),
+        Column("append_max_ms", "max ms", 8, ".0f"),
+        Column("second_peak_mib", "2nd peak", 9, ".0f"),
+    ]
 )
 
 
-def serve_environment(checkout: Path | None) -> dict[str, str]:
-    if checkout is None:
-        return {}
-    folders = [str(checkout / source) for source in DIST_SOURCES if (checkout / source).is_dir()]
-    return {"PYTHONPATH": os.pathsep.join(folders)}
+def probe_figures(results: list[ProbeResult]) -> dict[str, Any]:
+    """Per kind of probe: answered in time of sent, whether all were, the slowest and median."""
+    figures: dict[str, Any] = {}
+    for kind in ("health", "append"):
+        of_kind = [result for result in results if result.kind == kind]
+        in_time = [r for r in of_kind if r.ok and r.seconds <= ANSWERED_IN_S]
+        figures[f"{kind}_answered"] = f"{len(in_time)}/{len(of_kind)}"
+        figures[f"{kind}_all_in_time"] = bool(of_kind) and len(in_time) == len(of_kind)
+        seconds_taken = [r.seconds for r in of_kind]
+        figures[f"{kind}_max_ms"] = max(seconds_taken, default=0.0) * 1000
+        figures[f"{kind}_median_ms"] = statistics.median(seconds_taken) * 1000 if of_kind else 0.0
+    return figures
 
 
-async def one_run(
-    target: Target, pid: int, name: str, scale: int, seconds: float
-) -> dict[str, Any]:
-    await asyncio.sleep(1.0)  # what the previous run left is closing
+async def one_run(target: Target, pid: int, name: str, args: argparse.Namespace) -> dict[str, Any]:
+    await asyncio.sleep(args.settle)  # what the previous run left is closing
     idle = rss_bytes(pid)
     watch = MemoryWatch(pid)
     watch.start()
@@ -80,32 +94,24 @@ async def one_run(
     stop = asyncio.Event()
     probing = asyncio.ensure_future(probes.run(stop))
     try:
-        await asyncio.wait_for(ATTACKS[name].run(target, scale, seconds), seconds + 120)
+        await asyncio.wait_for(
+            ATTACKS[name].run(target, args.scale, args.seconds), args.seconds + 120
+        )
     finally:
         stop.set()
         await probing
     peak = watch.stop()
-    cpu = cpu_seconds(pid) - cpu_before
-    row: dict[str, Any] = {
+    return {
         "idle_mib": idle / MIB,
         "peak_mib": peak / MIB,
         "above_idle_mib": (peak - idle) / MIB,
-        "cpu_s": cpu,
+        "cpu_s": cpu_seconds(pid) - cpu_before,
+        **probe_figures(probes.results),
     }
-    for kind in ("health", "append"):
-        results = [result for result in probes.results if result.kind == kind]
-        in_time = [r for r in results if r.ok and r.seconds <= ANSWERED_IN_S]
-        row[f"{kind}_answered"] = f"{len(in_time)}/{len(results)}"
-        row[f"{kind}_all_in_time"] = bool(results) and len(in_time) == len(results)
-        seconds_taken = [r.seconds for r in results]
-        row[f"{kind}_max_ms"] = max(seconds_taken, default=0.0) * 1000
-        row[f"{kind}_median_ms"] = statistics.median(seconds_taken) * 1000 if results else 0.0
-    return row
 
 
-async def measure(
-    label: str, checkout: Path | None, names: list[str], scale: int, seconds: float
-) -> dict[str, dict[str, Any]]:
+def start_server(label: str, checkout: Path | None) -> WalstreamServe:
+    """``walstream serve`` from ``checkout`` (None: this one) on a memory WAL, with the token."""
     folder = Path(tempfile.mkdtemp(prefix=f"hostile-{label}-"))
     deployment = folder / "deploy.yaml"
     deployment.write_text(
@@ -114,40 +120,35 @@ async def measure(
         "object_store: {type: local, root: data/objects, fsync: false}\n"
         "metadata: {type: sqlite, path: data/meta.db}\n"
     )
-    server = WalstreamServe(deployment, token=TOKEN, environ=serve_environment(checkout))
+    server = WalstreamServe(deployment, token=TOKEN, environ=checkout_environment(checkout) or {})
     server.start()
-    table = Table(
-        [
-            Column("attack", width=20, align="<"),
-            Column("idle_mib", "idle MiB", 8, ".0f"),
-            Column("peak_mib", "peak MiB", 8, ".0f"),
-            Column("above_idle_mib", "+MiB", 7, ".0f"),
-            Column("cpu_s", "CPU s", 7, ".2f"),
-            Column("health_answered", "health<2s", 10),
-            Column("health_max_ms", "max ms", 8, ".0f"),
-            Column("append_answered", "append<2s", 10),
-            Column("append_max_ms", "max ms", 8, ".0f"),
-            Column("second_peak_mib", "2nd peak", 9, ".0f"),
-        ]
+    return server
+
+
+async def measure(
+    label: str, checkout: Path | None, names: list[str], args: argparse.Namespace
+) -> dict[str, dict[str, Any]]:
+    """Every attack twice against one server; a row per attack, printed as it is measured."""
+    server = start_server(label, checkout)
+    print(
+        f"\n{label}: walstream serve from {checkout or 'this checkout'}, {args.seconds:g} s per run"
     )
-    print(f"\n{label}: walstream serve from {checkout or 'this checkout'}, {seconds:g} s per run")
-    table.print_header()
+    TABLE.print_header()
     results: dict[str, dict[str, Any]] = {}
     try:
         target = Target("127.0.0.1", server.port, TOKEN)
         await prefill(target)
         for name in names:
-            first = await one_run(target, server.pid, name, scale, seconds)
-            second = await one_run(target, server.pid, name, scale, seconds)
-            row = {
+            first = await one_run(target, server.pid, name, args)
+            second = await one_run(target, server.pid, name, args)
+            results[name] = {
                 "attack": name,
                 **first,
                 "second_peak_mib": second["peak_mib"],
                 "second_run": second,
                 "description": ATTACKS[name].description,
             }
-            results[name] = row
-            table.print_row(row)
+            TABLE.print_row(results[name])
     finally:
         server.stop_and_read_log()
     return results
@@ -169,7 +170,7 @@ def verdicts(results: dict[str, dict[str, Any]]) -> dict[str, bool]:
     }
 
 
-def plot(measured: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
+def plot(measured: dict[str, dict[str, dict[str, Any]]], path: Path) -> bool:
     names = list(next(iter(measured.values())))
 
     def draw(figure: Any, axes: Any) -> None:
@@ -208,15 +209,34 @@ def plot(measured: dict[str, dict[str, dict[str, Any]]], path: Path) -> None:
         latency.legend(fontsize=6)
         latency.tick_params(axis="x", rotation=60)
 
-    save_plot(path, draw, figsize=(14, 5), columns=2)
+    return save_plot(path, draw, figsize=(14, 5), columns=2)
 
 
-async def run(args: argparse.Namespace) -> int:
-    names = args.only or list(ATTACKS)
+async def run(args: argparse.Namespace) -> dict[str, dict[str, dict[str, Any]]]:
+    """The attacks against ``--before`` (when given), then against this checkout."""
+    names = args.only or ([SMOKE_ATTACK] if args.smoke else list(ATTACKS))
     measured: dict[str, dict[str, dict[str, Any]]] = {}
     if args.before is not None:
-        measured["before"] = await measure("before", args.before, names, args.scale, args.seconds)
-    measured["after"] = await measure("after", None, names, args.scale, args.seconds)
+        measured["before"] = await measure("before", args.before, names, args)
+    measured["after"] = await measure("after", None, names, args)
+    return measured
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = cli.parser(__doc__, "hostile", quick="3 s per attack run (make bench)")
+    parser.add_argument("--seconds", type=float, default=None, help="seconds per attack run")
+    parser.add_argument("--scale", type=int, default=1, help="multiply each attack's counts")
+    parser.add_argument("--only", nargs="+", choices=list(ATTACKS), metavar="ATTACK")
+    parser.add_argument("--before", type=Path, default=None, help="a checkout to compare with")
+    args = parser.parse_args(argv)
+    args.seconds = cli.sized(args, args.seconds, full=10.0, quick=3.0, smoke=0.5)
+    args.settle = cli.sized(args, None, full=1.0, quick=1.0, smoke=0.2)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    measured = asyncio.run(run(args))
     checks = {label: verdicts(rows) for label, rows in measured.items()}
     for label, verdict in checks.items():
         failed = [name for name, ok in verdict.items() if not ok]
@@ -224,37 +244,17 @@ async def run(args: argparse.Namespace) -> int:
             f"{label}: {len(verdict) - len(failed)} of {len(verdict)} attacks within the bounds"
             + (f"; not: {', '.join(failed)}" if failed else "")
         )
-    print(f"load average (1, 5, 15 min): {os.getloadavg()}")
     document = {
         "benchmark": "hostile",
+        "mode": cli.mode(args),
         "seconds_per_run": args.seconds,
         "scale": args.scale,
         "bounds": {"rss_above_idle_mib": RSS_BOUND_MIB, "probe_answered_in_s": ANSWERED_IN_S},
-        "machine": {**machine(), "cpus": os.cpu_count()},
-        "load_average": list(os.getloadavg()),
         "results": measured,
         "within_bounds": checks,
     }
-    out = args.json or RESULTS / "hostile.json"
-    write_json(out, document)
-    plot(measured, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
-    return 0 if all(all(v.values()) for label, v in checks.items() if label == "after") else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=None, help="seconds per attack run")
-    parser.add_argument("--quick", action="store_true", help="3 s per attack run (make bench)")
-    parser.add_argument("--scale", type=int, default=1, help="multiply each attack's counts")
-    parser.add_argument("--only", nargs="+", choices=list(ATTACKS), metavar="ATTACK")
-    parser.add_argument("--before", type=Path, default=None, help="a checkout to compare with")
-    parser.add_argument(
-        "--json", type=Path, default=None, help="default bench/results/hostile.json"
-    )
-    args = parser.parse_args(argv)
-    args.seconds = args.seconds or (3.0 if args.quick else 10.0)
-    return asyncio.run(run(args))
+    write_results(args.json, document, lambda png: plot(measured, png))
+    return 0 if args.smoke or all(checks["after"].values()) else 1
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Each committer is a node owning one stream; it commits one object (one range) per
 ``commit_objects`` call, the engine's upload shape, with ids prepared beforehand, so only the
-commit is timed. 1 and 16 concurrent committers share one store instance (as an engine node
+commit is timed (each committer a client of the shared closed loop, ``bench/common/loadgen.py``). 1 and 16 concurrent committers share one store instance (as an engine node
 does). SQLite is a file in a temporary folder (WAL journal, synchronous=FULL); PostgreSQL is a
 throwaway server on 127.0.0.1 (fsync on, synchronous_commit on) reached over TCP with asyncpg.
 Both fsync every commit on the same disk.
@@ -21,67 +21,79 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import platform
+import sys
 import tempfile
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _report import Column, Table, grouped_bars, median_of, percentile, save_plot, write_json
+from common import cli
+from common.loadgen import ClientDone, closed_loop
+from common.report import Column, Table, grouped_bars, median_of, save_plot, write_results
 from walstream.metadata import MetadataStore, ObjectCommit, ObjectKind, StreamRange
 from walstream.metadata.sqlite import SqliteMetadataStore
 from walstream_metadata_postgres import PostgresMetadataStore
 from walstream_metadata_postgres.testing import PostgresServer
 
-RESULTS = Path(__file__).resolve().parent / "results" / "metadata.json"
-PLOT = RESULTS.with_suffix(".png")
 COMMITTERS = (1, 16)
 REFERENCE_P99_MS = (10.0, 20.0)  # KIP-1150 reference implementation, PostgreSQL commit p99
 _nodes = itertools.count(1)
 
 
+@dataclass
+class Committer:
+    """A node owning one stream, with object ids prepared for its commits."""
+
+    node_id: int
+    node_epoch: int
+    stream_id: int
+    epoch: int
+    ids: Iterator[int]
+    end: int = 0
+
+    def next_commit(self) -> ObjectCommit:
+        """The next object, one range of 100 records after the last (ClientDone: no ids left)."""
+        object_id = next(self.ids, None)
+        if object_id is None:
+            raise ClientDone
+        commit = ObjectCommit(
+            object_id,
+            f"objects/{object_id:012d}",
+            ObjectKind.STREAM,
+            1 << 20,
+            4096,
+            (StreamRange(self.stream_id, self.end, self.end + 100, self.epoch),),
+        )
+        self.end += 100
+        return commit
+
+
+async def committer(store: MetadataStore, ids: int) -> Committer:
+    node_id = next(_nodes)
+    node = await store.register_node(node_id, {"type": "bench"})
+    stream = await store.create_stream(f"bench-{node_id}")
+    epoch = (await store.claim_stream(stream.stream_id, node_id, node.node_epoch)).epoch
+    prepared = await store.prepare_objects(ids, 3_600_000)
+    return Committer(node_id, node.node_epoch, stream.stream_id, epoch, iter(prepared))
+
+
 async def measure(store: MetadataStore, committers: int, seconds: float) -> dict[str, float]:
     """``committers`` nodes commit for ``seconds``; latency quantiles and commits/s."""
-    writers = []
-    for _ in range(committers):
-        node_id = next(_nodes)
-        node = await store.register_node(node_id, {"type": "bench"})
-        stream = await store.create_stream(f"bench-{node_id}")
-        epoch = (await store.claim_stream(stream.stream_id, node_id, node.node_epoch)).epoch
-        ids = await store.prepare_objects(max(2000, int(3000 * seconds / committers)), 3_600_000)
-        writers.append((node_id, node.node_epoch, stream.stream_id, epoch, ids))
-    latencies: list[float] = []
-    stop_at = time.monotonic() + seconds
+    ids = max(2000, int(3000 * seconds / committers))
+    writers = [await committer(store, ids) for _ in range(committers)]
 
-    async def commit_loop(
-        node_id: int, node_epoch: int, stream_id: int, epoch: int, ids: list[int]
-    ) -> None:
-        end = 0
-        for object_id in ids:
-            if time.monotonic() >= stop_at:
-                return
-            commit = ObjectCommit(
-                object_id,
-                f"objects/{object_id:012d}",
-                ObjectKind.STREAM,
-                1 << 20,
-                4096,
-                (StreamRange(stream_id, end, end + 100, epoch),),
-            )
-            began = time.perf_counter()
-            await store.commit_objects(node_id, node_epoch, [commit])
-            latencies.append(time.perf_counter() - began)
-            end += 100
+    async def commit(index: int) -> int:
+        writer = writers[index]
+        await store.commit_objects(writer.node_id, writer.node_epoch, [writer.next_commit()])
+        return 1
 
-    began = time.monotonic()
-    await asyncio.gather(*(commit_loop(*writer) for writer in writers))
-    elapsed = time.monotonic() - began
+    result = await closed_loop(commit, committers, seconds)
     return {
-        "p50_ms": percentile(latencies, 0.50) * 1e3,
-        "p99_ms": percentile(latencies, 0.99) * 1e3,
-        "commits_per_s": len(latencies) / elapsed,
-        "commits": float(len(latencies)),
+        "p50_ms": result.latency(0.50, 1e3),
+        "p99_ms": result.latency(0.99, 1e3),
+        "commits_per_s": result.operations_per_s,
+        "commits": float(result.operations),
     }
 
 
@@ -100,6 +112,20 @@ async def run_store(
     return results
 
 
+async def measure_stores(runs: int, seconds: float) -> dict[str, dict[int, dict[str, Any]]]:
+    """SQLite in a temporary folder, then PostgreSQL on a throwaway server."""
+    results: dict[str, dict[int, dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory(prefix="walstream-bench-metadata-") as folder:
+        results["sqlite"] = await run_store(
+            lambda: SqliteMetadataStore(Path(folder) / "meta.db"), runs, seconds
+        )
+    with PostgresServer() as server:
+        results["postgres"] = await run_store(
+            lambda: PostgresMetadataStore(server.dsn, schema="bench", pool_max=16), runs, seconds
+        )
+    return results
+
+
 def commit_table(first: str) -> Table:
     """The commit-path table: ``first`` (store or driver), committers, p50/p99 ms, commits/s."""
     return Table(
@@ -113,7 +139,20 @@ def commit_table(first: str) -> Table:
     )
 
 
-def plot(results: dict[str, dict[int, dict[str, Any]]]) -> bool:
+def ratios_of(results: dict[str, dict[int, dict[str, Any]]]) -> dict[int, dict[str, float]]:
+    """PostgreSQL over SQLite per committer count: p99 and commits/s."""
+    postgres, sqlite = results["postgres"], results["sqlite"]
+    return {
+        committers: {
+            "p99": postgres[committers]["p99_ms"] / sqlite[committers]["p99_ms"],
+            "commits_per_s": postgres[committers]["commits_per_s"]
+            / sqlite[committers]["commits_per_s"],
+        }
+        for committers in COMMITTERS
+    }
+
+
+def plot(results: dict[str, dict[int, dict[str, Any]]], path: Path) -> bool:
     """Write the PNG; False when matplotlib is not installed (the table and JSON still are)."""
     labels = [
         f"{store}\n{n} committer{'s' if n > 1 else ''}" for store in results for n in COMMITTERS
@@ -132,43 +171,17 @@ def plot(results: dict[str, dict[int, dict[str, Any]]]) -> bool:
         rate.set_ylabel("commits/s")
         figure.suptitle("metadata commit path: SQLite vs PostgreSQL (fsync on)")
 
-    return save_plot(PLOT, draw, figsize=(10, 4), columns=2, dpi=100)
+    return save_plot(path, draw, figsize=(10, 4), columns=2, dpi=100)
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="3 runs of 1 s per measurement")
-    parser.add_argument("--runs", type=int, default=None)
-    parser.add_argument("--seconds", type=float, default=None)
-    args = parser.parse_args()
-    runs = args.runs or (3 if args.quick else 5)
-    seconds = args.seconds or (1.0 if args.quick else 5.0)
-
-    results: dict[str, dict[int, dict[str, Any]]] = {}
-    with tempfile.TemporaryDirectory(prefix="walstream-bench-metadata-") as folder:
-        results["sqlite"] = await run_store(
-            lambda: SqliteMetadataStore(Path(folder) / "meta.db"), runs, seconds
-        )
-    with PostgresServer() as server:
-        results["postgres"] = await run_store(
-            lambda: PostgresMetadataStore(server.dsn, schema="bench", pool_max=16), runs, seconds
-        )
-
-    print(f"\nmetadata commit path ({runs} runs x {seconds:g} s, medians; fsync on)")
+def print_report(
+    results: dict[str, dict[int, dict[str, Any]]], ratios: dict[int, dict[str, float]]
+) -> None:
     commit_table("store").print(
         {"store": store, "committers": committers, **row}
         for store, by_count in results.items()
         for committers, row in by_count.items()
     )
-    ratios = {
-        committers: {
-            "p99": results["postgres"][committers]["p99_ms"]
-            / results["sqlite"][committers]["p99_ms"],
-            "commits_per_s": results["postgres"][committers]["commits_per_s"]
-            / results["sqlite"][committers]["commits_per_s"],
-        }
-        for committers in COMMITTERS
-    }
     for committers, ratio in ratios.items():
         print(
             f"postgres/sqlite at {committers:>2} committers: p99 x{ratio['p99']:.2f}, "
@@ -180,26 +193,38 @@ async def main() -> None:
         f"{results['postgres'][16]['p99_ms']:.1f} ms"
     )
 
-    write_json(
-        RESULTS,
-        {
-            "benchmark": "metadata",
-            "quick": args.quick,
-            "runs": runs,
-            "seconds": seconds,
-            "machine": platform.platform(),
-            "results": {
-                store: {str(n): row for n, row in rows.items()} for store, rows in results.items()
-            },
-            "postgres_over_sqlite": {str(n): ratio for n, ratio in ratios.items()},
-            "reference_p99_ms": REFERENCE_P99_MS,
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = cli.parser(__doc__, "metadata", quick="3 runs of 1 s per measurement")
+    parser.add_argument("--runs", type=int, default=None, help="default 5 (quick 3)")
+    parser.add_argument("--seconds", type=float, default=None, help="default 5 (quick 1)")
+    args = parser.parse_args(argv)
+    args.runs = cli.sized(args, args.runs, full=5, quick=3, smoke=1)
+    args.seconds = cli.sized(args, args.seconds, full=5.0, quick=1.0, smoke=0.2)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = asyncio.run(measure_stores(args.runs, args.seconds))
+    ratios = ratios_of(results)
+    print(f"\nmetadata commit path ({args.runs} runs x {args.seconds:g} s, medians; fsync on)")
+    print_report(results, ratios)
+    document = {
+        "benchmark": "metadata",
+        "mode": cli.mode(args),
+        "quick": args.quick,
+        "runs": args.runs,
+        "seconds": args.seconds,
+        "results": {
+            store: {str(n): row for n, row in rows.items()} for store, rows in results.items()
         },
-    )
-    if plot(results):
-        print(f"\nwrote {RESULTS} and {PLOT}")
-    else:
-        print(f"\nwrote {RESULTS} (no plot)")
+        "postgres_over_sqlite": {str(n): ratio for n, ratio in ratios.items()},
+        "reference_p99_ms": REFERENCE_P99_MS,
+    }
+    write_results(args.json, document, lambda png: plot(results, png))
+    return 0
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(main())

@@ -27,12 +27,13 @@ Peers (each server is started by this script on 127.0.0.1 at a free port in a te
 - Controls that show the clients are not the bottleneck: ``http-noop`` (the HTTP client against
   a server that answers every request at once) and ``redis-nofsync`` (``appendfsync no``).
 
-The clients are lean asyncio protocols (``bench/_loadgen.py``) with the requests pre-encoded:
-HTTP/1.1 keep-alive (``--http 2``: h2c with prior knowledge, for a server that speaks it), RESP2
-for Redis (redis-py without hiredis spends more CPU on a 100-command ``MULTI``/``EXEC`` than
-Redis does) and the core NATS protocol for JetStream publishes (nats-py's ``js.publish`` makes
-an inbox, a future and a JSON decode per message). Streams and the JetStream stream are created
-with the server's own API (HTTP, nats-py).
+The clients are lean asyncio protocols (``bench/common/clients.py``) with the requests
+pre-encoded, driven by the shared closed loop (``bench/common/loadgen.py``): HTTP/1.1 keep-alive
+(``--http 2``: h2c with prior knowledge, for a server that speaks it), RESP2 for Redis (redis-py
+without hiredis spends more CPU on a 100-command ``MULTI``/``EXEC`` than Redis does) and the core
+NATS protocol for JetStream publishes (nats-py's ``js.publish`` makes an inbox, a future and a
+JSON decode per message). Streams and the JetStream stream are created with the server's own API
+(HTTP, nats-py).
 
 ``--rounds N`` measures every peer N times, the order reversed every other round, and reports
 the medians over all rounds (before/after comparisons on a shared machine).
@@ -46,6 +47,7 @@ per request, read from ``/proc``) and walstream/Redis ratios.
     .venv/bin/python bench/peers.py            # 3 runs of 3 s per cell
     .venv/bin/python bench/peers.py --quick    # 1 run of 0.7 s per cell (well under a minute)
     .venv/bin/python bench/peers.py --only redis walstream-inproc
+    .venv/bin/python bench/peers.py --before ../main --rounds 3 --only walstream-http walstream-http-before
 
 Writes ``bench/results/peers.json`` and ``bench/results/peers.png`` (latency CDFs and
 throughput bars).
@@ -57,51 +59,44 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import platform
-import random
 import shutil
 import statistics
-import string
 import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _loadgen import (
+from common import cli, noop_http
+from common.clients import (
     H2cConnection,
     Http1Connection,
-    HttpError,
     NatsPublisher,
     RespConnection,
-    ServerProcess,
-    closed_loop,
-    free_port,
-    noop_http_server_command,
     resp_command,
-    use_uvloop,
+)
+from common.loadgen import Operation, closed_loop
+from common.processes import ServerProcess, free_port, process_cpu_s, use_uvloop
+from common.report import Column, Table, save_plot, write_results
+from common.serve import (
+    BASIN,
+    PAYLOAD,
+    RECORD_BYTES,
+    STREAM,
+    append_body,
+    checkout_environment,
+    create_stream_http,
+    detect_api,
+    embedded_deployment,
+    serve_command,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results"
-RECORD_BYTES = 1024
 BATCH = 100
 CLIENTS = (1, 64)
 WORKLOADS = [(clients, batch) for batch in (1, BATCH) for clients in CLIENTS]
-#: The dists whose ``src`` folders a ``--before`` checkout serves from.
-DIST_SOURCES = (
-    "core/src",
-    "plugins/src",
-    "wal_ebs/src",
-    "wal_s3/src",
-    "wal_s3express/src",
-    "wal_nvme_quorum/src",
-    "metadata_postgres/src",
-    "conformance/src",
-)
 PEERS = [
     "walstream-http",
     "walstream-http-before",
@@ -111,81 +106,42 @@ PEERS = [
     "http-noop",
     "redis-nofsync",
 ]
-BASIN = "walstream-bench"
-STREAM = "bench"
+TOOLS = {"redis": "redis-server", "redis-nofsync": "redis-server", "nats": "nats-server"}
+"""The server a peer needs installed (it is skipped without it)."""
 
-# Printable ASCII so the same bytes are valid for every peer, S2's raw (UTF-8) format included.
-PAYLOAD = "".join(random.Random(7).choices(string.ascii_letters + string.digits, k=RECORD_BYTES))
+Cells = dict[str, list[dict[str, Any]]]
+"""Per workload, the samples of every run (:meth:`LoopResult.summary`)."""
 
-Factory = Callable[[int], Awaitable[Callable[[int], Awaitable[int]]]]
-"""Given the number of clients, set up connections and return the operation of client i."""
+
+@dataclass
+class Peer:
+    """A running peer: ``make(clients, batch)`` opens the connections and returns the operation
+    of client i; ``server_pid`` is the server process whose CPU is measured, when there is one."""
+
+    make: Callable[[int, int], Awaitable[Operation]]
+    server_pid: int | None = None
+
+
+PeerContext = Callable[[Path, str, dict[str, Any]], AbstractAsyncContextManager[Peer]]
+"""Given the work folder, the ``--api`` choice and the run's info, the running peer."""
 
 
 def workload_name(clients: int, batch: int) -> str:
     return f"{clients}c x {'1' if batch == 1 else batch} rec"
 
 
-# -- walstream over HTTP ------------------------------------------------------------------------
+# -- the peers: each an async context that yields a Peer ------------------------------------------
 
 
-def walstream_serve_command() -> list[str]:
-    """``walstream serve`` on the embedded default deployment (rooted in the working folder)."""
-    return [sys.executable, "-m", "walstream.cli", "serve", "--listen", "127.0.0.1:0"]
-
-
-def checkout_environment(checkout: Path | None) -> dict[str, str] | None:
-    """``PYTHONPATH`` that serves walstream from ``checkout`` (None: this one)."""
-    if checkout is None:
-        return None
-    folders = [str(checkout / source) for source in DIST_SOURCES if (checkout / source).is_dir()]
-    if not (checkout / "core/src/walstream").is_dir():
-        raise SystemExit(f"--before {checkout}: not a walstream checkout (no core/src/walstream)")
-    return {"PYTHONPATH": os.pathsep.join(folders)}
-
-
-async def detect_api(port: int) -> str:
-    """``s2`` when ``GET /v1/basins`` answers 2xx, else ``walstream`` (the previous API)."""
-    connection = await Http1Connection.open("127.0.0.1", port)
-    try:
-        await connection.request("GET", "/v1/basins")
-        return "s2"
-    except HttpError:
-        return "walstream"
-    finally:
-        connection.close()
-
-
-async def create_stream_http(port: int, api: str) -> None:
-    connection = await Http1Connection.open("127.0.0.1", port)
-    json_type = {"content-type": "application/json"}
-    try:
-        if api == "s2":
-            for path, body, headers in (
-                ("/v1/basins", {"basin": BASIN}, json_type),
-                ("/v1/streams", {"stream": STREAM}, {**json_type, "s2-basin": BASIN}),
-            ):
-                with contextlib.suppress(HttpError):  # 409: it exists already
-                    await connection.request("POST", path, json.dumps(body).encode(), headers)
-        else:
-            await connection.request(
-                "POST", "/v1/streams", json.dumps({"name": STREAM}).encode(), json_type
-            )
-    finally:
-        connection.close()
-
-
-def append_body(api: str, batch: int) -> bytes:
-    field = "body" if api == "s2" else "value_text"
-    return json.dumps({"records": [{field: PAYLOAD}] * batch}).encode()
-
-
-def http_factory(port: int, api: str, connections: list[Any], http_version: str = "1.1") -> Factory:
+def http_factory(
+    port: int, api: str, connections: list[Any], http_version: str = "1.1"
+) -> Callable[[int, int], Awaitable[Operation]]:
     headers = {"content-type": "application/json"}
     if api == "s2":
         headers["s2-basin"] = BASIN
     path = f"/v1/streams/{STREAM}/records"
 
-    async def make(clients: int, batch: int) -> Callable[[int], Awaitable[int]]:
+    async def make(clients: int, batch: int) -> Operation:
         body = append_body(api, batch)
         kind = H2cConnection if http_version == "2" else Http1Connection
         while len(connections) < clients:
@@ -197,35 +153,7 @@ def http_factory(port: int, api: str, connections: list[Any], http_version: str 
 
         return append
 
-    return make  # type: ignore[return-value]
-
-
-# -- peers: each an async context that yields a factory ------------------------------------------
-
-
-def with_server_pid(make: Factory, server: ServerProcess) -> Factory:
-    """``make``, marked with the process id of the server it drives (its CPU is measured)."""
-    make.server_pid = server.process.pid  # type: ignore[attr-defined]
     return make
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds process ``pid`` has used (Linux ``/proc``; 0 elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def measured_run(operation: Any, clients: int, seconds: float, pid: int | None) -> Any:
-    """One closed-loop run; with a server process, also the CPU it used per request
-    (``server_cpu_us``: its user + system time during the run over the requests answered)."""
-    before = process_cpu_s(pid) if pid else 0.0
-    sample = await closed_loop(operation, clients, seconds)
-    if pid and sample["requests"]:
-        sample["server_cpu_us"] = (process_cpu_s(pid) - before) / sample["requests"] * 1e6
-    return sample
 
 
 @contextlib.asynccontextmanager
@@ -235,9 +163,9 @@ async def walstream_http(
     info: dict[str, Any],
     http_version: str = "1.1",
     checkout: Path | None = None,
-) -> AsyncIterator[Any]:
+) -> AsyncIterator[Peer]:
     server = ServerProcess(
-        walstream_serve_command(),
+        serve_command(),
         r"listening on http://127\.0\.0\.1:(\d+)",
         cwd=workdir,
         env=checkout_environment(checkout),
@@ -250,7 +178,7 @@ async def walstream_http(
         info["walstream_api"] = api
         await create_stream_http(server.port, api)
         info["walstream_http_version"] = http_version
-        yield with_server_pid(http_factory(server.port, api, connections, http_version), server)
+        yield Peer(http_factory(server.port, api, connections, http_version), server.pid)
     finally:
         for connection in connections:
             connection.close()
@@ -258,31 +186,20 @@ async def walstream_http(
 
 
 @contextlib.asynccontextmanager
-async def http_noop(workdir: Path, api_choice: str, info: dict[str, Any]) -> AsyncIterator[Any]:
-    server = ServerProcess(noop_http_server_command(), r"PORT (\d+)", cwd=workdir)
-    connections: list[Http1Connection] = []
-    try:
-        yield with_server_pid(http_factory(server.port, "s2", connections), server)
-    finally:
-        for connection in connections:
-            connection.close()
-        server.stop()
-
-
-def embedded_deployment(root: Path) -> dict[str, Any]:
-    """The embedded default of ``walstream.open(None)``, rooted in ``root``."""
-    return {
-        "node": {"id": 1},
-        "wal": {"type": "ebs", "path": str(root / "wal.img"), "capacity": "512MiB"},
-        "object_store": {"type": "local", "root": str(root / "objects")},
-        "metadata": {"type": "sqlite", "path": str(root / "meta.db")},
-    }
+async def http_noop(workdir: Path, api_choice: str, info: dict[str, Any]) -> AsyncIterator[Peer]:
+    connections: list[Any] = []
+    with ServerProcess(noop_http.command(), r"PORT (\d+)", cwd=workdir) as server:
+        try:
+            yield Peer(http_factory(server.port, "s2", connections), server.pid)
+        finally:
+            for connection in connections:
+                connection.close()
 
 
 @contextlib.asynccontextmanager
 async def walstream_inproc(
     workdir: Path, api_choice: str, info: dict[str, Any]
-) -> AsyncIterator[Any]:
+) -> AsyncIterator[Peer]:
     import walstream
 
     async with walstream.open(embedded_deployment(workdir / "walstream-data")) as client:
@@ -290,7 +207,7 @@ async def walstream_inproc(
         walstream.tune_gc()
         info["walstream_inproc_gc"] = "walstream.tune_gc()"
 
-        async def make(clients: int, batch: int) -> Callable[[int], Awaitable[int]]:
+        async def make(clients: int, batch: int) -> Operation:
             records = [walstream.Record(value=PAYLOAD.encode())] * batch
 
             async def append(index: int) -> int:
@@ -299,130 +216,172 @@ async def walstream_inproc(
 
             return append
 
-        yield make
+        yield Peer(make)
 
 
 @contextlib.asynccontextmanager
 async def redis_peer(
     workdir: Path, api_choice: str, info: dict[str, Any], *, fsync: str = "always"
-) -> AsyncIterator[Any]:
+) -> AsyncIterator[Peer]:
     port = free_port()
     command = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir)]
     command += ["--appendonly", "yes", "--appendfsync", fsync, "--save", "", "--protected-mode"]
     command += ["no", "--daemonize", "no"]
-    server = ServerProcess(command, "Ready to accept connections", cwd=workdir, port=port)
-    info["redis_version"] = subprocess.run(
-        ["redis-server", "--version"], capture_output=True, text=True
-    ).stdout.strip()
+    info["redis_version"] = version_of("redis-server")
     connections: list[RespConnection] = []
     xadd = resp_command(b"XADD", STREAM.encode(), b"*", b"v", PAYLOAD.encode())
-    try:
 
-        async def make(clients: int, batch: int) -> Callable[[int], Awaitable[int]]:
-            while len(connections) < clients:
-                connections.append(await RespConnection.open("127.0.0.1", port))
-            if batch == 1:
-                commands, replies = xadd, 1
-            else:
-                # MULTI, the XADDs, EXEC: +OK, one +QUEUED each, then EXEC's array.
-                commands = resp_command(b"MULTI") + xadd * batch + resp_command(b"EXEC")
-                replies = batch + 2
+    async def make(clients: int, batch: int) -> Operation:
+        while len(connections) < clients:
+            connections.append(await RespConnection.open("127.0.0.1", port))
+        if batch == 1:
+            commands, replies = xadd, 1
+        else:
+            # MULTI, the XADDs, EXEC: +OK, one +QUEUED each, then EXEC's array.
+            commands = resp_command(b"MULTI") + xadd * batch + resp_command(b"EXEC")
+            replies = batch + 2
 
-            async def append(index: int) -> int:
-                await connections[index].send(commands, replies)
-                return batch
+        async def append(index: int) -> int:
+            await connections[index].send(commands, replies)
+            return batch
 
-            return append
+        return append
 
-        yield with_server_pid(make, server)
-    finally:
-        for connection in connections:
-            connection.close()
-        server.stop()
+    with ServerProcess(command, "Ready to accept connections", cwd=workdir, port=port) as server:
+        try:
+            yield Peer(make, server.pid)
+        finally:
+            for connection in connections:
+                connection.close()
 
 
 @contextlib.asynccontextmanager
-async def nats_peer(workdir: Path, api_choice: str, info: dict[str, Any]) -> AsyncIterator[Any]:
+async def nats_peer(workdir: Path, api_choice: str, info: dict[str, Any]) -> AsyncIterator[Peer]:
     import nats
     from nats.js.api import StorageType
 
     port = free_port()
     config = workdir / "nats.conf"
-    config.write_text(
-        f"listen: 127.0.0.1:{port}\njetstream {{ store_dir: {json.dumps(str(workdir / 'js'))} }}\n"
-    )
-    server = ServerProcess(
-        ["nats-server", "-c", str(config)], "Server is ready", cwd=workdir, port=port
-    )
-    info["nats_version"] = subprocess.run(
-        ["nats-server", "--version"], capture_output=True, text=True
-    ).stdout.strip()
+    store = json.dumps(str(workdir / "js"))
+    config.write_text(f"listen: 127.0.0.1:{port}\njetstream {{ store_dir: {store} }}\n")
+    info["nats_version"] = version_of("nats-server")
     publishers: list[NatsPublisher] = []
     payload = PAYLOAD.encode()
-    try:
-        setup = await nats.connect(f"nats://127.0.0.1:{port}")
-        await setup.jetstream().add_stream(
-            name=STREAM.upper(), subjects=[STREAM], storage=StorageType.FILE
-        )
-        await setup.close()
 
-        async def make(clients: int, batch: int) -> Callable[[int], Awaitable[int]]:
-            while len(publishers) < clients:
-                inbox = f"_INBOX.bench{len(publishers)}"
-                publishers.append(await NatsPublisher.open("127.0.0.1", port, inbox))
-            frames = [publisher.frames(STREAM, payload, batch) for publisher in publishers]
+    async def make(clients: int, batch: int) -> Operation:
+        while len(publishers) < clients:
+            inbox = f"_INBOX.bench{len(publishers)}"
+            publishers.append(await NatsPublisher.open("127.0.0.1", port, inbox))
+        frames = [publisher.frames(STREAM, payload, batch) for publisher in publishers]
 
-            async def append(index: int) -> int:
-                await publishers[index].publish(frames[index], batch)
-                return batch
+        async def append(index: int) -> int:
+            await publishers[index].publish(frames[index], batch)
+            return batch
 
-            return append
+        return append
 
-        yield with_server_pid(make, server)
-    finally:
-        for publisher in publishers:
-            publisher.close()
-        server.stop()
+    command = ["nats-server", "-c", str(config)]
+    with ServerProcess(command, "Server is ready", cwd=workdir, port=port) as server:
+        try:
+            setup = await nats.connect(f"nats://127.0.0.1:{port}")
+            await setup.jetstream().add_stream(
+                name=STREAM.upper(), subjects=[STREAM], storage=StorageType.FILE
+            )
+            await setup.close()
+            yield Peer(make, server.pid)
+        finally:
+            for publisher in publishers:
+                publisher.close()
 
 
-def peer_context(name: str, http_version: str, before: Path | None) -> Callable[..., Any]:
-    if name == "walstream-http":
-        return lambda *args: walstream_http(*args, http_version=http_version)
-    if name == "walstream-http-before":
-        return lambda *args: walstream_http(*args, http_version=http_version, checkout=before)
-    if name == "redis-nofsync":
-        return lambda *args: redis_peer(*args, fsync="no")
-    return {
-        "walstream-http": walstream_http,
+def version_of(server: str) -> str:
+    return subprocess.run([server, "--version"], capture_output=True, text=True).stdout.strip()
+
+
+def peer_context(name: str, http_version: str, before: Path | None) -> PeerContext:
+    def http(workdir: Path, api: str, info: dict[str, Any]) -> AbstractAsyncContextManager[Peer]:
+        checkout = before if name == "walstream-http-before" else None
+        return walstream_http(workdir, api, info, http_version=http_version, checkout=checkout)
+
+    def redis_nofsync(
+        workdir: Path, api: str, info: dict[str, Any]
+    ) -> AbstractAsyncContextManager[Peer]:
+        return redis_peer(workdir, api, info, fsync="no")
+
+    contexts: dict[str, PeerContext] = {
+        "walstream-http": http,
+        "walstream-http-before": http,
         "walstream-inproc": walstream_inproc,
         "redis": redis_peer,
+        "redis-nofsync": redis_nofsync,
         "nats": nats_peer,
         "http-noop": http_noop,
-    }[name]
+    }
+    return contexts[name]
 
 
-# -- running and reporting ---------------------------------------------------------------------
+# -- the measurement --------------------------------------------------------------------------------
 
 
-async def measure_peer(
-    name: str, args: argparse.Namespace, info: dict[str, Any]
-) -> dict[str, list[dict[str, Any]]]:
+async def measured_run(
+    operation: Operation, clients: int, seconds: float, pid: int | None
+) -> dict[str, Any]:
+    """One closed-loop run; with a server process, also the CPU it used per request
+    (``server_cpu_us``: its user + system time during the run over the requests answered)."""
+    before = process_cpu_s(pid) if pid else 0.0
+    sample = (await closed_loop(operation, clients, seconds)).summary()
+    if pid and sample["requests"]:
+        sample["server_cpu_us"] = (process_cpu_s(pid) - before) / sample["requests"] * 1e6
+    return sample
+
+
+async def measure_peer(name: str, args: argparse.Namespace, info: dict[str, Any]) -> Cells:
     """Every workload against one peer (one server for all of them, a fresh temp folder)."""
-    cells: dict[str, list[dict[str, Any]]] = {}
+    cells: Cells = {}
     workdir = Path(tempfile.mkdtemp(prefix=f"peers-{name}-"))
     try:
-        seconds, runs = args.seconds, args.runs
-        async with peer_context(name, args.http, args.before)(workdir, args.api, info) as make:
-            pid = getattr(make, "server_pid", None)
+        context = peer_context(name, args.http, args.before)
+        async with context(workdir, args.api, info) as peer:
             for clients, batch in WORKLOADS:
-                operation = await make(clients, batch)
-                await closed_loop(operation, clients, min(0.2, seconds))  # warm up
+                operation = await peer.make(clients, batch)
+                await closed_loop(operation, clients, min(0.2, args.seconds))  # warm up
                 cells[workload_name(clients, batch)] = [
-                    await measured_run(operation, clients, seconds, pid) for _ in range(runs)
+                    await measured_run(operation, clients, args.seconds, peer.server_pid)
+                    for _ in range(args.runs)
                 ]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return cells
+
+
+async def measure(
+    args: argparse.Namespace, info: dict[str, Any], skipped: dict[str, str]
+) -> dict[str, Cells]:
+    """Every peer, ``args.rounds`` times, the order reversed every other round."""
+    raw: dict[str, Cells] = {}
+    peers = list(args.only or PEERS)
+    if args.before is None and "walstream-http-before" in peers:
+        peers.remove("walstream-http-before")
+        skipped["walstream-http-before"] = "no --before checkout given"
+    for round_number in range(args.rounds):
+        for peer in peers if round_number % 2 == 0 else peers[::-1]:
+            tool = TOOLS.get(peer)
+            if tool is not None and shutil.which(tool) is None:
+                skipped[peer] = f"{tool} is not installed (apt-get install {tool})"
+                print(f"{peer}: skipped, {skipped[peer]}", flush=True)
+                continue
+            print(f"{peer} (round {round_number + 1} of {args.rounds}) ...", flush=True)
+            cells = await measure_peer(peer, args, info)
+            for workload, samples in cells.items():
+                raw.setdefault(peer, {}).setdefault(workload, []).extend(samples)
+    return raw
+
+
+# -- the report ----------------------------------------------------------------------------------------
+
+
+Summary = dict[str, dict[str, dict[str, float]]]
+"""Per peer and workload, the medians of the runs."""
 
 
 def summarize(samples: list[dict[str, Any]]) -> dict[str, float]:
@@ -432,20 +391,25 @@ def summarize(samples: list[dict[str, Any]]) -> dict[str, float]:
     return {key: statistics.median(sample[key] for sample in samples) for key in keys}
 
 
-def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
-    rows = [
-        (
-            "WORKLOAD",
-            "PEER",
-            "RECORDS/S",
-            "REQ/S",
-            "P50 MS",
-            "P99 MS",
-            "CPU",
-            "SERVER US/REQ",
-            "VS REDIS",
-        )
-    ]
+TABLE = Table(
+    [
+        Column("workload", "WORKLOAD", 14, align="<"),
+        Column("peer", "PEER", 21, align="<"),
+        Column("records_per_s", "RECORDS/S", 11, ",.0f", "<"),
+        Column("requests_per_s", "REQ/S", 9, ",.0f", "<"),
+        Column("p50_ms", "P50 MS", 8, ".3f", "<"),
+        Column("p99_ms", "P99 MS", 8, ".3f", "<"),
+        Column("client_cpu", "CPU", 5, ".2f", "<"),
+        Column("server_cpu_us", "SERVER US/REQ", 13, ",.0f", "<"),
+        Column("vs_redis", "VS REDIS", 8, align="<"),
+    ],
+    separator="  ",
+)
+
+
+def table_rows(summary: Summary) -> list[dict[str, Any]]:
+    """The table's rows: every peer per workload, with its ratios to Redis."""
+    rows = []
     for clients, batch in WORKLOADS:
         workload = workload_name(clients, batch)
         redis = summary.get("redis", {}).get(workload)
@@ -459,26 +423,12 @@ def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
                     f"{cell['records_per_s'] / redis['records_per_s']:.2f}x tput, "
                     f"{cell['p99_ms'] / redis['p99_ms']:.2f}x p99"
                 )
-            rows.append(
-                (
-                    workload,
-                    peer,
-                    f"{cell['records_per_s']:,.0f}",
-                    f"{cell['requests_per_s']:,.0f}",
-                    f"{cell['p50_ms']:.3f}",
-                    f"{cell['p99_ms']:.3f}",
-                    f"{cell['client_cpu']:.2f}",
-                    f"{cell['server_cpu_us']:,.0f}" if "server_cpu_us" in cell else "-",
-                    ratio,
-                )
-            )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows
-    )
+            rows.append({"workload": workload, "peer": peer, "server_cpu_us": "-", **cell,
+                         "vs_redis": ratio})  # fmt: skip
+    return rows
 
 
-def ratios(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, Any]]:
+def ratios(summary: Summary) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for peer in ("walstream-http", "walstream-http-before", "walstream-inproc"):
         for workload, cell in summary.get(peer, {}).items():
@@ -492,7 +442,7 @@ def ratios(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[st
     return out
 
 
-def after_vs_before(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+def after_vs_before(summary: Summary) -> dict[str, dict[str, float]]:
     """walstream-http / walstream-http-before per workload (records/s, p50, p99, server CPU)."""
     out: dict[str, dict[str, float]] = {}
     before = summary.get("walstream-http-before", {})
@@ -510,18 +460,23 @@ def after_vs_before(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str
     return out
 
 
-def plot(raw: dict[str, dict[str, list[dict[str, Any]]]], path: Path, title: str) -> None:
-    try:
-        import matplotlib
-    except ModuleNotFoundError:
-        print(f"no {path.name}: matplotlib is not installed (pip install matplotlib)")
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def print_report(summary: Summary) -> None:
+    print()
+    TABLE.print(table_rows(summary))
+    compared = after_vs_before(summary)
+    if compared:
+        print("\nwalstream-http / walstream-http-before (medians):")
+    for workload, ratio in compared.items():
+        print(
+            f"  {workload:<16} records/s {ratio['records_per_s']:.2f}x  "
+            f"p50 {ratio['p50_ms']:.2f}x  p99 {ratio['p99_ms']:.2f}x  "
+            f"server CPU/req {ratio.get('server_cpu_us', float('nan')):.2f}x"
+        )
 
-    figure = plt.figure(figsize=(16, 8.5))
-    grid = figure.add_gridspec(2, len(WORKLOADS))
-    colors = {peer: f"C{i}" for i, peer in enumerate(PEERS)}
+
+def draw_latency_cdfs(
+    figure: Any, grid: Any, raw: dict[str, Cells], colors: dict[str, str]
+) -> None:
     for column, (clients, batch) in enumerate(WORKLOADS):
         workload = workload_name(clients, batch)
         axis = figure.add_subplot(grid[0, column])
@@ -531,12 +486,8 @@ def plot(raw: dict[str, dict[str, list[dict[str, Any]]]], path: Path, title: str
             values = sorted(cells[workload][-1]["latencies_ms"])
             step = max(1, len(values) // 2000)
             shown = values[::step]
-            axis.plot(
-                shown,
-                [(i * step + 1) / len(values) for i in range(len(shown))],
-                label=peer,
-                color=colors[peer],
-            )
+            fractions = [(i * step + 1) / len(values) for i in range(len(shown))]
+            axis.plot(shown, fractions, label=peer, color=colors[peer])
         axis.set_xscale("log")
         axis.set_title(f"append latency CDF, {workload}")
         axis.set_xlabel("ms (log)")
@@ -544,7 +495,9 @@ def plot(raw: dict[str, dict[str, list[dict[str, Any]]]], path: Path, title: str
         if column == 0:
             axis.set_ylabel("fraction of appends")
             axis.legend(fontsize=8)
-    bars = figure.add_subplot(grid[1, :])
+
+
+def draw_throughput(bars: Any, raw: dict[str, Cells], colors: dict[str, str]) -> None:
     peers = [peer for peer in PEERS if peer in raw]
     width = 0.8 / max(1, len(peers))
     for index, peer in enumerate(peers):
@@ -562,55 +515,34 @@ def plot(raw: dict[str, dict[str, list[dict[str, Any]]]], path: Path, title: str
     bars.set_ylabel("records/s (log, median)")
     bars.legend(fontsize=8, ncol=len(peers))
     bars.grid(True, axis="y", alpha=0.3)
-    figure.suptitle(title)
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
 
 
-async def run(args: argparse.Namespace) -> int:
-    info: dict[str, Any] = {}
-    raw: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    skipped: dict[str, str] = {}
-    peers = list(args.only or PEERS)
-    if args.before is None and "walstream-http-before" in peers:
-        peers.remove("walstream-http-before")
-        skipped["walstream-http-before"] = "no --before checkout given"
-    for round_number in range(args.rounds):
-        order = peers if round_number % 2 == 0 else peers[::-1]
-        for peer in order:
-            tool = {"redis": "redis-server", "redis-nofsync": "redis-server", "nats": "nats-server"}
-            if peer in tool and shutil.which(tool[peer]) is None:
-                skipped[peer] = f"{tool[peer]} is not installed (apt-get install {tool[peer]})"
-                print(f"{peer}: skipped, {skipped[peer]}", flush=True)
-                continue
-            print(f"{peer} (round {round_number + 1} of {args.rounds}) ...", flush=True)
-            cells = await measure_peer(peer, args, info)
-            for workload, samples in cells.items():
-                raw.setdefault(peer, {}).setdefault(workload, []).extend(samples)
-    summary = {peer: {w: summarize(s) for w, s in cells.items()} for peer, cells in raw.items()}
-    print()
-    print(table(summary))
-    compared = after_vs_before(summary)
-    if compared:
-        print()
-        print("walstream-http / walstream-http-before (medians):")
-        for workload, ratio in compared.items():
-            print(
-                f"  {workload:<16} records/s {ratio['records_per_s']:.2f}x  "
-                f"p50 {ratio['p50_ms']:.2f}x  p99 {ratio['p99_ms']:.2f}x  "
-                f"server CPU/req {ratio.get('server_cpu_us', float('nan')):.2f}x"
-            )
-    print(f"load average (1, 5, 15 min) at the end: {os.getloadavg()}")
-    document = {
+def plot(raw: dict[str, Cells], path: Path, title: str) -> bool:
+    colors = {peer: f"C{i}" for i, peer in enumerate(PEERS)}
+
+    def draw(figure: Any, _: Any) -> None:
+        grid = figure.add_gridspec(2, len(WORKLOADS))
+        draw_latency_cdfs(figure, grid, raw, colors)
+        draw_throughput(figure.add_subplot(grid[1, :]), raw, colors)
+        figure.suptitle(title)
+
+    return save_plot(path, draw, figsize=(16, 8.5), columns=0, dpi=90)
+
+
+def document(
+    args: argparse.Namespace,
+    raw: dict[str, Cells],
+    summary: Summary,
+    info: dict[str, Any],
+    skipped: dict[str, str],
+) -> dict[str, Any]:
+    return {
         "benchmark": "peers",
-        "mode": "quick" if args.quick else "full",
+        "mode": cli.mode(args),
         "seconds_per_run": args.seconds,
         "runs": args.runs,
         "rounds": args.rounds,
-        "load_average": list(os.getloadavg()),
         "record_bytes": RECORD_BYTES,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "loop": args.loop,
         "info": info,
         "skipped": skipped,
@@ -625,22 +557,13 @@ async def run(args: argparse.Namespace) -> int:
             for peer, cells in raw.items()
         },
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = args.json or RESULTS / "peers.json"
-    out.write_text(json.dumps(document, indent=2) + "\n")
-    png = out.with_suffix(".png")
-    png.unlink(missing_ok=True)
-    api = info.get("walstream_api", "-")
-    plot(raw, png, f"appends of 1 KiB records, closed loop (walstream HTTP API: {api})")
-    if png.exists():
-        print(f"wrote {png}")
-    print(f"\nwrote {out}")
-    return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 run of 0.7 s per cell")
+# -- the command line ------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = cli.parser(__doc__, "peers", quick="1 run of 0.7 s per cell")
     parser.add_argument("--seconds", type=float, default=None, help="seconds per run (default 3)")
     parser.add_argument("--runs", type=int, default=None, help="runs per cell (default 3)")
     parser.add_argument(
@@ -669,12 +592,28 @@ def main(argv: list[str] | None = None) -> int:
         help="measure every peer this many times, alternating the order (medians over all)",
     )
     parser.add_argument("--only", nargs="+", choices=PEERS, metavar="PEER", help=", ".join(PEERS))
-    parser.add_argument("--json", type=Path, default=None, help="default bench/results/peers.json")
     args = parser.parse_args(argv)
-    args.seconds = args.seconds or (0.7 if args.quick else 3.0)
-    args.runs = args.runs or (1 if args.quick else 3)
+    args.seconds = cli.sized(args, args.seconds, full=3.0, quick=0.7, smoke=0.05)
+    args.runs = cli.sized(args, args.runs, full=3, quick=1)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     args.loop = use_uvloop()
-    return asyncio.run(run(args))
+    info: dict[str, Any] = {}
+    skipped: dict[str, str] = {}
+    raw = asyncio.run(measure(args, info, skipped))
+    summary = {peer: {w: summarize(s) for w, s in cells.items()} for peer, cells in raw.items()}
+    print_report(summary)
+    title = "appends of 1 KiB records, closed loop (walstream HTTP API: "
+    title += f"{info.get('walstream_api', '-')})"
+    write_results(
+        args.json,
+        document(args, raw, summary, info, skipped),
+        lambda png: plot(raw, png, title),
+    )
+    return 0
 
 
 if __name__ == "__main__":

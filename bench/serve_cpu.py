@@ -13,7 +13,10 @@ run's 64 clients; their answers go to a transport that only counts them. Rows:
   positions (``append_positions`` replaced): HTTP parsing, the ASGI exchange, the S2 route, JSON.
 - ``append``: the real thing, the records durable in the WAL before each answer.
 
-CPU per request is the event loop thread's CPU time (``time.thread_time``) over the requests;
+The requests go in lockstep rounds (one on every connection, then wait for every answer), not
+through the shared closed loop: its per-request bookkeeping would be counted in the CPU this
+measures. CPU per request is the event loop thread's CPU time (``time.thread_time``) over the
+requests;
 ``process`` adds the node's other threads (SQLite, object writes). Medians of the runs, the
 cases alternating within each run. The kernel's share over a real socket (``recv``/``send``,
 about 20–35 µs per request here) and the load generator's are not in these numbers — that is
@@ -30,32 +33,33 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httptools
 import walstream
-from _report import Column, Table, grouped_bars, machine, save_plot, write_json
-from peers import PAYLOAD, create_stream_http, embedded_deployment
+from common import cli
+from common.processes import run, uvloop_installed
+from common.report import Column, Table, grouped_bars, save_plot, write_results
+from common.serve import BASIN, PAYLOAD, STREAM, create_stream_http, embedded_deployment
 from walstream.server.http.http1 import Connection
 from walstream.server.s2 import fast_append
 from walstream.server.serve import serve
 
-RESULTS = Path(__file__).resolve().parent / "results" / "serve_cpu.json"
-PLOT = RESULTS.with_suffix(".png")
 CONNECTIONS = 64
 CASES = ("bare", "no append", "append")
 
 _BODY = json.dumps({"records": [{"body": PAYLOAD}]}).encode()
 REQUEST = (
-    b"POST /v1/streams/bench/records HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-    b"content-type: application/json\r\ns2-basin: walstream-bench\r\n"
-    b"content-length: %d\r\n\r\n" % len(_BODY)
-) + _BODY
+    f"POST /v1/streams/{STREAM}/records HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+    f"content-type: application/json\r\ns2-basin: {BASIN}\r\n"
+    f"content-length: {len(_BODY)}\r\n\r\n"
+).encode() + _BODY
 _BARE_ANSWER = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 
 
@@ -112,7 +116,7 @@ class BareProtocol(asyncio.Protocol):
 Feed = Callable[[bytes], None]
 
 
-async def measure(feeds: list[tuple[Feed, CountingTransport]], rounds: int) -> dict[str, float]:
+async def measure(feeds: Sequence[tuple[Feed, CountingTransport]], rounds: int) -> dict[str, float]:
     """CPU per request over ``rounds`` rounds of one request on every connection."""
     loop = asyncio.get_running_loop()
 
@@ -139,15 +143,19 @@ async def measure(feeds: list[tuple[Feed, CountingTransport]], rounds: int) -> d
 async def answered_at_once() -> AsyncIterator[None]:
     """The S2 append route with the append itself replaced by fixed positions."""
 
-    async def constant(*_: Any) -> tuple[tuple[int, int], ...]:
+    Position = tuple[int, int]
+
+    async def constant(*_: Any) -> tuple[Position, Position, Position]:
         return (1, 1), (2, 1), (2, 1)
 
-    original = fast_append.append_positions
-    fast_append.append_positions = constant  # type: ignore[assignment]
+    # fast_append imports append_positions from walstream.server.s2.appends: its own name is
+    # the one the route calls.
+    original = fast_append.append_positions  # type: ignore[attr-defined]
+    fast_append.append_positions = constant  # type: ignore[attr-defined, assignment]
     try:
         yield
     finally:
-        fast_append.append_positions = original
+        fast_append.append_positions = original  # type: ignore[attr-defined]
 
 
 async def serve_case(workdir: Path, rounds: int) -> dict[str, float]:
@@ -155,7 +163,7 @@ async def serve_case(workdir: Path, rounds: int) -> dict[str, float]:
     async with serve(deployment, listen="127.0.0.1:0") as running:
         await create_stream_http(running.port, "s2")
         walstream.tune_gc()
-        connections = []
+        connections: list[tuple[Connection, CountingTransport]] = []
         for number in range(CONNECTIONS):
             connection = Connection(running.listener)  # type: ignore[arg-type]
             # One loopback address per client, as 64 clients would be (the server bounds the
@@ -174,7 +182,7 @@ async def serve_case(workdir: Path, rounds: int) -> dict[str, float]:
 
 
 async def bare_case(rounds: int) -> dict[str, float]:
-    feeds = []
+    feeds: list[tuple[Feed, CountingTransport]] = []
     for _ in range(CONNECTIONS):
         transport = CountingTransport()
         feeds.append((BareProtocol(transport).data_received, transport))
@@ -201,59 +209,32 @@ TABLE = Table(
 )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="3 runs of 40 rounds")
-    parser.add_argument("--runs", type=int, default=None, help="runs (default 5, quick 3)")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds of 64 requests per run")
-    options = parser.parse_args()
-    runs = options.runs or (3 if options.quick else 5)
-    rounds = options.rounds or (40 if options.quick else 100)
-    try:
-        import uvloop
-    except ModuleNotFoundError:
-        uvloop = None
+def measure_runs(runs: int, rounds: int) -> list[dict[str, dict[str, float]]]:
+    """``runs`` runs, each of the three cases in turn, on uvloop when it is installed."""
     results = []
     for index in range(runs):
-        if uvloop is not None:
-            results.append(uvloop.run(one_run(rounds)))
-        else:
-            results.append(asyncio.run(one_run(rounds)))
+        results.append(run(one_run(rounds)))
         print(f"run {index + 1}/{runs} done", flush=True)
+    return results
+
+
+def rows_of(results: list[dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
+    """Per case, the medians of the runs and the loop thread's figure of every run."""
     rows = []
     for case in CASES:
-        threads = [run[case]["thread_us"] for run in results]
+        threads = [result[case]["thread_us"] for result in results]
         rows.append(
             {
                 "case": case,
                 "thread_us": statistics.median(threads),
-                "process_us": statistics.median(run[case]["process_us"] for run in results),
+                "process_us": statistics.median(result[case]["process_us"] for result in results),
                 "runs": " ".join(f"{value:.0f}" for value in threads),
             }
         )
-    print()
-    print(f"CPU per single-record append over HTTP/1.1, in process ({runs} runs, medians)")
-    TABLE.print(rows)
-    by_case = {row["case"]: row for row in rows}
-    layers = by_case["no append"]["thread_us"] - by_case["bare"]["thread_us"]
-    engine = by_case["append"]["thread_us"] - by_case["no append"]["thread_us"]
-    print(
-        f"\nHTTP exchange + S2 route above the bare floor: {layers:.1f} µs; the append: {engine:.1f} µs"
-    )
-    write_json(
-        RESULTS,
-        {
-            "machine": machine(),
-            "event_loop": "uvloop" if uvloop is not None else "asyncio",
-            "connections": CONNECTIONS,
-            "rounds": rounds,
-            "rows": rows,
-            "runs": results,
-            "layers_us": layers,
-            "append_us": engine,
-        },
-    )
+    return rows
 
+
+def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     def draw(_: Any, axis: Any) -> None:
         grouped_bars(
             axis,
@@ -267,9 +248,45 @@ def main() -> None:
         axis.set_title("walstream serve: CPU per HTTP/1.1 append, in process")
         axis.legend()
 
-    save_plot(PLOT, draw, figsize=(7, 4), dpi=100)
-    print(f"wrote {RESULTS} and {PLOT}")
+    return save_plot(path, draw, figsize=(7, 4), dpi=100)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = cli.parser(__doc__, "serve_cpu", quick="3 runs of 40 rounds")
+    parser.add_argument("--runs", type=int, default=None, help="runs (default 5, quick 3)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of 64 requests per run")
+    args = parser.parse_args(argv)
+    args.runs = cli.sized(args, args.runs, full=5, quick=3, smoke=1)
+    args.rounds = cli.sized(args, args.rounds, full=100, quick=40, smoke=3)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = measure_runs(args.runs, args.rounds)
+    rows = rows_of(results)
+    print(f"\nCPU per single-record append over HTTP/1.1, in process ({args.runs} runs, medians)")
+    TABLE.print(rows)
+    by_case = {row["case"]: row for row in rows}
+    layers = by_case["no append"]["thread_us"] - by_case["bare"]["thread_us"]
+    engine = by_case["append"]["thread_us"] - by_case["no append"]["thread_us"]
+    print(
+        f"\nHTTP exchange + S2 route above the bare floor: {layers:.1f} µs; the append: {engine:.1f} µs"
+    )
+    document = {
+        "benchmark": "serve_cpu",
+        "mode": cli.mode(args),
+        "event_loop": "uvloop" if uvloop_installed() else "asyncio",
+        "connections": CONNECTIONS,
+        "rounds": args.rounds,
+        "rows": rows,
+        "runs": results,
+        "layers_us": layers,
+        "append_us": engine,
+    }
+    write_results(args.json, document, lambda png: plot(rows, png))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

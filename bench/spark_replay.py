@@ -1,6 +1,6 @@
 """Replay throughput of ``spark.read.format("walstream")``: local[1] vs local[2] on the same data.
 
-    python bench/spark_replay.py [--quick] [--streams 3] [--records 200000] [--value-bytes 200]
+    .venv/bin/python bench/spark_replay.py [--quick] [--streams 3] [--records 200000] [--value-bytes 200]
 
 Fills a fresh embedded deployment (local object store, SQLite metadata), then for each master
 runs a full replay (every column decoded, values summed so nothing is pruned) ``--warmup`` times
@@ -24,21 +24,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import _profile
 import walstream
-from _report import Column, Table, grouped_bars, save_plot, write_json
+from common import cli, profile
+from common.report import Column, Table, grouped_bars, save_plot, write_results
 from walstream import Record
 
-RESULTS = Path(__file__).resolve().parent / "results" / "spark_replay.json"
+MASTERS = ("local[1]", "local[2]")
+Replay = tuple[float, int, dict[str, float]]
+"""(seconds, records, CPU seconds by kind of process) of one replay."""
 
 
 async def fill(config: Path, streams: int, records: int, value_bytes: int) -> int:
+    """``streams`` streams of ``records`` records each; the payload bytes written."""
     payload = 0
     async with walstream.open(str(config)) as client:
         for index in range(streams):
@@ -147,7 +152,69 @@ TABLE = Table(
 )
 
 
-def plot(results: list[dict[str, Any]], path: Path) -> None:
+@contextmanager
+def deployment() -> Iterator[Path]:
+    """A fresh embedded deployment (memory WAL, local objects, SQLite) in a throwaway folder."""
+    with tempfile.TemporaryDirectory(prefix="walstream-spark-bench-") as folder:
+        config = Path(folder) / "deploy.yaml"
+        config.write_text(
+            "node: {id: 1}\nwal: {type: memory}\n"
+            "object_store: {type: local, root: objects}\nmetadata: {type: sqlite, path: meta.db}\n"
+        )
+        yield config
+
+
+def measure(
+    config: Path, names: str, args: argparse.Namespace
+) -> tuple[dict[str, list[Replay]], dict[str, int]]:
+    """``args.runs`` rounds alternating the masters: the replays of each and its task count."""
+    from walstream_spark import local_session
+
+    runs: dict[str, list[Replay]] = {master: [] for master in MASTERS}
+    tasks: dict[str, int] = {}
+    # Rounds alternate the masters: each JVM compilation warms both, not the later one.
+    for round_number in range(args.runs):
+        for master in MASTERS:
+            spark = local_session(master, "walstream-replay-bench")
+            try:
+                # Python workers, JIT, page cache
+                for _ in range(args.warmup if round_number == 0 else 1):
+                    replay_once(spark, config, names)
+                with profile.measured(f"replay_once {master}"):
+                    runs[master].append(replay_once(spark, config, names))
+                tasks[master] = tasks_of(spark, config, names)
+            finally:
+                spark.stop()
+    return runs, tasks
+
+
+def best_runs(
+    runs: dict[str, list[Replay]], tasks: dict[str, int], total: int, payload: int
+) -> list[dict[str, Any]]:
+    """Each master's best replay as a row of the table."""
+    results = []
+    for master in MASTERS:
+        seconds, count, cpu = min(runs[master], key=lambda run: run[0])
+        assert count == total, f"replayed {count} records, expected {total}"
+        results.append(
+            {
+                "master": master,
+                "records": total,
+                "payload_bytes": payload,
+                "seconds": round(seconds, 3),
+                "records_per_s": round(total / seconds),
+                "mib_per_s": round(payload / seconds / (1 << 20), 2),
+                "tasks": tasks[master],
+                "cpu_seconds": cpu,
+                "jvm_cpu_s": cpu.get("jvm", 0.0),
+                "python_cpu_s": cpu.get("python_workers", 0.0),
+                "cores_busy": round(sum(cpu.values()) / seconds, 2),
+            }
+        )
+    return results
+
+
+def plot(results: list[dict[str, Any]], path: Path) -> bool:
     def draw(figure: Any, axis: Any) -> None:
         grouped_bars(
             axis,
@@ -157,7 +224,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         axis.set_ylabel("records/s")
         axis.set_title('spark.read.format("walstream") replay: local[1] vs local[2]')
 
-    save_plot(path, draw, figsize=(6, 4))
+    return save_plot(path, draw, figsize=(6, 4))
 
 
 def ceilings(results: list[dict[str, Any]], cpus: int) -> dict[str, Any]:
@@ -173,71 +240,32 @@ def ceilings(results: list[dict[str, Any]], cpus: int) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="small data: 30,000 records per stream"
-    )
-    parser.add_argument("--streams", type=int, default=3)
-    parser.add_argument("--records", type=int, default=200_000, help="records per stream")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = cli.parser(__doc__, "spark_replay", quick="small data: 30,000 records per stream")
+    parser.add_argument("--streams", type=int, default=None, help="default 3 (smoke 1)")
+    parser.add_argument("--records", type=int, default=None, help="records per stream")
     parser.add_argument("--value-bytes", type=int, default=200)
     parser.add_argument(
-        "--runs", type=int, default=3, help="measured rounds, each alternating the two masters"
+        "--runs", type=int, default=None, help="measured rounds, each alternating the two masters"
     )
     parser.add_argument(
-        "--warmup", type=int, default=3, help="replays before the first round's measurement"
+        "--warmup", type=int, default=None, help="replays before the first round's measurement"
     )
-    args = parser.parse_args()
-    if args.quick:
-        args.records = 30_000
+    args = parser.parse_args(argv)
+    args.streams = cli.sized(args, args.streams, full=3, quick=3, smoke=1)
+    args.records = cli.sized(args, args.records, full=200_000, quick=30_000, smoke=2_000)
+    args.runs = cli.sized(args, args.runs, full=3, quick=3, smoke=1)
+    args.warmup = cli.sized(args, args.warmup, full=3, quick=3, smoke=0)
+    return args
 
-    from walstream_spark import local_session
 
-    with tempfile.TemporaryDirectory(prefix="walstream-spark-bench-") as folder:
-        data = Path(folder)
-        config = data / "deploy.yaml"
-        config.write_text(
-            "node: {id: 1}\nwal: {type: memory}\n"
-            "object_store: {type: local, root: objects}\nmetadata: {type: sqlite, path: meta.db}\n"
-        )
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with deployment() as config:
         payload = asyncio.run(fill(config, args.streams, args.records, args.value_bytes))
         names = ",".join(f"replay-{index}" for index in range(args.streams))
-        total = args.streams * args.records
-        masters = ("local[1]", "local[2]")
-        runs: dict[str, list[tuple[float, int, dict[str, float]]]] = {m: [] for m in masters}
-        tasks: dict[str, int] = {}
-        # Rounds alternate the masters: each JVM compilation warms both, not the later one.
-        for round_number in range(args.runs):
-            for master in masters:
-                spark = local_session(master, "walstream-replay-bench")
-                try:
-                    # Python workers, JIT, page cache
-                    for _ in range(args.warmup if round_number == 0 else 1):
-                        replay_once(spark, config, names)
-                    with _profile.measured(f"replay_once {master}"):
-                        runs[master].append(replay_once(spark, config, names))
-                    tasks[master] = tasks_of(spark, config, names)
-                finally:
-                    spark.stop()
-        results = []
-        for master in masters:
-            seconds, count, cpu = min(runs[master], key=lambda run: run[0])
-            assert count == total, f"replayed {count} records, expected {total}"
-            results.append(
-                {
-                    "master": master,
-                    "records": total,
-                    "payload_bytes": payload,
-                    "seconds": round(seconds, 3),
-                    "records_per_s": round(total / seconds),
-                    "mib_per_s": round(payload / seconds / (1 << 20), 2),
-                    "tasks": tasks[master],
-                    "cpu_seconds": cpu,
-                    "jvm_cpu_s": cpu.get("jvm", 0.0),
-                    "python_cpu_s": cpu.get("python_workers", 0.0),
-                    "cores_busy": round(sum(cpu.values()) / seconds, 2),
-                }
-            )
+        runs, tasks = measure(config, names, args)
+    results = best_runs(runs, tasks, args.streams * args.records, payload)
     TABLE.print(results)
     bounds = ceilings(results, os.cpu_count() or 1)
     print(
@@ -246,22 +274,19 @@ def main() -> None:
         f"{results[0]['cores_busy']:.2f} busy) and {bounds['balance_ceiling']:.2f}x by task "
         f"balance ({results[1]['tasks']} tasks on 2 slots)"
     )
-    write_json(
-        RESULTS,
-        {
-            "benchmark": "spark_replay",
-            "quick": args.quick,
-            "streams": args.streams,
-            "records_per_stream": args.records,
-            "value_bytes": args.value_bytes,
-            "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
-            "results": results,
-            "bounds": bounds,
-        },
-    )
-    plot(results, RESULTS.with_suffix(".png"))
-    print(f"wrote {RESULTS}")
+    document = {
+        "benchmark": "spark_replay",
+        "mode": cli.mode(args),
+        "quick": args.quick,
+        "streams": args.streams,
+        "records_per_stream": args.records,
+        "value_bytes": args.value_bytes,
+        "results": results,
+        "bounds": bounds,
+    }
+    write_results(args.json, document, lambda png: plot(results, png))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,21 +3,22 @@ store, SQLite or PostgreSQL metadata) with N streams, N from 1 to 1,000,000.
 
 For each N and metadata store, in a fresh folder:
 
-- **create/s**: N ``create_stream`` calls, 64 at a time;
-- **claim/s**: the first append to each stream (it claims the stream, then appends one 1 KiB
+- **create/s**: N ``create_stream`` calls, 64 at a time (``common.loadgen.for_each``);
+- **claim/s**: the first append to each stream (it claims the stream, then appends one 16-byte
   record), 64 at a time;
 - **RSS per stream**: the process's resident memory after the claims (each appended one
   16-byte record, so the LogCache holds little) and after the node parked the idle streams, less
   before the creates, over N (the node, its caches, the metadata client and this script's
   handles together; the allocator rarely gives memory back, so this is an upper bound for idle
   streams);
-- **random ÷ single**: ``--clients`` closed loops (the shared ``_loadgen.closed_loop``) of 1 KiB
+- **random ÷ single**: ``--clients`` closed loops (the shared ``common.loadgen.closed_loop``) of 1 KiB
   appends, either all to ONE stream or each to a stream drawn at random from the N; ``--runs``
   runs of each, alternating, ``--seconds`` each; the ratio of the medians;
-- **compaction**: random appends go on while one compaction pass (default options) runs: the
-  pass time, committed objects before and after, and the lowest 5 s window of appends during the
-  pass over the median window before it (the issue asks ≥ 0.6); then a second pass is started
-  and ``client.close()`` timed while it runs (the issue asks ≤ 5 s);
+- **compaction**: random appends (the closed loop, until the pass is over) go on while one
+  compaction pass (default options) runs: the pass time, committed objects before and after,
+  and the lowest 5 s window of appends during the pass over the median window before it (the
+  issue asks ≥ 0.6); then a second pass is started and ``client.close()`` timed while it runs
+  (the issue asks ≤ 5 s);
 - **list**: ``list_streams()`` time (one call: paging comes with the metadata work);
 - **bytes read per cold 100 KiB**: 100 KiB appended to one stream amid the random appends (so it
   lands in shared stream-set objects), then read by a fresh reader from object storage; the
@@ -28,7 +29,7 @@ with what is there: ``--resume`` skips the points it holds) and a plot of every 
 on log axes to ``bench/results/streams_scale.png``. The load average is recorded with each
 point: the machine is shared.
 
-    .venv/bin/python bench/streams_scale.py --n 1,10,100,1000,10000 --quick
+    .venv/bin/python bench/streams_scale.py --quick      # N = 1, 10, 100, 1000, 10000
     .venv/bin/python bench/streams_scale.py --n 100000 --resume --metadata sqlite
     WALSTREAM_BENCH_PROFILE=/tmp/scale.raw .venv/bin/python bench/streams_scale.py --n 10000 --quick --profile
 """
@@ -37,23 +38,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import _profile
-from _loadgen import closed_loop
-from _report import Column, Table, machine, save_plot, write_json
-from walstream import Client, Record, tune_gc
+from common import cli, profile
+from common.loadgen import closed_loop, for_each
+from common.processes import rss_bytes
+from common.report import Column, Table, load_average, machine, save_plot, write_json
+from walstream import Client, Record, Stream, tune_gc
 from walstream.engine.object_reader import ObjectReader
 from walstream.metadata import ObjectState
 from walstream.metadata.contract import MetadataStore
@@ -61,11 +65,9 @@ from walstream.metadata.sqlite import SqliteMetadataStore
 from walstream.objects.local import LocalObjectStore
 from walstream_wal_ebs import EbsWal
 
-RESULTS = Path(__file__).resolve().parent / "results"
 VALUE = os.urandom(1024)
 WAL_BYTES = 512 << 20
 PARALLEL = 64
-WINDOW_S = 5.0
 
 
 @dataclass
@@ -75,6 +77,8 @@ class Options:
     runs: int
     pre_windows: int
     inline_compaction: bool = False
+    window_s: float = 5.0
+    """The windows appends are counted in while a pass runs (5 s; short in a smoke run)."""
 
 
 class CountingStore(LocalObjectStore):
@@ -88,28 +92,8 @@ class CountingStore(LocalObjectStore):
         return data
 
 
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def load_average() -> float:
+def load_1min() -> float:
     return os.getloadavg()[0]
-
-
-async def in_parallel(count: int, work: Callable[[int], Awaitable[Any]]) -> float:
-    """Run ``work(i)`` for i in range(count), PARALLEL at a time; seconds taken."""
-    started = time.perf_counter()
-    position = 0
-
-    async def worker() -> None:
-        nonlocal position
-        while position < count:
-            index, position = position, position + 1
-            await work(index)
-
-    await asyncio.gather(*(worker() for _ in range(min(PARALLEL, count))))
-    return time.perf_counter() - started
 
 
 @asynccontextmanager
@@ -129,7 +113,7 @@ async def node(folder: Path, metadata: Callable[[], MetadataStore]) -> AsyncIter
 
 
 async def throughput(
-    streams: list[Any], options: Options, rng: random.Random
+    streams: list[Stream], options: Options, rng: random.Random
 ) -> tuple[float, float, list[float]]:
     """Median records/s of ``options.runs`` alternating runs: all to one stream, each to a random
     stream; and the random runs' values."""
@@ -145,57 +129,71 @@ async def throughput(
                 return 1
 
             result = await closed_loop(append, options.clients, options.seconds)
-            sink.append(result["records_per_s"])
+            sink.append(result.records_per_s)
     return statistics.median(single), statistics.median(spread), spread
 
 
-async def compaction_under_load(
-    client: Client, streams: list[Any], options: Options, rng: random.Random
-) -> dict[str, Any]:
-    """Random appends in 5 s windows; a pass starts after ``pre_windows`` windows; the lowest
-    window during the pass over the median before it."""
-    windows: list[tuple[float, float, int]] = []
-    stop = asyncio.Event()
-    record = [Record(VALUE)]
-    count = 0
+class Windows:
+    """Appends counted in windows of ``window_s`` while :meth:`run` runs."""
 
-    async def appender() -> None:
-        nonlocal count
-        while not stop.is_set():
-            await streams[rng.randrange(len(streams))].append(record)
-            count += 1
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.count = 0
+        self.windows: list[tuple[float, float, int]] = []
+        """(start, end, appends) of every window, in ``time.perf_counter`` seconds."""
 
-    async def windower() -> None:
-        nonlocal count
+    async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             started = time.perf_counter()
-            begin = count
-            await asyncio.sleep(WINDOW_S)
-            windows.append((started, time.perf_counter(), count - begin))
+            begin = self.count
+            await asyncio.sleep(self.window_s)
+            self.windows.append((started, time.perf_counter(), self.count - begin))
 
-    tasks = [asyncio.create_task(appender()) for _ in range(options.clients)]
-    tasks.append(asyncio.create_task(windower()))
-    while len(windows) < options.pre_windows:
-        await asyncio.sleep(0.2)
+    async def wait_for(self, count: int) -> None:
+        while len(self.windows) < count:
+            await asyncio.sleep(0.2)
+
+    def min_ratio(self, pass_started: float, pass_ended: float) -> tuple[float, list[float]]:
+        """The lowest window during the pass over the median before it; every window's rate."""
+        rates = [(start, end, n / (end - start)) for start, end, n in self.windows]
+        pre = [rate for start, end, rate in rates if end <= pass_started]
+        during = [rate for start, end, rate in rates if end > pass_started and start < pass_ended]
+        ratio = min(during) / statistics.median(pre) if during and pre else float("nan")
+        return ratio, [rate for _start, _end, rate in rates]
+
+
+async def compaction_under_load(
+    client: Client, streams: list[Stream], options: Options, rng: random.Random
+) -> dict[str, Any]:
+    """Random appends counted in windows; a pass starts after ``pre_windows`` windows; the
+    lowest window during the pass over the median before it."""
+    windows = Windows(options.window_s)
+    stop = asyncio.Event()
+    record = [Record(VALUE)]
+
+    async def append(_: int) -> int:
+        await streams[rng.randrange(len(streams))].append(record)
+        windows.count += 1
+        return 1
+
+    tasks = [
+        asyncio.ensure_future(closed_loop(append, options.clients, stop=stop)),
+        asyncio.ensure_future(windows.run(stop)),
+    ]
+    await windows.wait_for(options.pre_windows)
     await client.flush()
     before = len(await client.metadata.list_objects(state=ObjectState.COMMITTED))
     pass_started = time.perf_counter()
     changed = await client.compact()
-    pass_s = time.perf_counter() - pass_started
     pass_ended = time.perf_counter()
     report = client._runtime.compactor.last_pass if client._runtime.compactor else None
-    windows_at_end = len(windows)
-    while len(windows) < windows_at_end + 1:
-        await asyncio.sleep(0.2)
+    await windows.wait_for(len(windows.windows) + 1)
     stop.set()
     await asyncio.gather(*tasks)
     after = len(await client.metadata.list_objects(state=ObjectState.COMMITTED))
-    rates = [(start, end, n / (end - start)) for start, end, n in windows]
-    pre = [rate for start, end, rate in rates if end <= pass_started]
-    during = [rate for start, end, rate in rates if end > pass_started and start < pass_ended]
-    median_pre = statistics.median(pre) if pre else float("nan")
+    ratio, rates = windows.min_ratio(pass_started, pass_ended)
     return {
-        "compaction_pass_s": pass_s,
+        "compaction_pass_s": pass_ended - pass_started,
         "compaction_changed": changed,
         "objects_before": before,
         "objects_after_pass": after,
@@ -203,12 +201,12 @@ async def compaction_under_load(
         "pass_outputs": report.outputs if report else 0,
         "pass_steps": report.steps if report else 0,
         "pass_bytes_read": report.bytes_read if report else 0,
-        "window_min_ratio": (min(during) / median_pre) if during and pre else float("nan"),
-        "windows_records_per_s": [round(rate) for _start, _end, rate in rates],
+        "window_min_ratio": ratio,
+        "windows_records_per_s": [round(rate) for rate in rates],
     }
 
 
-async def close_during_pass(client: Client, streams: list[Any]) -> dict[str, Any]:
+async def close_during_pass(client: Client, streams: list[Stream]) -> dict[str, Any]:
     """Make fresh small objects, start a pass and time ``close()`` while it runs."""
     rng = random.Random(5)
     for _ in range(8):
@@ -227,7 +225,7 @@ async def close_during_pass(client: Client, streams: list[Any]) -> dict[str, Any
 
 
 async def cold_read_cost(
-    client: Client, folder: Path, streams: list[Any], rng: random.Random
+    client: Client, folder: Path, streams: list[Stream], rng: random.Random
 ) -> dict[str, float]:
     """Append 100 KiB to one stream amid other streams' appends, then read it cold."""
     target = streams[rng.randrange(len(streams))]
@@ -246,62 +244,72 @@ async def cold_read_cost(
     return {"cold_read_bytes_per_100KiB": store.bytes_read * 100 / len(records)}
 
 
+async def populate(client: Client, n: int, point: dict[str, Any]) -> list[Stream]:
+    """N streams created, then claimed by a first append, then parked; create/s, claim/s, RSS
+    per stream and the list time go into ``point``."""
+    gc.collect()
+    rss_before = rss_bytes()
+    created: dict[int, Stream] = {}
+
+    async def create(index: int) -> None:
+        created[index] = await client.create_stream(f"scale-{index:07d}")
+
+    point["create_per_s"] = n / (await for_each(n, create, PARALLEL)).elapsed_s
+    streams = [created[index] for index in range(n)]
+
+    async def claim(index: int) -> None:
+        await streams[index].append([Record(b"c" * 16)])
+
+    point["claim_per_s"] = n / (await for_each(n, claim, PARALLEL)).elapsed_s
+    await client.flush()
+    point["parked"] = client._streams.park_idle(all_idle=True)
+    gc.collect()
+    point["rss_per_stream"] = max(0, rss_bytes() - rss_before) / n
+    started = time.perf_counter()
+    listed = await client.list_streams()
+    point["list_s"] = time.perf_counter() - started
+    assert len(listed) == n
+    return streams
+
+
 async def measure_point(
     n: int, metadata: Callable[[], MetadataStore], folder: Path, options: Options
 ) -> dict[str, Any]:
     rng = random.Random(n)
-    point: dict[str, Any] = {"n": n, "load_before": load_average()}
+    point: dict[str, Any] = {"n": n, "load_before": load_1min()}
     async with node(folder, metadata) as client:
         if options.inline_compaction and client._runtime.compactor is not None:
             client._runtime.compactor.in_thread = False
         tune_gc()
-        gc.collect()
-        rss_before = rss_bytes()
-        names = [f"scale-{index:07d}" for index in range(n)]
-        streams: list[Any] = [None] * n
-
-        async def create(index: int) -> None:
-            streams[index] = await client.create_stream(names[index])
-
-        point["create_per_s"] = n / await in_parallel(n, create)
-
-        async def claim(index: int) -> None:
-            await streams[index].append([Record(b"c" * 16)])
-
-        point["claim_per_s"] = n / await in_parallel(n, claim)
-        await client.flush()
-        point["parked"] = client._streams.park_idle(all_idle=True)
-        gc.collect()
-        point["rss_per_stream"] = max(0, rss_bytes() - rss_before) / n
-        started = time.perf_counter()
-        listed = await client.list_streams()
-        point["list_s"] = time.perf_counter() - started
-        assert len(listed) == n
-        with _profile.measured(f"appends n={n}"):
+        streams = await populate(client, n, point)
+        with profile.measured(f"appends n={n}"):
             single, spread, _runs = await throughput(streams, options, rng)
         point.update(single_per_s=single, random_per_s=spread, random_over_single=spread / single)
         point.update(await cold_read_cost(client, folder, streams, rng))
-        with _profile.measured(f"compaction n={n}"):
+        with profile.measured(f"compaction n={n}"):
             point.update(await compaction_under_load(client, streams, options, rng))
         point.update(await close_during_pass(client, streams))
-    point["load_after"] = load_average()
+    point["load_after"] = load_1min()
     return point
 
 
-def draw(points: dict[str, list[dict[str, Any]]]) -> Callable[[Any, Any], None]:
-    metrics = [
-        ("create_per_s", "creates/s"),
-        ("claim_per_s", "claims/s"),
-        ("rss_per_stream", "RSS bytes per stream"),
-        ("random_over_single", "random ÷ single appends"),
-        ("compaction_pass_s", "compaction pass (s)"),
-        ("list_s", "list_streams (s)"),
-        ("cold_read_bytes_per_100KiB", "bytes read per cold 100 KiB"),
-        ("close_s", "close() during a pass (s)"),
-    ]
+METRICS = [
+    ("create_per_s", "creates/s"),
+    ("claim_per_s", "claims/s"),
+    ("rss_per_stream", "RSS bytes per stream"),
+    ("random_over_single", "random ÷ single appends"),
+    ("compaction_pass_s", "compaction pass (s)"),
+    ("list_s", "list_streams (s)"),
+    ("cold_read_bytes_per_100KiB", "bytes read per cold 100 KiB"),
+    ("close_s", "close() during a pass (s)"),
+]
+
+
+def plot(points: dict[str, list[dict[str, Any]]], path: Path) -> bool:
+    """Every cost against N on log axes, one line per metadata store."""
 
     def paint(figure: Any, axes: Any) -> None:
-        for axis, (key, title) in zip(axes.flat, metrics, strict=False):
+        for axis, (key, title) in zip(axes.flat, METRICS, strict=True):
             for backend, rows in points.items():
                 rows = sorted(rows, key=lambda row: row["n"])
                 axis.plot([row["n"] for row in rows], [row.get(key, float("nan")) for row in rows],
@@ -312,7 +320,7 @@ def draw(points: dict[str, list[dict[str, Any]]]) -> Callable[[Any, Any], None]:
             axis.set_xlabel("streams", fontsize=8)
             axis.legend(fontsize=7)
 
-    return paint
+    return save_plot(path, paint, figsize=(16, 7), columns=4, rows=2)
 
 
 COLUMNS = [
@@ -340,18 +348,32 @@ def backends(choice: str) -> list[str]:
     return ["sqlite", "postgres"] if choice == "both" else [choice]
 
 
+@contextlib.contextmanager
+def metadata_stores(backend: str) -> Iterator[Callable[[int, Path], Callable[[], MetadataStore]]]:
+    """For ``backend``, a function of (N, the point's folder) to a factory of its store: SQLite
+    in the folder, or a schema of its own on one throwaway PostgreSQL server."""
+    if backend == "sqlite":
+        yield lambda n, folder: lambda: SqliteMetadataStore(folder / "meta.db")
+        return
+    from walstream_metadata_postgres import PostgresMetadataStore
+    from walstream_metadata_postgres.testing import PostgresServer
+
+    with PostgresServer() as server:
+        yield (
+            lambda n, folder: (
+                lambda: PostgresMetadataStore(
+                    server.dsn, schema=f"scale{n}_{os.getpid()}", pool_max=16
+                )
+            )
+        )
+
+
 async def run_backend(
     backend: str, ns: list[int], options: Options, done: dict[str, Any], save: Callable[[], None]
 ) -> None:
+    """Every N on ``backend`` not in ``done``; each point saved as it is measured."""
     table = Table(COLUMNS)
-    server = None
-    if backend == "postgres":
-        from walstream_metadata_postgres import PostgresMetadataStore
-        from walstream_metadata_postgres.testing import PostgresServer
-
-        server = PostgresServer()
-        server.__enter__()
-    try:
+    with metadata_stores(backend) as store_for:
         for n in ns:
             key = f"{backend}:{n}"
             if key in done:
@@ -359,35 +381,57 @@ async def run_backend(
                 continue
             with tempfile.TemporaryDirectory(prefix="streams-scale-") as folder_name:
                 folder = Path(folder_name)
-                if server is not None:
-                    schema = f"scale{n}_{os.getpid()}"
-
-                    def metadata(schema: str = schema) -> MetadataStore:
-                        return PostgresMetadataStore(server.dsn, schema=schema, pool_max=16)
-                else:
-
-                    def metadata(folder: Path = folder) -> MetadataStore:
-                        return SqliteMetadataStore(folder / "meta.db")
-
-                point = await measure_point(n, metadata, folder, options)
+                point = await measure_point(n, store_for(n, folder), folder, options)
             point["backend"] = backend
             done[key] = point
             save()
             table.print_row(point)
-    finally:
-        if server is not None:
-            server.__exit__(None, None, None)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", default="1,10,100,1000,10000", help="stream counts, comma-separated")
+class Results:
+    """The JSON document (``points`` by ``backend:N``), merged with what the file holds."""
+
+    def __init__(self, path: Path, options: Options, resume: bool) -> None:
+        self.path = path
+        self.options = options
+        self.document: dict[str, Any] = {"points": {}}
+        if path.exists():
+            self.document = json.loads(path.read_text())
+            self.document.setdefault("points", {})
+        self.resume = resume
+
+    def points_to_keep(self, names: list[str], ns: list[int]) -> dict[str, Any]:
+        """The points a run skips: with ``--resume`` every point held; else none of this run's
+        (the others stay in the document)."""
+        points: dict[str, Any] = self.document["points"]
+        if not self.resume:
+            for backend in names:
+                for n in ns:
+                    points.pop(f"{backend}:{n}", None)
+        return points
+
+    def save(self) -> None:
+        self.document.update(
+            machine=machine(), load_average=load_average(), options=asdict(self.options)
+        )
+        write_json(self.path, self.document)
+        by_backend: dict[str, list[dict[str, Any]]] = {}
+        for point in self.document["points"].values():
+            by_backend.setdefault(point["backend"], []).append(point)
+        plot(by_backend, self.path.with_suffix(".png"))
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Options]:
+    parser = cli.parser(
+        __doc__, "streams_scale", quick="2 runs of 3 s, 2 windows before", json_aliases=("--out",)
+    )
+    parser.add_argument("--n", default=None, help="stream counts, comma-separated "
+                        "(default 1,10,100,1000,10000; smoke 10)")  # fmt: skip
     parser.add_argument("--metadata", choices=("sqlite", "postgres", "both"), default="sqlite")
     parser.add_argument("--clients", type=int, default=64)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--pre-windows", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="2 runs of 3 s, 2 windows before")
+    parser.add_argument("--seconds", type=float, default=None, help="default 5 (quick 3)")
+    parser.add_argument("--runs", type=int, default=None, help="default 3 (quick 2)")
+    parser.add_argument("--pre-windows", type=int, default=None, help="default 3 (quick 2)")
     parser.add_argument(
         "--inline-compaction",
         action="store_true",
@@ -395,39 +439,34 @@ def main() -> None:
     )
     parser.add_argument("--resume", action="store_true", help="skip points already in the JSON")
     parser.add_argument("--profile", action="store_true", help="py-spy (WALSTREAM_BENCH_PROFILE)")
-    parser.add_argument("--out", type=Path, default=RESULTS / "streams_scale.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.n = cli.sized(args, args.n, full="1,10,100,1000,10000", quick="1,10,100,1000,10000",
+                       smoke="10")  # fmt: skip
     options = Options(
-        args.clients, args.seconds, args.runs, args.pre_windows, args.inline_compaction
+        clients=args.clients,
+        seconds=cli.sized(args, args.seconds, full=5.0, quick=3.0, smoke=0.2),
+        runs=cli.sized(args, args.runs, full=3, quick=2, smoke=1),
+        pre_windows=cli.sized(args, args.pre_windows, full=3, quick=2, smoke=1),
+        inline_compaction=args.inline_compaction,
+        window_s=0.3 if args.smoke else 5.0,
     )
-    if args.quick:
-        options = Options(args.clients, 3.0, 2, 2, args.inline_compaction)
+    return args, options
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, options = parse_args(argv)
     if not args.profile:
-        os.environ.pop(_profile.ENV, None)
+        os.environ.pop(profile.ENV, None)
     ns = [int(part) for part in args.n.split(",")]
-    document: dict[str, Any] = {"points": {}}
-    if args.out.exists():
-        document = json.loads(args.out.read_text())
-    done: dict[str, Any] = document["points"] if args.resume else {}
-    if not args.resume:
-        document["points"] = {**document.get("points", {}), **done}
-        done = document["points"]
-        for backend in backends(args.metadata):
-            for n in ns:
-                done.pop(f"{backend}:{n}", None)
-
-    def save() -> None:
-        document.update(machine=machine(), options=vars(options))
-        write_json(args.out, document)
-        by_backend: dict[str, list[dict[str, Any]]] = {}
-        for point in document["points"].values():
-            by_backend.setdefault(point["backend"], []).append(point)
-        save_plot(args.out.with_suffix(".png"), draw(by_backend), figsize=(16, 7), columns=4)
-
+    results = Results(args.json, options, args.resume)
+    done = results.points_to_keep(backends(args.metadata), ns)
     Table(COLUMNS).print_header()
     for backend in backends(args.metadata):
-        asyncio.run(run_backend(backend, ns, options, done, save))
+        asyncio.run(run_backend(backend, ns, options, done, results.save))
+    print(f"load average (1, 5, 15 min): {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    print(f"wrote {args.json} and {args.json.with_suffix('.png')}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

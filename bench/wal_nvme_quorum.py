@@ -5,7 +5,8 @@ one down — beside the ebs WAL on the same disk (when walstream_wal_ebs is inst
 
 Prints a table and writes bench/results/wal_nvme_quorum.json (with the requests sent to the chunk
 servers per GiB appended, by operation) and a plot beside it. The acknowledgement latency is
-measured per append (from ``append`` to its acknowledgement) with C appenders running at once.
+measured per append (from ``append`` to its acknowledgement) with C appenders running at once
+(the shared closed loop, ``bench/common/loadgen.py``, until N appends were made).
 """
 
 from __future__ import annotations
@@ -13,49 +14,48 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import statistics
+import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import _profile
-from _report import Column, Table, grouped_bars, machine, percentile, save_plot, write_json
+from common import cli, profile
+from common.loadgen import closed_loop
+from common.report import Column, Table, grouped_bars, save_plot, write_results
 from walstream.config import BuildContext
 from walstream.wal import WalMode, WriteAheadLog
 from walstream_wal_nvme_quorum import NVME_QUORUM_WAL
 from walstream_wal_nvme_quorum.testing import ChunkServerProcess, chunk_servers
-
-RESULTS = Path(__file__).resolve().parent / "results" / "wal_nvme_quorum.json"
 
 
 async def run_workload(
     wal: WriteAheadLog, records: int, record_bytes: int, concurrency: int
 ) -> dict[str, float]:
     payload = b"w" * record_bytes
-    latencies: list[float] = []
-    remaining = records
 
-    async def appender() -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            started = time.perf_counter()
-            await wal.append(payload)
-            latencies.append(time.perf_counter() - started)
+    async def append(_: int) -> int:
+        await wal.append(payload)
+        return 1
 
-    started = time.perf_counter()
-    await asyncio.gather(*(appender() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - started
+    result = await closed_loop(append, concurrency, operations=records)
     return {
-        "records": len(latencies),
-        "p50_ms": percentile(latencies, 0.50) * 1000,
-        "p99_ms": percentile(latencies, 0.99) * 1000,
-        "mean_ms": statistics.fmean(latencies) * 1000,
-        "records_per_s": len(latencies) / elapsed,
-        "mib_per_s": len(latencies) * record_bytes / elapsed / (1 << 20),
+        "records": result.operations,
+        "p50_ms": result.latency(0.50, 1e3),
+        "p99_ms": result.latency(0.99, 1e3),
+        "mean_ms": result.mean(1e3),
+        "records_per_s": result.records_per_s,
+        "mib_per_s": result.records * record_bytes / result.elapsed_s / (1 << 20),
     }
+
+
+async def started(wal: WriteAheadLog, epoch: int) -> WriteAheadLog:
+    """``wal`` started at ``epoch``, recovered and reset, ready for appends."""
+    await wal.start(1, epoch, WalMode.READ_WRITE)
+    async for _ in wal.recover():
+        pass
+    await wal.reset()
+    return wal
 
 
 async def bench_quorum(
@@ -69,11 +69,7 @@ async def bench_quorum(
         options["max_chunk_delay"] = args.max_chunk_delay
     if args.max_inflight is not None:
         options["max_inflight"] = args.max_inflight
-    wal = NVME_QUORUM_WAL.build(options, BuildContext(node_id=1), "wal")
-    await wal.start(1, epoch, WalMode.READ_WRITE)
-    async for _ in wal.recover():
-        pass
-    await wal.reset()
+    wal = await started(NVME_QUORUM_WAL.build(options, BuildContext(node_id=1), "wal"), epoch)
     await run_workload(wal, args.records // 10, args.record_bytes, args.concurrency)  # warm-up
     before = request_counts(wal)
     result = await run_workload(wal, args.records, args.record_bytes, args.concurrency)
@@ -106,11 +102,8 @@ async def bench_ebs(folder: Path, args: argparse.Namespace) -> dict[str, float] 
         "capacity": "256MiB",
         "direct": supports_direct_io(folder),
     }
-    wal = EBS_WAL.build(options, BuildContext(node_id=1, base_dir=folder), "wal")
-    await wal.start(1, 1, WalMode.READ_WRITE)
-    async for _ in wal.recover():
-        pass
-    await wal.reset()
+    context = BuildContext(node_id=1, base_dir=folder)
+    wal = await started(EBS_WAL.build(options, context, "wal"), 1)
     await run_workload(wal, args.records // 10, args.record_bytes, args.concurrency)
     result = await run_workload(wal, args.records, args.record_bytes, args.concurrency)
     await wal.close()
@@ -131,18 +124,18 @@ def slowed(servers: list[ChunkServerProcess], index: int, delay_ms: float) -> It
         server.start()
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Healthy, one server slowed, one down; then the ebs WAL on the same disk."""
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-nvme-quorum-", dir=args.dir) as folder:
         root = Path(folder)
         with chunk_servers(root / "servers") as servers:
-            with _profile.measured("bench_quorum healthy"):
+            with profile.measured("bench_quorum healthy"):
                 results["nvme-quorum healthy"] = await bench_quorum(servers, 1, args)
             with slowed(servers, 2, args.slow_ms):
                 await asyncio.sleep(0.2)
-                results[f"nvme-quorum one +{args.slow_ms:g}ms"] = await bench_quorum(
-                    servers, 2, args
-                )
+                slow = await bench_quorum(servers, 2, args)
+                results[f"nvme-quorum one +{args.slow_ms:g}ms"] = slow
             servers[2].kill()
             results["nvme-quorum one down"] = await bench_quorum(servers, 3, args)
         ebs = await bench_ebs(root, args)
@@ -163,7 +156,7 @@ TABLE = Table(
 )
 
 
-def plot(results: dict[str, Any], path: Path) -> None:
+def plot(results: dict[str, Any], path: Path) -> bool:
     def draw(figure: Any, axis: Any) -> None:
         names = list(results)
         grouped_bars(
@@ -178,13 +171,14 @@ def plot(results: dict[str, Any], path: Path) -> None:
         axis.set_title("nvme-quorum WAL (3 chunk servers) vs the ebs WAL on the same disk")
         axis.legend()
 
-    save_plot(path, draw)
+    return save_plot(path, draw)
 
 
-def cli() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a short run (CI, smoke)")
-    parser.add_argument("--records", type=int, default=None)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = cli.parser(
+        __doc__, "wal_nvme_quorum", quick="a short run (3,000 records)", json_aliases=("--out",)
+    )
+    parser.add_argument("--records", type=int, default=None, help="default 30,000")
     parser.add_argument("--record-bytes", type=int, default=1024)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument(
@@ -195,11 +189,14 @@ def cli() -> None:
     )
     parser.add_argument("--slow-ms", type=float, default=50.0)
     parser.add_argument("--dir", default=None, help="folder for data (default: system temp)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    if args.records is None:
-        args.records = 3000 if args.quick else 30000
-    results = asyncio.run(main(args))
+    args = parser.parse_args(argv)
+    args.records = cli.sized(args, args.records, full=30000, quick=3000, smoke=200)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = asyncio.run(measure(args))
     TABLE.print(
         {"scenario": name, "write_requests_per_gib": "-", **row} for name, row in results.items()
     )
@@ -217,15 +214,14 @@ def cli() -> None:
             "servers": 3,
             "write_quorum": 2,
             "quick": args.quick,
+            "mode": cli.mode(args),
         },
-        "machine": machine(),
         "results": results,
         "slow_p99_over_healthy_p99": ratio,
     }
-    write_json(args.out, document)
-    plot(results, args.out.with_suffix(".png"))
-    print(f"wrote {args.out}")
+    write_results(args.json, document, lambda png: plot(results, png))
+    return 0
 
 
 if __name__ == "__main__":
-    cli()
+    sys.exit(main())

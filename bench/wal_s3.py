@@ -20,6 +20,9 @@ shape (the wide workload, 1024 appenders, is compared with the 4 MiB PUTs its gr
 of). A table is printed, JSON goes to ``bench/results/wal_s3.json`` and a plot to
 ``bench/results/wal_s3.png``.
 
+The WAL's appenders and the raw writers are the shared closed loop
+(``bench/common/loadgen.py``).
+
     .venv/bin/python bench/wal_s3.py            # 10 s per measurement
     .venv/bin/python bench/wal_s3.py --quick    # 3 s per measurement
     .venv/bin/python bench/wal_s3.py --quick --fence-lease 0   # a LIST after every group
@@ -31,13 +34,13 @@ import argparse
 import asyncio
 import itertools
 import logging
-import statistics
-import time
+import sys
 from pathlib import Path
 from typing import Any
 
-import _profile
-from _report import Table, grouped_bars, machine, percentile, save_plot, write_json
+from common import cli, profile
+from common.loadgen import LoopResult, closed_loop
+from common.report import Table, grouped_bars, save_plot, write_results
 from walstream.wal import WalMode
 from walstream_wal_s3 import S3ObjectStore, S3Settings, S3Wal
 from walstream_wal_s3.testing.latency import LatencyModel
@@ -45,19 +48,20 @@ from walstream_wal_s3.testing.memory_s3 import MemoryBucket, MemoryS3Client
 from walstream_wal_s3.testing.moto import TEST_CREDENTIALS, MotoServer
 from walstream_wal_s3.wal import DEFAULT_FENCE_LEASE_S
 
-RESULTS = Path(__file__).resolve().parent / "results" / "wal_s3.json"
 BUCKET = "walstream-bench"
-FENCE_LEASE_S = [DEFAULT_FENCE_LEASE_S]
-"""The WAL's fence lease (``--fence-lease``)."""
 PUT_P50_MS, PUT_P99_MS = 50.0, 150.0
 GiB = 1 << 30
 MiB = 1 << 20
-WORKLOADS = (("1 x 4KiB", 1, 4 << 10), ("64 x 64KiB", 64, 64 << 10))
+Shape = tuple[str, int, int]
+"""(name, appenders or writers, bytes per append or PUT)."""
+WORKLOADS: tuple[Shape, ...] = (("1 x 4KiB", 1, 4 << 10), ("64 x 64KiB", 64, 64 << 10))
 #: Enough appenders that the WAL's own window (8 PUTs of up to 8 MiB), not the appenders' wait
 #: for their acknowledgements, bounds throughput (latency model only).
-WIDE = ("1024 x 64KiB", 1024, 64 << 10)
-RAW_BIG = ("8 x 4MiB", 8, 4 << 20)
+WIDE: Shape = ("1024 x 64KiB", 1024, 64 << 10)
+RAW_BIG: Shape = ("8 x 4MiB", 8, 4 << 20)
 TARGET_MIB_S = 200.0
+MAX_BATCH_BYTES = 8 << 20
+MAX_BATCH_INTERVAL_S = 0.25
 
 
 def store_for(endpoint_url: str | None, model: LatencyModel | None) -> S3ObjectStore:
@@ -67,11 +71,21 @@ def store_for(endpoint_url: str | None, model: LatencyModel | None) -> S3ObjectS
         endpoint_url=endpoint_url or "http://memory.invalid",
         region="us-east-1",
         max_pool_connections=64,
-        **TEST_CREDENTIALS,
+        access_key_id=TEST_CREDENTIALS["access_key_id"],
+        secret_access_key=TEST_CREDENTIALS["secret_access_key"],
     )
     if endpoint_url is None:
         return S3ObjectStore(settings, client=MemoryS3Client(settings, MemoryBucket(model)))
     return S3ObjectStore(settings)
+
+
+def model_for(endpoint_url: str | None) -> LatencyModel | None:
+    """A fresh model per measurement (the same seeded latency sequence for each); none on moto."""
+    if endpoint_url is not None:
+        return None
+    return LatencyModel(
+        PUT_P50_MS, PUT_P99_MS, methods=frozenset({"PUT", "GET"}), url_contains="wal"
+    )
 
 
 def per_gib(counts: dict[str, int], appended: int) -> dict[str, int]:
@@ -85,120 +99,94 @@ def per_gib(counts: dict[str, int], appended: int) -> dict[str, int]:
     }
 
 
+def latency_row(result: LoopResult, written: int) -> dict[str, Any]:
+    return {
+        "appends": result.operations,
+        "ack_p50_ms": round(result.latency(0.50, 1e3), 1),
+        "ack_p99_ms": round(result.latency(0.99, 1e3), 1),
+        "ack_mean_ms": round(result.mean(1e3), 1),
+        "throughput_mib_s": round(written / result.elapsed_s / MiB, 2),
+    }
+
+
 async def measure_wal(
-    endpoint_url: str | None,
-    model: LatencyModel | None,
-    node_id: int,
-    appenders: int,
-    record_bytes: int,
-    seconds: float,
+    endpoint_url: str | None, node_id: int, shape: Shape, seconds: float, fence_lease_s: float
 ) -> dict[str, Any]:
+    _, appenders, record_bytes = shape
     wal = S3Wal(
-        store_for(endpoint_url, model),
-        max_batch_bytes=8 << 20,
-        max_batch_interval_s=0.25,
-        fence_lease_s=FENCE_LEASE_S[0],
+        store_for(endpoint_url, model_for(endpoint_url)),
+        max_batch_bytes=MAX_BATCH_BYTES,
+        max_batch_interval_s=MAX_BATCH_INTERVAL_S,
+        fence_lease_s=fence_lease_s,
     )
     await wal.start(node_id, 1, WalMode.READ_WRITE)
     _ = [record async for record in wal.recover()]
     counts_before = dict(wal.store.client.request_counts)
     payload = b"w" * record_bytes
-    latencies: list[float] = []
-    appended = 0
-    stop_at = time.monotonic() + seconds
 
-    async def appender() -> None:
-        nonlocal appended
-        while time.monotonic() < stop_at:
-            began = time.monotonic()
-            await wal.append(payload)
-            latencies.append(time.monotonic() - began)
-            appended += record_bytes
+    async def append(_: int) -> int:
+        await wal.append(payload)
+        return 1
 
-    began = time.monotonic()
-    await asyncio.gather(*(appender() for _ in range(appenders)))
-    elapsed = time.monotonic() - began
+    result = await closed_loop(append, appenders, seconds)
     counts = {
         name: count - counts_before.get(name, 0)
         for name, count in wal.store.client.request_counts.items()
     }
     objects = wal.objects_written
     await wal.close()
+    appended = result.records * record_bytes
     return {
-        "appends": len(latencies),
-        "ack_p50_ms": round(percentile(latencies, 0.50) * 1000, 1),
-        "ack_p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
-        "ack_mean_ms": round(statistics.fmean(latencies) * 1000, 1),
-        "throughput_mib_s": round(appended / elapsed / MiB, 2),
+        **latency_row(result, appended),
         "avg_object_kib": round(appended / max(1, objects) / 1024, 1),
         **per_gib(counts, appended),
     }
 
 
-async def measure_raw(
-    endpoint_url: str | None, model: LatencyModel | None, writers: int, size: int, seconds: float
-) -> dict[str, Any]:
+async def measure_raw(endpoint_url: str | None, shape: Shape, seconds: float) -> dict[str, Any]:
     """The rig alone: ``writers`` tasks PUT ``size``-byte objects back to back."""
-    store = store_for(endpoint_url, model)
+    _, writers, size = shape
+    store = store_for(endpoint_url, model_for(endpoint_url))
     body = b"r" * size
     names = itertools.count()
-    latencies: list[float] = []
-    written = 0
-    stop_at = time.monotonic() + seconds
 
-    async def writer() -> None:
-        nonlocal written
-        while time.monotonic() < stop_at:
-            began = time.monotonic()
-            await store.put(f"raw/wal/{next(names):012d}", body)
-            latencies.append(time.monotonic() - began)
-            written += size
+    async def put(_: int) -> int:
+        await store.put(f"raw/wal/{next(names):012d}", body)
+        return 1
 
-    began = time.monotonic()
-    await asyncio.gather(*(writer() for _ in range(writers)))
-    elapsed = time.monotonic() - began
+    result = await closed_loop(put, writers, seconds)
     counts = dict(store.client.request_counts)
     await store.close()
+    written = result.records * size
     return {
-        "appends": len(latencies),
-        "ack_p50_ms": round(percentile(latencies, 0.50) * 1000, 1),
-        "ack_p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
-        "ack_mean_ms": round(statistics.fmean(latencies) * 1000, 1),
-        "throughput_mib_s": round(written / elapsed / MiB, 2),
+        **latency_row(result, written),
         "avg_object_kib": size // 1024,
         **per_gib(counts, written),
     }
 
 
-async def run_all(moto: MotoServer, seconds: float) -> list[dict[str, Any]]:
+async def measure(moto: MotoServer, seconds: float, fence_lease_s: float) -> list[dict[str, Any]]:
+    """Per endpoint and shape: the raw PUTs, then the WAL (the wide shape against the 4 MiB
+    PUTs its groups are made of)."""
     results: list[dict[str, Any]] = []
     node_id = 0
     for endpoint_name, endpoint_url in (("latency-model", None), ("moto", moto.endpoint_url)):
         shapes = (*WORKLOADS, RAW_BIG, WIDE) if endpoint_url is None else (*WORKLOADS, RAW_BIG)
-        for workload, appenders, record_bytes in shapes:
-            # A fresh model per measurement: the same seeded latency sequence for each.
-            def model(url: str | None = endpoint_url) -> LatencyModel | None:
-                if url is not None:
-                    return None
-                return LatencyModel(
-                    PUT_P50_MS, PUT_P99_MS, methods=frozenset({"PUT", "GET"}), url_contains="wal"
-                )
-
-            if (workload, appenders, record_bytes) == WIDE:
+        for shape in shapes:
+            workload = shape[0]
+            if shape == WIDE:
                 raw = next(row for row in results if row["workload"] == f"raw {RAW_BIG[0]}")
             else:
-                raw = await measure_raw(endpoint_url, model(), appenders, record_bytes, seconds)
+                raw = await measure_raw(endpoint_url, shape, seconds)
                 results.append({"endpoint": endpoint_name, "workload": f"raw {workload}", **raw})
                 TABLE.print_row(results[-1])
-            if (workload, appenders, record_bytes) == RAW_BIG:
+            if shape == RAW_BIG:
                 continue
             node_id += 1
             # Profiled: the targets' workloads on the latency model.
             window = endpoint_url is None and workload != WORKLOADS[0][0]
-            with _profile.measured(f"measure_wal {workload}", when=window):
-                result = await measure_wal(
-                    endpoint_url, model(), node_id, appenders, record_bytes, seconds
-                )
+            with profile.measured(f"measure_wal {workload}", when=window):
+                result = await measure_wal(endpoint_url, node_id, shape, seconds, fence_lease_s)
             result["vs_raw"] = round(
                 result["throughput_mib_s"] / max(raw["throughput_mib_s"], 1e-9), 2
             )
@@ -225,7 +213,7 @@ TABLE = Table.of_keys(
 )
 
 
-def plot(results: list[dict[str, Any]], path: Path) -> None:
+def plot(results: list[dict[str, Any]], path: Path) -> bool:
     def draw(figure: Any, axis: Any) -> None:
         grouped_bars(
             axis,
@@ -241,12 +229,12 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         axis.set_title("s3 WAL (blue) vs raw PUTs of the same shape (gray)")
         axis.legend()
 
-    save_plot(path, draw)
+    return save_plot(path, draw)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 s per measurement")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = cli.parser(__doc__, "wal_s3", quick="3 s per measurement")
+    parser.add_argument("--seconds", type=float, default=None, help="per measurement (default 10)")
     parser.add_argument(
         "--fence-lease",
         type=float,
@@ -254,36 +242,39 @@ def main() -> None:
         help="the WAL's fence_lease in seconds (0: a LIST after every group, as before the "
         f"lease; default {DEFAULT_FENCE_LEASE_S:g})",
     )
-    args = parser.parse_args()
-    FENCE_LEASE_S[0] = args.fence_lease
+    args = parser.parse_args(argv)
+    args.seconds = cli.sized(args, args.seconds, full=10.0, quick=3.0, smoke=0.1)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    seconds = 3.0 if args.quick else 10.0
     with MotoServer() as moto:
         moto.create_bucket(BUCKET)
         TABLE.print_header()
-        results = asyncio.run(run_all(moto, seconds))
-    report = {
+        results = asyncio.run(measure(moto, args.seconds, args.fence_lease))
+    document = {
         "benchmark": "wal_s3",
+        "mode": cli.mode(args),
         "quick": args.quick,
-        "seconds_per_measurement": seconds,
+        "seconds_per_measurement": args.seconds,
         "latency_model": {
             "put_p50_ms": PUT_P50_MS,
             "put_p99_ms": PUT_P99_MS,
             "applies_to": "every PUT, GET and LIST of a WAL key, in-memory bucket",
         },
         "wal": {
-            "max_batch_bytes": 8 << 20,
-            "max_batch_interval_ms": 250,
+            "max_batch_bytes": MAX_BATCH_BYTES,
+            "max_batch_interval_ms": round(MAX_BATCH_INTERVAL_S * 1000),
             "max_inflight": 8,
             "fence_lease_s": args.fence_lease,
         },
-        "machine": machine(),
         "results": results,
     }
-    write_json(RESULTS, report)
-    plot(results, RESULTS.with_suffix(".png"))
-    print(f"wrote {RESULTS}")
+    write_results(args.json, document, lambda png: plot(results, png))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -18,6 +18,8 @@ acknowledgement), throughput, and S3 PUTs per GiB appended (chunk PUTs in all zo
 state). A table is printed, JSON goes to ``bench/results/wal_s3express.json`` and a plot to
 ``bench/results/wal_s3express.png`` (when matplotlib is installed).
 
+The appenders and the raw writer are the shared closed loop (``bench/common/loadgen.py``).
+
     .venv/bin/python bench/wal_s3express.py            # 10 s per measurement
     .venv/bin/python bench/wal_s3express.py --quick    # 3 s per measurement
 """
@@ -27,13 +29,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import platform
-import time
+import sys
 from pathlib import Path
 from typing import Any
 
-import _profile
-from _report import grouped_bars, percentile, save_plot, write_json
+from common import cli, profile
+from common.loadgen import LoopResult, closed_loop
+from common.report import Column, Table, grouped_bars, save_plot, write_results
 from walstream.config import validate_options
 from walstream.wal import WalMode
 from walstream.wal.quorum import quorum_wal_options
@@ -50,16 +52,18 @@ from walstream_wal_s3express import (
 from walstream_wal_s3express.replica import DEFAULT_FENCE_LEASE_S
 from walstream_wal_s3express.testing.zones import TEST_CREDENTIALS
 
-RESULTS = Path(__file__).resolve().parent / "results" / "wal_s3express.json"
 P50_MS, P99_MS = 5.0, 10.0
 SLOW_EXTRA_MS = 50.0
 GiB = 1 << 30
+RAW_PUT_BYTES = 4096
 WORKLOADS = (("1 x 4KiB", 1, 4 << 10), ("64 x 16KiB", 64, 16 << 10))
-
-
 ZONES = ("use1-az4", "use1-az5", "use1-az6")
-FENCE_LEASE_S = [DEFAULT_FENCE_LEASE_S]
-"""The zones' fence lease (``--fence-lease``)."""
+SCENARIOS = (
+    ("healthy", (0.0, 0.0, 0.0), False),
+    (f"one zone +{SLOW_EXTRA_MS:g}ms", (0.0, 0.0, SLOW_EXTRA_MS), False),
+    ("one zone down", (0.0, 0.0, 0.0), True),
+)
+"""(name, extra latency per zone, zone 3 down)."""
 
 
 def zone_settings(zone: str, prefix: str = "") -> S3Settings:
@@ -71,11 +75,12 @@ def zone_settings(zone: str, prefix: str = "") -> S3Settings:
         read_timeout_s=1.0,
         connect_timeout_s=1.0,
         retry=ZONE_RETRY,
-        **TEST_CREDENTIALS,
+        access_key_id=TEST_CREDENTIALS["access_key_id"],
+        secret_access_key=TEST_CREDENTIALS["secret_access_key"],
     )
 
 
-def build_wal(buckets: list[MemoryBucket], run: int) -> S3ExpressWal:
+def build_wal(buckets: list[MemoryBucket], run: int, fence_lease_s: float) -> S3ExpressWal:
     options = validate_options(
         S3EXPRESS_WAL,
         {"buckets": [zone_settings(zone).bucket for zone in ZONES], "request_timeout": "1s"},
@@ -87,7 +92,7 @@ def build_wal(buckets: list[MemoryBucket], run: int) -> S3ExpressWal:
             MemoryS3Client(zone_settings(zone, f"bench-{run}/"), bucket),
             node_id=1,
             name=zone,
-            fence_lease_s=FENCE_LEASE_S[0],
+            fence_lease_s=fence_lease_s,
         )
         for zone, bucket in zip(ZONES, buckets, strict=True)
     ]
@@ -100,86 +105,88 @@ def build_wal(buckets: list[MemoryBucket], run: int) -> S3ExpressWal:
     )
 
 
+def latency_row(result: LoopResult, written: int) -> dict[str, Any]:
+    return {
+        "appends": result.operations,
+        "ack_p50_ms": round(result.latency(0.50, 1e3), 2),
+        "ack_p99_ms": round(result.latency(0.99, 1e3), 2),
+        "throughput_mib_s": round(written / result.elapsed_s / (1 << 20), 2),
+    }
+
+
 async def measure_raw_put(bucket: MemoryBucket, seconds: float) -> dict[str, Any]:
     """The rig alone: one writer's 4 KiB PUTs to one zone, back to back."""
     client = MemoryS3Client(zone_settings(ZONES[0], "raw/"), bucket)
-    body = b"r" * 4096
-    latencies: list[float] = []
-    stop_at = time.monotonic() + seconds
+    body = b"r" * RAW_PUT_BYTES
     index = 0
-    while time.monotonic() < stop_at:
-        started = time.perf_counter()
-        await client.call("put_object", write=True, Key=f"raw/{index:012d}", Body=body)
-        latencies.append((time.perf_counter() - started) * 1000)
-        index += 1
+
+    async def put(_: int) -> int:
+        nonlocal index
+        key, index = f"raw/{index:012d}", index + 1
+        await client.call("put_object", write=True, Key=key, Body=body)
+        return 1
+
+    result = await closed_loop(put, 1, seconds)
     return {
-        "appends": len(latencies),
-        "ack_p50_ms": round(percentile(latencies, 0.50), 2),
-        "ack_p99_ms": round(percentile(latencies, 0.99), 2),
-        "throughput_mib_s": round(len(latencies) * 4096 / seconds / (1 << 20), 2),
-        "puts_per_gib": 1 << 18,
+        **latency_row(result, result.records * RAW_PUT_BYTES),
+        "puts_per_gib": GiB // RAW_PUT_BYTES,
         "gets_lists_per_gib": 0,
     }
 
 
+def requests_between(
+    before: dict[str, dict[str, int]], after: dict[str, dict[str, int]], *operations: str
+) -> int:
+    return sum(
+        after[zone].get(op, 0) - before.get(zone, {}).get(op, 0)
+        for zone in after
+        for op in operations
+    )
+
+
 async def measure(
-    buckets: list[MemoryBucket], run: int, appenders: int, record_bytes: int, seconds: float
+    buckets: list[MemoryBucket],
+    run: int,
+    appenders: int,
+    record_bytes: int,
+    seconds: float,
+    fence_lease_s: float,
 ) -> dict[str, Any]:
-    wal = build_wal(buckets, run)
+    wal = build_wal(buckets, run, fence_lease_s)
     await wal.start(1, 1, WalMode.READ_WRITE)
     _ = [record async for record in wal.recover()]
     before = wal.request_counts()
     payload = b"w" * record_bytes
-    latencies: list[float] = []
-    appended = 0
-    stop_at = time.monotonic() + seconds
 
-    async def appender() -> None:
-        nonlocal appended
-        while time.monotonic() < stop_at:
-            started = time.perf_counter()
-            await wal.append(payload)
-            latencies.append((time.perf_counter() - started) * 1000)
-            appended += record_bytes
+    async def append(_: int) -> int:
+        await wal.append(payload)
+        return 1
 
-    started = time.monotonic()
-    await asyncio.gather(*(appender() for _ in range(appenders)))
-    elapsed = time.monotonic() - started
+    result = await closed_loop(append, appenders, seconds)
     after = wal.request_counts()
     await wal.close()
-    puts = sum(
-        after[zone].get("put_object", 0) - before.get(zone, {}).get("put_object", 0)
-        for zone in after
-    )
-    reads = sum(
-        after[zone].get(op, 0) - before.get(zone, {}).get(op, 0)
-        for zone in after
-        for op in ("get_object", "list_objects_v2")
-    )
+    appended = result.records * record_bytes
+    puts = requests_between(before, after, "put_object")
+    reads = requests_between(before, after, "get_object", "list_objects_v2")
     return {
-        "appends": len(latencies),
-        "ack_p50_ms": round(percentile(latencies, 0.50), 2),
-        "ack_p99_ms": round(percentile(latencies, 0.99), 2),
-        "throughput_mib_s": round(appended / elapsed / (1 << 20), 2),
+        **latency_row(result, appended),
         "puts_per_gib": round(puts * GiB / max(appended, 1)),
         "gets_lists_per_gib": round(reads * GiB / max(appended, 1)),
     }
 
 
-async def run_all(seconds: float) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+async def run_all(seconds: float, fence_lease_s: float) -> list[dict[str, Any]]:
+    """The raw PUT row, then every scenario's workloads, in the same zones."""
     models = [LatencyModel(P50_MS, P99_MS, seed=zone) for zone in range(len(ZONES))]
     buckets = [MemoryBucket(model) for model in models]
-    scenarios = [
-        ("healthy", [0.0, 0.0, 0.0], False),
-        (f"one zone +{SLOW_EXTRA_MS:g}ms", [0.0, 0.0, SLOW_EXTRA_MS], False),
-        ("one zone down", [0.0, 0.0, 0.0], True),
-    ]
     raw = await measure_raw_put(MemoryBucket(LatencyModel(P50_MS, P99_MS, seed=99)), seconds)
-    rows.append({"scenario": "raw PUT", "workload": "1 x 4KiB", **raw})
-    print_row(rows[-1], raw)
+    # The raw row's ratios: its p99 over its own p50 (the WAL rows divide by the raw PUT's p50).
+    rows = [{"scenario": "raw PUT", "workload": "1 x 4KiB", **raw}]
+    TABLE.print_row(
+        {**rows[-1], "p50_vs_put": 1.0, "p99_vs_put": raw["ack_p99_ms"] / raw["ack_p50_ms"]}
+    )
     run = 0
-    for scenario, extras, third_down in scenarios:
+    for scenario, extras, third_down in SCENARIOS:
         for model, extra in zip(models, extras, strict=True):
             model.extra_ms = extra
             model.down = False
@@ -187,27 +194,55 @@ async def run_all(seconds: float) -> list[dict[str, Any]]:
         for workload, appenders, record_bytes in WORKLOADS:
             run += 1
             window = scenario == "healthy" and workload == WORKLOADS[0][0]  # the targets' row
-            with _profile.measured(f"measure {scenario} {workload}", when=window):
-                result = await measure(buckets, run, appenders, record_bytes, seconds)
+            with profile.measured(f"measure {scenario} {workload}", when=window):
+                result = await measure(
+                    buckets, run, appenders, record_bytes, seconds, fence_lease_s
+                )
             result["p50_vs_put"] = round(result["ack_p50_ms"] / raw["ack_p50_ms"], 2)
             result["p99_vs_put"] = round(result["ack_p99_ms"] / raw["ack_p50_ms"], 2)
             rows.append({"scenario": scenario, "workload": workload, **result})
-            print_row(rows[-1], raw)
+            TABLE.print_row(rows[-1])
     return rows
 
 
-def print_row(row: dict[str, Any], raw: dict[str, Any]) -> None:
-    print(
-        f"{row['scenario']:<16} {row['workload']:<11} p50 {row['ack_p50_ms']:>7.2f} ms  "
-        f"p99 {row['ack_p99_ms']:>7.2f} ms  ({row.get('p50_vs_put', 1.0):>5.2f}x / "
-        f"{row.get('p99_vs_put', raw['ack_p99_ms'] / raw['ack_p50_ms']):>5.2f}x PUT p50)  "
-        f"{row['throughput_mib_s']:>7.2f} MiB/s  {row['puts_per_gib']:>8} PUT/GiB  "
-        f"{row['gets_lists_per_gib']:>8} GET+LIST/GiB",
-        flush=True,
-    )
+def ms(value: float) -> str:
+    return f"{value:.2f} ms"
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def times(value: float) -> str:
+    return f"{value:.2f}x"
+
+
+TABLE = Table(
+    [
+        Column("scenario", width=16, align="<"),
+        Column("workload", width=11, align="<"),
+        Column("ack_p50_ms", "p50", 10, ms),
+        Column("ack_p99_ms", "p99", 10, ms),
+        Column("p50_vs_put", "p50/PUT", 8, times),
+        Column("p99_vs_put", "p99/PUT", 8, times),
+        Column("throughput_mib_s", "MiB/s", 8, ".2f"),
+        Column("puts_per_gib", "PUT/GiB", 8),
+        Column("gets_lists_per_gib", "GET+LIST/GiB", 12),
+    ],
+    separator="  ",
+)
+
+
+def slow_over_healthy(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """p99 with one zone slow over p99 healthy, per workload."""
+    ratio: dict[str, float | None] = {}
+    for workload, _, _ in WORKLOADS:
+        by = {row["scenario"]: row for row in rows if row["workload"] == workload}
+        if "healthy" not in by:
+            continue
+        healthy = by["healthy"]["ack_p99_ms"]
+        slow = by[f"one zone +{SLOW_EXTRA_MS:g}ms"]["ack_p99_ms"]
+        ratio[workload] = round(slow / healthy, 3) if healthy else None
+    return ratio
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     def draw(figure: Any, axis: Any) -> None:
         grouped_bars(
             axis,
@@ -222,13 +257,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         axis.set_title("s3express WAL ack latency vs a raw PUT (first bars)")
         axis.legend()
 
-    save_plot(path, draw)
+    return save_plot(path, draw)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 s per measurement")
-    parser.add_argument("--seconds", type=float, default=None)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = cli.parser(__doc__, "wal_s3express", quick="3 s per measurement")
+    parser.add_argument("--seconds", type=float, default=None, help="per measurement (default 10)")
     parser.add_argument(
         "--fence-lease",
         type=float,
@@ -236,40 +270,35 @@ def main() -> None:
         help="the zones' fence_lease in seconds (0: a successor check after every chunk, as "
         f"before the lease; default {DEFAULT_FENCE_LEASE_S:g})",
     )
-    args = parser.parse_args()
-    FENCE_LEASE_S[0] = args.fence_lease
+    args = parser.parse_args(argv)
+    args.seconds = cli.sized(args, args.seconds, full=10.0, quick=3.0, smoke=0.2)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.ERROR)
-    seconds = args.seconds or (3.0 if args.quick else 10.0)
-    rows = asyncio.run(run_all(seconds))
-    ratio = {}
-    for workload, _, _ in WORKLOADS:
-        by = {row["scenario"]: row for row in rows if row["workload"] == workload}
-        if "healthy" not in by:
-            continue
-        healthy = by["healthy"]["ack_p99_ms"]
-        slow = by[f"one zone +{SLOW_EXTRA_MS:g}ms"]["ack_p99_ms"]
-        ratio[workload] = round(slow / healthy, 3) if healthy else None
-    print("\np99(one zone +50ms) / p99(healthy):", ratio)
-    write_json(
-        RESULTS,
-        {
-            "benchmark": "wal_s3express",
-            "latency_model": {
-                "p50_ms": P50_MS,
-                "p99_ms": P99_MS,
-                "methods": "every request, in-memory zones",
-                "slow_zone_extra_ms": SLOW_EXTRA_MS,
-            },
-            "seconds_per_measurement": seconds,
-            "fence_lease_s": args.fence_lease,
-            "python": platform.python_version(),
-            "rows": rows,
-            "p99_slow_over_healthy": ratio,
+    TABLE.print_header()
+    rows = asyncio.run(run_all(args.seconds, args.fence_lease))
+    ratio = slow_over_healthy(rows)
+    print(f"\np99(one zone +{SLOW_EXTRA_MS:g}ms) / p99(healthy):", ratio)
+    document = {
+        "benchmark": "wal_s3express",
+        "mode": cli.mode(args),
+        "latency_model": {
+            "p50_ms": P50_MS,
+            "p99_ms": P99_MS,
+            "methods": "every request, in-memory zones",
+            "slow_zone_extra_ms": SLOW_EXTRA_MS,
         },
-    )
-    plot(rows, RESULTS.with_suffix(".png"))
-    print(f"wrote {RESULTS}")
+        "seconds_per_measurement": args.seconds,
+        "fence_lease_s": args.fence_lease,
+        "rows": rows,
+        "p99_slow_over_healthy": ratio,
+    }
+    write_results(args.json, document, lambda png: plot(rows, png))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

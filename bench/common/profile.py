@@ -19,7 +19,7 @@ py-spy's ``process N:"command line"`` pseudo-frames are dropped and file paths a
 relative (to the package for installed modules, to the repository for its own files), so a top
 list never names the machine it was recorded on.
 
-    .venv/bin/python bench/_profile.py RAW [OUT] [--title NAME]   # a top list from a raw file
+    .venv/bin/python bench/common/profile.py RAW [OUT] [--title NAME]   # a top list from a raw file
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TOP = 25
@@ -42,7 +43,7 @@ RATE = 100
 """Samples per second."""
 ENV = "WALSTREAM_BENCH_PROFILE"
 """Environment variable naming the raw file a benchmark's ``measured`` windows append to."""
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 WINDOWS = {
     "engine_local": "engine_appends (walstream side: 64 clients x 1 KiB appends)",
@@ -192,6 +193,27 @@ def record_command(raw: Path, command: list[str], rate: int = RATE) -> list[str]
     ]
 
 
+def _attach(executable: str, part: Path, log: Path, rate: int) -> subprocess.Popen[bytes] | None:
+    """py-spy recording this process (and its children) into ``part``, once it samples; None
+    when it did not start within 30 s."""
+    with log.open("w") as output:
+        command = [executable, "record", "--pid", str(os.getpid()), "--format", "raw"]
+        command += ["--rate", str(rate), "--subprocesses", "--idle", "--nonblocking"]
+        spy = subprocess.Popen(
+            [*command, "--output", str(part)],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 30.0
+    while "Sampling" not in log.read_text(errors="replace"):
+        if spy.poll() is not None or time.monotonic() > deadline:
+            spy.kill()
+            spy.wait()
+            return None
+        time.sleep(0.01)
+    return spy
+
+
 @contextlib.contextmanager
 def measured(label: str, *, when: bool = True, rate: int = RATE) -> Iterator[None]:
     """Samples this process and its children with py-spy while the block runs, when
@@ -206,35 +228,11 @@ def measured(label: str, *, when: bool = True, rate: int = RATE) -> Iterator[Non
         return
     part, log = Path(f"{target}.part"), Path(f"{target}.spylog")
     part.unlink(missing_ok=True)
-    with log.open("w") as output:
-        spy = subprocess.Popen(
-            [
-                executable,
-                "record",
-                "--pid",
-                str(os.getpid()),
-                "--format",
-                "raw",
-                "--rate",
-                str(rate),
-                "--subprocesses",
-                "--idle",
-                "--nonblocking",
-                "--output",
-                str(part),
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 30.0
-    while "Sampling" not in log.read_text(errors="replace"):
-        if spy.poll() is not None or time.monotonic() > deadline:
-            spy.kill()
-            spy.wait()
-            print(f"py-spy did not start; {label} runs unprofiled", file=sys.stderr)
-            yield
-            return
-        time.sleep(0.01)
+    spy = _attach(executable, part, log, rate)
+    if spy is None:
+        print(f"py-spy did not start; {label} runs unprofiled", file=sys.stderr)
+        yield
+        return
     started = time.monotonic()
     try:
         yield
@@ -253,83 +251,99 @@ def _share(count: int, total: int) -> str:
     return f"{100 * count / max(total, 1):.0f}%"
 
 
-def top_list(raw: Path, title: str, count: int = TOP) -> str:
-    """The top list of a py-spy raw file (collapsed stacks, one ``frames count`` a line)."""
-    own: Counter[str] = Counter()
-    inclusive: Counter[str] = Counter()
-    own_parts: Counter[str] = Counter()
-    inclusive_parts: Counter[str] = Counter()
-    windows: Counter[str] = Counter()
-    programs: Counter[str] = Counter()
-    window_seconds = 0.0
-    busy = idle = startup = loop = loop_idle = rig = 0
-    for line in raw.read_text(errors="replace").splitlines():
+@dataclass
+class _Tally:
+    """The samples of a raw file, counted as :func:`top_list` reports them."""
+
+    own: Counter[str] = field(default_factory=Counter)
+    inclusive: Counter[str] = field(default_factory=Counter)
+    own_parts: Counter[str] = field(default_factory=Counter)
+    inclusive_parts: Counter[str] = field(default_factory=Counter)
+    windows: Counter[str] = field(default_factory=Counter)
+    programs: Counter[str] = field(default_factory=Counter)
+    window_seconds: float = 0.0
+    busy: int = 0
+    idle: int = 0
+    startup: int = 0
+    loop: int = 0
+    loop_idle: int = 0
+    rig: int = 0
+
+    def add_line(self, line: str) -> None:
+        """A ``# window LABEL SECONDS`` line, or a stack and its sample count."""
         if line.startswith(_WINDOW):
             label, _, seconds = line[len(_WINDOW) :].rpartition(" ")
-            windows[label] += 1
+            self.windows[label] += 1
             with contextlib.suppress(ValueError):
-                window_seconds += float(seconds)
-            continue
+                self.window_seconds += float(seconds)
+            return
         stack, _, number = line.rpartition(" ")
-        if not stack or not number.isdigit():
-            continue
-        samples = int(number)
-        if any(_RIG_PROCESS.match(frame) for frame in stack.split(";")):
-            rig += samples
-            continue
-        processes = [frame for frame in stack.split(";") if _PROCESS.match(frame)]
-        frames = [clean_frame(frame) for frame in stack.split(";") if not _PROCESS.match(frame)]
+        if stack and number.isdigit():
+            self.add_stack(stack.split(";"), int(number))
+
+    def add_stack(self, stack: list[str], samples: int) -> None:
+        if any(_RIG_PROCESS.match(frame) for frame in stack):
+            self.rig += samples
+            return
+        processes = [frame for frame in stack if _PROCESS.match(frame)]
+        frames = [clean_frame(frame) for frame in stack if not _PROCESS.match(frame)]
         if not frames:
-            continue
+            return
         in_loop = any(_LOOP in frame for frame in frames)
-        loop += samples if in_loop else 0
+        self.loop += samples if in_loop else 0
         if _is_wait(frames[-1]):
-            idle += samples
-            loop_idle += samples if in_loop else 0
-            continue
+            self.idle += samples
+            self.loop_idle += samples if in_loop else 0
+            return
         if any(_STARTUP in frame for frame in frames):
-            startup += samples
-            continue
-        busy += samples
-        programs[_process_name(processes[-1]) if processes else "?"] += samples
-        own[frames[-1]] += samples
-        own_parts[component(frames[-1]) or "other"] += samples
+            self.startup += samples
+            return
+        self.busy += samples
+        self.programs[_process_name(processes[-1]) if processes else "?"] += samples
+        self.own[frames[-1]] += samples
+        self.own_parts[component(frames[-1]) or "other"] += samples
         for function in {frame.rsplit(":", 1)[0] for frame in frames}:
-            inclusive[function] += samples
+            self.inclusive[function] += samples
         for part in {component(frame) for frame in frames} - {None, *_EVERYWHERE}:
-            inclusive_parts[str(part)] += samples
-    if windows:
-        spans = ", ".join(f"{n} x {label}" for label, n in windows.items())
-        scope = f"measured windows only ({spans}; {window_seconds:.1f} s in total)"
-    else:
-        scope = "the whole benchmark process (set-up and plots included)"
-    lines = [
-        f"py-spy profile of {title}: {scope}",
-        f"  {busy + idle + startup + rig} thread samples: {busy} busy (on a CPU or in a system call),"
-        f" {idle} waiting (selector poll, idle thread, lock), {startup} importing modules,"
-        f" {rig} in test rig processes (left out);"
-        f" event loop threads idle in the selector {_share(loop_idle, loop)} of their samples",
-        "  shares below are of busy samples"
-        + (
-            "; by process: "
-            + ", ".join(f"{name} {_share(n, busy)}" for name, n in programs.most_common(4))
-            if len(programs) > 1
-            else ""
-        ),
-        "  own time by component: "
-        + ", ".join(f"{name} {_share(n, busy)}" for name, n in own_parts.most_common(6)),
-        "  on the stack (inclusive): "
-        + (
-            ", ".join(f"{name} {_share(n, busy)}" for name, n in inclusive_parts.most_common(6))
-            or "-"
-        ),
-        "",
-        "own time (function, file:line)",
-    ]
-    lines += [f"{100 * n / max(busy, 1):6.1f}%  {frame}" for frame, n in own.most_common(count)]
+            self.inclusive_parts[str(part)] += samples
+
+    def shares(self, counter: Counter[str], count: int) -> str:
+        return ", ".join(f"{name} {_share(n, self.busy)}" for name, n in counter.most_common(count))
+
+    def summary(self, title: str) -> list[str]:
+        """The lines above the lists: the scope, where the samples went, the shares."""
+        if self.windows:
+            spans = ", ".join(f"{n} x {label}" for label, n in self.windows.items())
+            scope = f"measured windows only ({spans}; {self.window_seconds:.1f} s in total)"
+        else:
+            scope = "the whole benchmark process (set-up and plots included)"
+        by_process = (
+            "; by process: " + self.shares(self.programs, 4) if len(self.programs) > 1 else ""
+        )
+        return [
+            f"py-spy profile of {title}: {scope}",
+            f"  {self.busy + self.idle + self.startup + self.rig} thread samples: {self.busy} busy"
+            " (on a CPU or in a system call),"
+            f" {self.idle} waiting (selector poll, idle thread, lock), {self.startup} importing"
+            f" modules, {self.rig} in test rig processes (left out); event loop threads idle in"
+            f" the selector {_share(self.loop_idle, self.loop)} of their samples",
+            "  shares below are of busy samples" + by_process,
+            "  own time by component: " + self.shares(self.own_parts, 6),
+            "  on the stack (inclusive): " + (self.shares(self.inclusive_parts, 6) or "-"),
+        ]
+
+
+def top_list(raw: Path, title: str, count: int = TOP) -> str:
+    """The top list of a py-spy raw file (collapsed stacks, one ``frames count`` a line)."""
+    tally = _Tally()
+    for line in raw.read_text(errors="replace").splitlines():
+        tally.add_line(line)
+    busy = max(tally.busy, 1)
+    lines = [*tally.summary(title), "", "own time (function, file:line)"]
+    lines += [f"{100 * n / busy:6.1f}%  {frame}" for frame, n in tally.own.most_common(count)]
     lines += ["", "inclusive (function, file)"]
     lines += [
-        f"{100 * n / max(busy, 1):6.1f}%  {frame})" for frame, n in inclusive.most_common(count)
+        f"{100 * n / busy:6.1f}%  {frame})" for frame, n in tally.inclusive.most_common(count)
     ]
     return "\n".join(lines) + "\n"
 

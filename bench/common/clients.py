@@ -1,75 +1,32 @@
-"""Closed-loop load generation shared by ``bench/peers.py`` and the other HTTP benchmarks.
+"""Lean asyncio clients the load generator drives: they parse only what a benchmark needs, so
+they cost far less per request than a general client library and the client is not what is
+measured.
 
-- :func:`closed_loop`: ``clients`` coroutines each issue one operation, wait for its answer,
-  issue the next, for ``seconds``; latency is from the call to the answer.
-- :class:`Http1Connection`: a minimal HTTP/1.1 keep-alive client on an asyncio protocol (one
-  request in flight per connection, ``Content-Length`` or chunked answers). It parses only what
-  it needs, so it costs far less per request than a general client library.
-- :class:`H2cConnection`: HTTP/2 over cleartext with prior knowledge (the ``h2`` state machine),
-  one stream in flight per connection.
-- ``python bench/_loadgen.py noop-http``: a no-op HTTP/1.1 server (prints ``PORT <n>``, answers
-  every request with a fixed JSON body). Driving it shows what the client alone can do.
+- :class:`Http1Connection`: HTTP/1.1 keep-alive, one request in flight per connection
+  (``Content-Length`` or chunked answers), reopened when the server closed it between requests;
+- :class:`H2cConnection`: HTTP/2 over cleartext with prior knowledge (the ``h2`` state
+  machine), one stream in flight per connection;
+- :class:`RespConnection`: Redis (RESP2), pre-encoded commands, replies checked and counted;
+- :class:`NatsPublisher`: JetStream publishes on the core NATS protocol, one PubAck awaited per
+  message.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import re
 import socket
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
-Operation = Callable[[int], Awaitable[int]]
-"""One operation of client ``i``; returns how many records it appended."""
-
-
-def percentile(sorted_values: list[float], fraction: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
-
-
-async def closed_loop(operation: Operation, clients: int, seconds: float) -> dict[str, float]:
-    """Run ``clients`` closed loops of ``operation`` for ``seconds``; requests/s, records/s,
-    latency percentiles in milliseconds and the CPU this process used per second
-    (``client_cpu``). Errors propagate (a benchmark that fails says so)."""
-    latencies: list[float] = []
-    records = 0
-    stop_at = time.perf_counter() + seconds
-
-    async def loop(index: int) -> None:
-        nonlocal records
-        clock = time.perf_counter
-        while clock() < stop_at:
-            started = clock()
-            appended = await operation(index)  # not `records += await ...`: that reads first
-            records += appended
-            latencies.append(clock() - started)
-
-    started = time.perf_counter()
-    cpu_started = time.process_time()
-    await asyncio.gather(*(loop(index) for index in range(clients)))
-    elapsed = time.perf_counter() - started
-    cpu = time.process_time() - cpu_started
-    latencies.sort()
-    return {
-        # CPU seconds this process spent per second: near 1.0 means the benchmark's own process
-        # (the clients, and the node itself for an in-process run) is saturating its core.
-        "client_cpu": cpu / elapsed,
-        "requests": len(latencies),
-        "requests_per_s": len(latencies) / elapsed,
-        "records_per_s": records / elapsed,
-        "p50_ms": percentile(latencies, 0.50) * 1e3,
-        "p99_ms": percentile(latencies, 0.99) * 1e3,
-        "latencies_ms": [value * 1e3 for value in latencies],
-    }
+__all__ = [
+    "H2cConnection",
+    "Http1Connection",
+    "HttpError",
+    "NatsPublisher",
+    "RespConnection",
+    "RespError",
+    "resp_command",
+]
 
 
 class HttpError(RuntimeError):
@@ -271,7 +228,9 @@ class H2cConnection:
             raise ConnectionResetError("server closed the HTTP/2 connection")
         for event in connection.receive_data(data):
             if isinstance(event, h2.events.ResponseReceived):
-                answer.status = int(dict(event.headers)[":status"])
+                # header_encoding="utf-8": names and values arrive as str (h2 types them bytes)
+                headers: dict[Any, Any] = dict(event.headers or ())
+                answer.status = int(headers[":status"])
             elif isinstance(event, h2.events.DataReceived):
                 answer.body += event.data
                 connection.acknowledge_received_data(event.flow_controlled_length, stream_id)
@@ -312,16 +271,16 @@ def _resp_end(buffer: bytearray, position: int) -> int | None:
         raise RespError(bytes(buffer[position + 1 : line_end]).decode(errors="replace"))
     count = int(buffer[position + 1 : line_end])
     if kind == ord("$"):
-        end = line_end + 2 + max(count, 0) + (2 if count >= 0 else 0)
-        return end if len(buffer) >= end else None
+        bulk_end = line_end + 2 + max(count, 0) + (2 if count >= 0 else 0)
+        return bulk_end if len(buffer) >= bulk_end else None
     if kind == ord("*"):
-        end: int | None = line_end + 2
+        element_end: int | None = line_end + 2
         for _ in range(max(count, 0)):
-            assert end is not None
-            end = _resp_end(buffer, end)
-            if end is None:
+            assert element_end is not None
+            element_end = _resp_end(buffer, element_end)
+            if element_end is None:
                 return None
-        return end
+        return element_end
     raise RespError(f"unexpected RESP reply type {chr(kind)!r}")
 
 
@@ -487,131 +446,3 @@ class NatsPublisher:
 
     def close(self) -> None:
         self._protocol.transport.close()
-
-
-class ServerProcess:
-    """A server child process, ready once a line of its output (stdout and stderr) matches
-    ``pattern``; its port is ``port`` when given, else the pattern's group 1. The output goes
-    on to ``server.log`` in ``cwd``."""
-
-    def __init__(
-        self,
-        command: list[str],
-        pattern: str,
-        *,
-        cwd: Path,
-        port: int | None = None,
-        timeout_s: float = 30.0,
-        env: dict[str, str] | None = None,
-    ) -> None:
-        self.log = cwd / "server.log"
-        self._log_file = self.log.open("w")
-        self.process = subprocess.Popen(
-            command,
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=None if env is None else {**os.environ, **env},
-        )
-        regex = re.compile(pattern)
-        assert self.process.stdout is not None
-        output = self.process.stdout
-        found = threading.Event()
-        self.port = 0
-
-        def drain() -> None:
-            # Read until the server exits, so a chatty server never blocks on a full pipe.
-            for line in output:
-                self._log_file.write(line)
-                if not found.is_set():
-                    match = regex.search(line)
-                    if match:
-                        self.port = port if port is not None else int(match.group(1))
-                        found.set()
-            found.set()
-
-        self._drain = threading.Thread(target=drain, daemon=True)
-        self._drain.start()
-        found.wait(timeout_s)
-        if not self.port:
-            self.stop()
-            raise RuntimeError(f"{command[0]} did not become ready: {self.log.read_text()[-2000:]}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._drain.join(timeout=5)
-        self._log_file.close()
-
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def noop_http_server_command() -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "noop-http"]
-
-
-_NOOP_BODY = (
-    b'{"start":{"seq_num":0,"timestamp":0},"end":{"seq_num":1,"timestamp":0},'
-    b'"tail":{"seq_num":1,"timestamp":0}}'
-)
-_NOOP_ANSWER = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
-    % len(_NOOP_BODY)
-) + _NOOP_BODY
-
-
-class _NoopServer(asyncio.Protocol):
-    """Answers every request at once (Content-Length bodies only, what our client sends)."""
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-        self.buffer = bytearray()
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while True:
-            head_end = self.buffer.find(_HEAD_END)
-            if head_end < 0:
-                return
-            length = _LENGTH.search(bytes(self.buffer[:head_end]))
-            end = head_end + 4 + (int(length.group(1)) if length else 0)
-            if len(self.buffer) < end:
-                return
-            del self.buffer[:end]
-            self.transport.write(_NOOP_ANSWER)
-
-
-async def _serve_noop() -> None:
-    server = await asyncio.get_running_loop().create_server(_NoopServer, "127.0.0.1", 0)
-    print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
-    await server.serve_forever()
-
-
-def use_uvloop() -> str:
-    """Install uvloop's event loop policy if it is installed; the loop's name."""
-    try:
-        import uvloop
-    except ImportError:
-        return "asyncio"
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return "uvloop"
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["noop-http"]:
-        use_uvloop()
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_serve_noop())
-    else:
-        sys.exit("usage: _loadgen.py noop-http")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -243,7 +243,8 @@ def profile_for(bench: str, results: Path) -> str:
     one; "-" when there is neither."""
     for candidate in (results / f"{bench}.profile.txt", BENCH / "figures" / f"profile_{bench}.txt"):
         if candidate.exists():
-            return str(candidate.relative_to(BENCH.parent))
+            inside = candidate.is_relative_to(BENCH.parent)
+            return str(candidate.relative_to(BENCH.parent) if inside else candidate)
     return "-"
 
 

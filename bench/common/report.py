@@ -4,16 +4,19 @@ and a PNG plot, and the statistics they are made of.
 - :class:`Table` prints a header and rows of :class:`Column` (a row is a mapping; a missing key
   prints empty), one line at a time, so a long benchmark shows each row as it is measured;
 - :func:`write_json` writes a document (creating ``bench/results/``), indented, newline-ended;
+  :func:`write_results` adds what ran it and its load, then draws the PNG beside it;
 - :func:`save_plot` draws a figure with matplotlib's Agg backend and writes it as a PNG; without
   matplotlib it says so and the table and JSON still stand; :func:`grouped_bars` is the bar chart
   most benchmarks draw (one group of bars per label, one bar per series);
 - :func:`percentile` (nearest rank, the one estimator the benchmarks share), :func:`median_of`
-  (the per-key median of several runs) and :func:`machine` (what ran it).
+  (the per-key median of several runs), :func:`machine` (what ran it) and
+  :func:`load_average` (how busy the machine was: it is shared, so every result records it).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,6 +28,7 @@ __all__ = [
     "Column",
     "Table",
     "grouped_bars",
+    "load_average",
     "machine",
     "median_of",
     "percentile",
@@ -33,9 +37,12 @@ __all__ = [
 ]
 
 
-def percentile(values: Iterable[float], fraction: float) -> float:
-    """The value at rank ``int(fraction * n)`` of the sorted values (the largest for 1.0)."""
-    ordered = sorted(values)
+def percentile(values: Iterable[float], fraction: float, *, presorted: bool = False) -> float:
+    """The value at rank ``int(fraction * n)`` of the sorted values (the largest for 1.0); NaN
+    for no values. ``presorted``: ``values`` is a sorted sequence already (not copied)."""
+    ordered = values if presorted and isinstance(values, Sequence) else sorted(values)
+    if not ordered:
+        return float("nan")
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
@@ -44,17 +51,26 @@ def median_of(runs: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
-def machine() -> dict[str, str]:
-    """The Python version and platform a result was measured on."""
-    return {"python": platform.python_version(), "platform": platform.platform()}
+def machine() -> dict[str, Any]:
+    """What a result was measured on: Python, the platform, the cores."""
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+    }
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages (``uptime``'s)."""
+    return [round(value, 2) for value in os.getloadavg()]
 
 
 @dataclass(frozen=True)
 class Column:
     """One column: the row key it shows, its title, width and how a value is written.
 
-    ``spec`` is a format spec for the value (``".2f"``) or a function to text; without one the
-    value is written as ``str(value)``. Title and text are aligned with ``align`` in ``width``."""
+    ``spec`` is a format spec for a number (``".2f"``) or a function to text; any other value,
+    or any value without a spec, is written as ``str(value)``. Title and text are aligned with ``align`` in ``width``."""
 
     key: str
     title: str | None = None
@@ -65,7 +81,8 @@ class Column:
     def text(self, value: Any) -> str:
         if callable(self.spec):
             return self.spec(value)
-        return format(value, self.spec) if self.spec and value != "" else str(value)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        return format(value, self.spec) if self.spec and number else str(value)
 
     def cell(self, text: str) -> str:
         return f"{text:{self.align}{self.width}}"
@@ -113,17 +130,37 @@ def write_json(path: Path, document: Any) -> None:
     path.write_text(json.dumps(document, indent=2) + "\n")
 
 
+def write_results(
+    path: Path, document: dict[str, Any], plot: Callable[[Path], bool] | None = None
+) -> None:
+    """Write ``document`` to ``path`` as JSON, with ``machine`` and ``load_average`` added where
+    it has none; then ``plot(png)`` (the PNG beside it, an older one removed first; False when
+    nothing was drawn) and lines saying the load and what was written."""
+    document.setdefault("machine", machine())
+    document.setdefault("load_average", load_average())
+    write_json(path, document)
+    png = path.with_suffix(".png")
+    drawn = False
+    if plot is not None:
+        png.unlink(missing_ok=True)
+        drawn = plot(png)
+    print(f"load average (1, 5, 15 min): {' '.join(map(str, document['load_average']))}")
+    print(f"wrote {path}" + (f" and {png}" if drawn else ""), flush=True)
+
+
 def save_plot(
     path: Path,
     draw: Callable[[Any, Any], None],
     *,
     figsize: tuple[float, float] = (9, 4),
     columns: int = 1,
+    rows: int = 1,
     dpi: int = 120,
 ) -> bool:
-    """Call ``draw(figure, axes)`` on a new figure of ``columns`` side-by-side axes (one axis
-    when 1) and write it to ``path`` as a PNG; False, with a line saying so, when matplotlib is
-    not installed."""
+    """Call ``draw(figure, axes)`` on a new figure of ``rows`` x ``columns`` axes (one axis when
+    both are 1, a row of them when ``rows`` is 1, else a grid; none when ``columns`` is 0:
+    ``draw`` lays them out itself and gets None) and write it to ``path`` as a PNG; False, with a
+    line saying so, when matplotlib is not installed."""
     try:
         import matplotlib
     except ModuleNotFoundError:
@@ -132,7 +169,10 @@ def save_plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, columns, figsize=figsize)
+    if columns:
+        figure, axes = plt.subplots(rows, columns, figsize=figsize)
+    else:
+        figure, axes = plt.figure(figsize=figsize), None
     try:
         draw(figure, axes)
         figure.tight_layout()
