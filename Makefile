@@ -62,14 +62,16 @@ $(RUN_STAMP): $(foreach d,$(RUN_DISTS),$(d)/pyproject.toml)
 	$(PY) -m pip install -q --upgrade pip && \
 	$(PY) -m pip install -q $(foreach d,$(RUN_DISTS),-e ./$(d)) && touch $@
 
-# ruff on every dist; mypy --strict on core and on every dist's src/; import-linter checks the
-# dependency rules of the root pyproject.toml ([tool.importlinter]).
+# ruff on every dist, tools and bench; mypy --strict on core, on every dist's src/, tools/docs
+# and bench/ (its scripts import bench/common as the top-level package `common`, as they do when
+# run); import-linter checks the dependency rules of the root pyproject.toml ([tool.importlinter]).
 lint: install
-	$(VENV)/bin/ruff check core plugins $(filter-out core/ plugins/,$(DISTS)) tools
+	$(VENV)/bin/ruff check core plugins $(filter-out core/ plugins/,$(DISTS)) tools bench
 	$(VENV)/bin/mypy core/src/walstream
 	@set -e; for d in $(filter-out core,$(patsubst %/,%,$(DISTS))); do \
 	  echo "mypy --strict $$d/src"; $(VENV)/bin/mypy --strict $$d/src; done
 	$(VENV)/bin/mypy --strict tools/docs
+	$(VENV)/bin/mypy --strict bench
 	$(VENV)/bin/lint-imports
 
 # The documentation site (mkdocs.yml) into build/site; --strict: any warning (a broken link, a

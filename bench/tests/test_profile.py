@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
+from common import profile
 
-import _profile  # noqa: E402
+BENCH = Path(__file__).resolve().parents[1]
 
 
 def test_a_top_list_has_no_machine_paths_and_no_process_frames(tmp_path: Path) -> None:
@@ -22,7 +20,7 @@ def test_a_top_list_has_no_machine_paths_and_no_process_frames(tmp_path: Path) -
         'process 4242:"/usr/bin/python3 x.py";checksum (/opt/elsewhere/deep/walstream/format/'
         "object.py:234) 3\n"
     )
-    text = _profile.top_list(raw, "engine_local")
+    text = profile.top_list(raw, "engine_local")
     assert "/home/" not in text and "/opt/" not in text and "process 4242" not in text
     assert "libaio/__init__.py:461" in text
     assert "walstream/engine/append.py" in text
