@@ -127,6 +127,7 @@ def test_the_format_table_of_the_upgrade_notes_is_what_the_code_writes_and_reads
         assert numbers(rows[name][0])[:1] == [version], (name, rows[name], version)
     assert numbers(rows["object"][1]) == [
         object_format.LEGACY_FORMAT_VERSION,
+        object_format.IDENTITY_FORMAT_VERSION,
         object_format.FORMAT_VERSION,
     ]
     assert numbers(rows["ebs WAL header"][1]) == list(ebs.READABLE_VERSIONS)
