@@ -1,0 +1,315 @@
+"""The metadata stores' hot paths, this checkout against an earlier commit, alternating runs.
+
+A change to the SQL stores (SQLite, PostgreSQL) must not slow what the engine does all the time.
+This runs the same workloads on the code of ``--baseline`` (a commit, extracted with
+``git archive``) and on the working tree, each run in a fresh child process importing one tree
+(``PYTHONPATH``), alternating which goes first from round to round (ABBA), on fresh stores:
+SQLite a file in a temporary folder (WAL journal, synchronous=FULL); PostgreSQL one throwaway
+server on 127.0.0.1 (fsync on) shared by every run, a fresh schema per run. Workloads, each a
+closed loop for ``--seconds``:
+
+- ``commit x1`` / ``commit x16``: 1 or 16 committers (a node and a stream each) commit one
+  object of one range per ``commit_objects`` call, ids prepared beforehand (bench/metadata.py's
+  shape);
+- ``upload x16``: 16 committers each ``prepare_objects(1)`` then commit it (the engine's upload);
+- ``read x16``: 16 readers call ``get_objects`` at random offsets of a stream of 2,000 objects;
+- ``renew x1``: one node renews its lease.
+
+Prints per store and workload the medians over the rounds of ops/s and p99 latency for the
+baseline and the working tree and their ratio (new / old); JSON in
+``bench/results/metadata_ab.json``, plot in ``bench/results/metadata_ab.png``. Run ``uptime``
+next to it: the machine is shared.
+
+    .venv/bin/python bench/metadata_ab.py --baseline main              # 5 rounds of 3 s
+    .venv/bin/python bench/metadata_ab.py --baseline b30fa10 --quick   # 3 rounds of 1 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results" / "metadata_ab.json"
+PLOT = RESULTS.with_suffix(".png")
+STORES = ("sqlite", "postgres")
+WORKLOADS = ("commit x1", "commit x16", "upload x16", "read x16", "renew x1")
+SOURCES = ("core/src", "metadata_postgres/src")
+
+
+# -- the child: one tree, one store, every workload ------------------------------------------------
+
+
+def _store(kind: str, where: str) -> Any:
+    if kind == "sqlite":
+        from walstream.metadata.sqlite import SqliteMetadataStore
+
+        return SqliteMetadataStore(Path(where) / "meta.db")
+    from walstream_metadata_postgres import PostgresMetadataStore
+
+    dsn, schema = where.split(" ", 1)
+    return PostgresMetadataStore(dsn, schema=schema, pool_max=16)
+
+
+async def _closed_loop(
+    workers: list[Callable[[], Awaitable[None]]], seconds: float
+) -> dict[str, float]:
+    latencies: list[float] = []
+    stop_at = time.monotonic() + seconds
+
+    async def loop(work: Callable[[], Awaitable[None]]) -> None:
+        while time.monotonic() < stop_at:
+            began = time.perf_counter()
+            await work()
+            latencies.append(time.perf_counter() - began)
+
+    began = time.monotonic()
+    await asyncio.gather(*(loop(work) for work in workers))
+    elapsed = time.monotonic() - began
+    latencies.sort()
+    return {
+        "ops_per_s": len(latencies) / elapsed,
+        "p50_ms": latencies[len(latencies) // 2] * 1e3,
+        "p99_ms": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1e3,
+    }
+
+
+async def _child(kind: str, where: str, seconds: float) -> dict[str, dict[str, float]]:
+    from walstream.metadata import ObjectCommit, ObjectKind, StreamRange
+
+    store = _store(kind, where)
+    await store.deployment_id()  # create the schema outside the timing
+    node_ids = iter(range(1, 1000))
+
+    async def committer(label: str, prepare_each: bool) -> Callable[[], Awaitable[None]]:
+        node_id = next(node_ids)
+        node = await store.register_node(node_id, {"type": "bench"})
+        stream = await store.create_stream(f"{label}-{node_id}")
+        epoch = (await store.claim_stream(stream.stream_id, node_id, node.node_epoch)).epoch
+        ready: list[int] = [] if prepare_each else await store.prepare_objects(20_000, 3_600_000)
+        end = 0
+
+        async def commit() -> None:
+            nonlocal end
+            if prepare_each:
+                object_id = (await store.prepare_objects(1, 3_600_000))[0]
+            else:
+                object_id = ready.pop()
+            range_ = StreamRange(stream.stream_id, end, end + 100, epoch)
+            await store.commit_objects(
+                node_id,
+                node.node_epoch,
+                [
+                    ObjectCommit(
+                        object_id, f"o/{object_id}", ObjectKind.STREAM, 1 << 20, 64, (range_,)
+                    )
+                ],
+            )
+            end += 100
+
+        return commit
+
+    results: dict[str, dict[str, float]] = {}
+    results["commit x1"] = await _closed_loop([await committer("c1", False)], seconds)
+    results["commit x16"] = await _closed_loop(
+        [await committer("c16", False) for _ in range(16)], seconds
+    )
+    results["upload x16"] = await _closed_loop(
+        [await committer("u16", True) for _ in range(16)], seconds
+    )
+
+    fill = await committer("read", False)
+    for _ in range(2000):
+        await fill()
+    (stream,) = await store.list_streams("read-")
+    rng = random.Random(7)
+
+    async def read() -> None:
+        found = await store.get_objects(stream.stream_id, rng.randrange(200_000), limit=10)
+        assert found
+
+    results["read x16"] = await _closed_loop([read] * 16, seconds)
+
+    node_id = next(node_ids)
+    node = await store.register_node(node_id, {"type": "bench"})
+
+    async def renew() -> None:
+        await store.renew_lease(node_id, node.node_epoch, 60_000)
+
+    results["renew x1"] = await _closed_loop([renew], seconds)
+    await store.close()
+    return results
+
+
+# -- the parent: trees, rounds, report -------------------------------------------------------------
+
+
+def _extract(ref: str, into: Path) -> Path:
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", ref, *SOURCES],
+        capture_output=True,
+        check=True,
+    ).stdout
+    tree = into / "baseline"
+    tree.mkdir()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+def _run_child(tree: Path, kind: str, where: str, seconds: float) -> dict[str, dict[str, float]]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(str(tree / source) for source in SOURCES))
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", kind, where, str(seconds)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        cwd=tree,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"child ({tree}, {kind}) failed:\n{done.stderr}")
+    result: dict[str, dict[str, float]] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", default="main", help="commit to compare against (git ref)")
+    parser.add_argument("--rounds", type=int, default=None, help="ABBA rounds (default 5)")
+    parser.add_argument("--seconds", type=float, default=None, help="per workload (default 3)")
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 1 s")
+    parser.add_argument(
+        "--child", nargs=3, metavar=("STORE", "WHERE", "SECONDS"), help=argparse.SUPPRESS
+    )
+    args = parser.parse_args()
+    if args.child:
+        kind, where, seconds = args.child
+        print(json.dumps(asyncio.run(_child(kind, where, float(seconds)))))
+        return
+
+    sys.path.insert(0, str(HERE))
+    from _report import Column, Table, grouped_bars, machine, save_plot, write_json
+    from walstream_metadata_postgres.testing import PostgresServer
+
+    rounds = args.rounds or (3 if args.quick else 5)
+    seconds = args.seconds or (1.0 if args.quick else 3.0)
+    load_before = os.getloadavg()
+    samples: dict[str, dict[str, dict[str, list[dict[str, float]]]]] = {
+        store: {side: {w: [] for w in WORKLOADS} for side in ("old", "new")} for store in STORES
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="walstream-bench-ab-") as folder,
+        PostgresServer() as server,
+    ):
+        trees = {"old": _extract(args.baseline, Path(folder)), "new": ROOT}
+        runs = 0
+        for round_ in range(rounds):
+            order = ("old", "new") if round_ % 2 == 0 else ("new", "old")
+            for store in STORES:
+                for side in order:
+                    runs += 1
+                    if store == "sqlite":
+                        where = str(Path(folder) / f"run-{runs}")
+                        Path(where).mkdir()
+                    else:
+                        where = f"{server.dsn} ab_{runs}"
+                    result = _run_child(trees[side], store, where, seconds)
+                    for workload, row in result.items():
+                        samples[store][side][workload].append(row)
+                    print(
+                        f"round {round_ + 1}/{rounds} {store:8} {side}: "
+                        + ", ".join(f"{w} {row['ops_per_s']:.0f}/s" for w, row in result.items()),
+                        flush=True,
+                    )
+    load_after = os.getloadavg()
+
+    def median(store: str, side: str, workload: str, key: str) -> float:
+        return statistics.median(run[key] for run in samples[store][side][workload])
+
+    table = Table(
+        [
+            Column("store", width=8, align="<"),
+            Column("workload", width=11, align="<"),
+            Column("old_ops", "old ops/s", 10, ".0f"),
+            Column("new_ops", "new ops/s", 10, ".0f"),
+            Column("ops_ratio", "new/old", 8, ".2f"),
+            Column("old_p99", "old p99 ms", 11, ".2f"),
+            Column("new_p99", "new p99 ms", 11, ".2f"),
+            Column("p99_ratio", "new/old", 8, ".2f"),
+        ]
+    )
+    rows = []
+    for store in STORES:
+        for workload in WORKLOADS:
+            old_ops = median(store, "old", workload, "ops_per_s")
+            new_ops = median(store, "new", workload, "ops_per_s")
+            old_p99 = median(store, "old", workload, "p99_ms")
+            new_p99 = median(store, "new", workload, "p99_ms")
+            rows.append(
+                {
+                    "store": store,
+                    "workload": workload,
+                    "old_ops": old_ops,
+                    "new_ops": new_ops,
+                    "ops_ratio": new_ops / old_ops,
+                    "old_p99": old_p99,
+                    "new_p99": new_p99,
+                    "p99_ratio": new_p99 / old_p99,
+                }
+            )
+    print(
+        f"\nmetadata hot paths: {args.baseline} (old) against the working tree (new); medians of "
+        f"{rounds} ABBA rounds x {seconds:g} s; load average {load_before[0]:.2f} before, "
+        f"{load_after[0]:.2f} after"
+    )
+    table.print(rows)
+    write_json(
+        RESULTS,
+        {
+            "benchmark": "metadata_ab",
+            "baseline": args.baseline,
+            "rounds": rounds,
+            "seconds": seconds,
+            "load_average": {"before": load_before, "after": load_after},
+            "machine": machine(),
+            "rows": rows,
+            "runs": samples,
+        },
+    )
+
+    def draw(figure: Any, axes: Any) -> None:
+        for axis, store in zip(axes, STORES, strict=True):
+            mine = [row for row in rows if row["store"] == store]
+            grouped_bars(
+                axis,
+                [row["workload"] for row in mine],
+                {"old": [row["old_ops"] for row in mine], "new": [row["new_ops"] for row in mine]},
+            )
+            axis.set_title(store)
+            axis.set_ylabel("ops/s (median)")
+            axis.legend(fontsize=8)
+        figure.suptitle(f"metadata hot paths: {args.baseline} vs working tree")
+
+    if save_plot(PLOT, draw, figsize=(12, 4), columns=2, dpi=100):
+        print(f"\nwrote {RESULTS} and {PLOT}")
+    else:
+        print(f"\nwrote {RESULTS} (no plot)")
+
+
+if __name__ == "__main__":
+    main()
