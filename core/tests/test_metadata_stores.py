@@ -42,8 +42,12 @@ from walstream.metadata import (
     StreamState,
 )
 from walstream.metadata.memory import MEMORY_METADATA, MemoryMetadataStore
-from walstream.metadata.sqlite import SCHEMA_VERSION, SQLITE_METADATA, SqliteMetadataStore
-from walstream.metadata.sqlite_tables import open_connection
+from walstream.metadata.sqlite import (
+    SCHEMA_VERSION,
+    SQLITE_METADATA,
+    SqliteMetadataStore,
+    open_connection,
+)
 
 Opener = Callable[[], MetadataStore]
 _volume_names = itertools.count()
