@@ -1,10 +1,13 @@
 """Metadata databases written by older walstream open in place and read back what they held.
 
 ``tests/fixtures/metadata`` holds a SQLite file and a PostgreSQL dump made by the code of commit
-b30fa10 (``make_metadata_fixtures.py``), with what that code read back from each. Today's code
-opens a copy of each (the SQLite file as it is, the dump loaded into a fresh schema), upgrades it,
-and must read back exactly the same catalogue, then keep writing it: new ids follow the old ones,
-a node restarts with a newer epoch, a stream's next commit starts at its committed end.
+b30fa10 (``make_metadata_fixtures.py``), the last before versioned migrations, with what that code
+read back from each. Today's code opens a copy of each (the SQLite file as it is, the dump loaded
+into a fresh schema), adopts and upgrades it, and must read back exactly the same catalogue, then
+keep writing it: new ids follow the old ones, a node restarts with a newer epoch, a stream's next
+commit starts at its committed end. The upgraded database has the same tables, columns and indexes
+as a new one, and every migration recorded once. SQLite files of the versions before (1 to 3) are
+made from the fixture by removing what the later versions added.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import sqlite3
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +23,7 @@ from typing import Any
 
 import pytest
 from walstream.metadata import MetadataStore, ObjectCommit, ObjectKind, StreamRange
+from walstream.metadata.sql.migrations import MIGRATIONS
 from walstream.metadata.sqlite import SqliteMetadataStore
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "metadata"
@@ -76,6 +81,37 @@ async def _keeps_working(store: MetadataStore, expected: dict[str, Any]) -> None
     ]
 
 
+def _sqlite_shape(path: Path) -> dict[str, Any]:
+    """Every table's columns and every index's columns, as SQLite reports them."""
+    with sqlite3.connect(path) as connection:
+        tables = [
+            str(row[0])
+            for row in connection.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            )
+        ]
+        shape: dict[str, Any] = {}
+        for table in tables:
+            shape[table] = {
+                "columns": connection.execute(f"PRAGMA table_info({table})").fetchall(),
+                "indexes": {
+                    str(index[1]): (
+                        index[2],
+                        index[4],
+                        connection.execute(f"PRAGMA index_info({index[1]})").fetchall(),
+                    )
+                    for index in connection.execute(f"PRAGMA index_list({table})")
+                },
+            }
+        return shape
+
+
+def _recorded_versions(path: Path) -> list[int]:
+    with sqlite3.connect(path) as connection:
+        rows = connection.execute("SELECT version FROM schema_version ORDER BY version")
+        return [int(row[0]) for row in rows]
+
+
 async def test_a_sqlite_file_of_schema_version_4_opens_in_place(tmp_path: Path) -> None:
     path = tmp_path / "meta.db"
     shutil.copyfile(SCENARIO.SQLITE_FIXTURE, path)
@@ -86,6 +122,54 @@ async def test_a_sqlite_file_of_schema_version_4_opens_in_place(tmp_path: Path) 
         await _keeps_working(store, expected)
     finally:
         await store.close()
+    assert _recorded_versions(path) == [m.version for m in MIGRATIONS]
+    fresh = SqliteMetadataStore(tmp_path / "fresh.db")
+    await fresh.list_streams()
+    await fresh.close()
+    assert _sqlite_shape(path) == _sqlite_shape(tmp_path / "fresh.db")
+
+
+#: What a SQLite file of each version before 4 lacked, removed from the version 4 fixture.
+_REMOVED_AFTER = {
+    3: ["ALTER TABLE nodes DROP COLUMN address", "ALTER TABLE nodes DROP COLUMN lease_expires_ms"],
+    2: ["DROP TABLE basins"],
+    1: ["DROP TABLE deployment", "DROP TABLE data_loss"],
+}
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+async def test_a_sqlite_file_of_an_older_schema_version_opens_in_place(
+    tmp_path: Path, version: int
+) -> None:
+    path = tmp_path / "meta.db"
+    shutil.copyfile(SCENARIO.SQLITE_FIXTURE, path)
+    with sqlite3.connect(path) as connection:
+        for older in range(3, version - 1, -1):
+            for statement in _REMOVED_AFTER[older]:
+                connection.execute(statement)
+        connection.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (version,))
+    expected = _expected("sqlite_v4.json")
+    if version < 4:  # nodes had no address and no lease
+        for node in expected["nodes"]:
+            node["address"], node["lease_expires_ms"] = None, 0
+    if version < 3:
+        expected["basins"] = []
+    if version < 2:  # no gaps; a new deployment id
+        expected["data_loss"] = {stream_id: [] for stream_id in expected["data_loss"]}
+    store = SqliteMetadataStore(path)
+    try:
+        found = await SCENARIO.snapshot(store)
+        if version < 2:
+            assert found.pop("deployment_id") != expected.pop("deployment_id")
+        assert found == expected
+        await _keeps_working(store, _expected("sqlite_v4.json"))
+    finally:
+        await store.close()
+    assert _recorded_versions(path) == [m.version for m in MIGRATIONS]
+    fresh = SqliteMetadataStore(tmp_path / "fresh.db")
+    await fresh.list_streams()
+    await fresh.close()
+    assert _sqlite_shape(path) == _sqlite_shape(tmp_path / "fresh.db")
 
 
 async def _load_dump(dsn: str, schema: str) -> None:
@@ -131,3 +215,75 @@ async def test_a_postgres_schema_of_version_3_opens_in_place(
         await _keeps_working(store, expected)
     finally:
         await store.close()
+    fresh_schema = f"{schema}_fresh"
+    fresh = PostgresMetadataStore(dsn, schema=fresh_schema)
+    try:
+        await fresh.list_streams()
+    finally:
+        await fresh.close()
+    try:
+        upgraded = await _postgres_shape(dsn, schema)
+        assert upgraded.pop("versions") == [
+            (m.version, m.name, m.version <= 4) for m in MIGRATIONS
+        ], "every migration recorded once; the legacy ones keep when they were applied"
+        new = await _postgres_shape(dsn, fresh_schema)
+        new.pop("versions")
+        assert upgraded == new
+    finally:
+        await _drop_schema(dsn, fresh_schema)
+
+
+async def _postgres_shape(dsn: str, schema: str) -> dict[str, Any]:
+    """Columns, indexes, constraints and sequences of ``schema``, and its recorded versions
+    (with whether each kept the fixture's applied_ms)."""
+    import asyncpg
+
+    connection = await asyncpg.connect(dsn)
+    try:
+        columns = await connection.fetch(
+            "SELECT table_name, column_name, ordinal_position, data_type, is_nullable, "
+            "column_default, collation_name FROM information_schema.columns "
+            "WHERE table_schema = $1 ORDER BY table_name, ordinal_position",
+            schema,
+        )
+        indexes = await connection.fetch(
+            "SELECT tablename, indexname, indexdef FROM pg_indexes WHERE schemaname = $1 "
+            "ORDER BY indexname",
+            schema,
+        )
+        constraints = await connection.fetch(
+            "SELECT c.conrelid::regclass::text, pg_get_constraintdef(c.oid) FROM pg_constraint c "
+            "JOIN pg_namespace n ON n.oid = c.connamespace WHERE n.nspname = $1 ORDER BY 1, 2",
+            schema,
+        )
+        sequences = await connection.fetch(
+            "SELECT sequencename, data_type FROM pg_sequences WHERE schemaname = $1 ORDER BY 1",
+            schema,
+        )
+        versions = await connection.fetch(
+            f'SELECT version, name, applied_ms = {SCENARIO.START_MS} FROM "{schema}".schema_version '
+            "ORDER BY version"
+        )
+    finally:
+        await connection.close()
+
+    def plain(rows: list[Any]) -> list[tuple[Any, ...]]:
+        return [tuple(str(v).replace(schema, "<schema>") for v in row) for row in rows]
+
+    return {
+        "columns": plain(columns),
+        "indexes": plain(indexes),
+        "constraints": plain(constraints),
+        "sequences": plain(sequences),
+        "versions": [tuple(row) for row in versions],
+    }
+
+
+async def _drop_schema(dsn: str, schema: str) -> None:
+    import asyncpg
+
+    connection = await asyncpg.connect(dsn)
+    try:
+        await connection.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        await connection.close()

@@ -26,6 +26,7 @@ __all__ = [
     "NotFound",
     "OutOfRangeError",
     "PreconditionFailed",
+    "SchemaTooNew",
     "StreamExists",
     "StreamNotFound",
     "TailMismatchError",
@@ -43,6 +44,21 @@ class WalstreamError(Exception):
 
 class ConfigError(WalstreamError, ValueError):
     """A configuration value, key or plugin name is wrong. The message names the key."""
+
+
+class SchemaTooNew(ConfigError):
+    """The metadata database was migrated by a newer walstream than this one.
+
+    Its schema version (``found_version``) is newer than the last migration this code knows
+    (``known_version``), so this code cannot tell what the newer tables mean and refuses to open
+    it; nothing was changed. Upgrade walstream on this node: every node of a deployment must run a
+    release that knows the schema.
+    """
+
+    def __init__(self, message: str, found_version: int, known_version: int) -> None:
+        super().__init__(message)
+        self.found_version = found_version
+        self.known_version = known_version
 
 
 class InvalidArgument(WalstreamError, ValueError):

@@ -20,7 +20,10 @@
   on several machines compare lease expiries against one clock; a commit's writes are one
   statement over arrays (:meth:`PostgresDialect.write_objects`): one round trip whatever the
   counts.
-* The schema is versioned and migrated when the pool is first opened (:mod:`.schema`).
+* The schema is versioned and migrated when the pool is first opened, each migration in its own
+  transaction under an advisory lock of the schema (:mod:`.schema`,
+  :mod:`walstream.metadata.sql.migrations`); a node whose schema is already current takes no
+  lock and needs no CREATE privilege.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ from walstream.errors import AmbiguousError, BackendUnavailable, WalstreamError
 from walstream.metadata.contract import ObjectInfo
 from walstream.metadata.rows import RANGE_COLUMNS
 from walstream.metadata.sql.dialect import Connection, Dialect, Lock, Row
+from walstream.metadata.sql.migrations import is_current, migrate_step
 
 from .errors import classify, translate
-from .schema import migrate, quote_identifier
+from .schema import LEGACY_VERSION_OFFSET, migration_lock_key, quote_identifier
 
 __all__ = ["SERVER_NOW_MS", "PostgresDialect"]
 
@@ -87,6 +91,12 @@ class PostgresDialect(Dialect):
 
     name = "postgres"
     now_ms_sql = SERVER_NOW_MS
+    config_key = "metadata.schema"
+    version_table_sql = """CREATE TABLE schema_version (
+        version integer PRIMARY KEY CHECK (version > 0),
+        name text NOT NULL,
+        applied_ms bigint NOT NULL
+    )"""
 
     def __init__(
         self,
@@ -206,10 +216,13 @@ class PostgresDialect(Dialect):
                 self._dsn,
                 timeout=self._connect_timeout_s,
                 command_timeout=self._command_timeout_s,
-                server_settings={"application_name": "walstream"},
+                server_settings={
+                    "application_name": "walstream",
+                    "search_path": quote_identifier(self._schema),
+                },
             )
             try:
-                await migrate(connection, self._schema, self._clock.now_ms(), self._where)
+                await self._migrate(connection)
             finally:
                 await connection.close(timeout=self._connect_timeout_s)
             self._pool = await asyncpg.create_pool(
@@ -226,6 +239,61 @@ class PostgresDialect(Dialect):
                 },
             )
             return self._pool
+
+    async def _migrate(self, connection: Any) -> None:
+        """Read the version without a lock; when it is not current, apply migration steps, each
+        in a transaction holding the schema's advisory lock, after reading the version again."""
+        db = _PgConnection(connection)
+        if await is_current(db, self):
+            return
+        quoted = quote_identifier(self._schema)
+        while True:
+            async with connection.transaction():
+                await connection.execute(
+                    "SELECT pg_advisory_xact_lock($1)", migration_lock_key(self._schema)
+                )
+                exists = await connection.fetchval(
+                    "SELECT count(*) FROM pg_namespace WHERE nspname = $1", self._schema
+                )
+                if not exists:
+                    await connection.execute(f"CREATE SCHEMA {quoted}")
+                await connection.execute(f"SET LOCAL search_path TO {quoted}")
+                done = await migrate_step(db, self, self._clock.now_ms())
+            if done:
+                return
+
+    # -- migrations ---------------------------------------------------------------------------------
+
+    async def table_names(self, db: Connection) -> set[str]:
+        rows = await db.fetch("SELECT tablename FROM pg_tables WHERE schemaname = $1", self._schema)
+        return {str(row[0]) for row in rows}
+
+    async def legacy_version(self, db: Connection, tables: set[str]) -> int | None:
+        """A schema from before the shared migrations: ``schema_version`` without ``name``."""
+        if "schema_version" not in tables:
+            return None
+        named = await db.fetchval(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = to_regclass($1) "
+            "AND attname = 'name' AND NOT attisdropped",
+            f"{quote_identifier(self._schema)}.schema_version",
+        )
+        if named:
+            return None
+        found = int(await db.fetchval("SELECT coalesce(max(version), 0) FROM schema_version"))
+        return found + LEGACY_VERSION_OFFSET if found else 0
+
+    async def adopt_legacy(self, db: Connection, version: int) -> dict[int, int]:
+        """Replace the legacy version table, keeping when each version was applied (its
+        version 1 held migrations 1 and 2)."""
+        rows = await db.fetch("SELECT version, applied_ms FROM schema_version")
+        await db.execute("DROP TABLE schema_version")
+        await db.execute(self.version_table_sql)
+        applied: dict[int, int] = {}
+        for legacy, applied_ms in rows:
+            applied[int(legacy) + LEGACY_VERSION_OFFSET] = int(applied_ms)
+            if legacy == 1:
+                applied[1] = int(applied_ms)
+        return applied
 
     def _backoff(self, attempt: int) -> float:
         delay = min(_BACKOFF_CAP_S, _BACKOFF_FIRST_S * (2**attempt))

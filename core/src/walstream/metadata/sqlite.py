@@ -17,6 +17,11 @@ SQLite dialect under it:
   clock is the SQL function ``walstream_now_ms()``, the store's :class:`~walstream.clock.Clock`
   (the processes sharing one file share one machine, hence one clock).
 * SQLite's result codes become walstream's typed errors (:func:`translate_error`).
+* The schema is versioned (:mod:`walstream.metadata.sql.migrations`): the first connection
+  applies the missing migrations, each under ``BEGIN IMMEDIATE`` after reading the version again,
+  so processes opening one new file at once all succeed. The version is also kept in ``meta``,
+  where a walstream from before versioned migrations (which refuses a file newer than it knows)
+  reads it; such a file (``meta`` version 1 to 4) is adopted in place.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from walstream.errors import (
     WalstreamError,
 )
 from walstream.metadata.sql.dialect import Connection, Dialect, Row
+from walstream.metadata.sql.migrations import SCHEMA_VERSION, is_current, migrate_step
 from walstream.metadata.sql.store import SqlMetadataStore
 
 __all__ = [
@@ -56,100 +62,14 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: Version of the tables below; bump it (and add a migration) whenever they change.
-SCHEMA_VERSION = 4
-
-SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS meta (
-        key TEXT PRIMARY KEY,
-        value INTEGER NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS streams (
-        stream_id INTEGER PRIMARY KEY,
-        name TEXT,
-        epoch INTEGER NOT NULL,
-        start_offset INTEGER NOT NULL,
-        committed_end INTEGER NOT NULL,
-        state TEXT NOT NULL,
-        owner_node_id INTEGER,
-        fencing_token TEXT,
-        created_ms INTEGER NOT NULL
-    )""",
-    # At most one ACTIVE stream per name; deleted streams keep their name for history.
-    """CREATE UNIQUE INDEX IF NOT EXISTS streams_active_name
-        ON streams (name) WHERE state = 'active' AND name IS NOT NULL""",
-    "CREATE INDEX IF NOT EXISTS streams_owner ON streams (owner_node_id)",
-    """CREATE TABLE IF NOT EXISTS objects (
-        object_id INTEGER PRIMARY KEY,
-        state TEXT NOT NULL,
-        expires_ms INTEGER NOT NULL DEFAULT 0,
-        expired INTEGER NOT NULL DEFAULT 0,
-        key TEXT NOT NULL DEFAULT '',
-        kind TEXT NOT NULL DEFAULT 'stream',
-        size INTEGER NOT NULL DEFAULT 0,
-        index_size INTEGER NOT NULL DEFAULT 0,
-        committed_ms INTEGER NOT NULL DEFAULT 0
-    )""",
-    "CREATE INDEX IF NOT EXISTS objects_state ON objects (state, expires_ms)",
-    """CREATE TABLE IF NOT EXISTS ranges (
-        object_id INTEGER NOT NULL,
-        stream_id INTEGER NOT NULL,
-        start_offset INTEGER NOT NULL,
-        end_offset INTEGER NOT NULL,
-        epoch INTEGER NOT NULL,
-        min_timestamp_ms INTEGER NOT NULL,
-        max_timestamp_ms INTEGER NOT NULL
-    )""",
-    # The read path: objects of one stream past an offset, in offset order.
-    "CREATE INDEX IF NOT EXISTS ranges_stream_end ON ranges (stream_id, end_offset)",
-    "CREATE INDEX IF NOT EXISTS ranges_object ON ranges (object_id)",
-    """CREATE TABLE IF NOT EXISTS nodes (
-        node_id INTEGER PRIMARY KEY,
-        node_epoch INTEGER NOT NULL,
-        state TEXT NOT NULL,
-        wal_config TEXT NOT NULL,
-        updated_ms INTEGER NOT NULL
-    )""",
-    # -- version 2 --
-    # The deployment's identity, written once (the CHECK keeps it to one row).
-    """CREATE TABLE IF NOT EXISTS deployment (
-        singleton INTEGER PRIMARY KEY CHECK (singleton = 0),
-        deployment_id BLOB NOT NULL
-    )""",
-    # Offsets an operator recorded as lost (`walstream recover --accept-loss`).
-    """CREATE TABLE IF NOT EXISTS data_loss (
-        stream_id INTEGER NOT NULL,
-        start_offset INTEGER NOT NULL,
-        end_offset INTEGER NOT NULL,
-        reason TEXT NOT NULL,
-        recorded_ms INTEGER NOT NULL,
-        PRIMARY KEY (stream_id, start_offset)
-    )""",
-    # -- version 3 --
-    # Basins: named namespaces of streams (the S2 API). A file of version 2 gains the empty
-    # table when it is opened; nothing else changes, so older files stay readable.
-    """CREATE TABLE IF NOT EXISTS basins (
-        name TEXT PRIMARY KEY,
-        config TEXT NOT NULL,
-        created_ms INTEGER NOT NULL
-    )""",
-)
-
-#: Columns added to existing tables after version 1, as (table, column, declaration, version).
-#: SQLite has no ``ADD COLUMN IF NOT EXISTS``: :func:`ensure_schema` adds the ones a file lacks,
-#: so an older file is upgraded in place and keeps every row (the defaults describe old rows).
-ADDED_COLUMNS = (
-    # -- version 4 -- node leases: the advertised address and the lease expiry (store clock).
-    ("nodes", "address", "TEXT", 4),
-    ("nodes", "lease_expires_ms", "INTEGER NOT NULL DEFAULT 0", 4),
-)
-
 # Primary result codes (https://sqlite.org/rescode.html).
 _SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 3, 5, 6, 8
 _SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 10, 11, 13, 14, 26
 
-#: The ``meta`` rows that serve as sequences (:meth:`SqliteDialect.next_ids`).
+#: The ``meta`` rows that serve as sequences (:meth:`SqliteDialect.new_id`).
 _COUNTERS = {"stream_ids": "last_stream_id", "object_ids": "last_object_id"}
+#: The last version a SQLite file recorded in ``meta`` alone, before versioned migrations.
+_LEGACY_VERSION = 4
 
 
 def run_to_end(awaitable: Awaitable[T]) -> T:
@@ -242,6 +162,12 @@ class SqliteDialect(Dialect):
 
     name = "sqlite"
     now_ms_sql = "walstream_now_ms()"
+    config_key = "metadata.path"
+    version_table_sql = """CREATE TABLE schema_version (
+        version INTEGER PRIMARY KEY CHECK (version > 0),
+        name TEXT NOT NULL,
+        applied_ms INTEGER NOT NULL
+    )"""
 
     def __init__(self, path: Path, busy_timeout_s: float, clock: Clock) -> None:
         self._path = path
@@ -286,10 +212,82 @@ class SqliteDialect(Dialect):
     # -- transactions -------------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        # Runs on the executor thread only; the first call opens the file and checks the schema.
+        # Runs on the executor thread only; the first call opens the file and migrates it.
         if self._connection is None:
-            self._connection = open_connection(self._path, self._busy_timeout_s, self._clock)
+            self._connection = self.open_connection()
         return self._connection
+
+    def open_connection(self) -> sqlite3.Connection:
+        """Open the metadata file (creating its folder), turn on WAL journaling and
+        ``synchronous=FULL``, register the store's clock as ``walstream_now_ms()``, and bring
+        the schema to :data:`SCHEMA_VERSION` (:mod:`walstream.metadata.sql.migrations`). The
+        connection is in autocommit mode: :func:`transaction` opens every transaction
+        explicitly."""
+        path, busy_timeout_s = self._path, self._busy_timeout_s
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise BackendUnavailable(
+                f"cannot create the folder of sqlite metadata {str(path)!r} ({error}); "
+                "check metadata.path and permissions"
+            ) from error
+        connection = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
+        try:
+            connection.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            connection.create_function("walstream_now_ms", 0, self._clock.now_ms)
+            mode = _journal_mode_wal(connection, busy_timeout_s)
+            if str(mode).lower() != "wal":
+                raise ConfigError(
+                    f"metadata.path: {str(path)!r} cannot use SQLite WAL journaling "
+                    f"(got {mode!r}); put it on a local file system"
+                )
+            connection.execute("PRAGMA synchronous = FULL")
+            self._migrate(connection)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _migrate(self, connection: sqlite3.Connection) -> None:
+        """Read the version without a lock; when it is not current, apply migration steps, each
+        under the write lock (``BEGIN IMMEDIATE``) after reading the version again."""
+        if transaction(connection, None, lambda db: is_current(db, self)):
+            return
+        while not transaction(
+            connection, "BEGIN IMMEDIATE", lambda db: migrate_step(db, self, self._clock.now_ms())
+        ):
+            pass
+
+    # -- migrations ---------------------------------------------------------------------------------
+
+    async def table_names(self, db: Connection) -> set[str]:
+        rows = await db.fetch(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+        )
+        return {str(row[0]) for row in rows}
+
+    async def legacy_version(self, db: Connection, tables: set[str]) -> int | None:
+        """A file of versions 1 to 4 recorded its version in ``meta`` only."""
+        if "schema_version" in tables or "meta" not in tables:
+            return None
+        found = await db.fetchval("SELECT value FROM meta WHERE key = 'schema_version'")
+        if found is None:
+            return None
+        if int(found) > _LEGACY_VERSION:
+            raise CorruptionError(
+                f"{self.where} records schema version {found} in its meta table but has no "
+                "schema_version table: it is damaged; restore it from a backup"
+            )
+        return int(found)
+
+    async def after_migration(self, db: Connection, version: int) -> None:
+        """Keep ``meta``'s schema_version too: a walstream from before versioned migrations
+        reads only that, and refuses a file newer than it knows."""
+        await db.execute(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', $1) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            version,
+        )
 
     def _run_on_thread(self, begin: str | None, work: Callable[[Connection], Awaitable[T]]) -> T:
         try:
@@ -371,40 +369,9 @@ def translate_error(error: sqlite3.Error, path: Path, busy_timeout_s: float) -> 
 def open_connection(
     path: Path, busy_timeout_s: float, clock: Clock | None = None
 ) -> sqlite3.Connection:
-    """Open the metadata file (creating its folder), turn on WAL journaling and
-    ``synchronous=FULL``, register the store's clock as ``walstream_now_ms()``, and create or
-    upgrade the schema. The connection is in autocommit mode: :func:`transaction` opens every
-    transaction explicitly."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise BackendUnavailable(
-            f"cannot create the folder of sqlite metadata {str(path)!r} ({error}); "
-            "check metadata.path and permissions"
-        ) from error
-    connection = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
-    try:
-        connection.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
-        connection.create_function("walstream_now_ms", 0, (clock or SystemClock()).now_ms)
-        mode = _journal_mode_wal(connection, busy_timeout_s)
-        if str(mode).lower() != "wal":
-            raise ConfigError(
-                f"metadata.path: {str(path)!r} cannot use SQLite WAL journaling "
-                f"(got {mode!r}); put it on a local file system"
-            )
-        connection.execute("PRAGMA synchronous = FULL")
-        connection.execute("BEGIN IMMEDIATE")
-        try:
-            ensure_schema(connection, path)
-            connection.execute("COMMIT")
-        except BaseException:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
-            raise
-    except BaseException:
-        connection.close()
-        raise
-    return connection
+    """A connection to the metadata file at ``path``, opened and migrated as a store opens it
+    (:meth:`SqliteDialect.open_connection`)."""
+    return SqliteDialect(path, busy_timeout_s, clock or SystemClock()).open_connection()
 
 
 def _journal_mode_wal(connection: sqlite3.Connection, busy_timeout_s: float) -> object:
@@ -424,43 +391,6 @@ def _journal_mode_wal(connection: sqlite3.Connection, busy_timeout_s: float) -> 
                 raise
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
-
-
-def _meta(connection: sqlite3.Connection, key: str) -> int | None:
-    row = connection.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-    return None if row is None else int(row[0])
-
-
-def _set_meta(connection: sqlite3.Connection, key: str, value: int) -> None:
-    connection.execute(
-        "INSERT INTO meta (key, value) VALUES (?, ?) "
-        "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-        (key, value),
-    )
-
-
-def ensure_schema(connection: sqlite3.Connection, path: Path) -> None:
-    """Create the tables of :data:`SCHEMA_VERSION` (or add the ones an older file lacks); refuse a
-    file written by a newer walstream with :class:`ConfigError`."""
-    connection.execute(SCHEMA[0])
-    version = _meta(connection, "schema_version")
-    if version is not None and version > SCHEMA_VERSION:
-        raise ConfigError(
-            f"metadata.path: {str(path)!r} has schema version {version}, newer than "
-            f"this walstream understands ({SCHEMA_VERSION}); upgrade walstream"
-        )
-    if version == SCHEMA_VERSION:
-        return
-    for statement in SCHEMA[1:]:
-        connection.execute(statement)
-    for table, column, declaration, _version in ADDED_COLUMNS:
-        present = {row[1] for row in connection.execute(f"PRAGMA table_info({table})")}
-        if column not in present:
-            connection.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
-    _set_meta(connection, "schema_version", SCHEMA_VERSION)
-    if _meta(connection, "last_stream_id") is None:
-        _set_meta(connection, "last_stream_id", 0)
-        _set_meta(connection, "last_object_id", 0)
 
 
 class SqliteMetadataStore(SqlMetadataStore):

@@ -19,7 +19,11 @@ written in the dialect both databases speak (``RETURNING``, ``ON CONFLICT``, ``C
 - **id allocation** (:meth:`Dialect.new_id`, :meth:`Dialect.insert_prepared`): sequences or
   counter rows;
 - **bulk writes** (:meth:`Dialect.write_objects`): portable ``executemany`` by default, one
-  statement over arrays where a round trip costs (PostgreSQL).
+  statement over arrays where a round trip costs (PostgreSQL);
+- **migrations** (:mod:`walstream.metadata.sql.migrations`): which statements of a migration run
+  (:attr:`Dialect.name`), the migration lock and transaction (the dialect's own), the version
+  table's DDL, and how a database made before versioned migrations is recognised
+  (:meth:`Dialect.legacy_version`, :meth:`Dialect.adopt_legacy`).
 """
 
 from __future__ import annotations
@@ -85,6 +89,10 @@ class Dialect(ABC):
     name: ClassVar[str]
     #: An SQL expression for the store's clock in Unix milliseconds (lease expiries).
     now_ms_sql: ClassVar[str]
+    #: The configuration key naming the database, for messages ("metadata.path").
+    config_key: ClassVar[str]
+    #: DDL of the version table: ``version`` (primary key), ``name``, ``applied_ms``.
+    version_table_sql: ClassVar[str]
 
     @property
     @abstractmethod
@@ -188,3 +196,25 @@ class Dialect(ABC):
                 for r in info.ranges
             ],
         )
+
+    # -- migrations ---------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def table_names(self, db: Connection) -> set[str]:
+        """The tables of this store's database (its PostgreSQL schema), internal ones excluded."""
+
+    async def legacy_version(self, db: Connection, tables: set[str]) -> int | None:
+        """The version of a database written before versioned migrations, in
+        :data:`~walstream.metadata.sql.migrations.MIGRATIONS` numbering; None when it is not
+        one (new, versioned already, or foreign)."""
+        return None
+
+    async def adopt_legacy(self, db: Connection, version: int) -> dict[int, int]:
+        """Give a legacy database (:meth:`legacy_version`) the version table of
+        :attr:`version_table_sql`, empty; the caller then records versions 1 to ``version``.
+        Returns when each was applied (Unix ms) where the legacy database recorded it."""
+        await db.execute(self.version_table_sql)
+        return {}
+
+    async def after_migration(self, db: Connection, version: int) -> None:
+        """Called in the migration's transaction once ``version`` is recorded."""
