@@ -31,6 +31,7 @@ __all__ = [
     "StreamNotFound",
     "TailMismatchError",
     "Throttled",
+    "VersionMismatchError",
     "WalstreamError",
 ]
 
@@ -166,6 +167,20 @@ class NotFound(WalstreamError, LookupError):
 
 class PreconditionFailed(WalstreamError):
     """A conditional operation lost: ``put_if_absent`` found the key, a compare-and-set failed."""
+
+
+class VersionMismatchError(PreconditionFailed):
+    """A compare-and-set of a versioned value lost: the expected version is not the current one.
+
+    Raised by the metadata store's key/value calls (``kv_put``, ``kv_delete``) when the key's
+    version is not ``expected_version`` (an ``expected_version`` of 0 means the key must not
+    exist). Carries ``actual_version``: the version found, 0 when the key does not exist. Nothing
+    was changed; read the value again (``kv_get``) and retry on what it holds now.
+    """
+
+    def __init__(self, message: str, actual_version: int) -> None:
+        super().__init__(message)
+        self.actual_version = actual_version
 
 
 class AmbiguousError(WalstreamError):

@@ -55,7 +55,7 @@ SERVER_NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 _NOT_APPLIED_CODES = frozenset({"40001", "40P01", "55P03", "53300", "57P03"})
 _BACKOFF_FIRST_S = 0.02
 _BACKOFF_CAP_S = 1.0
-_SEQUENCES = frozenset({"stream_ids"})
+_SEQUENCES = frozenset({"stream_ids", "kv_versions"})
 
 
 class _PgConnection:

@@ -5,6 +5,8 @@ reference stores (``memory``, ``sqlite``).
 from walstream.metadata.contract import (
     BasinInfo,
     DataLossGap,
+    KvEntry,
+    KvValue,
     MetadataStore,
     NodeInfo,
     NodeState,
@@ -20,6 +22,8 @@ from walstream.metadata.contract import (
 __all__ = [
     "BasinInfo",
     "DataLossGap",
+    "KvEntry",
+    "KvValue",
     "MetadataStore",
     "NodeInfo",
     "NodeState",

@@ -67,7 +67,11 @@ _SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 3, 5, 6, 8
 _SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 10, 11, 13, 14, 26
 
 #: The ``meta`` rows that serve as sequences (:meth:`SqliteDialect.new_id`).
-_COUNTERS = {"stream_ids": "last_stream_id", "object_ids": "last_object_id"}
+_COUNTERS = {
+    "stream_ids": "last_stream_id",
+    "object_ids": "last_object_id",
+    "kv_versions": "last_kv_version",
+}
 #: The last version a SQLite file recorded in ``meta`` alone, before versioned migrations.
 _LEGACY_VERSION = 4
 

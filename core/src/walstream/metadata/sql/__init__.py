@@ -2,8 +2,10 @@
 
 - :mod:`.store` — :class:`SqlMetadataStore`, the :class:`~walstream.metadata.MetadataStore` over
   any dialect (streams, objects, data loss; nodes and leases in :mod:`.nodes`, basins in
-  :mod:`.basins`), running the shared rules of :mod:`walstream.metadata.rules`;
+  :mod:`.basins`, key/value in :mod:`.kv`), running the shared rules of
+  :mod:`walstream.metadata.rules`;
 - :mod:`.tables` — row access inside one transaction, and the lock order;
+- :mod:`.migrations` — the schema's numbered migrations, applied at open on every dialect;
 - :mod:`.dialect` — :class:`Dialect`, what differs per database (connections, transactions and
   retries, error translation, placeholders, row locks, id allocation, the store's clock).
 

@@ -284,6 +284,34 @@ MIGRATIONS: tuple[Migration, ...] = (
             ),
         ),
     ),
+    Migration(
+        5,
+        "key/value: namespaced values with compare-and-set versions",
+        (
+            # Versions come from one counter for the whole store: never given twice.
+            PerDialect(
+                sqlite="INSERT INTO meta (key, value) VALUES ('last_kv_version', 0)",
+                postgres="CREATE SEQUENCE kv_versions AS bigint",
+            ),
+            # Keys sort by their bytes (COLLATE "C"; SQLite's BINARY): kv_list pages by them.
+            PerDialect(
+                sqlite="""CREATE TABLE kv (
+                    namespace TEXT NOT NULL,
+                    key TEXT NOT NULL,
+                    value BLOB NOT NULL,
+                    version INTEGER NOT NULL,
+                    PRIMARY KEY (namespace, key)
+                ) WITHOUT ROWID""",
+                postgres="""CREATE TABLE kv (
+                    namespace text COLLATE "C" NOT NULL,
+                    key text COLLATE "C" NOT NULL,
+                    value bytea NOT NULL,
+                    version bigint NOT NULL CHECK (version > 0),
+                    PRIMARY KEY (namespace, key)
+                )""",
+            ),
+        ),
+    ),
 )
 
 #: The version this code writes and understands: the last migration's.

@@ -5,7 +5,7 @@ Every call is one transaction (:meth:`SqlStoreBase._write` / ``_read``) run by t
 in the order :mod:`.tables` states, asks the shared rules of :mod:`walstream.metadata.rules` what
 changes (continuity, epochs, compaction cover …; the memory store runs the same rules), and writes
 the result in the same transaction. The node, lease and failover calls are in :mod:`.nodes`, the
-basin calls in :mod:`.basins`.
+basin calls in :mod:`.basins`, the key/value calls in :mod:`.kv`.
 
 A backend is a dialect and a small subclass that builds it: :mod:`walstream.metadata.sqlite`
 (the embedded default) and ``walstream_metadata_postgres``.
@@ -52,6 +52,7 @@ from walstream.metadata.rules import (
 )
 from walstream.metadata.sql.basins import SqlBasins
 from walstream.metadata.sql.dialect import Lock
+from walstream.metadata.sql.kv import SqlKv
 from walstream.metadata.sql.nodes import SqlNodes
 from walstream.metadata.sql.tables import Tables
 from walstream.records import DEPLOYMENT_ID_BYTES
@@ -72,7 +73,7 @@ GET_OBJECTS_SQL = (
 )
 
 
-class SqlMetadataStore(SqlNodes, SqlBasins, MetadataStore):
+class SqlMetadataStore(SqlNodes, SqlBasins, SqlKv, MetadataStore):
     """A :class:`MetadataStore` over a SQL database reached through a dialect."""
 
     _deployment_id: bytes | None = None
