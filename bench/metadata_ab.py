@@ -15,13 +15,18 @@ closed loop for ``--seconds``:
 - ``read x16``: 16 readers call ``get_objects`` at random offsets of a stream of 2,000 objects;
 - ``renew x1``: one node renews its lease.
 
-Prints per store and workload the medians over the rounds of ops/s and p99 latency for the
-baseline and the working tree and their ratio (new / old); JSON in
+Prints per store and workload the medians over the rounds of ops/s, p99 latency and CPU time
+per operation of this process (every thread: on SQLite that is all the work, on PostgreSQL the
+client's share) for the baseline and the working tree, their ratio (new / old), and the median
+of the rounds' own new/old ratios (each round's two runs ran back to back, so this one cancels
+the load other processes put on the machine between rounds; CPU time per operation is the least
+disturbed by them); JSON in
 ``bench/results/metadata_ab.json``, plot in ``bench/results/metadata_ab.png``. Run ``uptime``
 next to it: the machine is shared.
 
     .venv/bin/python bench/metadata_ab.py --baseline main              # 5 rounds of 3 s
     .venv/bin/python bench/metadata_ab.py --baseline b30fa10 --quick   # 3 rounds of 1 s
+    .venv/bin/python bench/metadata_ab.py --no-fsync   # the code's own cost: no fsync anywhere
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import io
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -78,11 +84,14 @@ async def _closed_loop(
             latencies.append(time.perf_counter() - began)
 
     began = time.monotonic()
+    cpu_began = time.process_time()
     await asyncio.gather(*(loop(work) for work in workers))
+    cpu_s = time.process_time() - cpu_began
     elapsed = time.monotonic() - began
     latencies.sort()
     return {
         "ops_per_s": len(latencies) / elapsed,
+        "cpu_us_per_op": cpu_s / len(latencies) * 1e6,
         "p50_ms": latencies[len(latencies) // 2] * 1e3,
         "p99_ms": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] * 1e3,
     }
@@ -194,6 +203,18 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="per workload (default 3)")
     parser.add_argument("--quick", action="store_true", help="3 rounds of 1 s")
     parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        help="SQLite files on /dev/shm and PostgreSQL with fsync=off: what the code costs, "
+        "without the disk (shared disks make fsync the noisiest part of a run)",
+    )
+    parser.add_argument(
+        "--sqlite-folder",
+        default=None,
+        help="where the SQLite files go (default: the system's temporary folder); a tmpfs such "
+        "as /dev/shm leaves out the fsyncs and shows what the code costs",
+    )
+    parser.add_argument(
         "--child", nargs=3, metavar=("STORE", "WHERE", "SECONDS"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
@@ -206,6 +227,9 @@ def main() -> None:
     from _report import Column, Table, grouped_bars, machine, save_plot, write_json
     from walstream_metadata_postgres.testing import PostgresServer
 
+    if args.no_fsync and args.sqlite_folder is None:
+        args.sqlite_folder = "/dev/shm"
+    pg_settings = {"fsync": "off", "synchronous_commit": "off"} if args.no_fsync else {}
     rounds = args.rounds or (3 if args.quick else 5)
     seconds = args.seconds or (1.0 if args.quick else 3.0)
     load_before = os.getloadavg()
@@ -214,7 +238,7 @@ def main() -> None:
     }
     with (
         tempfile.TemporaryDirectory(prefix="walstream-bench-ab-") as folder,
-        PostgresServer() as server,
+        PostgresServer(settings=pg_settings) as server,
     ):
         trees = {"old": _extract(args.baseline, Path(folder)), "new": ROOT}
         runs = 0
@@ -224,11 +248,14 @@ def main() -> None:
                 for side in order:
                     runs += 1
                     if store == "sqlite":
-                        where = str(Path(folder) / f"run-{runs}")
-                        Path(where).mkdir()
+                        where = tempfile.mkdtemp(prefix=f"run-{runs}-", dir=args.sqlite_folder)
                     else:
                         where = f"{server.dsn} ab_{runs}"
-                    result = _run_child(trees[side], store, where, seconds)
+                    try:
+                        result = _run_child(trees[side], store, where, seconds)
+                    finally:
+                        if store == "sqlite":
+                            shutil.rmtree(where, ignore_errors=True)
                     for workload, row in result.items():
                         samples[store][side][workload].append(row)
                     print(
@@ -241,6 +268,11 @@ def main() -> None:
     def median(store: str, side: str, workload: str, key: str) -> float:
         return statistics.median(run[key] for run in samples[store][side][workload])
 
+    def paired(store: str, workload: str, key: str) -> float:
+        """The median over the rounds of each round's new/old ratio."""
+        pairs = zip(samples[store]["old"][workload], samples[store]["new"][workload], strict=True)
+        return statistics.median(new[key] / old[key] for old, new in pairs)
+
     table = Table(
         [
             Column("store", width=8, align="<"),
@@ -248,9 +280,14 @@ def main() -> None:
             Column("old_ops", "old ops/s", 10, ".0f"),
             Column("new_ops", "new ops/s", 10, ".0f"),
             Column("ops_ratio", "new/old", 8, ".2f"),
+            Column("ops_paired", "paired", 7, ".2f"),
             Column("old_p99", "old p99 ms", 11, ".2f"),
             Column("new_p99", "new p99 ms", 11, ".2f"),
             Column("p99_ratio", "new/old", 8, ".2f"),
+            Column("p99_paired", "paired", 7, ".2f"),
+            Column("old_cpu", "old cpu us", 10, ".0f"),
+            Column("new_cpu", "new cpu us", 10, ".0f"),
+            Column("cpu_paired", "paired", 7, ".2f"),
         ]
     )
     rows = []
@@ -267,15 +304,20 @@ def main() -> None:
                     "old_ops": old_ops,
                     "new_ops": new_ops,
                     "ops_ratio": new_ops / old_ops,
+                    "ops_paired": paired(store, workload, "ops_per_s"),
                     "old_p99": old_p99,
                     "new_p99": new_p99,
                     "p99_ratio": new_p99 / old_p99,
+                    "p99_paired": paired(store, workload, "p99_ms"),
+                    "old_cpu": median(store, "old", workload, "cpu_us_per_op"),
+                    "new_cpu": median(store, "new", workload, "cpu_us_per_op"),
+                    "cpu_paired": paired(store, workload, "cpu_us_per_op"),
                 }
             )
     print(
         f"\nmetadata hot paths: {args.baseline} (old) against the working tree (new); medians of "
-        f"{rounds} ABBA rounds x {seconds:g} s; load average {load_before[0]:.2f} before, "
-        f"{load_after[0]:.2f} after"
+        f"{rounds} ABBA rounds x {seconds:g} s{' without fsync' if args.no_fsync else ''}; "
+        f"load average {load_before[0]:.2f} before, {load_after[0]:.2f} after"
     )
     table.print(rows)
     write_json(
@@ -283,6 +325,8 @@ def main() -> None:
         {
             "benchmark": "metadata_ab",
             "baseline": args.baseline,
+            "sqlite_folder": args.sqlite_folder,
+            "no_fsync": args.no_fsync,
             "rounds": rounds,
             "seconds": seconds,
             "load_average": {"before": load_before, "after": load_after},
