@@ -579,6 +579,30 @@ async def test_sqlite_journal_mode_wal_and_read_index(tmp_path: Path) -> None:
     assert "ranges_stream_end" in plan and "TEMP B-TREE" not in plan, plan
 
 
+async def test_sqlite_id_lists_of_any_length(tmp_path: Path, clock: ManualClock) -> None:
+    """Calls naming many ids at once (listing, forgetting, reading streams) bind them as one
+    parameter per id up to a bound and as one JSON array beyond it: both give the same rows,
+    with no limit on how many."""
+    store = SqliteMetadataStore(tmp_path / "meta.db", clock=clock)
+    try:
+        node = await store.register_node(1, {})
+        streams = [await writable_stream(store, node, f"s{i}") for i in range(3)]
+        few = await commit_range(store, node, streams[0], 0, 10)
+        many = await store.prepare_objects(40_000, ttl_ms=1)
+        prepared = await store.list_objects(ObjectState.PREPARED)
+        assert [o.object_id for o in prepared] == many
+        wanted = [s.stream_id for s in streams] + list(range(10_000, 10_100))
+        assert sorted(await store.get_streams(wanted)) == [s.stream_id for s in streams]
+        await store.forget_objects([*many, few])  # none may be forgotten yet
+        assert len(await store.list_objects()) == 40_001
+        clock.advance(1.0)
+        assert await store.expired_prepared(clock.now_ms()) == many
+        await store.forget_objects([*many, few])
+        assert [o.object_id for o in await store.list_objects()] == [few]
+    finally:
+        await store.close()
+
+
 async def test_sqlite_damaged_file(tmp_path: Path) -> None:
     path = tmp_path / "meta.db"
     path.write_bytes(b"this is not a database, just some bytes" * 200)

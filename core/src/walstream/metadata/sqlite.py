@@ -12,10 +12,11 @@ SQLite dialect under it:
   coroutines, and on this connection they never suspend (every ``await`` reaches a synchronous
   sqlite3 call), so the thread drives each one to its end (:func:`run_to_end`).
 * The shared SQL's ``$1`` placeholders are bound as SQLite's ``?1``; an id list, one argument
-  of the shared SQL, becomes one parameter per id (``IN (?3, ?4, …)``); ids come from counter rows of the ``meta`` table (advanced
-  inside the write transaction, which holds the file); the store's
-  clock is the SQL function ``walstream_now_ms()``, the store's :class:`~walstream.clock.Clock`
-  (the processes sharing one file share one machine, hence one clock).
+  of the shared SQL, becomes one parameter per id (``IN (?3, ?4, …)``); ids come from counter
+  rows of the ``meta`` table, advanced inside the write transaction (which holds the file); the
+  store's clock is the SQL function ``walstream_now_ms()``, the store's
+  :class:`~walstream.clock.Clock` (the processes sharing one file share one machine, hence one
+  clock).
 * SQLite's result codes become walstream's typed errors (:func:`translate_error`).
 * The schema is versioned (:mod:`walstream.metadata.sql.migrations`): the first connection
   applies the missing migrations, each under ``BEGIN IMMEDIATE`` after reading the version again,
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import re
 import sqlite3
 import time
@@ -98,38 +100,62 @@ def run_to_end(awaitable: Awaitable[T]) -> T:
 
 class _Ids(tuple[int, ...]):
     """An id list bound as one parameter (:meth:`SqliteDialect.id_list`): the connection expands
-    its ``IN ($n)`` into one numbered parameter per id (an empty list is ``IN ()``, false)."""
+    its ``IN ($n)`` into one numbered parameter per id (an empty list is ``IN ()``, false), or,
+    past :data:`_MOST_PARAMETERS` ids, reads it as one JSON array with ``json_each``."""
 
     __slots__ = ()
 
 
+#: Longest id list bound as one parameter per id: SQLite parses a statement per list length,
+#: which for a long list costs more than reading one JSON array (and may pass its limit on
+#: parameters, 32,766 by default).
+_MOST_PARAMETERS = 64
+
+
 @functools.lru_cache(maxsize=1024)
-def _sqlite_sql(sql: str, id_lists: tuple[tuple[int, int], ...] = ()) -> str:
-    """The shared text as SQLite binds it: ``$1`` → ``?1`` (SQLite's numbered parameters bind
-    the same argument list); ``IN ($k)`` of an id list at position ``k`` with ``count`` ids →
-    ``IN (?a, …)``, numbered after the call's own arguments (``id_lists``: ``(k, count)``, and
-    the ids are appended in that order)."""
+def _sqlite_sql(sql: str) -> tuple[str, tuple[int, ...]]:
+    """The shared text as SQLite binds it (``$1`` → ``?1``: SQLite's numbered parameters bind
+    the same argument list), and the positions of the ``IN ($k)`` that may take an id list."""
+    lists = tuple(int(k) for k in re.findall(r"IN \(\$(\d+)\)", sql))
+    return re.sub(r"\$(\d+)", r"?\1", sql), lists
+
+
+@functools.lru_cache(maxsize=1024)
+def _expanded(sql: str, id_lists: tuple[tuple[int, int], ...]) -> str:
+    """``sql`` with the id list at position ``k`` (``count`` ids, per ``id_lists``) as ``IN (?a,
+    …)``, numbered after the call's own arguments (the ids are appended in that order); a
+    ``count`` of -1 reads the argument at ``k`` as a JSON array instead."""
     next_index = 1 + max((int(n) for n in re.findall(r"\$(\d+)", sql)), default=0)
     for position, count in id_lists:
-        numbered = ", ".join(f"?{next_index + i}" for i in range(count))
-        sql = sql.replace(f"IN (${position})", f"IN ({numbered})")
-        next_index += count
+        if count < 0:
+            listed = f"SELECT value FROM json_each(${position})"
+        else:
+            listed = ", ".join(f"?{next_index + i}" for i in range(count))
+            next_index += count
+        sql = sql.replace(f"IN (${position})", f"IN ({listed})")
     return re.sub(r"\$(\d+)", r"?\1", sql)
 
 
-def _bind(sql: str, args: tuple[Any, ...]) -> tuple[str, Sequence[Any]]:
-    """The SQLite text and arguments of a shared statement (id lists expanded)."""
-    id_lists: list[tuple[int, int]] = []
-    for position, arg in enumerate(args, 1):
-        if type(arg) is _Ids:
-            id_lists.append((position, len(arg)))
+def _bind_id_lists(
+    sql: str, lists: tuple[int, ...], args: tuple[Any, ...]
+) -> tuple[str, Sequence[Any]]:
+    """The SQLite text and arguments of a statement whose ``IN ($k)`` at ``lists`` may hold id
+    lists: each one given as an id list becomes one parameter per id, or one JSON array."""
+    id_lists = tuple(
+        (k, len(args[k - 1]) if len(args[k - 1]) <= _MOST_PARAMETERS else -1)
+        for k in lists
+        if type(args[k - 1]) is _Ids
+    )
     if not id_lists:
-        return _sqlite_sql(sql), args
+        return _sqlite_sql(sql)[0], args
     flat = list(args)
-    for position, _count in id_lists:
-        flat[position - 1] = None
-        flat.extend(args[position - 1])
-    return _sqlite_sql(sql, tuple(id_lists)), flat
+    for position, count in id_lists:
+        if count < 0:
+            flat[position - 1] = json.dumps(args[position - 1])
+        else:
+            flat[position - 1] = None
+            flat.extend(args[position - 1])
+    return _expanded(sql, id_lists), flat
 
 
 class _SqliteConnection:
@@ -141,24 +167,32 @@ class _SqliteConnection:
     def __init__(self, connection: sqlite3.Connection) -> None:
         self._db = connection
 
+    def _run(self, sql: str, args: tuple[Any, ...]) -> sqlite3.Cursor:
+        text, lists = _sqlite_sql(sql)
+        if lists:
+            return self._db.execute(*_bind_id_lists(sql, lists, args))
+        return self._db.execute(text, args)
+
+    # Each method runs its statement itself (no await inside): one coroutine per statement.
+
     async def execute(self, sql: str, *args: Any) -> int:
-        return self._db.execute(*_bind(sql, args)).rowcount
+        return self._run(sql, args).rowcount
 
     async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        self._db.executemany(_sqlite_sql(sql), rows)
+        self._db.executemany(_sqlite_sql(sql)[0], rows)
 
     async def fetch(self, sql: str, *args: Any) -> Sequence[Row]:
         # fetchall() also runs a RETURNING statement to its end before the next one.
-        rows: list[Row] = self._db.execute(*_bind(sql, args)).fetchall()
+        rows: list[Row] = self._run(sql, args).fetchall()
         return rows
 
     async def fetchrow(self, sql: str, *args: Any) -> Row | None:
-        rows = await self.fetch(sql, *args)
+        rows = self._run(sql, args).fetchall()
         return rows[0] if rows else None
 
     async def fetchval(self, sql: str, *args: Any) -> Any:
-        row = await self.fetchrow(sql, *args)
-        return None if row is None else row[0]
+        rows = self._run(sql, args).fetchall()
+        return rows[0][0] if rows else None
 
 
 class SqliteDialect(Dialect):

@@ -155,7 +155,8 @@ class Dialect(ABC):
         """Set streams' ``committed_end``, mark ``destroyed`` objects MARK_DESTROYED, and write
         PREPARED objects' final state and ranges (``infos``), in the open transaction.
         ``destroyed`` and ``infos`` never name the same object."""
-        await db.executemany(
+        await _each(
+            db,
             "UPDATE streams SET committed_end = $1 WHERE stream_id = $2",
             [(end, stream_id) for stream_id, end in stream_ends.items()],
         )
@@ -164,7 +165,8 @@ class Dialect(ABC):
                 f"UPDATE objects SET state = 'mark_destroyed' WHERE object_id {self.any_id('$1')}",
                 self.id_list(sorted(destroyed)),
             )
-        await db.executemany(
+        await _each(
+            db,
             "UPDATE objects SET state = $1, key = $2, kind = $3, size = $4, index_size = $5, "
             "committed_ms = $6 WHERE object_id = $7",
             [
@@ -180,7 +182,8 @@ class Dialect(ABC):
                 for info in infos
             ],
         )
-        await db.executemany(
+        await _each(
+            db,
             f"INSERT INTO ranges (object_id, {RANGE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)",
             [
                 (
@@ -218,3 +221,12 @@ class Dialect(ABC):
 
     async def after_migration(self, db: Connection, version: int) -> None:
         """Called in the migration's transaction once ``version`` is recorded."""
+
+
+async def _each(db: Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    """``sql`` once per row: ``execute`` for one row (the common commit: one object, one range,
+    one stream), which costs sqlite3 less than ``executemany``."""
+    if len(rows) == 1:
+        await db.execute(sql, *rows[0])
+    elif rows:
+        await db.executemany(sql, rows)
