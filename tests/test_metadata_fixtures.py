@@ -42,6 +42,34 @@ def _scenario() -> ModuleType:
 SCENARIO = _scenario()
 
 
+#: Fields that mark a dict of the snapshot as one record (a stream, object, range, node, gap or
+#: basin) rather than a map by id or a JSON value.
+_RECORD_FIELDS = {"stream_id", "object_id", "node_id", "created_ms"}
+
+
+def _reads_back(found: Any, expected: Any, where: str = "catalogue") -> None:
+    """``found`` is ``expected``, except that a record may hold a field added since the fixture
+    was made (a new column): what an old row reads for it (its default) is for that column's own
+    test to check. Maps by id, lists and JSON values must match exactly."""
+    if isinstance(expected, dict):
+        assert isinstance(found, dict), f"{where}: {found!r}"
+        if _RECORD_FIELDS.isdisjoint(expected):
+            assert found.keys() == expected.keys(), (
+                f"{where}: {sorted(found)} != {sorted(expected)}"
+            )
+        for key, value in expected.items():
+            assert key in found, f"{where}: {key!r} is missing"
+            _reads_back(found[key], value, f"{where}.{key}")
+    elif isinstance(expected, list):
+        assert isinstance(found, list) and len(found) == len(expected), (
+            f"{where}: {found!r} != {expected!r}"
+        )
+        for index, (item, value) in enumerate(zip(found, expected, strict=True)):
+            _reads_back(item, value, f"{where}[{index}]")
+    else:
+        assert found == expected, f"{where}: {found!r} != {expected!r}"
+
+
 def _expected(name: str) -> dict[str, Any]:
     loaded: dict[str, Any] = json.loads((FIXTURES / name).read_text())
     return loaded
@@ -118,7 +146,7 @@ async def test_a_sqlite_file_of_schema_version_4_opens_in_place(tmp_path: Path) 
     expected = _expected("sqlite_v4.json")
     store = SqliteMetadataStore(path)
     try:
-        assert await SCENARIO.snapshot(store) == expected
+        _reads_back(await SCENARIO.snapshot(store), expected)
         await _keeps_working(store, expected)
     finally:
         await store.close()
@@ -161,7 +189,7 @@ async def test_a_sqlite_file_of_an_older_schema_version_opens_in_place(
         found = await SCENARIO.snapshot(store)
         if version < 2:
             assert found.pop("deployment_id") != expected.pop("deployment_id")
-        assert found == expected
+        _reads_back(found, expected)
         await _keeps_working(store, _expected("sqlite_v4.json"))
     finally:
         await store.close()
@@ -211,7 +239,7 @@ async def test_a_postgres_schema_of_version_3_opens_in_place(
     expected = _expected("postgres_v3.json")
     store = PostgresMetadataStore(dsn, schema=schema)
     try:
-        assert await SCENARIO.snapshot(store) == expected
+        _reads_back(await SCENARIO.snapshot(store), expected)
         await _keeps_working(store, expected)
     finally:
         await store.close()
