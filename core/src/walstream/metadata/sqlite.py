@@ -141,21 +141,22 @@ def _bind_id_lists(
 ) -> tuple[str, Sequence[Any]]:
     """The SQLite text and arguments of a statement whose ``IN ($k)`` at ``lists`` may hold id
     lists: each one given as an id list becomes one parameter per id, or one JSON array."""
-    id_lists = tuple(
-        (k, len(args[k - 1]) if len(args[k - 1]) <= _MOST_PARAMETERS else -1)
-        for k in lists
-        if type(args[k - 1]) is _Ids
-    )
-    if not id_lists:
-        return _sqlite_sql(sql)[0], args
+    shape: list[tuple[int, int]] = []
     flat = list(args)
-    for position, count in id_lists:
-        if count < 0:
-            flat[position - 1] = json.dumps(args[position - 1])
-        else:
+    for position in lists:
+        ids = args[position - 1]
+        if type(ids) is not _Ids:
+            continue
+        if len(ids) <= _MOST_PARAMETERS:
+            shape.append((position, len(ids)))
             flat[position - 1] = None
-            flat.extend(args[position - 1])
-    return _expanded(sql, id_lists), flat
+            flat.extend(ids)
+        else:
+            shape.append((position, -1))
+            flat[position - 1] = json.dumps(ids)
+    if not shape:
+        return _sqlite_sql(sql)[0], args
+    return _expanded(sql, tuple(shape)), flat
 
 
 class _SqliteConnection:

@@ -14,8 +14,8 @@ clauses render as nothing.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from walstream.metadata.contract import (
     NodeInfo,
@@ -119,9 +119,11 @@ class Tables:
             f"ORDER BY o.object_id, r.stream_id, r.start_offset {self.dialect.lock(lock, 'o')}",
             self.dialect.id_list(ids),
         )
+        grouped: dict[int, list[Sequence[Any]]] = {}
+        for row in rows:
+            grouped.setdefault(row[0], []).append(row)
         found: dict[int, ObjectRecord] = {}
-        for object_id, group in itertools.groupby(rows, key=lambda row: int(row[0])):
-            members = [tuple(member) for member in group]
+        for object_id, members in grouped.items():
             row = members[0]
             ranges = tuple(range_of(m[9:]) for m in members if m[9] is not None)
             info = ObjectInfo(
