@@ -164,6 +164,29 @@ class FailoverLeaseBlindClaim(MemoryMetadataStore):
         return await super().claim_failover(node_id, node_epoch, by_node_id, lease_ms)
 
 
+class VersionBlindKv(MemoryMetadataStore):
+    """``kv_put`` ignores the expected version: every write wins (a lost update)."""
+
+    async def kv_put(
+        self, namespace: str, key: str, value: bytes, expected_version: int | None
+    ) -> int:
+        return await super().kv_put(namespace, key, value, None)
+
+
+class RacyKv(MemoryMetadataStore):
+    """``kv_put`` reads the version, then writes: concurrent writers expecting one version can
+    all win (a SELECT, then an UPDATE without the version in its condition)."""
+
+    async def kv_put(
+        self, namespace: str, key: str, value: bytes, expected_version: int | None
+    ) -> int:
+        current = await self.kv_get(namespace, key)
+        await asyncio.sleep(0)
+        if expected_version is not None and expected_version != (current.version if current else 0):
+            return await super().kv_put(namespace, key, value, expected_version)
+        return await super().kv_put(namespace, key, value, None)
+
+
 class RacyConditionalStore(MemoryObjectStore):
     """``put_if_absent`` checks, then writes: two concurrent creators can both win."""
 

@@ -165,6 +165,29 @@ async def test_metadata_failover_claims_that_break_the_lease_are_caught(
         await sound.aclose()
 
 
+@pytest.mark.parametrize(
+    ("planted_class", "test_name", "message"),
+    [
+        ("VersionBlindKv", "test_kv_compare_and_set", "DID NOT RAISE.*VersionMismatchError"),
+        ("RacyKv", "test_kv_concurrent_writers", "5 of 5 concurrent creates of one key won"),
+    ],
+)
+async def test_metadata_kv_writes_that_ignore_the_version_are_caught(
+    planted: ModuleType, planted_class: str, test_name: str, message: str
+) -> None:
+    volume = _volume()
+    kit = MetadataKit(lambda: getattr(planted, planted_class)(volume))
+    sound_volume = _volume()
+    sound = MetadataKit(lambda: MemoryMetadataStore(sound_volume))
+    try:
+        with pytest.raises(CAUGHT, match=message):
+            await getattr(MetadataSuite(), test_name)(kit)
+        await getattr(MetadataSuite(), test_name)(sound)
+    finally:
+        await kit.aclose()
+        await sound.aclose()
+
+
 async def test_object_store_with_unconditional_put_if_absent_is_caught(planted: ModuleType) -> None:
     with pytest.raises(CAUGHT, match="concurrent put_if_absent"):
         await ObjectStoreSuite().test_put_if_absent(planted.RacyConditionalStore())

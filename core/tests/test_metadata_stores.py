@@ -42,8 +42,12 @@ from walstream.metadata import (
     StreamState,
 )
 from walstream.metadata.memory import MEMORY_METADATA, MemoryMetadataStore
-from walstream.metadata.sqlite import SCHEMA_VERSION, SQLITE_METADATA, SqliteMetadataStore
-from walstream.metadata.sqlite_tables import open_connection
+from walstream.metadata.sqlite import (
+    SCHEMA_VERSION,
+    SQLITE_METADATA,
+    SqliteMetadataStore,
+    open_connection,
+)
 
 Opener = Callable[[], MetadataStore]
 _volume_names = itertools.count()
@@ -557,9 +561,9 @@ async def test_sqlite_journal_mode_wal_and_read_index(tmp_path: Path) -> None:
     connection = sqlite3.connect(path)
     try:
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert connection.execute(
-            "SELECT value FROM meta WHERE key = 'schema_version'"
-        ).fetchone() == (SCHEMA_VERSION,)
+        assert connection.execute("SELECT max(version) FROM schema_version").fetchone() == (
+            SCHEMA_VERSION,
+        )
         plan = " | ".join(
             str(row[-1])
             for row in connection.execute(
@@ -575,78 +579,28 @@ async def test_sqlite_journal_mode_wal_and_read_index(tmp_path: Path) -> None:
     assert "ranges_stream_end" in plan and "TEMP B-TREE" not in plan, plan
 
 
-async def test_sqlite_refuses_newer_schema(tmp_path: Path) -> None:
-    path = tmp_path / "meta.db"
-    store = SqliteMetadataStore(path)
-    await store.list_streams()
-    await store.close()
-    with sqlite3.connect(path) as connection:
-        connection.execute(
-            "UPDATE meta SET value = ? WHERE key = 'schema_version'", (SCHEMA_VERSION + 1,)
-        )
-    newer = SqliteMetadataStore(path)
-    with pytest.raises(ConfigError, match="upgrade walstream"):
-        await newer.list_streams()
-    await newer.close()
-
-
-async def test_sqlite_version_2_file_gains_basins(tmp_path: Path) -> None:
-    """A file of schema version 2 (before basins) opens: its streams stay readable, it gains an
-    empty basins table, and its version becomes the current one."""
-    path = tmp_path / "meta.db"
-    store = SqliteMetadataStore(path)
-    stream = await store.create_stream("kept")
-    await store.close()
-    with sqlite3.connect(path) as connection:  # what version 2 wrote: no basins table
-        connection.execute("DROP TABLE basins")
-        connection.execute("UPDATE meta SET value = 2 WHERE key = 'schema_version'")
-    upgraded = SqliteMetadataStore(path)
-    assert (await upgraded.get_stream("kept")).stream_id == stream.stream_id
-    assert await upgraded.list_basins() == []
-    basin = await upgraded.create_basin("basin-one")
-    assert (await upgraded.get_basin("basin-one")) == basin
-    await upgraded.close()
-    with sqlite3.connect(path) as connection:
-        (version,) = connection.execute(
-            "SELECT value FROM meta WHERE key = 'schema_version'"
-        ).fetchone()
-    assert version == SCHEMA_VERSION == 4
-
-
-async def test_sqlite_version_3_file_gains_node_leases(tmp_path: Path) -> None:
-    """A file of schema version 3 (nodes without address and lease) is upgraded in place: its
-    nodes keep their epochs and WAL configs, hold no lease, and can renew one afterwards."""
-    path = tmp_path / "meta.db"
-    with sqlite3.connect(path) as connection:  # the nodes table as version 3 wrote it
-        connection.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
-        connection.execute(
-            "CREATE TABLE nodes (node_id INTEGER PRIMARY KEY, node_epoch INTEGER NOT NULL, "
-            "state TEXT NOT NULL, wal_config TEXT NOT NULL, updated_ms INTEGER NOT NULL)"
-        )
-        connection.execute("INSERT INTO nodes VALUES (7, 5, 'running', '{\"path\": \"/w\"}', 1)")
-        connection.execute("INSERT INTO meta VALUES ('schema_version', 3)")
-        connection.execute("INSERT INTO meta VALUES ('last_stream_id', 0)")
-        connection.execute("INSERT INTO meta VALUES ('last_object_id', 0)")
-    upgraded = SqliteMetadataStore(path)
-    node = await upgraded.get_node(7)
-    assert node is not None
-    assert (node.node_epoch, node.wal_config, node.address, node.lease_expires_ms) == (
-        5,
-        {"path": "/w"},
-        None,
-        0,
-    )
-    renewed = await upgraded.renew_lease(7, 5, 10_000)
-    assert renewed.lease_expires_ms >= await upgraded.store_time_ms()
-    await upgraded.close()
-    reopened = SqliteMetadataStore(path)
-    assert (await reopened.get_node(7)) == renewed
-    await reopened.close()
-    with sqlite3.connect(path) as connection:
-        (version,) = connection.execute(
-            "SELECT value FROM meta WHERE key = 'schema_version'"
-        ).fetchone()
-    assert version == SCHEMA_VERSION
+async def test_sqlite_id_lists_of_any_length(tmp_path: Path, clock: ManualClock) -> None:
+    """Calls naming many ids at once (listing, forgetting, reading streams) bind them as one
+    parameter per id up to a bound and as one JSON array beyond it: both give the same rows,
+    with no limit on how many."""
+    store = SqliteMetadataStore(tmp_path / "meta.db", clock=clock)
+    try:
+        node = await store.register_node(1, {})
+        streams = [await writable_stream(store, node, f"s{i}") for i in range(3)]
+        few = await commit_range(store, node, streams[0], 0, 10)
+        many = await store.prepare_objects(40_000, ttl_ms=1)
+        prepared = await store.list_objects(ObjectState.PREPARED)
+        assert [o.object_id for o in prepared] == many
+        wanted = [s.stream_id for s in streams] + list(range(10_000, 10_100))
+        assert sorted(await store.get_streams(wanted)) == [s.stream_id for s in streams]
+        await store.forget_objects([*many, few])  # none may be forgotten yet
+        assert len(await store.list_objects()) == 40_001
+        clock.advance(1.0)
+        assert await store.expired_prepared(clock.now_ms()) == many
+        await store.forget_objects([*many, few])
+        assert [o.object_id for o in await store.list_objects()] == [few]
+    finally:
+        await store.close()
 
 
 async def test_sqlite_damaged_file(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 from walstream.metadata import ObjectCommit, ObjectKind, StreamRange
-from walstream_metadata_postgres.store import GET_OBJECTS_SQL
+from walstream.metadata.sql.store import GET_OBJECTS_SQL
 
 OBJECTS = 100_000
 CHUNK = 10_000

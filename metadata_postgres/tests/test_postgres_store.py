@@ -4,6 +4,9 @@ connection fails while ``COMMIT`` is in flight, reconnecting after a restart."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -17,14 +20,16 @@ from walstream.errors import (
     CapacityError,
     ConfigError,
     CorruptionError,
+    SchemaTooNew,
     StreamExists,
 )
 from walstream.metadata import ObjectCommit, ObjectKind, ObjectState, StreamRange
+from walstream.metadata.sql import migrations
+from walstream.metadata.sql.migrations import MIGRATIONS, Migration
 from walstream_metadata_postgres import (
     POSTGRES_METADATA,
     SCHEMA_VERSION,
     PostgresMetadataStore,
-    schema,
 )
 from walstream_metadata_postgres.errors import translate
 from walstream_metadata_postgres.testing import PostgresServer
@@ -67,12 +72,23 @@ async def test_newer_schema_is_refused(
 ) -> None:
     await make_store().create_stream("a")
     newer = SCHEMA_VERSION + 1
-    postgres_server.sql(f'INSERT INTO "{postgres_schema}".schema_version VALUES ({newer}, 0)')
-    with pytest.raises(ConfigError) as caught:
+    postgres_server.sql(
+        f"INSERT INTO \"{postgres_schema}\".schema_version VALUES ({newer}, 'from a newer one', 0)"
+    )
+    before = postgres_server.sql(
+        f'SELECT version FROM "{postgres_schema}".schema_version ORDER BY version'
+    )
+    with pytest.raises(SchemaTooNew) as caught:
         await make_store().get_streams([1])
+    assert (caught.value.found_version, caught.value.known_version) == (newer, SCHEMA_VERSION)
     message = str(caught.value)
     assert f"schema version {newer}" in message
     assert f"({SCHEMA_VERSION})" in message and "upgrade walstream" in message
+    assert postgres_schema in message
+    after = postgres_server.sql(
+        f'SELECT version FROM "{postgres_schema}".schema_version ORDER BY version'
+    )
+    assert after == before
 
 
 async def test_foreign_schema_is_refused(
@@ -235,19 +251,148 @@ async def test_a_new_migration_upgrades_an_existing_schema_in_place(
     postgres_schema: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Adding a table is one entry appended to MIGRATIONS: a schema of the previous version is
-    upgraded at the next start and keeps its data."""
+    """Adding a column and a table is one Migration appended to core's MIGRATIONS, written once
+    for every dialect: a schema of the previous version is upgraded at the next start and keeps
+    its data; old rows read the column's default."""
     old = make_store()
     stream = await old.create_stream("kept")
     await old.close()
-    newer = (*schema.MIGRATIONS, ("CREATE TABLE extra (extra_id bigint PRIMARY KEY)",))
-    monkeypatch.setattr(schema, "MIGRATIONS", newer)
-    monkeypatch.setattr(schema, "SCHEMA_VERSION", len(newer))
+    added = Migration(
+        SCHEMA_VERSION + 1,
+        "test: a column and a table",
+        (
+            "ALTER TABLE streams ADD COLUMN retention_ms bigint NOT NULL DEFAULT 0",
+            "CREATE TABLE extra (extra_id bigint PRIMARY KEY)",
+        ),
+    )
+    monkeypatch.setattr(migrations, "MIGRATIONS", (*MIGRATIONS, added))
+    monkeypatch.setattr(migrations, "SCHEMA_VERSION", added.version)
     upgraded = make_store()
     assert (await upgraded.get_stream("kept")).stream_id == stream.stream_id
     versions = postgres_server.sql(f'SELECT version FROM "{postgres_schema}".schema_version')
-    assert versions.split() == [str(v) for v in range(1, len(newer) + 1)]
+    assert versions.split() == [str(v) for v in range(1, added.version + 1)]
     assert postgres_server.sql(f'SELECT count(*) FROM "{postgres_schema}".extra').strip() == "0"
+    retention = postgres_server.sql(f'SELECT retention_ms FROM "{postgres_schema}".streams')
+    assert retention.split() == ["0"]
+
+
+async def test_a_migration_that_fails_leaves_the_previous_version(
+    make_store: Any,
+    postgres_server: PostgresServer,
+    postgres_schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await make_store().create_stream("kept")
+    broken = Migration(
+        SCHEMA_VERSION + 1,
+        "test: fails halfway",
+        ("CREATE TABLE half (x bigint)", "ALTER TABLE no_such_table ADD COLUMN y bigint"),
+    )
+    monkeypatch.setattr(migrations, "MIGRATIONS", (*MIGRATIONS, broken))
+    monkeypatch.setattr(migrations, "SCHEMA_VERSION", broken.version)
+    with pytest.raises(BackendUnavailable, match="no_such_table"):
+        await make_store().list_streams()
+    tables = postgres_server.sql(
+        f"SELECT tablename FROM pg_tables WHERE schemaname = '{postgres_schema}'"
+    )
+    assert "half" not in tables.split()
+    versions = postgres_server.sql(f'SELECT max(version) FROM "{postgres_schema}".schema_version')
+    assert versions.strip() == str(SCHEMA_VERSION)
+    monkeypatch.undo()
+    assert [s.name for s in await make_store().list_streams()] == ["kept"]
+
+
+_OPENER = textwrap.dedent(
+    """
+    import asyncio, sys
+    from walstream_metadata_postgres import PostgresMetadataStore
+
+    async def open_one(dsn: str, schema: str) -> None:
+        store = PostgresMetadataStore(dsn, schema=schema)
+        try:
+            await store.list_streams()
+        finally:
+            await store.close()
+
+    for line in sys.stdin:  # one schema per line, opened as soon as the line arrives
+        try:
+            asyncio.run(open_one(sys.argv[1], line.strip()))
+            print("ok", flush=True)
+        except BaseException as error:
+            print(f"failed {type(error).__name__}: {error}", flush=True)
+    """
+)
+
+
+def test_processes_opening_one_new_schema_at_once_all_open_it(
+    postgres_server: PostgresServer, postgres_dsn: str, postgres_schema: str
+) -> None:
+    """Each round, four processes get the name of a new schema at the same moment and open it:
+    every open succeeds and every migration is recorded once (the advisory lock, then the
+    version read again)."""
+    openers = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPENER, postgres_dsn],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    schemas = [f"{postgres_schema}_{round_}" for round_ in range(6)]
+    try:
+        for schema_name in schemas:
+            for opener in openers:
+                assert opener.stdin is not None
+                opener.stdin.write(f"{schema_name}\n")
+            for opener in openers:
+                assert opener.stdin is not None
+                opener.stdin.flush()
+            answers = []
+            for opener in openers:
+                assert opener.stdout is not None
+                answers.append(opener.stdout.readline().strip())
+            assert answers == ["ok"] * 4, (schema_name, answers)
+            versions = postgres_server.sql(
+                f'SELECT version FROM "{schema_name}".schema_version ORDER BY version'
+            )
+            assert versions.split() == [str(m.version) for m in MIGRATIONS]
+    finally:
+        for opener in openers:
+            assert opener.stdin is not None
+            opener.stdin.close()
+        for opener in openers:
+            opener.wait(timeout=60)
+        for schema_name in schemas:
+            postgres_server.sql(f'DROP SCHEMA IF EXISTS "{schema_name}" CASCADE')
+
+
+async def test_a_current_schema_opens_without_the_create_privilege(
+    make_store: Any, postgres_server: PostgresServer, postgres_dsn: str, postgres_schema: str
+) -> None:
+    """Once migrated (by a role that may create), a schema is used by a role that may only read
+    and write its tables: an open that finds the schema current takes no lock and creates
+    nothing."""
+    await make_store().create_stream("kept")
+    role = f"{postgres_schema}_user"
+    quoted = f'"{postgres_schema}"'
+    postgres_server.sql(
+        f'CREATE ROLE "{role}" LOGIN; '
+        f'GRANT USAGE ON SCHEMA {quoted} TO "{role}"; '
+        f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {quoted} TO "{role}"; '
+        f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA {quoted} TO "{role}"'
+    )
+    try:
+        dsn = postgres_dsn.replace("//walstream@", f"//{role}@")
+        store = make_store(dsn=dsn)
+        assert [s.name for s in await store.list_streams()] == ["kept"]
+        await store.create_stream("by-the-user")
+        await store.close()
+        with pytest.raises(ConfigError, match="refused this client"):
+            await make_store(dsn=dsn, schema=f"{postgres_schema}_new").list_streams()
+    finally:
+        postgres_server.sql(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
 
 
 @pytest.mark.parametrize(

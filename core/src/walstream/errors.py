@@ -26,10 +26,12 @@ __all__ = [
     "NotFound",
     "OutOfRangeError",
     "PreconditionFailed",
+    "SchemaTooNew",
     "StreamExists",
     "StreamNotFound",
     "TailMismatchError",
     "Throttled",
+    "VersionMismatchError",
     "WalstreamError",
 ]
 
@@ -43,6 +45,21 @@ class WalstreamError(Exception):
 
 class ConfigError(WalstreamError, ValueError):
     """A configuration value, key or plugin name is wrong. The message names the key."""
+
+
+class SchemaTooNew(ConfigError):
+    """The metadata database was migrated by a newer walstream than this one.
+
+    Its schema version (``found_version``) is newer than the last migration this code knows
+    (``known_version``), so this code cannot tell what the newer tables mean and refuses to open
+    it; nothing was changed. Upgrade walstream on this node: every node of a deployment must run a
+    release that knows the schema.
+    """
+
+    def __init__(self, message: str, found_version: int, known_version: int) -> None:
+        super().__init__(message)
+        self.found_version = found_version
+        self.known_version = known_version
 
 
 class InvalidArgument(WalstreamError, ValueError):
@@ -150,6 +167,20 @@ class NotFound(WalstreamError, LookupError):
 
 class PreconditionFailed(WalstreamError):
     """A conditional operation lost: ``put_if_absent`` found the key, a compare-and-set failed."""
+
+
+class VersionMismatchError(PreconditionFailed):
+    """A compare-and-set of a versioned value lost: the expected version is not the current one.
+
+    Raised by the metadata store's key/value calls (``kv_put``, ``kv_delete``) when the key's
+    version is not ``expected_version`` (an ``expected_version`` of 0 means the key must not
+    exist). Carries ``actual_version``: the version found, 0 when the key does not exist. Nothing
+    was changed; read the value again (``kv_get``) and retry on what it holds now.
+    """
+
+    def __init__(self, message: str, actual_version: int) -> None:
+        super().__init__(message)
+        self.actual_version = actual_version
 
 
 class AmbiguousError(WalstreamError):

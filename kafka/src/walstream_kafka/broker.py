@@ -126,6 +126,17 @@ class KafkaBroker:
 
     # -- nodes -----------------------------------------------------------------------------------
 
+    async def _registered_brokers(self) -> list[tuple[str, bytes]]:
+        """Every ``kafka.brokers`` entry, page by page (``kv_list`` returns 1,000 at most)."""
+        found: list[tuple[str, bytes]] = []
+        after = ""
+        while True:
+            page = await self.kv.kv_list(BROKERS_NAMESPACE, "", after, 1000)
+            found.extend((key, value) for key, value, _ in page)
+            if len(page) < 1000:
+                return found
+            after = page[-1][0]
+
     async def _view(self) -> _NodesView:
         now = time.monotonic()
         if self._nodes.at + NODES_CACHE_S > now:
@@ -139,8 +150,7 @@ class KafkaBroker:
             nodes = await metadata.list_nodes()
             store_now = await metadata.store_time_ms()
             registered = {
-                int(key): json.loads(value)
-                for key, value, _ in await self.kv.kv_list(BROKERS_NAMESPACE, "", "", 10_000)
+                int(key): json.loads(value) for key, value in await self._registered_brokers()
             }
             live = {self.node_id}
             for node in nodes:

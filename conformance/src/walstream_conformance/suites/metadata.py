@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -24,6 +25,7 @@ from walstream.errors import (
     PreconditionFailed,
     StreamExists,
     StreamNotFound,
+    VersionMismatchError,
     WalstreamError,
 )
 from walstream.metadata import (
@@ -674,6 +676,148 @@ class MetadataSuite:
         assert await store.claim_failover(node_id, second.node_epoch, kit.node_id(1), 1) is None, (
             "a finished failover was claimed again"
         )
+
+    # 15 -----------------------------------------------------------------------------------------
+    async def test_kv_compare_and_set(self, walstream_metadata_kit: MetadataKit) -> None:
+        """A write with a stale or wrong expected version changes nothing and says what it
+        found; 0 creates only a key that has none; a version is never given twice, even to a
+        key deleted and created again; namespaces are apart; values survive a reopen."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        space, other = kit.name("kv"), kit.name("kv-other")
+        assert await store.kv_get(space, "group/a") is None
+        first = await store.kv_put(space, "group/a", b"one", 0)
+        assert first > 0 and await store.kv_get(space, "group/a") == (b"one", first)
+
+        async def refused(call: Any, actual: int) -> None:
+            with pytest.raises(VersionMismatchError) as caught:
+                await call
+            assert caught.value.actual_version == actual, (
+                f"VersionMismatchError.actual_version {caught.value.actual_version}, the key "
+                f"holds version {actual}"
+            )
+
+        await refused(store.kv_put(space, "group/a", b"again", 0), first)
+        await refused(store.kv_put(space, "group/a", b"wrong", first + 1000), first)
+        assert await store.kv_get(space, "group/a") == (b"one", first), "a refused put wrote"
+        second = await store.kv_put(space, "group/a", b"two", first)
+        assert second > first, f"version {second} after {first}"
+        await refused(store.kv_put(space, "group/a", b"stale", first), second)
+        assert await store.kv_get(space, "group/a") == (b"two", second)
+        third = await store.kv_put(space, "group/a", b"three", None)
+        assert third > second
+        await refused(store.kv_delete(space, "group/a", second), third)
+        assert await store.kv_get(space, "group/a") == (b"three", third), "a refused delete"
+        await store.kv_delete(space, "group/a", third)
+        assert await store.kv_get(space, "group/a") is None
+        await refused(store.kv_delete(space, "group/a", third), 0)
+        await refused(store.kv_put(space, "group/a", b"back", third), 0)
+        await store.kv_delete(space, "group/a", None)  # nothing there: nothing happens
+        await store.kv_delete(space, "group/a", 0)  # expects nothing there: a check only
+        again = await store.kv_put(space, "group/a", b"back", 0)
+        assert again not in (first, second, third), "a version was given twice (ABA)"
+
+        assert await store.kv_get(other, "group/a") is None, "namespaces see each other's keys"
+        elsewhere = await store.kv_put(other, "group/a", b"", 0)
+        assert await store.kv_get(other, "group/a") == (b"", elsewhere)
+        assert await store.kv_get(space, "group/a") == (b"back", again)
+        await refused(store.kv_delete(space, "group/a", 0), again)
+        assert await store.kv_get(space, "group/a") == (b"back", again)
+        large = bytes(range(256)) * 4096  # 1 MiB, every byte value
+        big = await store.kv_put(space, "large", large, 0)
+        await store.close()
+        reopened = kit.open()
+        assert await reopened.kv_get(space, "group/a") == (b"back", again)
+        assert await reopened.kv_get(space, "large") == (large, big)
+        await refused(reopened.kv_put(space, "group/a", b"x", 0), again)
+
+        for bad_call in (
+            lambda: reopened.kv_put("", "k", b"v", 0),
+            lambda: reopened.kv_put(space, "", b"v", 0),
+            lambda: reopened.kv_put(space, "nul\x00key", b"v", 0),
+            lambda: reopened.kv_put(space, "k", "text", 0),  # type: ignore[arg-type]
+            lambda: reopened.kv_put(space, "k", large + b"!", 0),
+            lambda: reopened.kv_put(space, "k", b"v", -1),
+            lambda: reopened.kv_put(space, "k", b"v", True),
+            lambda: reopened.kv_delete(space, "k", -5),
+            lambda: reopened.kv_get(space, "k" * 1025),
+            lambda: reopened.kv_get(space, "\ud800"),
+        ):
+            with pytest.raises(InvalidArgument):
+                await bad_call()
+
+    async def test_kv_concurrent_writers(self, walstream_metadata_kit: MetadataKit) -> None:
+        """Of concurrent writers expecting one version (from separate store instances) exactly
+        one wins; the others learn the winner's version."""
+        kit = walstream_metadata_kit
+        space = kit.name("kv-race")
+        stores = [kit.open() for _ in range(5)]
+        results = await asyncio.gather(
+            *(s.kv_put(space, "created", f"by {i}".encode(), 0) for i, s in enumerate(stores)),
+            return_exceptions=True,
+        )
+        winners = [r for r in results if isinstance(r, int)]
+        assert len(winners) == 1, f"{len(winners)} of 5 concurrent creates of one key won"
+        assert all(isinstance(r, VersionMismatchError) for r in results if r not in winners)
+        (created,) = winners
+        results = await asyncio.gather(
+            *(
+                s.kv_put(space, "created", f"now {i}".encode(), created)
+                for i, s in enumerate(stores)
+            ),
+            return_exceptions=True,
+        )
+        winners = [r for r in results if isinstance(r, int)]
+        assert len(winners) == 1, f"{len(winners)} of 5 concurrent puts of one version won"
+        (updated,) = winners
+        losers = [r for r in results if not isinstance(r, int)]
+        assert all(
+            isinstance(r, VersionMismatchError) and r.actual_version == updated for r in losers
+        ), losers
+        found = await stores[0].kv_get(space, "created")
+        assert found is not None and found.version == updated
+        assert found.value == f"now {results.index(updated)}".encode()
+
+    async def test_kv_list_pages(self, walstream_metadata_kit: MetadataKit) -> None:
+        """kv_list pages one namespace by key in byte order; a prefix is a prefix (no
+        wildcards); pages joined end to end are the whole listing."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        space = kit.name("kv-list")
+        keys = ["a/2", "a/10", "a/1", "a%", "a_", "a\u00e9", "a~", "b/1", "a/1/x", "\u4e2d"]
+        versions = {key: await store.kv_put(space, key, key.encode(), 0) for key in keys}
+        await store.kv_put(kit.name("kv-list-other"), "a/3", b"elsewhere", 0)
+        in_byte_order = sorted(keys, key=lambda key: key.encode("utf-8"))
+
+        listed = await store.kv_list(space)
+        assert [e.key for e in listed] == in_byte_order
+        assert all(e.value == e.key.encode() and e.version == versions[e.key] for e in listed)
+        assert [e.key for e in await store.kv_list(space, prefix="a/")] == [
+            "a/1",
+            "a/1/x",
+            "a/10",
+            "a/2",
+        ]
+        assert [e.key for e in await store.kv_list(space, prefix="a%")] == ["a%"]
+        assert [e.key for e in await store.kv_list(space, prefix="a_")] == ["a_"]
+        assert [e.key for e in await store.kv_list(space, prefix="a\u00e9")] == ["a\u00e9"]
+        assert await store.kv_list(space, prefix="c") == []
+
+        pages: list[str] = []
+        after = ""
+        while True:
+            page = await store.kv_list(space, prefix="a", start_after=after, limit=3)
+            assert len(page) <= 3
+            if not page:
+                break
+            pages.extend(e.key for e in page)
+            after = page[-1].key
+        assert pages == [key for key in in_byte_order if key.startswith("a")]
+        after_tilde = ["a\u00e9", "b/1", "\u4e2d"]  # é (0xc3 0xa9) sorts after ~ (0x7e)
+        assert [e.key for e in await store.kv_list(space, start_after="a~")] == after_tilde
+        for limit in (0, 1001):
+            with pytest.raises(InvalidArgument):
+                await store.kv_list(space, limit=limit)
 
     # durability -----------------------------------------------------------------------------------
     async def test_reopen_keeps_state(self, walstream_metadata_kit: MetadataKit) -> None:

@@ -1,10 +1,14 @@
-"""Metadata: the contract (``contract``), the pure rules every store runs (``rules``), and the
-reference stores (``memory``, ``sqlite``).
+"""Metadata: the contract (``contract``), the pure rules every store runs (``rules``), the
+in-memory store (``memory``), and the SQL stores' shared base (``sql``) with its SQLite dialect
+(``sqlite``); PostgreSQL's dialect is the ``walstream-metadata-postgres`` dist. How they keep the
+contract: docs/architecture/metadata.md.
 """
 
 from walstream.metadata.contract import (
     BasinInfo,
     DataLossGap,
+    KvEntry,
+    KvValue,
     MetadataStore,
     NodeInfo,
     NodeState,
@@ -20,6 +24,8 @@ from walstream.metadata.contract import (
 __all__ = [
     "BasinInfo",
     "DataLossGap",
+    "KvEntry",
+    "KvValue",
     "MetadataStore",
     "NodeInfo",
     "NodeState",

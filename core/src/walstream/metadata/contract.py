@@ -6,11 +6,13 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "BasinInfo",
     "DataLossGap",
+    "KvEntry",
+    "KvValue",
     "MetadataStore",
     "NodeInfo",
     "NodeState",
@@ -154,6 +156,22 @@ class BasinInfo:
     created_ms: int = 0
 
 
+class KvValue(NamedTuple):
+    """A key's value and its version (:meth:`MetadataStore.kv_get`)."""
+
+    value: bytes
+    version: int
+    """Positive; never given twice by the store (see :meth:`MetadataStore.kv_put`)."""
+
+
+class KvEntry(NamedTuple):
+    """One key of a namespace as :meth:`MetadataStore.kv_list` returns it."""
+
+    key: str
+    value: bytes
+    version: int
+
+
 class MetadataStore(ABC):
     """Durable catalogue of streams, objects and nodes.
 
@@ -194,6 +212,12 @@ class MetadataStore(ABC):
         concurrent claims of one expired lease or failover lease exactly one wins; once claimed,
         the old epoch's renewals (:meth:`renew_lease`, :meth:`renew_failover`) are fenced and
         :meth:`register_node` starts the node again with a newer epoch and no lease.
+    15. **kv** — :meth:`kv_put` and :meth:`kv_delete` change a key only when its version is the
+        expected one (0: the key must not exist), else raise
+        :class:`~walstream.errors.VersionMismatchError` carrying the version found and change
+        nothing; of concurrent calls expecting one version exactly one wins; a version is never
+        given twice, even to a key deleted and created again; namespaces never see each other's
+        keys; :meth:`kv_list` pages a namespace by key in byte order; values survive reopens.
     """
 
     # -- identity -----------------------------------------------------------------------------------
@@ -421,6 +445,48 @@ class MetadataStore(ABC):
     async def delete_basin(self, name: str) -> None:
         """Forget the basin (:class:`BasinNotFound` if there is none). Its streams are not
         touched: the caller deletes them first."""
+
+    # -- key/value --------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def kv_get(self, namespace: str, key: str) -> KvValue | None:
+        """The value of ``key`` in ``namespace`` and its version, or None when it has none.
+
+        A small, durable, versioned value for extensions that keep state of their own in the
+        metadata store (a Kafka listener's consumer groups and committed offsets). ``namespace``
+        (1 to 256 bytes of UTF-8) keeps one extension's keys apart from another's; ``key`` is 1
+        to 1024 bytes of UTF-8; neither may hold NUL (:class:`InvalidArgument` otherwise)."""
+
+    @abstractmethod
+    async def kv_put(
+        self, namespace: str, key: str, value: bytes, expected_version: int | None
+    ) -> int:
+        """Set ``key`` to ``value`` (at most 1 MiB) if its version is ``expected_version``, and
+        return its new version (invariant 15).
+
+        ``expected_version`` 0: the key must not exist (create); a positive version: the key's
+        current version must be that one (compare-and-set); None: no condition (last writer
+        wins). Otherwise :class:`~walstream.errors.VersionMismatchError`, whose
+        ``actual_version`` is the version found (0: no value), and nothing changes. A version is
+        positive and larger than the key's previous one, and the store never gives it again,
+        to any key, even after a delete: so a compare-and-set against a version read before any
+        later change always fails. Versions are not consecutive; compare them for equality."""
+
+    @abstractmethod
+    async def kv_delete(self, namespace: str, key: str, expected_version: int | None) -> None:
+        """Remove ``key`` if its version is ``expected_version``, else
+        :class:`~walstream.errors.VersionMismatchError` (``actual_version``: the version found,
+        0 when it has no value) and nothing changes. ``expected_version`` 0 expects no value,
+        so it removes nothing and only checks; None: no condition (a key with no value: nothing
+        happens)."""
+
+    @abstractmethod
+    async def kv_list(
+        self, namespace: str, prefix: str = "", start_after: str = "", limit: int = 1000
+    ) -> list[KvEntry]:
+        """Keys of ``namespace`` starting with ``prefix`` and sorting after ``start_after``,
+        by key in byte order (of UTF-8), at most ``limit`` (1 to 1000), with their values and
+        versions. The next page starts after the last key of this one."""
 
     async def close(self) -> None:
         """Release connections; idempotent."""

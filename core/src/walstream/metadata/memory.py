@@ -26,6 +26,8 @@ from walstream.errors import (
 from walstream.metadata.contract import (
     BasinInfo,
     DataLossGap,
+    KvEntry,
+    KvValue,
     MetadataStore,
     NodeInfo,
     NodeState,
@@ -45,6 +47,10 @@ from walstream.metadata.rules import (
     check_basin_name,
     check_claim,
     check_data_loss_range,
+    check_kv_delete,
+    check_kv_key,
+    check_kv_list_args,
+    check_kv_put,
     check_object_limit,
     check_prepare_args,
     check_release,
@@ -61,6 +67,7 @@ from walstream.metadata.rules import (
     require_node_epoch,
     require_stream_epoch,
     stream_not_found,
+    version_mismatch,
 )
 from walstream.records import DEPLOYMENT_ID_BYTES
 
@@ -87,6 +94,9 @@ class _MetadataVolume:
     """Stream id → recorded gaps by start offset."""
     deployment_id: bytes = field(default_factory=lambda: os.urandom(DEPLOYMENT_ID_BYTES))
     basins: dict[str, BasinInfo] = field(default_factory=dict)
+    kv: dict[str, dict[str, KvValue]] = field(default_factory=dict)
+    """Namespace → key → value and version."""
+    last_kv_version: int = 0
 
 
 _METADATA_VOLUMES: dict[str, _MetadataVolume] = {}
@@ -479,6 +489,47 @@ class MemoryMetadataStore(MetadataStore):
     async def delete_basin(self, name: str) -> None:
         if self._state().basins.pop(name, None) is None:
             raise basin_not_found(name)
+
+    # -- key/value --------------------------------------------------------------------------------
+
+    def _kv_version(self) -> int:
+        self._volume.last_kv_version += 1
+        return self._volume.last_kv_version
+
+    async def kv_get(self, namespace: str, key: str) -> KvValue | None:
+        check_kv_key(namespace, key)
+        return self._state().kv.get(namespace, {}).get(key)
+
+    async def kv_put(
+        self, namespace: str, key: str, value: bytes, expected_version: int | None
+    ) -> int:
+        stored = check_kv_put(namespace, key, value, expected_version)
+        keys = self._state().kv.setdefault(namespace, {})
+        current = keys.get(key)
+        actual = 0 if current is None else current.version
+        if expected_version is not None and expected_version != actual:
+            raise version_mismatch("kv_put", namespace, key, expected_version, actual)
+        version = self._kv_version()
+        keys[key] = KvValue(stored, version)
+        return version
+
+    async def kv_delete(self, namespace: str, key: str, expected_version: int | None) -> None:
+        check_kv_delete(namespace, key, expected_version)
+        keys = self._state().kv.get(namespace, {})
+        current = keys.get(key)
+        actual = 0 if current is None else current.version
+        if expected_version is not None and expected_version != actual:
+            raise version_mismatch("kv_delete", namespace, key, expected_version, actual)
+        keys.pop(key, None)
+
+    async def kv_list(
+        self, namespace: str, prefix: str = "", start_after: str = "", limit: int = 1000
+    ) -> list[KvEntry]:
+        check_kv_list_args(namespace, prefix, start_after, limit)
+        keys = self._state().kv.get(namespace, {})
+        # str order is code-point order, which is UTF-8 byte order (as the SQL stores sort).
+        found = sorted(k for k in keys if k > start_after and k.startswith(prefix))
+        return [KvEntry(k, keys[k].value, keys[k].version) for k in found[:limit]]
 
     async def close(self) -> None:
         self._closed = True

@@ -1,8 +1,8 @@
 """The row shapes the SQL metadata stores share: column lists in a fixed order and the codecs
 from a row in that order to the contract's dataclasses.
 
-SQLite (:mod:`walstream.metadata.sqlite_tables`) and the PostgreSQL store of
-``walstream-metadata-postgres`` keep the same columns, so a row means the same thing in both.
+The SQL store (:mod:`walstream.metadata.sql`) reads and writes these columns on every dialect
+(SQLite, PostgreSQL), so a row means the same thing in both.
 """
 
 from __future__ import annotations

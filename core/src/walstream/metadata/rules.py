@@ -22,6 +22,7 @@ from walstream.errors import (
     InvalidArgument,
     PreconditionFailed,
     StreamNotFound,
+    VersionMismatchError,
 )
 from walstream.metadata.contract import (
     DataLossGap,
@@ -40,6 +41,10 @@ from walstream.records import check_stream_name
 __all__ = [
     "BASIN_NAME_RULE",
     "MAX_BASIN_LIST",
+    "MAX_KV_KEY_BYTES",
+    "MAX_KV_LIST",
+    "MAX_KV_NAMESPACE_BYTES",
+    "MAX_KV_VALUE_BYTES",
     "CommitPlan",
     "ObjectRecord",
     "all_ranges_dead",
@@ -49,6 +54,10 @@ __all__ = [
     "check_basin_name",
     "check_claim",
     "check_data_loss_range",
+    "check_kv_delete",
+    "check_kv_key",
+    "check_kv_list_args",
+    "check_kv_put",
     "check_lease_ms",
     "check_object_limit",
     "check_prepare_args",
@@ -64,10 +73,12 @@ __all__ = [
     "plan_failover_renewal",
     "plan_renewal",
     "plan_replace",
+    "prefix_end",
     "range_is_dead",
     "require_node_epoch",
     "require_stream_epoch",
     "stream_not_found",
+    "version_mismatch",
 ]
 
 
@@ -587,3 +598,106 @@ def check_release(
             f"{node_id}; only its owner releases it"
         )
     return dataclasses.replace(stream, owner_node_id=None)
+
+
+# -- key/value ----------------------------------------------------------------------------------
+
+#: Longest namespace and key of :meth:`~walstream.metadata.MetadataStore.kv_put`, in UTF-8 bytes.
+MAX_KV_NAMESPACE_BYTES = 256
+MAX_KV_KEY_BYTES = 1024
+#: Largest value: the store keeps small state, not data (that goes in a stream).
+MAX_KV_VALUE_BYTES = 1 << 20
+#: Most keys one :meth:`~walstream.metadata.MetadataStore.kv_list` call returns.
+MAX_KV_LIST = 1000
+
+
+def _kv_text(what: str, text: Any, most: int, empty: bool = False) -> str:
+    if not isinstance(text, str):
+        raise InvalidArgument(f"a key/value {what} must be a string, got {type(text).__name__}")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"a key/value {what} must be valid Unicode: {text!r}") from None
+    if "\x00" in text:
+        raise InvalidArgument(f"a key/value {what} cannot hold NUL characters: {text!r}")
+    if size > most or (size == 0 and not empty):
+        shown = text if len(text) <= 60 else text[:60] + "…"
+        raise InvalidArgument(
+            f"a key/value {what} must be {'0' if empty else '1'} to {most} bytes of UTF-8, "
+            f"got {size}: {shown!r}"
+        )
+    return text
+
+
+def check_kv_key(namespace: Any, key: Any) -> None:
+    """``namespace`` and ``key`` are what the key/value calls accept, else InvalidArgument."""
+    _kv_text("namespace", namespace, MAX_KV_NAMESPACE_BYTES)
+    _kv_text("key", key, MAX_KV_KEY_BYTES)
+
+
+def _check_expected(expected_version: Any, action: str) -> None:
+    if expected_version is None:
+        return
+    if (
+        isinstance(expected_version, bool)
+        or not isinstance(expected_version, int)
+        or expected_version < 0
+    ):
+        raise InvalidArgument(
+            f"{action}: expected_version must be None, 0 (the key must not exist) or a version "
+            f"kv_get returned, got {expected_version!r}"
+        )
+
+
+def check_kv_put(namespace: Any, key: Any, value: Any, expected_version: Any) -> bytes:
+    """The value as stored (bytes) once every argument of ``kv_put`` is checked."""
+    check_kv_key(namespace, key)
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise InvalidArgument(f"kv_put: value must be bytes, got {type(value).__name__}")
+    stored = bytes(value)
+    if len(stored) > MAX_KV_VALUE_BYTES:
+        raise InvalidArgument(
+            f"kv_put: value of {len(stored)} bytes is larger than {MAX_KV_VALUE_BYTES}: keep "
+            "small state here and data in a stream"
+        )
+    _check_expected(expected_version, "kv_put")
+    return stored
+
+
+def check_kv_delete(namespace: Any, key: Any, expected_version: Any) -> None:
+    check_kv_key(namespace, key)
+    _check_expected(expected_version, "kv_delete")
+
+
+def check_kv_list_args(namespace: Any, prefix: Any, start_after: Any, limit: Any) -> None:
+    _kv_text("namespace", namespace, MAX_KV_NAMESPACE_BYTES)
+    _kv_text("prefix", prefix, MAX_KV_KEY_BYTES, empty=True)
+    _kv_text("start_after key", start_after, MAX_KV_KEY_BYTES, empty=True)
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_KV_LIST:
+        raise InvalidArgument(f"kv_list: limit must be between 1 and {MAX_KV_LIST}, got {limit!r}")
+
+
+def version_mismatch(
+    action: str, namespace: str, key: str, expected_version: int, actual_version: int
+) -> VersionMismatchError:
+    expected = "no value" if expected_version == 0 else f"version {expected_version}"
+    found = "no value" if actual_version == 0 else f"version {actual_version}"
+    return VersionMismatchError(
+        f"{action} {namespace!r}/{key!r}: expected {expected}, found {found}; nothing was "
+        "changed: read it again (kv_get) and retry on what it holds now",
+        actual_version,
+    )
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The smallest string above every string that starts with ``prefix`` (so keys with the
+    prefix are exactly those in ``[prefix, prefix_end(prefix))`` in code-point order, which is
+    UTF-8 byte order); None when no string is (an empty prefix, or one of U+10FFFF only)."""
+    chars = list(prefix)
+    while chars:
+        following = ord(chars.pop()) + 1
+        if following <= 0x10FFFF:
+            if 0xD800 <= following <= 0xDFFF:  # surrogates are not text: skip to the next
+                following = 0xE000
+            return "".join(chars) + chr(following)
+    return None

@@ -1,25 +1,39 @@
 """SQLite :class:`MetadataStore`: the embedded default, safe for several processes on one machine.
 
+The operations are the shared SQL store's (:mod:`walstream.metadata.sql`); this module is the
+SQLite dialect under it:
+
 * ``journal_mode=WAL`` so readers never block the writer, ``synchronous=FULL`` so a returned
   commit is fsynced, and ``BEGIN IMMEDIATE`` for every write transaction so two processes never
-  both read-then-write the same rows (the second waits up to ``busy_timeout``).
+  both read-then-write the same rows (the second waits up to ``busy_timeout``). That write lock is
+  what PostgreSQL's row locks give there, so the lock clauses render as nothing here.
 * One connection, used only by a dedicated single-thread executor: the event loop never blocks
-  on SQLite.
-* The schema carries a ``schema_version`` row; a file written by a newer walstream is refused.
-* The meaning of every change (continuity, epochs, compaction cover …) comes from the shared
-  rules in :mod:`walstream.metadata.rules`; this module loads the rows a call touches, asks the
-  rule, and writes the result in the same transaction.
-* The schema, the row codecs and the per-transaction table access are in
-  :mod:`walstream.metadata.sqlite_tables`; the basin methods in
-  :mod:`walstream.metadata.sqlite_basins`.
+  on SQLite. A whole transaction runs on that thread in one hop: the shared logic is written as
+  coroutines, and on this connection they never suspend (every ``await`` reaches a synchronous
+  sqlite3 call), so the thread drives each one to its end (:func:`run_to_end`).
+* The shared SQL's ``$1`` placeholders are bound as SQLite's ``?1``; an id list, one argument
+  of the shared SQL, becomes one parameter per id (``IN (?3, ?4, …)``); ids come from counter
+  rows of the ``meta`` table, advanced inside the write transaction (which holds the file); the
+  store's clock is the SQL function ``walstream_now_ms()``, the store's
+  :class:`~walstream.clock.Clock` (the processes sharing one file share one machine, hence one
+  clock).
+* SQLite's result codes become walstream's typed errors (:func:`translate_error`).
+* The schema is versioned (:mod:`walstream.metadata.sql.migrations`): the first connection
+  applies the missing migrations, each under ``BEGIN IMMEDIATE`` after reading the version again,
+  so processes opening one new file at once all succeed. The version is also kept in ``meta``,
+  where a walstream from before versioned migrations (which refuses a file newer than it knows)
+  reads it; such a file (``meta`` version 1 to 4) is adopted in place.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+import functools
+import json
+import re
 import sqlite3
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,487 +43,306 @@ from walstream.config.factory import BackendFactory, BuildContext
 from walstream.config.options import Option
 from walstream.errors import (
     BackendUnavailable,
-    InvalidArgument,
-    StreamExists,
+    CapacityError,
+    ConfigError,
+    CorruptionError,
+    WalstreamError,
 )
-from walstream.metadata.contract import (
-    DataLossGap,
-    MetadataStore,
-    ObjectCommit,
-    ObjectInfo,
-    ObjectKind,
-    ObjectState,
-    StreamInfo,
-    StreamState,
-)
-from walstream.metadata.rules import (
-    check_claim,
-    check_data_loss_range,
-    check_object_limit,
-    check_prepare_args,
-    check_release,
-    check_stream_name,
-    plan_commit,
-    plan_data_loss,
-    plan_replace,
-    require_node_epoch,
-    require_stream_epoch,
-    stream_not_found,
-)
-from walstream.metadata.sqlite_basins import SqliteBasins
-from walstream.metadata.sqlite_nodes import SqliteNodes
-from walstream.metadata.sqlite_tables import (
-    GAP_COLUMNS,
-    MAX_OFFSET,
-    SCHEMA_VERSION,
-    STREAM_COLUMNS,
-    Tables,
-    gap_of,
-    id_chunks,
-    open_connection,
-    placeholders,
-    range_of,
-    stream_of,
-    transaction,
-    translate_error,
-)
-from walstream.records import DEPLOYMENT_ID_BYTES
+from walstream.metadata.sql.dialect import Connection, Dialect, Row
+from walstream.metadata.sql.migrations import SCHEMA_VERSION, is_current, migrate_step
+from walstream.metadata.sql.store import SqlMetadataStore
 
-__all__ = ["SCHEMA_VERSION", "SQLITE_METADATA", "SqliteMetadataStore"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "SQLITE_METADATA",
+    "SqliteDialect",
+    "SqliteMetadataStore",
+    "open_connection",
+    "run_to_end",
+    "translate_error",
+]
 
 T = TypeVar("T")
 
+# Primary result codes (https://sqlite.org/rescode.html).
+_SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 3, 5, 6, 8
+_SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_NOTADB = 10, 11, 13, 14, 26
 
-class SqliteMetadataStore(SqliteNodes, SqliteBasins, MetadataStore):
-    """Metadata in one SQLite file, shared safely by the processes of one machine."""
+#: The ``meta`` rows that serve as sequences (:meth:`SqliteDialect.new_id`).
+_COUNTERS = {
+    "stream_ids": "last_stream_id",
+    "object_ids": "last_object_id",
+    "kv_versions": "last_kv_version",
+}
+#: The last version a SQLite file recorded in ``meta`` alone, before versioned migrations.
+_LEGACY_VERSION = 4
 
-    def __init__(
-        self, path: str | Path, busy_timeout_s: float = 30.0, clock: Clock | None = None
-    ) -> None:
-        self._path = Path(path)
+
+def run_to_end(awaitable: Awaitable[T]) -> T:
+    """Run an awaitable that never suspends to its end, on this thread, and return its result.
+
+    The shared SQL logic is written as coroutines for asyncpg's sake; over a
+    :class:`_SqliteConnection` every ``await`` reaches a synchronous sqlite3 call, so the
+    coroutine finishes at its first step. Suspending would mean it awaited something else (an
+    event-loop future), which the store's thread cannot serve: that is a bug, and raises."""
+    steps = awaitable.__await__()
+    try:
+        suspended_on = steps.send(None)
+    except StopIteration as finished:
+        result: T = finished.value
+        return result
+    steps.close()
+    raise RuntimeError(
+        f"a SQLite metadata transaction awaited {suspended_on!r}: the shared SQL logic may "
+        "await only its connection"
+    )
+
+
+class _Ids(tuple[int, ...]):
+    """An id list bound as one parameter (:meth:`SqliteDialect.id_list`): the connection expands
+    its ``IN ($n)`` into one numbered parameter per id (an empty list is ``IN ()``, false), or,
+    past :data:`_MOST_PARAMETERS` ids, reads it as one JSON array with ``json_each``."""
+
+    __slots__ = ()
+
+
+#: Longest id list bound as one parameter per id: SQLite parses a statement per list length,
+#: which for a long list costs more than reading one JSON array (and may pass its limit on
+#: parameters, 32,766 by default).
+_MOST_PARAMETERS = 64
+
+
+@functools.lru_cache(maxsize=1024)
+def _sqlite_sql(sql: str) -> tuple[str, tuple[int, ...]]:
+    """The shared text as SQLite binds it (``$1`` → ``?1``: SQLite's numbered parameters bind
+    the same argument list), and the positions of the ``IN ($k)`` that may take an id list."""
+    lists = tuple(int(k) for k in re.findall(r"IN \(\$(\d+)\)", sql))
+    return re.sub(r"\$(\d+)", r"?\1", sql), lists
+
+
+@functools.lru_cache(maxsize=1024)
+def _expanded(sql: str, id_lists: tuple[tuple[int, int], ...]) -> str:
+    """``sql`` with the id list at position ``k`` (``count`` ids, per ``id_lists``) as ``IN (?a,
+    …)``, numbered after the call's own arguments (the ids are appended in that order); a
+    ``count`` of -1 reads the argument at ``k`` as a JSON array instead."""
+    next_index = 1 + max((int(n) for n in re.findall(r"\$(\d+)", sql)), default=0)
+    for position, count in id_lists:
+        if count < 0:
+            listed = f"SELECT value FROM json_each(${position})"
+        else:
+            listed = ", ".join(f"?{next_index + i}" for i in range(count))
+            next_index += count
+        sql = sql.replace(f"IN (${position})", f"IN ({listed})")
+    return re.sub(r"\$(\d+)", r"?\1", sql)
+
+
+def _bind_id_lists(
+    sql: str, lists: tuple[int, ...], args: tuple[Any, ...]
+) -> tuple[str, Sequence[Any]]:
+    """The SQLite text and arguments of a statement whose ``IN ($k)`` at ``lists`` may hold id
+    lists: each one given as an id list becomes one parameter per id, or one JSON array."""
+    shape: list[tuple[int, int]] = []
+    flat = list(args)
+    for position in lists:
+        ids = args[position - 1]
+        if type(ids) is not _Ids:
+            continue
+        if len(ids) <= _MOST_PARAMETERS:
+            shape.append((position, len(ids)))
+            flat[position - 1] = None
+            flat.extend(ids)
+        else:
+            shape.append((position, -1))
+            flat[position - 1] = json.dumps(ids)
+    if not shape:
+        return _sqlite_sql(sql)[0], args
+    return _expanded(sql, tuple(shape)), flat
+
+
+class _SqliteConnection:
+    """:class:`~walstream.metadata.sql.dialect.Connection` over a sqlite3 connection (runs on the
+    store's thread; its coroutines never suspend)."""
+
+    __slots__ = ("_db",)
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self._db = connection
+
+    def _run(self, sql: str, args: tuple[Any, ...]) -> sqlite3.Cursor:
+        text, lists = _sqlite_sql(sql)
+        if lists:
+            return self._db.execute(*_bind_id_lists(sql, lists, args))
+        return self._db.execute(text, args)
+
+    # Each method runs its statement itself (no await inside): one coroutine per statement.
+
+    async def execute(self, sql: str, *args: Any) -> int:
+        return self._run(sql, args).rowcount
+
+    async def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        self._db.executemany(_sqlite_sql(sql)[0], rows)
+
+    async def fetch(self, sql: str, *args: Any) -> Sequence[Row]:
+        # fetchall() also runs a RETURNING statement to its end before the next one.
+        rows: list[Row] = self._run(sql, args).fetchall()
+        return rows
+
+    async def fetchrow(self, sql: str, *args: Any) -> Row | None:
+        rows = self._run(sql, args).fetchall()
+        return rows[0] if rows else None
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        rows = self._run(sql, args).fetchall()
+        return rows[0][0] if rows else None
+
+
+class SqliteDialect(Dialect):
+    """SQLite under the shared SQL store (see the module docstring)."""
+
+    name = "sqlite"
+    now_ms_sql = "walstream_now_ms()"
+    config_key = "metadata.path"
+    version_table_sql = """CREATE TABLE schema_version (
+        version INTEGER PRIMARY KEY CHECK (version > 0),
+        name TEXT NOT NULL,
+        applied_ms INTEGER NOT NULL
+    )"""
+
+    def __init__(self, path: Path, busy_timeout_s: float, clock: Clock) -> None:
+        self._path = path
         self._busy_timeout_s = busy_timeout_s
-        self._clock: Clock = clock or SystemClock()
-        self._deployment_id: bytes | None = None
+        self._clock = clock
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="walstream-sqlite")
         self._connection: sqlite3.Connection | None = None  # touched only on the executor thread
         self._closed = False
 
     @property
-    def path(self) -> Path:
-        return self._path
+    def where(self) -> str:
+        return f"sqlite metadata {str(self._path)!r}"
 
-    # -- plumbing ---------------------------------------------------------------------------------
+    # -- SQL text -----------------------------------------------------------------------------------
+
+    def any_id(self, placeholder: str) -> str:
+        return f"IN ({placeholder})"
+
+    def id_list(self, ids: Sequence[int]) -> _Ids:
+        return _Ids(ids)
+
+    async def _advance(self, db: Connection, sequence: str, count: int) -> int:
+        """Move the counter of ``sequence`` on by ``count``; its new value. Two statements rather
+        than UPDATE … RETURNING, which costs SQLite several times more."""
+        key = _COUNTERS[sequence]
+        await db.execute("UPDATE meta SET value = value + $1 WHERE key = $2", count, key)
+        return int(await db.fetchval("SELECT value FROM meta WHERE key = $1", key))
+
+    async def new_id(self, db: Connection, sequence: str) -> str:
+        await self._advance(db, sequence, 1)
+        return f"(SELECT value FROM meta WHERE key = '{_COUNTERS[sequence]}')"
+
+    async def insert_prepared(self, db: Connection, count: int, expires_ms: int) -> list[int]:
+        last = await self._advance(db, "object_ids", count)
+        object_ids = list(range(last - count + 1, last + 1))
+        await db.executemany(
+            "INSERT INTO objects (object_id, state, expires_ms) VALUES ($1, 'prepared', $2)",
+            [(object_id, expires_ms) for object_id in object_ids],
+        )
+        return object_ids
+
+    # -- transactions -------------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        # Runs on the executor thread only; the first call opens the file and checks the schema.
+        # Runs on the executor thread only; the first call opens the file and migrates it.
         if self._connection is None:
-            self._connection = open_connection(self._path, self._busy_timeout_s)
+            self._connection = self.open_connection()
         return self._connection
 
-    def _run(self, write: bool, work: Callable[[Tables], T]) -> T:
+    def open_connection(self) -> sqlite3.Connection:
+        """Open the metadata file (creating its folder), turn on WAL journaling and
+        ``synchronous=FULL``, register the store's clock as ``walstream_now_ms()``, and bring
+        the schema to :data:`SCHEMA_VERSION` (:mod:`walstream.metadata.sql.migrations`). The
+        connection is in autocommit mode: :func:`transaction` opens every transaction
+        explicitly."""
+        path, busy_timeout_s = self._path, self._busy_timeout_s
         try:
-            return transaction(self._connect(), write, work)
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise BackendUnavailable(
+                f"cannot create the folder of sqlite metadata {str(path)!r} ({error}); "
+                "check metadata.path and permissions"
+            ) from error
+        connection = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
+        try:
+            connection.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+            connection.create_function("walstream_now_ms", 0, self._clock.now_ms)
+            mode = _journal_mode_wal(connection, busy_timeout_s)
+            if str(mode).lower() != "wal":
+                raise ConfigError(
+                    f"metadata.path: {str(path)!r} cannot use SQLite WAL journaling "
+                    f"(got {mode!r}); put it on a local file system"
+                )
+            connection.execute("PRAGMA synchronous = FULL")
+            self._migrate(connection)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def _migrate(self, connection: sqlite3.Connection) -> None:
+        """Read the version without a lock; when it is not current, apply migration steps, each
+        under the write lock (``BEGIN IMMEDIATE``) after reading the version again."""
+        if transaction(connection, None, lambda db: is_current(db, self)):
+            return
+        while not transaction(
+            connection, "BEGIN IMMEDIATE", lambda db: migrate_step(db, self, self._clock.now_ms())
+        ):
+            pass
+
+    # -- migrations ---------------------------------------------------------------------------------
+
+    async def table_names(self, db: Connection) -> set[str]:
+        rows = await db.fetch(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+        )
+        return {str(row[0]) for row in rows}
+
+    async def legacy_version(self, db: Connection, tables: set[str]) -> int | None:
+        """A file of versions 1 to 4 recorded its version in ``meta`` only."""
+        if "schema_version" in tables or "meta" not in tables:
+            return None
+        found = await db.fetchval("SELECT value FROM meta WHERE key = 'schema_version'")
+        if found is None:
+            return None
+        if int(found) > _LEGACY_VERSION:
+            raise CorruptionError(
+                f"{self.where} records schema version {found} in its meta table but has no "
+                "schema_version table: it is damaged; restore it from a backup"
+            )
+        return int(found)
+
+    async def after_migration(self, db: Connection, version: int) -> None:
+        """Keep ``meta``'s schema_version too: a walstream from before versioned migrations
+        reads only that, and refuses a file newer than it knows."""
+        await db.execute(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', $1) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            version,
+        )
+
+    def _run_on_thread(self, begin: str | None, work: Callable[[Connection], Awaitable[T]]) -> T:
+        try:
+            return transaction(self._connect(), begin, work)
         except sqlite3.Error as error:
             raise translate_error(error, self._path, self._busy_timeout_s) from error
 
-    async def _call(self, write: bool, work: Callable[[Tables], T]) -> T:
+    async def run(
+        self, write: bool, work: Callable[[Connection], Awaitable[T]], snapshot: bool = True
+    ) -> T:
         if self._closed:
-            raise BackendUnavailable(
-                f"sqlite metadata {str(self._path)!r} is closed; open a new store"
-            )
+            raise BackendUnavailable(f"{self.where} is closed; open a new store")
+        # Writes take the write lock up front: two processes never both read-then-write.
+        begin = "BEGIN IMMEDIATE" if write else ("BEGIN" if snapshot else None)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._run, write, work)
-
-    async def _write(self, work: Callable[[Tables], T]) -> T:
-        return await self._call(True, work)
-
-    async def _read(self, work: Callable[[Tables], T]) -> T:
-        return await self._call(False, work)
-
-    # -- identity ---------------------------------------------------------------------------------
-
-    async def deployment_id(self) -> bytes:
-        def work(tables: Tables) -> bytes:
-            row = tables.db.execute(
-                "SELECT deployment_id FROM deployment WHERE singleton = 0"
-            ).fetchone()
-            if row is not None:
-                return bytes(row[0])
-            created = os.urandom(DEPLOYMENT_ID_BYTES)
-            tables.db.execute(
-                "INSERT INTO deployment (singleton, deployment_id) VALUES (0, ?)", (created,)
-            )
-            return created
-
-        if self._deployment_id is None:
-            self._deployment_id = await self._write(work)
-        return self._deployment_id
-
-    # -- streams ----------------------------------------------------------------------------------
-
-    async def create_stream(self, name: str | None) -> StreamInfo:
-        check_stream_name(name)
-        created_ms = self._clock.now_ms()
-
-        def work(tables: Tables) -> StreamInfo:
-            if name is not None:
-                existing = tables.active_stream_named(name)
-                if existing is not None:
-                    raise StreamExists(
-                        f"stream {name!r} already exists (id {existing.stream_id}); open it "
-                        "instead, or delete it first"
-                    )
-            stream_id = (tables.meta("last_stream_id") or 0) + 1
-            tables.set_meta("last_stream_id", stream_id)
-            stream = StreamInfo(
-                stream_id, name, 0, 0, 0, StreamState.ACTIVE, None, None, created_ms
-            )
-            tables.db.execute(
-                f"INSERT INTO streams ({STREAM_COLUMNS}) VALUES (?, ?, 0, 0, 0, 'active', "
-                "NULL, NULL, ?)",
-                (stream_id, name, created_ms),
-            )
-            return stream
-
-        return await self._write(work)
-
-    async def get_stream(self, name_or_id: str | int) -> StreamInfo:
-        def work(tables: Tables) -> StreamInfo:
-            if isinstance(name_or_id, int):
-                return tables.active_stream(name_or_id)
-            stream = tables.active_stream_named(name_or_id)
-            if stream is None:
-                raise stream_not_found(name_or_id)
-            return stream
-
-        return await self._read(work)
-
-    async def get_streams(self, stream_ids: Sequence[int]) -> dict[int, StreamInfo]:
-        ids = list(stream_ids)
-        found = await self._read(lambda tables: tables.streams(ids))
-        return {stream_id: found[stream_id] for stream_id in ids if stream_id in found}
-
-    async def list_streams(self, prefix: str = "") -> list[StreamInfo]:
-        def work(tables: Tables) -> list[StreamInfo]:
-            if prefix:
-                rows = tables.db.execute(
-                    f"SELECT {STREAM_COLUMNS} FROM streams WHERE state = 'active' "
-                    "AND substr(name, 1, ?) = ? ORDER BY stream_id",
-                    (len(prefix), prefix),
-                )
-            else:
-                rows = tables.db.execute(
-                    f"SELECT {STREAM_COLUMNS} FROM streams WHERE state = 'active' "
-                    "ORDER BY stream_id"
-                )
-            return [stream_of(row) for row in rows]
-
-        return await self._read(work)
-
-    async def delete_stream(self, stream_id: int) -> None:
-        def work(tables: Tables) -> None:
-            stream = tables.stream(stream_id)
-            if stream is None:
-                raise stream_not_found(stream_id)
-            if stream.state is StreamState.DELETED:
-                return
-            tables.db.execute(
-                "UPDATE streams SET state = 'deleted' WHERE stream_id = ?", (stream_id,)
-            )
-            candidates = [
-                row[0]
-                for row in tables.db.execute(
-                    "SELECT DISTINCT object_id FROM ranges WHERE stream_id = ?", (stream_id,)
-                )
-            ]
-            tables.destroy_dead(candidates)
-
-        await self._write(work)
-
-    async def claim_stream(self, stream_id: int, node_id: int, node_epoch: int) -> StreamInfo:
-        def work(tables: Tables) -> StreamInfo:
-            stream = tables.active_stream(stream_id)
-            owner_id = stream.owner_node_id
-            owner = tables.node(owner_id) if owner_id is not None else None
-            claimed = check_claim(stream, tables.node(node_id), owner, node_id, node_epoch)
-            tables.put_stream(claimed)
-            return claimed
-
-        return await self._write(work)
-
-    async def release_stream(self, stream_id: int, node_id: int, node_epoch: int) -> StreamInfo:
-        def work(tables: Tables) -> StreamInfo:
-            stream = tables.active_stream(stream_id)
-            released = check_release(stream, tables.node(node_id), node_id, node_epoch)
-            tables.put_stream(released)
-            return released
-
-        return await self._write(work)
-
-    async def release_streams(self, node_id: int, node_epoch: int) -> None:
-        def work(tables: Tables) -> None:
-            require_node_epoch(tables.node(node_id), node_id, node_epoch)
-            tables.db.execute(
-                "UPDATE streams SET owner_node_id = NULL WHERE owner_node_id = ?", (node_id,)
-            )
-
-        await self._write(work)
-
-    async def trim_stream(self, stream_id: int, epoch: int, new_start: int) -> StreamInfo:
-        def work(tables: Tables) -> StreamInfo:
-            stream = tables.active_stream(stream_id)
-            require_stream_epoch(stream, epoch, "trim")
-            if new_start < 0:
-                raise InvalidArgument(f"trim_stream: new start {new_start} is negative")
-            if new_start <= stream.start_offset:
-                return stream
-            trimmed = StreamInfo(
-                stream.stream_id,
-                stream.name,
-                stream.epoch,
-                new_start,
-                stream.committed_end,
-                stream.state,
-                stream.owner_node_id,
-                stream.fencing_token,
-                stream.created_ms,
-            )
-            tables.put_stream(trimmed)
-            # Only ranges that just died can leave an object with no live range.
-            candidates = [
-                row[0]
-                for row in tables.db.execute(
-                    "SELECT DISTINCT object_id FROM ranges WHERE stream_id = ? "
-                    "AND end_offset > ? AND end_offset <= ?",
-                    (stream_id, stream.start_offset, new_start),
-                )
-            ]
-            tables.destroy_dead(candidates)
-            return trimmed
-
-        return await self._write(work)
-
-    async def set_fencing_token(self, stream_id: int, epoch: int, token: str | None) -> None:
-        def work(tables: Tables) -> None:
-            stream = tables.active_stream(stream_id)
-            require_stream_epoch(stream, epoch, "set the fencing token of")
-            tables.db.execute(
-                "UPDATE streams SET fencing_token = ? WHERE stream_id = ?", (token, stream_id)
-            )
-
-        await self._write(work)
-
-    # -- objects ----------------------------------------------------------------------------------
-
-    async def prepare_objects(self, count: int, ttl_ms: int) -> list[int]:
-        check_prepare_args(count, ttl_ms)
-        expires_ms = self._clock.now_ms() + ttl_ms
-
-        def work(tables: Tables) -> list[int]:
-            last = tables.meta("last_object_id") or 0
-            object_ids = list(range(last + 1, last + count + 1))
-            tables.set_meta("last_object_id", last + count)
-            tables.db.executemany(
-                "INSERT INTO objects (object_id, state, expires_ms) VALUES (?, 'prepared', ?)",
-                [(object_id, expires_ms) for object_id in object_ids],
-            )
-            return object_ids
-
-        return await self._write(work)
-
-    async def commit_objects(
-        self, node_id: int, node_epoch: int, objects: Sequence[ObjectCommit]
-    ) -> None:
-        commits = list(objects)
-        now_ms = self._clock.now_ms()
-
-        def work(tables: Tables) -> None:
-            streams = tables.streams(r.stream_id for c in commits for r in c.ranges)
-            records = tables.records(c.object_id for c in commits)
-            plan = plan_commit(
-                tables.node(node_id), node_id, node_epoch, commits, streams, records, now_ms
-            )
-            if plan is None:
-                return
-            tables.db.executemany(
-                "UPDATE streams SET committed_end = ? WHERE stream_id = ?",
-                [(end, stream_id) for stream_id, end in plan.stream_ends.items()],
-            )
-            for info in plan.objects:
-                tables.put_object(info)
-
-        await self._write(work)
-
-    async def replace_objects(
-        self, source_ids: Sequence[int], new_objects: Sequence[ObjectCommit]
-    ) -> None:
-        sources = list(source_ids)
-        commits = list(new_objects)
-        now_ms = self._clock.now_ms()
-
-        def work(tables: Tables) -> None:
-            records = tables.records([*sources, *(c.object_id for c in commits)])
-            stream_ids = [r.stream_id for c in commits for r in c.ranges]
-            for source_id in sources:
-                if source_id in records:
-                    stream_ids.extend(r.stream_id for r in records[source_id].info.ranges)
-            final = plan_replace(sources, commits, tables.streams(stream_ids), records, now_ms)
-            tables.set_object_state(sources, ObjectState.MARK_DESTROYED)
-            for info in final:
-                tables.put_object(info)
-
-        await self._write(work)
-
-    async def get_objects(
-        self, stream_id: int, start_offset: int, end_offset: int | None = None, limit: int = 100
-    ) -> list[ObjectInfo]:
-        check_object_limit(limit)
-        end = MAX_OFFSET if end_offset is None else end_offset
-
-        def work(tables: Tables) -> list[ObjectInfo]:
-            # COMMITTED ranges of one stream never overlap (continuity; compaction swaps whole
-            # ranges), so end order is start order and the (stream_id, end_offset) index serves
-            # both the filter and the order: the scan stops after ``limit`` rows.
-            rows = tables.db.execute(
-                "SELECT o.object_id, o.key, o.kind, o.size, o.index_size, o.committed_ms, "
-                "r.stream_id, r.start_offset, r.end_offset, r.epoch, r.min_timestamp_ms, "
-                "r.max_timestamp_ms "
-                "FROM ranges AS r JOIN objects AS o ON o.object_id = r.object_id "
-                "WHERE r.stream_id = ? AND r.end_offset > ? AND r.start_offset < ? "
-                "AND o.state = 'committed' ORDER BY r.end_offset LIMIT ?",
-                (stream_id, start_offset, end, limit),
-            )
-            return [
-                ObjectInfo(
-                    object_id=row[0],
-                    key=row[1],
-                    kind=ObjectKind(row[2]),
-                    state=ObjectState.COMMITTED,
-                    size=row[3],
-                    index_size=row[4],
-                    ranges=(range_of(row[6:]),),
-                    committed_ms=row[5],
-                )
-                for row in rows
-            ]
-
-        return await self._read(work)
-
-    async def list_objects(
-        self, state: ObjectState | None = None, kind: ObjectKind | None = None
-    ) -> list[ObjectInfo]:
-        filters: list[str] = []
-        values: list[str] = []
-        if state is not None:
-            filters.append("state = ?")
-            values.append(state.value)
-        if kind is not None:
-            filters.append("kind = ?")
-            values.append(kind.value)
-        where = f"WHERE {' AND '.join(filters)}" if filters else ""
-
-        def work(tables: Tables) -> list[ObjectInfo]:
-            rows = tables.db.execute(f"SELECT object_id FROM objects {where}", values)
-            ids = [row[0] for row in rows]
-            records = tables.records(ids)
-            return [records[object_id].info for object_id in sorted(records)]
-
-        return await self._read(work)
-
-    async def expired_prepared(self, now_ms: int) -> list[int]:
-        def work(tables: Tables) -> list[int]:
-            ids = [
-                row[0]
-                for row in tables.db.execute(
-                    "SELECT object_id FROM objects WHERE state = 'prepared' AND expires_ms <= ? "
-                    "ORDER BY object_id",
-                    (now_ms,),
-                )
-            ]
-            tables.db.executemany(
-                "UPDATE objects SET expired = 1 WHERE object_id = ?", [(i,) for i in ids]
-            )
-            return ids
-
-        return await self._write(work)
-
-    async def forget_objects(self, object_ids: Sequence[int]) -> None:
-        """Ids in other states (or unknown) are left alone."""
-        ids = list(object_ids)
-
-        def work(tables: Tables) -> None:
-            for chunk in id_chunks(ids):
-                marks = placeholders(len(chunk))
-                doomed = [
-                    row[0]
-                    for row in tables.db.execute(
-                        f"SELECT object_id FROM objects WHERE object_id IN ({marks}) "
-                        "AND (state = 'mark_destroyed' OR (state = 'prepared' AND expired = 1))",
-                        chunk,
-                    )
-                ]
-                if doomed:
-                    doomed_marks = placeholders(len(doomed))
-                    tables.db.execute(
-                        f"DELETE FROM ranges WHERE object_id IN ({doomed_marks})", doomed
-                    )
-                    tables.db.execute(
-                        f"DELETE FROM objects WHERE object_id IN ({doomed_marks})", doomed
-                    )
-
-        await self._write(work)
-
-    # -- data loss --------------------------------------------------------------------------------
-
-    async def record_data_loss(self, node_id: int, node_epoch: int, gap: DataLossGap) -> StreamInfo:
-        now_ms = self._clock.now_ms()
-
-        def work(tables: Tables) -> StreamInfo:
-            stream = tables.stream(gap.stream_id)
-            row = tables.db.execute(
-                f"SELECT {GAP_COLUMNS} FROM data_loss WHERE stream_id = ? AND start_offset = ?",
-                (gap.stream_id, gap.start_offset),
-            ).fetchone()
-            changed = plan_data_loss(
-                tables.node(node_id),
-                node_id,
-                node_epoch,
-                stream,
-                gap,
-                None if row is None else gap_of(row),
-            )
-            if changed is None:
-                assert stream is not None
-                return stream
-            tables.db.execute(
-                "UPDATE streams SET committed_end = ? WHERE stream_id = ?",
-                (changed.committed_end, changed.stream_id),
-            )
-            tables.db.execute(
-                f"INSERT INTO data_loss ({GAP_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
-                (gap.stream_id, gap.start_offset, gap.end_offset, gap.reason, now_ms),
-            )
-            return changed
-
-        return await self._write(work)
-
-    async def get_data_loss(
-        self, stream_id: int, start_offset: int = 0, end_offset: int | None = None
-    ) -> list[DataLossGap]:
-        check_data_loss_range(stream_id, start_offset, end_offset)
-        end = MAX_OFFSET if end_offset is None else end_offset
-
-        def work(tables: Tables) -> list[DataLossGap]:
-            rows = tables.db.execute(
-                f"SELECT {GAP_COLUMNS} FROM data_loss WHERE stream_id = ? AND end_offset > ? "
-                "AND start_offset < ? ORDER BY start_offset",
-                (stream_id, start_offset, end),
-            )
-            return [gap_of(row) for row in rows]
-
-        return await self._read(work)
-
-    # -- lifecycle --------------------------------------------------------------------------------
+        return await loop.run_in_executor(self._executor, self._run_on_thread, begin, work)
 
     def _close_connection(self) -> None:
         if self._connection is not None:
@@ -525,6 +358,93 @@ class SqliteMetadataStore(SqliteNodes, SqliteBasins, MetadataStore):
             await loop.run_in_executor(self._executor, self._close_connection)
         finally:
             self._executor.shutdown(wait=False)
+
+
+def transaction(
+    connection: sqlite3.Connection, begin: str | None, work: Callable[[Connection], Awaitable[T]]
+) -> T:
+    """Run ``work`` in one transaction opened with ``begin`` (none: a single statement in
+    autocommit): committed when it returns, rolled back when it raises."""
+    db = _SqliteConnection(connection)
+    if begin is None:
+        return run_to_end(work(db))
+    connection.execute(begin)
+    try:
+        result = run_to_end(work(db))
+        connection.execute("COMMIT")
+    except BaseException:
+        if connection.in_transaction:
+            connection.execute("ROLLBACK")
+        raise
+    return result
+
+
+def translate_error(error: sqlite3.Error, path: Path, busy_timeout_s: float) -> WalstreamError:
+    code = getattr(error, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    where = f"sqlite metadata {str(path)!r}"
+    if primary in (_SQLITE_BUSY, _SQLITE_LOCKED):
+        return BackendUnavailable(
+            f"{where} stayed locked by another process for {busy_timeout_s:g}s ({error}); "
+            "retry, raise metadata.busy_timeout, or find the process holding a long transaction"
+        )
+    if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+        return CorruptionError(
+            f"{where} is damaged or not a walstream metadata file ({error}); restore it from a "
+            "backup or point metadata.path at the right file"
+        )
+    if primary == _SQLITE_FULL:
+        return CapacityError(f"{where}: the disk is full ({error}); free space and retry")
+    if primary in (_SQLITE_CANTOPEN, _SQLITE_PERM, _SQLITE_READONLY):
+        return BackendUnavailable(
+            f"{where} cannot be opened for writing ({error}); check that the folder exists "
+            "and this user may write to it"
+        )
+    if primary == _SQLITE_IOERR:
+        return BackendUnavailable(f"{where}: disk I/O error ({error}); check the disk and retry")
+    return BackendUnavailable(f"{where} failed ({error}); retry, and check the file if it repeats")
+
+
+def open_connection(
+    path: Path, busy_timeout_s: float, clock: Clock | None = None
+) -> sqlite3.Connection:
+    """A connection to the metadata file at ``path``, opened and migrated as a store opens it
+    (:meth:`SqliteDialect.open_connection`)."""
+    return SqliteDialect(path, busy_timeout_s, clock or SystemClock()).open_connection()
+
+
+def _journal_mode_wal(connection: sqlite3.Connection, busy_timeout_s: float) -> object:
+    """``PRAGMA journal_mode = WAL``, retried while another connection holds the lock. Switching
+    the journal mode of a new file takes an exclusive lock, and SQLite answers "database is
+    locked" at once, without its busy handler, when connections opening the same new file at the
+    same moment would otherwise wait for each other."""
+    deadline = time.monotonic() + busy_timeout_s
+    pause = 0.001
+    while True:
+        try:
+            return connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError as error:
+            code = getattr(error, "sqlite_errorcode", None)
+            locked = isinstance(code, int) and code & 0xFF in (_SQLITE_BUSY, _SQLITE_LOCKED)
+            if not locked or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+class SqliteMetadataStore(SqlMetadataStore):
+    """Metadata in one SQLite file, shared safely by the processes of one machine."""
+
+    def __init__(
+        self, path: str | Path, busy_timeout_s: float = 30.0, clock: Clock | None = None
+    ) -> None:
+        self._path = Path(path)
+        store_clock: Clock = clock or SystemClock()
+        super().__init__(SqliteDialect(self._path, busy_timeout_s, store_clock), store_clock)
+
+    @property
+    def path(self) -> Path:
+        return self._path
 
     def describe(self) -> dict[str, Any]:
         return {"type": "sqlite", "path": str(self._path)}

@@ -1,24 +1,25 @@
-"""The node methods of the PostgreSQL metadata store: registration, leases, failover.
+"""The node calls of the SQL metadata store: registration, node state, leases, failover.
 
-:class:`PostgresNodes` is a base of :class:`walstream_metadata_postgres.store.PostgresMetadataStore`,
-which supplies the transactions (``_read``/``_write``) and the clock.
-
-Leases run on the **server's** clock (:data:`SERVER_NOW_MS`): nodes on several machines compare
-one expiry against one clock, so a node whose own clock drifts cannot take over a live node or
-keep a dead one alive. :meth:`renew_lease`, :meth:`claim_failover` and :meth:`renew_failover`
-are each one conditional ``UPDATE``: at READ COMMITTED, a second claim that waited for the first one's row lock re-checks
-its ``WHERE`` against the row the first one wrote (its epoch moved on), so it updates nothing and
-exactly one claim of an expiry wins.
+Leases run on the store's clock, :attr:`Dialect.now_ms_sql
+<walstream.metadata.sql.dialect.Dialect.now_ms_sql>`: the server's clock on PostgreSQL, so nodes
+on several machines compare one expiry against one clock (a node whose own clock drifts cannot
+take over a live node or keep a dead one alive); the store's :class:`~walstream.clock.Clock` on
+SQLite, whose processes share one machine. :meth:`SqlNodes.renew_lease`,
+:meth:`SqlNodes.claim_failover` and :meth:`SqlNodes.renew_failover` are each one conditional
+``UPDATE``, the rule of :func:`~walstream.metadata.rules.failover_claimable` written as its
+``WHERE``: on PostgreSQL (READ COMMITTED) a second claim that waited for the first one's row lock
+re-checks its ``WHERE`` against the row the first one wrote (its epoch moved on), so it updates
+nothing; on SQLite the second claim waits for the file's write lock and then sees the first one's
+row. Either way exactly one claim of an expiry wins.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from walstream.clock import Clock
 from walstream.errors import FencedError, InvalidArgument
 from walstream.metadata.contract import NodeInfo, NodeState
+from walstream.metadata.rows import NODE_COLUMNS, node_of
 from walstream.metadata.rules import (
     check_address,
     check_lease_ms,
@@ -27,28 +28,15 @@ from walstream.metadata.rules import (
     plan_renewal,
     require_node_epoch,
 )
+from walstream.metadata.sql.base import SqlStoreBase
+from walstream.metadata.sql.dialect import Lock
+from walstream.metadata.sql.tables import Tables
 
-from .tables import NODE_COLUMNS, Tables, node_of
-
-__all__ = ["SERVER_NOW_MS", "PostgresNodes"]
-
-T = TypeVar("T")
-
-#: The server's wall clock in Unix milliseconds (``clock_timestamp()``: the time of the statement,
-#: not of the transaction's start, so a transaction that waited for a lock reads a fresh clock).
-SERVER_NOW_MS = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+__all__ = ["SqlNodes"]
 
 
-class PostgresNodes:
-    """register/get/list nodes, node state, leases and failover over the store's transactions."""
-
-    _clock: Clock
-
-    async def _write(self, work: Callable[[Tables], Awaitable[T]]) -> T:
-        raise NotImplementedError  # supplied by PostgresMetadataStore
-
-    async def _read(self, work: Callable[[Tables], Awaitable[T]], snapshot: bool = False) -> T:
-        raise NotImplementedError  # supplied by PostgresMetadataStore
+class SqlNodes(SqlStoreBase):
+    """register/get/list nodes, node state, leases and failover."""
 
     async def register_node(
         self, node_id: int, wal_config: dict[str, Any], address: str | None = None
@@ -69,6 +57,7 @@ class PostgresNodes:
                 now_ms,
                 address,
             )
+            assert row is not None
             return node_of(row)
 
         return await self._write(work)
@@ -90,7 +79,7 @@ class PostgresNodes:
         now_ms = self._clock.now_ms()
 
         async def work(tables: Tables) -> None:
-            require_node_epoch(await tables.node(node_id, "FOR UPDATE"), node_id, node_epoch)
+            require_node_epoch(await tables.node(node_id, Lock.UPDATE), node_id, node_epoch)
             await tables.db.execute(
                 "UPDATE nodes SET state = $1, updated_ms = $2 WHERE node_id = $3",
                 state.value,
@@ -121,9 +110,9 @@ class PostgresNodes:
         check_lease_ms(lease_ms)
 
         async def work(tables: Tables) -> NodeInfo:
+            now = tables.dialect.now_ms_sql
             row = await tables.db.fetchrow(
-                f"UPDATE nodes SET lease_expires_ms = {SERVER_NOW_MS} + $3, "
-                f"updated_ms = {SERVER_NOW_MS} "
+                f"UPDATE nodes SET lease_expires_ms = {now} + $3, updated_ms = {now} "
                 "WHERE node_id = $1 AND node_epoch = $2 AND state = 'running' "
                 f"RETURNING {NODE_COLUMNS}",
                 node_id,
@@ -148,13 +137,14 @@ class PostgresNodes:
         async def work(tables: Tables) -> NodeInfo | None:
             # A RUNNING node whose lease expired, or a FAILING_OVER node whose claimer's
             # failover lease expired (that claimer stopped halfway): the rule of
-            # failover_claimable, as one conditional UPDATE on the server's clock.
+            # failover_claimable, as one conditional UPDATE on the store's clock.
+            now = tables.dialect.now_ms_sql
             row = await tables.db.fetchrow(
                 "UPDATE nodes SET node_epoch = node_epoch + 1, state = 'failing_over', "
-                f"lease_expires_ms = {SERVER_NOW_MS} + $3, updated_ms = {SERVER_NOW_MS} "
+                f"lease_expires_ms = {now} + $3, updated_ms = {now} "
                 "WHERE node_id = $1 AND node_epoch = $2 "
                 "AND state IN ('running', 'failing_over') "
-                f"AND lease_expires_ms > 0 AND lease_expires_ms < {SERVER_NOW_MS} "
+                f"AND lease_expires_ms > 0 AND lease_expires_ms < {now} "
                 f"RETURNING {NODE_COLUMNS}",
                 node_id,
                 node_epoch,
@@ -168,9 +158,9 @@ class PostgresNodes:
         check_lease_ms(lease_ms, "renew_failover")
 
         async def work(tables: Tables) -> NodeInfo:
+            now = tables.dialect.now_ms_sql
             row = await tables.db.fetchrow(
-                f"UPDATE nodes SET lease_expires_ms = {SERVER_NOW_MS} + $3, "
-                f"updated_ms = {SERVER_NOW_MS} "
+                f"UPDATE nodes SET lease_expires_ms = {now} + $3, updated_ms = {now} "
                 "WHERE node_id = $1 AND node_epoch = $2 AND state = 'failing_over' "
                 f"RETURNING {NODE_COLUMNS}",
                 node_id,
@@ -187,6 +177,6 @@ class PostgresNodes:
 
     async def store_time_ms(self) -> int:
         async def work(tables: Tables) -> int:
-            return int(await tables.db.fetchval(f"SELECT {SERVER_NOW_MS}"))
+            return int(await tables.db.fetchval(f"SELECT {tables.dialect.now_ms_sql}"))
 
         return await self._read(work)
