@@ -88,6 +88,7 @@ def wait_until(condition, what: str, timeout_s: float = 90.0) -> None:  # type: 
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_consumer_group_rebalances_and_resumes_from_committed_offsets(
     kafka_server: KafkaServer, topic: str
 ) -> None:
@@ -206,6 +207,7 @@ def proxied(
         proxy.close()
 
 
+@pytest.mark.slow
 def test_an_idempotent_retry_is_written_once(
     proxied: tuple[KafkaServer, DropFirstProduceAnswer], topic: str
 ) -> None:
@@ -251,6 +253,7 @@ def test_an_idempotent_retry_is_written_once(
     assert offsets == [0, 1]
 
 
+@pytest.mark.slow
 def test_kafka_records_read_back_through_s2_sdk(
     tmp_path_factory: pytest.TempPathFactory, topic: str
 ) -> None:
