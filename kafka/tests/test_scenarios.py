@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from walstream_conformance.harness.child import free_port
 
@@ -39,6 +39,13 @@ def produce(bootstrap: str, topic: str, values: list[bytes], **config: object) -
     assert failures == []
 
 
+REBALANCING = (
+    KafkaError.REBALANCE_IN_PROGRESS,
+    KafkaError.ILLEGAL_GENERATION,
+    KafkaError.UNKNOWN_MEMBER_ID,
+)
+
+
 class Member:
     """A consumer-group member polled in its own thread; ``assigned`` is its current set."""
 
@@ -55,6 +62,9 @@ class Member:
         )
         self.assigned: set[int] = set()
         self.values: list[bytes] = []
+        self.uncommitted: list[bytes] = []
+        """Values whose commit a rebalance refused: the partition's next owner may read them
+        again."""
         self.stop = threading.Event()
         self.consumer.subscribe(
             [topic],
@@ -72,7 +82,15 @@ class Member:
             message = self.consumer.poll(0.2)
             if message is not None and message.error() is None:
                 self.values.append(message.value())
-                self.consumer.commit(message=message, asynchronous=False)
+                try:
+                    self.consumer.commit(message=message, asynchronous=False)
+                except KafkaException as refused:
+                    # A commit racing a rebalance is refused, as by a Kafka broker (a member
+                    # that joins while another consumes, on a loaded machine); the member
+                    # keeps polling, or the rebalance waits for it forever.
+                    if refused.args[0].code() not in REBALANCING:
+                        raise
+                    self.uncommitted.append(message.value())
 
     def close(self) -> None:
         self.stop.set()
@@ -105,14 +123,21 @@ def test_consumer_group_rebalances_and_resumes_from_committed_offsets(
     members = [Member(bootstrap, group, topic), Member(bootstrap, group, topic)]
     try:
         wait_until(lambda: covered(members), "2 members to share the 4 partitions")
-        wait_until(lambda: sum(len(m.values) for m in members) == 40, "the first 40 records")
+        wait_until(
+            lambda: len({value for m in members for value in m.values}) == 40,
+            "the first 40 records",
+        )
         members.append(Member(bootstrap, group, topic))
         wait_until(lambda: covered(members), "a rebalance over 3 members")
         leaving = members.pop(0)
         leaving.close()
         wait_until(lambda: covered(members), "a rebalance over the 2 remaining members")
-        consumed = sorted(value for member in [*members, leaving] for value in member.values)
-        assert consumed == sorted(first_values)  # committed offsets: nothing read twice
+        everyone = [*members, leaving]
+        consumed = [value for member in everyone for value in member.values]
+        assert sorted(set(consumed)) == sorted(first_values)
+        # committed offsets: nothing read twice, except a record whose commit was refused
+        twice = {value for value in consumed if consumed.count(value) > 1}
+        assert twice <= {value for member in everyone for value in member.uncommitted}, twice
     finally:
         for member in members:
             member.close()
