@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 NODE_PROJECT := clients/node
 NODE_STAMP := $(NODE_PROJECT)/node_modules/.installed
 
-.PHONY: install run test test-full lint docs bench clean dist
+.PHONY: install run test test-fast test-full lint docs bench clean dist
 
 install: $(STAMP) $(NODE_STAMP)
 
@@ -80,11 +80,35 @@ lint: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
+# The suite runs on TEST_WORKERS pytest-xdist processes (0: in this process). Most tests wait on
+# child processes and sockets, so 3 workers keep 2 cores busy; a test file is one unit of work
+# (its module fixtures start once) and Spark's tests share one worker (conftest.py).
+TEST_WORKERS ?= 3
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile
+# make test warns when install, lint, docs and the suite together take longer (a noisy machine
+# is no reason to refuse a change, so the status stays the suite's).
+TEST_BUDGET_S := 1200
+MAKE_STARTED := $(shell date +%s)
+
+# Lint, the docs site and the whole suite, with the 25 slowest tests and the total time.
 test: install lint docs
-	$(VENV)/bin/pytest -q -ra
+	@echo "$(VENV)/bin/pytest -q -ra $(PYTEST_PARALLEL) --durations=25"; \
+	status=0; $(VENV)/bin/pytest -q -ra $(PYTEST_PARALLEL) --durations=25 || status=$$?; \
+	elapsed=$$(( $$(date +%s) - $(MAKE_STARTED) )); \
+	echo "make test: $$elapsed s in all (install, lint, docs and the suite; CI budget $(TEST_BUDGET_S) s)"; \
+	if [ "$$elapsed" -gt $(TEST_BUDGET_S) ]; then \
+	  echo "make test: OVER THE CI BUDGET: $$elapsed s > $(TEST_BUDGET_S) s. Bound the slowest tests" \
+	    "above in CI (full length under --soak) or mark what is new slow; docs/contributing/tests.md"; \
+	fi; \
+	exit $$status
+
+# The inner loop, without lint or docs: every test not marked slow (unit tests and a smoke test
+# per dist), in under 3 minutes on 2 cores.
+test-fast: install
+	$(VENV)/bin/pytest -q -ra -m "not slow" $(PYTEST_PARALLEL) --durations=10
 
 test-full: install lint docs
-	$(VENV)/bin/pytest -q -ra --soak
+	$(VENV)/bin/pytest -q -ra --soak $(PYTEST_PARALLEL) --durations=25
 
 bench: install
 	$(PY) bench/run_all.py

@@ -36,6 +36,7 @@ def postgres_binaries() -> None:
         pytest.skip(str(missing))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not cluster_features_available(),
     reason="this walstream has no node leases (NodeInfo.lease_expires_ms, node.advertise, cluster:): "

@@ -508,6 +508,7 @@ def test_every_block_of_the_page_is_understood(page: Path) -> None:
     parse_page(page)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "page",
     [page for page in PAGES if any(b.lang not in NEVER_RUN for b in parsed(page))],
@@ -565,6 +566,7 @@ def test_markers_and_matching(tmp_path: Path) -> None:
     assert console_script("$ echo a \\\n  b\na b\n$ true\n") == ("echo a \\\n  b\ntrue\n", "a b")
 
 
+@pytest.mark.slow
 def test_python_in_ten_lines_runs_again_on_the_same_data(tmp_path: Path) -> None:
     (block,) = [
         block

@@ -54,6 +54,7 @@ def reference() -> ModuleType:
     return load_reference()
 
 
+@pytest.mark.slow
 def test_every_docs_page_named_by_path_exists() -> None:
     generated = set(load_reference().PAGES)
     missing = []

@@ -110,6 +110,7 @@ def run_writer(deploy: Path, seconds: float) -> dict[str, int]:
     return acked
 
 
+@pytest.mark.slow
 def test_sigkill_during_appends_loses_no_acknowledged_record(tmp_path: Path, soak: bool) -> None:
     deploy = tmp_path / "deploy.yaml"
     deploy.write_text(DEPLOYMENT)

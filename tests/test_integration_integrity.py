@@ -135,6 +135,7 @@ async def read_with_gaps(
     return records, gaps
 
 
+@pytest.mark.slow
 def test_flipped_bit_in_the_wal_is_refused_then_accepted_as_an_explicit_gap(
     tmp_path: Path,
 ) -> None:

@@ -33,6 +33,7 @@ async def read_all(stream: walstream.Stream) -> list[walstream.SequencedRecord]:
         position = result.records[-1].offset + 1
 
 
+@pytest.mark.slow
 def test_engine_scenario_on_s3_wal_and_s3_objects(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -78,6 +79,7 @@ async def _scenario(deploy: Path) -> None:
         )
 
 
+@pytest.mark.slow
 def test_cli_commands_on_s3_close_their_connections(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -109,6 +111,7 @@ def test_cli_commands_on_s3_close_their_connections(
             assert "Unclosed" not in done.stderr, (args, done.stderr)
 
 
+@pytest.mark.slow
 def test_a_missing_object_bucket_fails_the_start_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -24,6 +24,9 @@ from typing import Any
 import pytest
 from walstream_conformance.harness.serve import WalstreamServe
 
+# The module's fixture runs the whole SDK script under Node against each HTTP server.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 NODE_PROJECT = ROOT / "clients" / "node"
 SCRIPT = NODE_PROJECT / "sdk-check.mjs"

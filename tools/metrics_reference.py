@@ -125,9 +125,15 @@ def serving() -> Iterator[str]:
     )
     try:
         assert process.stdout is not None
-        banner = process.stdout.readline()
-        if "listening on" not in banner:
-            raise RuntimeError(f"walstream serve did not start: {banner}{process.stdout.read()}")
+        # Log lines (a warning about the cluster secret) may come before the banner; the
+        # output ends only if the server exits.
+        seen: list[str] = []
+        for line in process.stdout:
+            seen.append(line)
+            if "listening on" in line:
+                break
+        else:
+            raise RuntimeError(f"walstream serve did not start: {''.join(seen)}")
         yield url
     finally:
         process.terminate()

@@ -8,11 +8,14 @@ import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
+import pytest
+
 
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
 
 
+@pytest.mark.slow
 def test_cli_prints_capabilities_summary_and_junit(tmp_path: Path) -> None:
     report = tmp_path / "report.xml"
     done = _run(
@@ -58,6 +61,7 @@ def test_cli_fails_loudly_on_an_unknown_backend(tmp_path: Path) -> None:
     assert "no-such-wal" in done.stderr and "memory" in done.stderr  # names the installed ones
 
 
+@pytest.mark.slow
 def test_pytest_option_runs_the_suite_against_an_installed_backend(tmp_path: Path) -> None:
     done = _run(
         [
@@ -102,6 +106,7 @@ _SHARED_MEDIUM_TESTS = (
 )
 
 
+@pytest.mark.slow
 def test_readme_s3_command_runs_each_test_on_its_own_prefix(tmp_path: Path) -> None:
     """The README's ``walstream conformance --wal s3 --config wal-s3.yaml …`` passes against a
     fresh bucket: each test claims its own WAL under its own prefix, so none is fenced by the
@@ -144,6 +149,7 @@ def test_readme_s3_command_runs_each_test_on_its_own_prefix(tmp_path: Path) -> N
         assert "per-test prefix" in done.stdout and "ci -> ci/conformance-" in done.stdout
 
 
+@pytest.mark.slow
 def test_bare_ebs_section_gets_a_fresh_file_per_test_and_cleans_up(tmp_path: Path) -> None:
     """``--wal ebs --config`` with a bare section: every test gets its own WAL file next to the
     configured path, removed afterwards; ``-c`` and ``-v`` work after the command and before."""
@@ -177,6 +183,7 @@ def test_bare_ebs_section_gets_a_fresh_file_per_test_and_cleans_up(tmp_path: Pat
     assert "per-test path" in before_command.stdout
 
 
+@pytest.mark.slow
 def test_help_and_skip_reasons_speak_of_the_command_line(tmp_path: Path) -> None:
     helped = _walstream("conformance", "--help", cwd=tmp_path)
     assert helped.returncode == 0

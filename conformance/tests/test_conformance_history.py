@@ -91,6 +91,7 @@ async def test_correct_stream_is_linearizable(seed: int) -> None:
     assert result, result.message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 async def test_ambiguous_outcomes_are_accepted(seed: int) -> None:
     stream = InTestStream(random.Random(seed), ambiguous_rate=0.2)

@@ -26,6 +26,7 @@ def _volume() -> str:
     return f"conformance-planted-{next(_volumes)}"
 
 
+@pytest.mark.slow
 async def test_acking_from_process_memory_is_caught_by_the_crash_harness(
     planted: ModuleType, tmp_path: Path
 ) -> None:
@@ -72,6 +73,7 @@ async def test_acking_before_sync_is_caught_by_the_power_loss_simulation(
         await sound.aclose()
 
 
+@pytest.mark.slow
 async def test_acking_before_sync_survives_a_process_kill(
     planted: ModuleType, tmp_path: Path
 ) -> None:

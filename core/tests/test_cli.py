@@ -88,6 +88,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], error_class:
     assert lines[0].startswith(f"walstream: error: {error_class}: "), result.stderr
 
 
+@pytest.mark.slow
 def test_streams_create_list_delete(cli: Cli) -> None:
     assert "created stream 'orders'" in cli("streams", "create", "orders").stdout
     cli("streams", "create", "payments")
@@ -110,6 +111,7 @@ def test_streams_create_list_delete(cli: Cli) -> None:
     assert_one_line_error(gone, "StreamNotFound")
 
 
+@pytest.mark.slow
 def test_append_from_stdin_and_file_then_read_json(cli: Cli, tmp_path: Path) -> None:
     cli("streams", "create", "events")
     appended = cli("append", "events", input="alpha\nbeta\nγάμμα\n")
@@ -146,6 +148,7 @@ def test_append_from_stdin_and_file_then_read_json(cli: Cli, tmp_path: Path) -> 
     assert hex_lines.splitlines() == [f"0\t\t{b'alpha'.hex()}"]
 
 
+@pytest.mark.slow
 def test_binary_values_survive_json(cli: Cli, tmp_path: Path) -> None:
     cli("streams", "create", "raw")
     data = tmp_path / "raw.bin"
@@ -155,6 +158,7 @@ def test_binary_values_survive_json(cli: Cli, tmp_path: Path) -> None:
     assert record["value"] == {"base64": "//4Ab2s="}
 
 
+@pytest.mark.slow
 def test_trim_then_reading_an_old_offset_fails_cleanly(cli: Cli) -> None:
     cli("streams", "create", "log")
     cli("append", "log", input="".join(f"{index}\n" for index in range(300)))
@@ -172,6 +176,7 @@ def test_trim_then_reading_an_old_offset_fails_cleanly(cli: Cli) -> None:
     assert "Traceback" in verbose.stderr
 
 
+@pytest.mark.slow
 def test_inspect_object_decodes_the_index_and_verifies(cli: Cli, tmp_path: Path) -> None:
     cli("streams", "create", "sensors")
     cli("append", "sensors", "--batch", "50", input="".join(f"reading {i}\n" for i in range(400)))
@@ -191,6 +196,7 @@ def test_inspect_object_decodes_the_index_and_verifies(cli: Cli, tmp_path: Path)
     assert "sensors" in listed and "committed" in listed and "running" not in listed
 
 
+@pytest.mark.slow
 def test_inspect_object_with_a_flipped_byte_fails_with_corruption_error(
     cli: Cli, tmp_path: Path
 ) -> None:
@@ -237,6 +243,7 @@ def test_usage_errors_exit_2(cli: Cli) -> None:
     assert "NAME=VALUE" in result.stderr
 
 
+@pytest.mark.slow
 def test_plugins_lists_the_builtin_backends(cli: Cli) -> None:
     text = cli("plugins").stdout
     for name in ("memory", "local", "sqlite"):
@@ -249,6 +256,7 @@ def test_plugins_lists_the_builtin_backends(cli: Cli) -> None:
     assert any(option["name"] == "path" for option in sqlite["options"])  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_help_documents_every_command_with_examples(cli: Cli) -> None:
     top = cli("--help", config=None).stdout
     for command in (
@@ -288,6 +296,7 @@ def test_conformance_delegates_or_explains_how_to_install(cli: Cli) -> None:
         assert "pip install walstream-conformance" in result.stderr
 
 
+@pytest.mark.slow
 def test_tail_prints_the_last_records_and_follow_exits_0_on_ctrl_c(
     cli: Cli, tmp_path: Path, deployment: Path
 ) -> None:
@@ -317,6 +326,7 @@ def test_tail_prints_the_last_records_and_follow_exits_0_on_ctrl_c(
     assert "Traceback" not in stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_EBS, reason="needs the walstream-wal-ebs dist (wal type 'ebs')")
 def test_inspect_wal_decodes_the_ebs_file(cli: Cli, tmp_path: Path) -> None:
     cli("streams", "create", "w")
@@ -325,6 +335,7 @@ def test_inspect_wal_decodes_the_ebs_file(cli: Cli, tmp_path: Path) -> None:
     assert result.stdout.strip()
 
 
+@pytest.mark.slow
 def test_demo_verifies_and_repeats_with_fresh_streams(cli: Cli) -> None:
     arguments: Sequence[str] = (
         "demo",
@@ -365,6 +376,7 @@ def test_default_deployment_lives_in_walstream_data(cli: Cli, tmp_path: Path) ->
 # -- what a new user runs into --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_tail_n_prints_the_last_n_records_even_past_one_reads_byte_limit(
     cli: Cli, tmp_path: Path
 ) -> None:
@@ -389,6 +401,7 @@ def test_tail_n_prints_the_last_n_records_even_past_one_reads_byte_limit(
     assert [int(line.split("\t")[0]) for line in after_trim] == list(range(1000, 3000))
 
 
+@pytest.mark.slow
 def test_trim_before_the_start_says_nothing_was_trimmed(cli: Cli) -> None:
     cli("streams", "create", "orders")
     cli("append", "orders", input="".join(f"{index}\n" for index in range(600)))
@@ -412,6 +425,7 @@ def test_inspect_object_of_a_missing_file_says_so_and_how_to_find_objects(cli: C
     assert_one_line_error(unknown_key, "NotFound")
 
 
+@pytest.mark.slow
 def test_append_messages_plurals_and_input_file_spellings(cli: Cli, tmp_path: Path) -> None:
     cli("streams", "create", "s")
     one = cli("append", "s", input="only\n")
@@ -435,6 +449,7 @@ def test_a_missing_stream_points_at_the_streams_list_command(cli: Cli) -> None:
     assert "walstream streams list" in result.stderr and "list_streams()" not in result.stderr
 
 
+@pytest.mark.slow
 def test_help_names_every_deployment_section_and_json_lines(cli: Cli) -> None:
     from walstream_plugins.deployment import TOP_LEVEL_KEYS
 

@@ -112,6 +112,7 @@ def assert_serving(server: Server, stream: str, expected_offset: int) -> None:
     assert server.append(stream, "after")["start"] == expected_offset
 
 
+@pytest.mark.slow
 def test_commands_go_through_the_running_server_and_never_fence_it(
     cli: Cli, server: Server
 ) -> None:
@@ -169,6 +170,7 @@ def test_tail_follow_through_the_server_shows_new_records_and_exits_0_on_ctrl_c(
     assert_serving(server, "feed", 2)
 
 
+@pytest.mark.slow
 def test_read_combines_committed_objects_with_the_servers_newest_records(
     cli: Cli, tmp_path: Path, deployment: Path
 ) -> None:
@@ -189,6 +191,7 @@ def test_read_combines_committed_objects_with_the_servers_newest_records(
         assert_serving(server, "orders", 1501)
 
 
+@pytest.mark.slow
 def test_a_second_serve_or_a_recover_of_the_same_node_exits_2_naming_the_first(
     cli: Cli, tmp_path: Path, deployment: Path, server: Server
 ) -> None:
@@ -207,6 +210,7 @@ def test_a_second_serve_or_a_recover_of_the_same_node_exits_2_naming_the_first(
     assert "NodeBusy" in cli("serve", "--help").stdout
 
 
+@pytest.mark.slow
 def test_after_the_server_is_killed_commands_recover_the_node(
     cli: Cli, tmp_path: Path, deployment: Path, server: Server
 ) -> None:
@@ -222,6 +226,7 @@ def test_after_the_server_is_killed_commands_recover_the_node(
     assert cli("read", "orders").stdout.splitlines() == ["0\ta", "1\tb", "2\tc"]
 
 
+@pytest.mark.slow
 def test_a_node_held_by_a_process_without_a_server_reads_committed_and_refuses_writes(
     cli: Cli, tmp_path: Path, deployment: Path
 ) -> None:

@@ -241,6 +241,7 @@ def _deployment(root: Any, node_id: int) -> Any:
     return path
 
 
+@pytest.mark.slow
 async def test_kill_9_of_a_node_is_failed_over_automatically(tmp_path: Any) -> None:
     """Two processes on one SQLite file with file WALs: node 1 is killed with SIGKILL after
     acknowledging 40 records; node 2 notices the expired lease, rebuilds node 1's WAL from its

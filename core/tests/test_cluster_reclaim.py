@@ -281,6 +281,7 @@ async def test_a_claim_whose_commit_was_ambiguous_is_claimed_again_after_its_lea
     await second.close()
 
 
+@pytest.mark.slow
 async def test_a_replay_longer_than_the_lease_keeps_its_failover_lease() -> None:
     """The claimer renews its failover lease while a replay outlasts several leases: no other
     live node claims the failover meanwhile, and the claimer finishes it."""

@@ -57,6 +57,7 @@ async def _call(http: aiohttp.ClientSession, method: str, path: str, **kwargs: A
         return body
 
 
+@pytest.mark.slow
 async def test_a_failed_over_server_rejoins_with_a_new_epoch(tmp_path: Path) -> None:
     survivor = await walstream.open(_deployment(tmp_path, 2))
     log_path = tmp_path / "node1.log"

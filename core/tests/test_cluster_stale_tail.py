@@ -39,6 +39,7 @@ LEASE_S, HEARTBEAT_S = 1.0, 0.1
 
 
 
+@pytest.mark.slow
 async def test_a_node_past_its_lease_refuses_reads_and_tails_of_a_stream_it_claimed() -> None:
     name = f"stale-{os.urandom(4).hex()}"
     objects = MemoryObjectStore(name)
@@ -144,6 +145,7 @@ async def _call(url: str, method: str, path: str, **kwargs: Any) -> tuple[int, A
             return response.status, json.loads(text) if text else None
 
 
+@pytest.mark.slow
 async def test_a_paused_then_failed_over_server_never_answers_an_older_tail(
     nodes: dict[int, RunningServer],
 ) -> None:

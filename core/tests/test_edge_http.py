@@ -431,6 +431,7 @@ async def test_a_non_utf8_authorization_header_gets_401(server: RunningServer) -
         assert_error_body(status, body, 401, "authn")
 
 
+@pytest.mark.slow
 async def test_requests_the_http_server_cannot_parse_get_a_4xx_and_nothing_happens(
     server: RunningServer,
 ) -> None:
@@ -525,6 +526,7 @@ async def _slowloris(port: int, request: bytes, interval: float) -> float:
         writer.close()
 
 
+@pytest.mark.slow
 async def test_slowloris_connections_are_closed_while_a_normal_client_is_served(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:
@@ -558,6 +560,7 @@ async def test_slowloris_connections_are_closed_while_a_normal_client_is_served(
     assert (status, tail["tail"]["seq_num"]) == (200, served)
 
 
+@pytest.mark.slow
 async def test_a_slow_body_gets_408_and_the_connection_is_closed(server: RunningServer) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
@@ -577,6 +580,7 @@ async def test_a_slow_body_gets_408_and_the_connection_is_closed(server: Running
     assert 0.9 <= waited < 4.0, waited
 
 
+@pytest.mark.slow
 async def test_a_slow_second_head_on_a_kept_alive_connection_is_closed(
     server: RunningServer,
 ) -> None:
@@ -656,6 +660,7 @@ async def test_http_stack_is_accepted_with_a_deprecation_warning_and_ignored(
     )
 
 
+@pytest.mark.slow
 async def test_long_polls_over_the_bound_get_429(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:
@@ -680,6 +685,7 @@ async def test_long_polls_over_the_bound_get_429(
     assert (status, read["records"]) == (200, [])
 
 
+@pytest.mark.slow
 async def test_a_long_poll_whose_client_leaves_frees_its_place(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -940,6 +946,7 @@ def check_error_answer(status: int, text: str) -> None:
         assert parsed["code"] and parsed["message"], parsed
 
 
+@pytest.mark.slow
 def test_arbitrary_http_requests_never_get_a_5xx_other_than_503(tmp_path: Path, soak: bool) -> None:
     loop = asyncio.new_event_loop()
     context = start(tmp_path)

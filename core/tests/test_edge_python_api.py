@@ -285,6 +285,7 @@ def test_stream_references_are_unambiguous() -> None:
     assert parse_stream_ref("١") == "١"  # not ASCII digits: a (nonexistent) name, not an id
 
 
+@pytest.mark.slow
 def test_the_cli_addresses_streams_by_id_and_refuses_hash_names(tmp_path: Path) -> None:
     config = tmp_path / "deploy.yaml"
     config.write_text(

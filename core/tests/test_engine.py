@@ -87,6 +87,7 @@ async def read_all(stream, start: int = 0) -> list:  # type: ignore[no-untyped-d
         position = result.records[-1].offset + 1
 
 
+@pytest.mark.slow
 async def test_three_streams_concurrently_read_back_reopen_trim(backends: Backends) -> None:
     names = ["orders", "payments", "clicks"]
     per_stream = 20_000

@@ -455,6 +455,7 @@ async def test_compaction_is_due_from_the_commit_times_of_its_candidates() -> No
     )
 
 
+@pytest.mark.slow
 async def test_a_node_restarted_more_often_than_the_interval_still_compacts() -> None:
     clock = ManualClock()
     store, name = await _small_objects(clock, 6)

@@ -394,6 +394,7 @@ async def test_json_append_then_read_every_field(http: aiohttp.ClientSession) ->
     assert [r["seq_num"] for r in limited["records"]] == [1]
 
 
+@pytest.mark.slow
 async def test_append_conditions_commands_and_read_positions_answer_s2s_errors(
     http: aiohttp.ClientSession,
 ) -> None:
@@ -472,6 +473,7 @@ async def test_no_append_with_the_old_token_lands_after_a_fence(
     assert len(landed) < 20  # the later ones were refused
 
 
+@pytest.mark.slow
 async def test_long_poll_returns_as_soon_as_another_request_appends(
     http: aiohttp.ClientSession,
 ) -> None:

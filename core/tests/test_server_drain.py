@@ -98,6 +98,7 @@ async def append_exactly_once(session: aiohttp.ClientSession, url: str, seq: int
     raise AssertionError(f"append of {body!r} at {seq} never succeeded")
 
 
+@pytest.mark.slow
 async def test_sigterm_drains_a_node_and_the_next_append_claims_its_stream_elsewhere(
     nodes: tuple[WalstreamServe, WalstreamServe], tmp_path: Path
 ) -> None:
@@ -165,6 +166,7 @@ async def test_sigterm_drains_a_node_and_the_next_append_claims_its_stream_elsew
     a.stop_cleanly()
 
 
+@pytest.mark.slow
 async def test_streams_move_moves_a_stream_between_running_nodes(
     nodes: tuple[WalstreamServe, WalstreamServe], tmp_path: Path
 ) -> None:

@@ -167,6 +167,7 @@ async def metrics_counts(http: aiohttp.ClientSession) -> dict[tuple[str, str, st
     return counts
 
 
+@pytest.mark.slow
 async def test_a_slow_append_body_gets_408(
     server: RunningServer, http: aiohttp.ClientSession
 ) -> None:

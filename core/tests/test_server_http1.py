@@ -456,6 +456,7 @@ async def test_idle_connections_give_way_to_new_ones_when_the_server_is_full(
             writer.close()
 
 
+@pytest.mark.slow
 async def test_an_idle_connection_is_closed_after_the_header_timeout(
     server: RunningServer,
 ) -> None:
@@ -475,6 +476,7 @@ async def test_an_idle_connection_is_closed_after_the_header_timeout(
         silent_writer.close()
 
 
+@pytest.mark.slow
 async def test_a_connection_busy_with_a_long_poll_is_not_cut_by_the_header_timeout(
     server: RunningServer,
 ) -> None:
@@ -562,6 +564,7 @@ async def test_h2c_with_prior_knowledge_is_served_on_the_same_port(
 # -- graceful close -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_close_lets_a_request_in_progress_finish_and_closes_idle_connections(
     server: RunningServer,
 ) -> None:

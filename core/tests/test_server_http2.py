@@ -416,6 +416,7 @@ async def test_a_5_mib_body_flows_as_the_application_reads_and_a_slow_reader_hol
         await listener.close(1.0)
 
 
+@pytest.mark.slow
 async def test_reset_of_a_long_poll_ends_it_and_frees_its_place(tmp_path: Path) -> None:
     limits = ServerLimits(header_timeout_s=5.0, max_long_polls=1)
     async with start(tmp_path, limits) as running:
@@ -542,6 +543,7 @@ async def test_ping_is_answered(server: RunningServer) -> None:
         peer.close()
 
 
+@pytest.mark.slow
 async def test_graceful_close_lets_a_stream_finish_refuses_new_ones_then_goaway() -> None:
     release = asyncio.Event()
 
@@ -617,6 +619,7 @@ async def test_a_stream_still_running_after_the_grace_is_cancelled_and_dropped()
         peer.close()
 
 
+@pytest.mark.slow
 async def test_an_idle_connection_gets_goaway_after_the_header_timeout(
     server: RunningServer,
 ) -> None:
@@ -632,6 +635,7 @@ async def test_an_idle_connection_gets_goaway_after_the_header_timeout(
         peer.close()
 
 
+@pytest.mark.slow
 async def test_a_connection_busy_with_a_long_poll_is_not_idle(server: RunningServer) -> None:
     peer = await Peer.connect(server.port)
     try:
@@ -709,6 +713,7 @@ async def test_a_body_longer_than_its_content_length_is_a_connection_error(
         peer.close()
 
 
+@pytest.mark.slow
 async def test_a_header_list_over_64_kib_gets_431_and_the_connection_stays(
     tmp_path: Path,
 ) -> None:

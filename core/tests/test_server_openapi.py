@@ -26,6 +26,9 @@ from schemathesis.specs.openapi.checks import (  # noqa: E402
     status_code_conformance,
 )
 
+# A server per HTTP stack and the generated requests of schemathesis: seconds per test.
+pytestmark = pytest.mark.slow
+
 #: "The answers match the document": no 5xx, and statuses, content types, headers and bodies as
 #: documented. (schemathesis' positive_data_acceptance and negative_data_rejection judge the
 #: API's semantics instead: a schema-valid create of an existing name is a correct 409.)

@@ -139,6 +139,7 @@ async def test_append_conditions_fence_and_trim(s2: S2) -> None:
     assert (await stream.read(start=SeqNum(0))).records[-1].is_command_record()
 
 
+@pytest.mark.slow
 async def test_reads_by_seq_num_tail_offset_and_timestamp_with_headers(s2: S2) -> None:
     basin = s2.basin(await new_basin(s2))
     await basin.create_stream("s")

@@ -31,6 +31,7 @@ def pick(client: str, codec: str, soak: bool) -> None:
         pytest.skip(f"{client} with {codec} runs with --soak (CI runs {CI_CODEC[client]})")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codec", CODECS)
 def test_kcat_produces_and_consumes(
     kafka_server: KafkaServer, topic: str, codec: str, soak: bool

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from walstream_conformance.harness.child import free_port
 
@@ -39,6 +39,13 @@ def produce(bootstrap: str, topic: str, values: list[bytes], **config: object) -
     assert failures == []
 
 
+REBALANCING = (
+    KafkaError.REBALANCE_IN_PROGRESS,
+    KafkaError.ILLEGAL_GENERATION,
+    KafkaError.UNKNOWN_MEMBER_ID,
+)
+
+
 class Member:
     """A consumer-group member polled in its own thread; ``assigned`` is its current set."""
 
@@ -55,6 +62,9 @@ class Member:
         )
         self.assigned: set[int] = set()
         self.values: list[bytes] = []
+        self.uncommitted: list[bytes] = []
+        """Values whose commit a rebalance refused: the partition's next owner may read them
+        again."""
         self.stop = threading.Event()
         self.consumer.subscribe(
             [topic],
@@ -72,7 +82,15 @@ class Member:
             message = self.consumer.poll(0.2)
             if message is not None and message.error() is None:
                 self.values.append(message.value())
-                self.consumer.commit(message=message, asynchronous=False)
+                try:
+                    self.consumer.commit(message=message, asynchronous=False)
+                except KafkaException as refused:
+                    # A commit racing a rebalance is refused, as by a Kafka broker (a member
+                    # that joins while another consumes, on a loaded machine); the member
+                    # keeps polling, or the rebalance waits for it forever.
+                    if refused.args[0].code() not in REBALANCING:
+                        raise
+                    self.uncommitted.append(message.value())
 
     def close(self) -> None:
         self.stop.set()
@@ -88,6 +106,7 @@ def wait_until(condition, what: str, timeout_s: float = 90.0) -> None:  # type: 
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_consumer_group_rebalances_and_resumes_from_committed_offsets(
     kafka_server: KafkaServer, topic: str
 ) -> None:
@@ -95,34 +114,51 @@ def test_consumer_group_rebalances_and_resumes_from_committed_offsets(
     create_topic(bootstrap, topic, 4)
     group = f"{topic}-group"
     first_values = [b"a%d" % index for index in range(40)]
-    produce(bootstrap, topic, first_values)
 
     def covered(members: list[Member]) -> bool:
         sets = [member.assigned for member in members]
         return all(sets) and sum(map(len, sets)) == 4 and set().union(*sets) == {0, 1, 2, 3}
 
     members = [Member(bootstrap, group, topic), Member(bootstrap, group, topic)]
+    refused: set[bytes] = set()
     try:
         wait_until(lambda: covered(members), "2 members to share the 4 partitions")
-        wait_until(lambda: sum(len(m.values) for m in members) == 40, "the first 40 records")
+        # Produced once the group settled: had the first member started reading before the
+        # second joined, its commits would race that rebalance (refused, read again later).
+        produce(bootstrap, topic, first_values)
+        wait_until(
+            lambda: len({value for m in members for value in m.values}) == 40,
+            "the first 40 records",
+        )
         members.append(Member(bootstrap, group, topic))
         wait_until(lambda: covered(members), "a rebalance over 3 members")
         leaving = members.pop(0)
         leaving.close()
         wait_until(lambda: covered(members), "a rebalance over the 2 remaining members")
-        consumed = sorted(value for member in [*members, leaving] for value in member.values)
-        assert consumed == sorted(first_values)  # committed offsets: nothing read twice
+        everyone = [*members, leaving]
+        consumed = [value for member in everyone for value in member.values]
+        assert sorted(set(consumed)) == sorted(first_values)
+        # committed offsets: nothing read twice, except a record whose commit was refused
+        refused = {value for member in everyone for value in member.uncommitted}
+        twice = {value for value in consumed if consumed.count(value) > 1}
+        assert twice <= refused, twice
     finally:
         for member in members:
             member.close()
-    # Everyone left; the group's committed offsets bring a new member to exactly the new records.
+    # Everyone left; the group's committed offsets bring a new member to exactly the new records
+    # (and to none it read before, but those whose commit was refused).
     later_values = [b"b%d" % index for index in range(20)]
     produce(bootstrap, topic, later_values)
     resumed = Member(bootstrap, group, topic)
     try:
-        wait_until(lambda: len(resumed.values) >= 20, "the 20 records produced after the commits")
+        wait_until(
+            lambda: set(later_values) <= set(resumed.values),
+            "the 20 records produced after the commits",
+        )
         time.sleep(1.0)  # a record read twice would show up within a few polls
-        assert sorted(resumed.values) == sorted(later_values)
+        assert sorted(value for value in resumed.values if value not in refused) == sorted(
+            later_values
+        )
     finally:
         resumed.close()
 
@@ -206,6 +242,7 @@ def proxied(
         proxy.close()
 
 
+@pytest.mark.slow
 def test_an_idempotent_retry_is_written_once(
     proxied: tuple[KafkaServer, DropFirstProduceAnswer], topic: str
 ) -> None:
@@ -251,6 +288,7 @@ def test_an_idempotent_retry_is_written_once(
     assert offsets == [0, 1]
 
 
+@pytest.mark.slow
 def test_kafka_records_read_back_through_s2_sdk(
     tmp_path_factory: pytest.TempPathFactory, topic: str
 ) -> None:

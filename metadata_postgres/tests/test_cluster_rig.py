@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from walstream_metadata_postgres.testing.cluster import Cluster, ClusterSettings
 from walstream_metadata_postgres.testing.s2client import S2Http
 
 
+@pytest.mark.slow
 async def test_nodes_survive_kill_pause_and_service_restarts() -> None:
     # A lease longer than any outage this test makes (a paused node, a PostgreSQL restart on a
     # loaded machine): the rig is under test here, not failover, so no node may lose its lease.

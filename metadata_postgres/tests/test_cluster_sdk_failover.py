@@ -114,6 +114,7 @@ async def read_everything(
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.slow
 async def test_sdk_appends_through_a_survivor_resume_after_the_owner_is_killed() -> None:
     settings = ClusterSettings(nodes=3, extra={"upload": {"max_interval": "100ms"}})
     with Cluster(settings) as cluster:

@@ -26,6 +26,7 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow
 async def test_node_processes_commit_claim_trim_and_compact_concurrently(
     make_store: Any, postgres_dsn: str, postgres_schema: str
 ) -> None:

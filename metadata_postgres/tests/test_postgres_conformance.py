@@ -32,6 +32,7 @@ def test_a_configured_schema_is_derived_afresh_per_test(tmp_path: Path) -> None:
     assert check_schema_name(first["schema"]) == first["schema"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("configured", [False, True], ids=["provisioned", "configured-dsn"])
 def test_walstream_conformance_command(tmp_path: Path, postgres_dsn: str, configured: bool) -> None:
     """``walstream conformance --metadata postgres``: with its own throwaway server, and with a

@@ -50,6 +50,7 @@ async def read_all(stream: walstream.Stream) -> list[walstream.SequencedRecord]:
         position = result.records[-1].offset + 1
 
 
+@pytest.mark.slow
 def test_engine_scenario_on_postgres_metadata_and_s3(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres_dsn: str, postgres_schema: str
 ) -> None:

@@ -82,6 +82,7 @@ class Workload:
         return ok, refused
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["sigkill", "stop"])
 def test_appends_survive_postgres_going_away(
     tmp_path: Path,

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import asyncpg
+import pytest
 from walstream.metadata import ObjectCommit, ObjectKind, StreamRange
 from walstream.metadata.sql.store import GET_OBJECTS_SQL
 
@@ -23,6 +24,7 @@ def _scan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return found
 
 
+@pytest.mark.slow
 async def test_late_offset_read_does_not_scan_from_zero(
     make_store: Any, postgres_dsn: str, postgres_schema: str
 ) -> None:

@@ -227,6 +227,7 @@ async def test_commit_lost_in_flight_is_ambiguous_and_retry_is_safe(
     assert [o.object_id for o in committed] == ids
 
 
+@pytest.mark.slow
 async def test_calls_resume_after_a_server_restart(
     make_store: Any, postgres_server: PostgresServer
 ) -> None:
@@ -426,6 +427,7 @@ def test_a_dsn_may_name_several_hosts() -> None:
     assert store.describe()["dsn"].startswith("postgresql://u@db1:5432,db2:5432/x")
 
 
+@pytest.mark.slow
 async def test_a_frozen_server_cannot_hang_a_call(
     make_store: Any, postgres_server: PostgresServer
 ) -> None:

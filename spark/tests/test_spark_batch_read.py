@@ -10,6 +10,9 @@ import walstream.blocking
 from pyspark.sql import functions as F
 from walstream import Record
 
+# Every test reads the module's 300,000 records (filled once, ~15 s) through Spark.
+pytestmark = pytest.mark.slow
+
 STREAMS = ("alpha", "beta", "gamma")
 RECORDS = 100_000
 BATCH = 2_000

@@ -8,6 +8,8 @@ import textwrap
 import tomllib
 from pathlib import Path
 
+import pytest
+
 SPARK_DIST = Path(__file__).resolve().parents[1]
 
 # A fresh driver process: its session never saw register(), unlike the tests' shared session.
@@ -46,6 +48,7 @@ def test_the_dist_ships_the_module_spark_scans_for() -> None:
     assert pyspark_walstream.DefaultSource.name() == "walstream"
 
 
+@pytest.mark.slow
 def test_a_fresh_session_reads_the_format_without_register(deployment: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", FRESH_SESSION_READ, str(deployment)],

@@ -6,9 +6,12 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "pipeline" / "run.py"
 
 
+@pytest.mark.slow
 def test_spark_pipeline_example_streaming_equals_replay(
     spark: Any, tmp_path: Path, capsys: Any
 ) -> None:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import walstream.blocking
 from walstream import Record
 
@@ -45,6 +46,7 @@ def run_available_now(spark: Any, config: Path, output: Path, checkpoint: Path) 
     return [progress for progress in query.recentProgress if progress["numInputRows"]]
 
 
+@pytest.mark.slow
 def test_spark_streaming_available_now_restarts_exactly_once(
     spark: Any, deployment: Path, tmp_path: Path
 ) -> None:
@@ -72,6 +74,7 @@ def test_spark_streaming_available_now_restarts_exactly_once(
     assert all(row["value"] == str(row["offset"]) for row in rows)
 
 
+@pytest.mark.slow
 def test_spark_streaming_processing_time_follows_commits(
     spark: Any, deployment: Path, tmp_path: Path
 ) -> None:

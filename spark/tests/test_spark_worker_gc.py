@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 SCRIPT = textwrap.dedent(
     """
     import asyncio, gc, sys, weakref
@@ -66,6 +68,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_task_freezes_what_the_worker_holds_when_the_oldest_generation_grew(
     deployment: Path, tmp_path: Path
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import walstream.blocking
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType
@@ -32,6 +33,7 @@ def writer_nodes(config: Path) -> list[Any]:
     return [node for node in nodes if node.node_id >= WRITER_NODE_BASE]
 
 
+@pytest.mark.slow
 def test_spark_write_appends_rows_with_key_headers_timestamp(spark: Any, deployment: Path) -> None:
     frame = spark.range(0, 3000, numPartitions=3).select(
         F.col("id").cast("string").alias("value"),
@@ -58,6 +60,7 @@ def test_spark_write_appends_rows_with_key_headers_timestamp(spark: Any, deploym
     assert sum(MARKER_WRITER in row["headers"] for row in rows) == 3000 // 250
 
 
+@pytest.mark.slow
 def test_spark_write_task_retry_does_not_duplicate(spark: Any, deployment: Path) -> None:
     @F.udf(BinaryType())
     def value_or_fail_once(number: int) -> bytes | None:
@@ -81,6 +84,7 @@ def test_spark_write_task_retry_does_not_duplicate(spark: Any, deployment: Path)
     assert max(node.node_epoch for node in writer_nodes(deployment)) >= 2
 
 
+@pytest.mark.slow
 def test_spark_write_stream_rerun_batch_is_not_duplicated(
     spark: Any, deployment: Path, tmp_path: Path
 ) -> None:

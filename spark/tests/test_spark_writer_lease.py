@@ -14,6 +14,7 @@ from walstream_spark.runtime import backends_for, run
 from walstream_spark.writing import _append_owned, _open_client
 
 
+@pytest.mark.slow
 def test_a_killed_writers_stream_is_released_after_one_lease(tmp_path: Path) -> None:
     config = tmp_path / "deploy.yaml"
     config.write_text(
@@ -50,6 +51,7 @@ def test_a_killed_writers_stream_is_released_after_one_lease(tmp_path: Path) -> 
         run(dead.close())
 
 
+@pytest.mark.slow
 def test_a_writers_failover_left_halfway_is_finished_by_the_next_writer(tmp_path: Path) -> None:
     """A writer that claimed a dead writer's failover is killed before it released the streams:
     once its failover lease expires, the next writer claims the failover again and finishes it."""

@@ -217,6 +217,7 @@ async def recover_case(case: Path) -> tuple[list[WalRecord] | None, BaseExceptio
         await wal.close()
 
 
+@pytest.mark.slow
 async def test_ebs_corruption_fuzz(tmp_path: Path, case_dir: Path, soak: bool) -> None:
     cases = SOAK_CASES if soak else CI_CASES
     bases = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from walstream_conformance.harness.crash import (
     CrashReport,
     KillSchedule,
@@ -38,6 +39,7 @@ def run(path: Path, workdir: Path, cycles: int, seed: int) -> CrashReport:
     )
 
 
+@pytest.mark.slow
 def test_ebs_sigkill_loop_on_file(tmp_path: Path, soak: bool) -> None:
     cycles = 200 if soak else 15
     report = run(tmp_path / "wal.img", tmp_path, cycles, SEED)
@@ -45,6 +47,7 @@ def test_ebs_sigkill_loop_on_file(tmp_path: Path, soak: bool) -> None:
     assert report.acknowledged > cycles * 50
 
 
+@pytest.mark.slow
 def test_ebs_sigkill_loop_on_block_device(loop_device: Path, tmp_path: Path, soak: bool) -> None:
     cycles = 200 if soak else 10
     report = run(loop_device, tmp_path, cycles, SEED + 1)

@@ -68,6 +68,7 @@ async def test_a_refused_submission_gives_its_control_blocks_back(device: WalDev
     assert free_slots(device) == SLOTS
 
 
+@pytest.mark.slow
 async def test_reads_and_writes_reuse_the_control_blocks(device: WalDevice) -> None:
     """Many more requests over time than control blocks: each completed one frees its block."""
     buffer = aligned_buffer(BLOCK_BYTES)

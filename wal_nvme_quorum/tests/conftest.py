@@ -25,10 +25,14 @@ def chunk_servers(tmp_path: Path) -> Iterator[list[ChunkServerProcess]]:
 
 @pytest.fixture
 def wal_options(chunk_servers: list[ChunkServerProcess]) -> dict[str, Any]:
+    # Generous for a loaded 2-core machine with xdist workers beside it: with 1 s / 3 s two
+    # healthy chunk servers missed a write ("write chunk 20 reached 1 of the 2 replicas it needs
+    # within 3s") in a parallel run. A killed server refuses at once; a test of a quorum lost
+    # waits out write_timeout (or sets its own).
     return {
         "servers": [server.address for server in chunk_servers],
-        "request_timeout": "1s",
-        "write_timeout": "3s",
+        "request_timeout": "3s",
+        "write_timeout": "10s",
     }
 
 

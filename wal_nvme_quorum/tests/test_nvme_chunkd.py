@@ -59,6 +59,7 @@ class RawClient:
         self.writer.close()
 
 
+@pytest.mark.slow
 async def test_malformed_frames_refused_and_serving_continues(
     chunk_servers: list[ChunkServerProcess],
 ) -> None:
@@ -100,6 +101,7 @@ async def test_malformed_frames_refused_and_serving_continues(
     assert server.running
 
 
+@pytest.mark.slow
 async def test_wrong_epoch_writes_refused_and_epochs_survive_sigkill(
     chunk_servers: list[ChunkServerProcess],
 ) -> None:
@@ -129,6 +131,7 @@ async def test_wrong_epoch_writes_refused_and_epochs_survive_sigkill(
     await replica.close()
 
 
+@pytest.mark.slow
 async def test_torn_tail_is_cut_after_sigkill(tmp_path: Path) -> None:
     server = ChunkServerProcess(tmp_path / "data")
     server.start()
@@ -157,6 +160,7 @@ async def test_torn_tail_is_cut_after_sigkill(tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.slow
 async def test_damage_before_the_tail_is_skipped_and_the_rest_served(tmp_path: Path) -> None:
     server = ChunkServerProcess(tmp_path / "data", segment_bytes=2048)
     server.start()
@@ -189,6 +193,7 @@ async def test_damage_before_the_tail_is_skipped_and_the_rest_served(tmp_path: P
         server.stop()
 
 
+@pytest.mark.slow
 async def test_segments_rotate_and_trim_deletes_them(tmp_path: Path) -> None:
     server = ChunkServerProcess(tmp_path / "data", segment_bytes=4096)
     server.start()
@@ -235,6 +240,7 @@ async def test_token_required_when_configured(tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.slow
 async def test_claim_listing_reflects_seal(chunk_servers: list[ChunkServerProcess]) -> None:
     replica = ChunkServerReplica(chunk_servers[1].address)
     for seq in range(1, 6):

@@ -37,5 +37,6 @@ def walstream_wal_medium_fault(
     return fault
 
 
+@pytest.mark.slow
 class TestNvmeQuorumWal(WalSuite):
     pass

@@ -19,6 +19,7 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
 from walstream.wal import WalMode, WalRecord
 from walstream_conformance.corruption import (
     FuzzReport,
@@ -117,6 +118,7 @@ async def recover(servers: Servers) -> tuple[list[WalRecord] | None, BaseExcepti
         await wal.close()
 
 
+@pytest.mark.slow
 async def test_nvme_quorum_corruption_fuzz(tmp_path: Path, soak: bool) -> None:
     seed = int(os.environ.get("WALSTREAM_SEED", "1107"))
     rng = random.Random(seed)

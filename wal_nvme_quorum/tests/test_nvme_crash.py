@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 from walstream.wal import WalMode
 from walstream_conformance.backends import BackendSpec
 from walstream_conformance.harness.crash import CrashModel, CrashWriter, WriterOptions
@@ -20,6 +21,7 @@ from walstream_wal_nvme_quorum.testing import ChunkServerProcess
 WRITER = WriterOptions(window=32, trims=False, max_body=2000)
 
 
+@pytest.mark.slow
 async def test_server_sigkill_during_appends_then_it_catches_up(
     open_wal: Any, chunk_servers: list[ChunkServerProcess], wait_for: Any
 ) -> None:
@@ -61,6 +63,7 @@ async def test_server_sigkill_during_appends_then_it_catches_up(
     assert [(record.offset, record.data) for record in recovered] == acked
 
 
+@pytest.mark.slow
 async def test_writer_sigkill_cycles_recover_every_ack_exactly_once(
     open_wal: Any, chunk_servers: list[ChunkServerProcess], soak: bool, tmp_path: Path
 ) -> None:

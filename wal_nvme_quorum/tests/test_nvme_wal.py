@@ -19,6 +19,7 @@ from walstream_wal_nvme_quorum import NVME_QUORUM_WAL
 from walstream_wal_nvme_quorum.testing import ChunkServerProcess
 
 
+@pytest.mark.slow
 async def test_ack_order_and_offsets_increase(open_wal: Any) -> None:
     wal, recovered = await open_wal(1)
     assert recovered == []
@@ -31,6 +32,7 @@ async def test_ack_order_and_offsets_increase(open_wal: Any) -> None:
     assert offsets == sorted(set(offsets))
 
 
+@pytest.mark.slow
 async def test_acked_recovered_exactly_once_in_order(open_wal: Any) -> None:
     wal, _ = await open_wal(1)
     payloads = [bytes([index % 251]) * (index * 37 % 5000) for index in range(400)]
@@ -42,6 +44,7 @@ async def test_acked_recovered_exactly_once_in_order(open_wal: Any) -> None:
     )
 
 
+@pytest.mark.slow
 async def test_offsets_increase_across_restarts(open_wal: Any) -> None:
     last = -1
     for epoch in range(1, 5):
@@ -95,6 +98,7 @@ async def test_capacity_oversized_record_refused_at_once(open_wal: Any) -> None:
     assert [len(record.data) for record in recovered] == [64 * 1024]
 
 
+@pytest.mark.slow
 async def test_fencing_failover_stops_old_writer(open_wal: Any) -> None:
     old, _ = await open_wal(1)
     acked = [await old.append(f"a{index}".encode()) for index in range(5)]
@@ -108,6 +112,7 @@ async def test_fencing_failover_stops_old_writer(open_wal: Any) -> None:
         new.append(b"failover WALs do not append")
 
 
+@pytest.mark.slow
 async def test_zombie_with_one_server_down_gets_no_ack(
     open_wal: Any, chunk_servers: list[ChunkServerProcess]
 ) -> None:
@@ -125,6 +130,7 @@ async def test_zombie_with_one_server_down_gets_no_ack(
     assert [record.data for record in recovered] == [b"before"]
 
 
+@pytest.mark.slow
 async def test_errors_typed_without_quorum_and_refuses_after(
     open_wal: Any, chunk_servers: list[ChunkServerProcess]
 ) -> None:

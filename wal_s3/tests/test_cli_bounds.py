@@ -90,6 +90,7 @@ def populate(deployment: Deployment, values: list[str]) -> None:
     assert stdout.splitlines() == [f"offsets 0..{len(values) - 1}"]
 
 
+@pytest.mark.slow
 def test_frozen_endpoint_fails_each_command_within_request_timeout(
     tmp_path: Path, server: MotoServer
 ) -> None:
@@ -121,24 +122,34 @@ def test_frozen_endpoint_fails_each_command_within_request_timeout(
     assert stdout.splitlines() == ["0\ta", "1\tb"]
 
 
+@pytest.mark.slow
 def test_command_deadline_stops_a_command_waiting_on_a_frozen_endpoint(
     tmp_path: Path, server: MotoServer
 ) -> None:
-    # The default request_timeout (30 s) is longer than this deadline: --timeout ends it.
+    # The default request_timeout (30 s) is longer than this deadline: --timeout ends it. The
+    # deadline counts from the command's start: it must leave the start-up (imports, opening
+    # the deployment; over 3 s on a loaded machine) time to reach the frozen endpoint.
+    deadline_s = 10
     deployment = Deployment(tmp_path, server, slow_warning="1s")
     populate(deployment, ["a"])
     server.freeze()
     try:
-        status, stdout, stderr, took = deployment.run("--timeout", "3", "read", "orders")
+        status, stdout, stderr, took = deployment.run(
+            "--timeout", str(deadline_s), "read", "orders"
+        )
     finally:
         server.thaw()
     assert status == 124, stderr
     assert stdout == ""
-    assert took < 3 + 10, (took, stderr)  # the deadline, plus start-up and the bounded stop
-    assert "walstream: error: read did not finish within 3 s (--timeout" in stderr, stderr
+    # the deadline, plus start-up and the bounded stop
+    assert took < deadline_s + 10, (took, stderr)
+    assert f"walstream: error: read did not finish within {deadline_s} s (--timeout" in stderr, (
+        stderr
+    )
     assert f"at {server.endpoint_url} (bucket 'walstream-" in stderr, stderr
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_stuck_append_promptly_and_acknowledged_records_survive(
     tmp_path: Path, server: MotoServer
 ) -> None:
@@ -183,6 +194,7 @@ def test_ctrl_c_stops_a_stuck_append_promptly_and_acknowledged_records_survive(
     assert values[len(acknowledged) :] in ([], ["never-acknowledged"])
 
 
+@pytest.mark.slow
 def test_append_whose_final_upload_cannot_reach_the_object_store_ends_at_its_deadline(
     tmp_path: Path, server: MotoServer
 ) -> None:

@@ -48,6 +48,7 @@ async def test_memory_bucket_answers_like_s3() -> None:
         await store.get("a/1")
 
 
+@pytest.mark.slow
 async def test_wal_on_the_rig_recovers_and_fences() -> None:
     bucket = MemoryBucket(LatencyModel(1.0, 3.0))
     first = S3Wal(store_on(bucket))

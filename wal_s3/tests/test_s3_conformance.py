@@ -35,9 +35,11 @@ async def walstream_object_store(s3_bucket: Any) -> AsyncIterator[ObjectStore]:
     await store.close()
 
 
+@pytest.mark.slow
 class TestS3Wal(WalSuite):
     pass
 
 
+@pytest.mark.slow
 class TestS3ObjectStore(ObjectStoreSuite):
     pass

@@ -11,10 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from walstream_conformance.backends import BackendSpec
 from walstream_conformance.harness.crash import KillSchedule, WriterOptions, run_crash_cycles
 
 
+@pytest.mark.slow
 def test_s3_wal_survives_sigkill_loop(s3_bucket: Any, tmp_path: Path, soak: bool) -> None:
     cycles = 100 if soak else 6
     spec = BackendSpec(

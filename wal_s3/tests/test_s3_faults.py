@@ -33,6 +33,7 @@ async def append_many(wal: Any, count: int, tag: str) -> dict[int, bytes]:
     return acked
 
 
+@pytest.mark.slow
 async def test_s3_wal_rides_through_put_failures(make_wal: Any, fault_proxy: Any) -> None:
     wal = make_wal(fault_proxy.endpoint_url, max_inflight=4, max_batch_bytes=256)
     await wal.start(7, 1, WalMode.READ_WRITE)
@@ -51,6 +52,7 @@ async def test_s3_wal_rides_through_put_failures(make_wal: Any, fault_proxy: Any
     assert all(recovered.get(offset) == data for offset, data in acked.items())
 
 
+@pytest.mark.slow
 async def test_s3_wal_rides_through_throttling_bursts(make_wal: Any, fault_proxy: Any) -> None:
     wal = make_wal(fault_proxy.endpoint_url)
     await wal.start(7, 1, WalMode.READ_WRITE)

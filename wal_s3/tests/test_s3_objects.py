@@ -92,6 +92,7 @@ async def test_s3_prefix_isolates_keys(make_store: Any) -> None:
     await tenant_b.close()
 
 
+@pytest.mark.slow
 async def test_s3_list_paginates_and_delete_batches(make_store: Any) -> None:
     store = make_store()
     keys = [f"p/{index:05d}" for index in range(1203)]
@@ -114,6 +115,7 @@ async def test_s3_list_paginates_and_delete_batches(make_store: Any) -> None:
     await store.close()
 
 
+@pytest.mark.slow
 async def test_s3_put_if_absent_single_and_race(make_store: Any) -> None:
     store = make_store()
     await store.put_if_absent("once", b"winner")
@@ -313,6 +315,7 @@ async def test_s3_factory_options_and_create_bucket(s3_bucket: Any) -> None:
         validate_options(S3_OBJECT_STORE, {}, BuildContext().base_dir, "object_store")
 
 
+@pytest.mark.slow
 async def test_s3_multipart_put_if_absent_never_replaces_an_existing_object(
     make_store: Any,
 ) -> None:

@@ -120,6 +120,7 @@ async def test_s3_wal_capacity_and_lifecycle_errors(make_wal: Any) -> None:
         wal.append(b"after close")
 
 
+@pytest.mark.slow
 async def test_s3_wal_failover_fences_zombie(make_wal: Any) -> None:
     owner = make_wal()
     await start(owner, 1)
@@ -143,6 +144,7 @@ async def test_s3_wal_failover_fences_zombie(make_wal: Any) -> None:
     await restarted.close()
 
 
+@pytest.mark.slow
 async def test_s3_wal_zombie_under_load_loses_no_ack(make_wal: Any) -> None:
     zombie = make_wal(max_inflight=4)
     await start(zombie, 1)
@@ -278,6 +280,7 @@ def hold_data_puts(wal: S3Wal, gate: asyncio.Event, started: asyncio.Event) -> N
     wal.store.put = held_put  # type: ignore[method-assign]
 
 
+@pytest.mark.slow
 async def test_s3_wal_under_its_fence_lease_acknowledges_without_a_list_per_group(
     make_wal: Any,
 ) -> None:
@@ -297,6 +300,7 @@ async def test_s3_wal_under_its_fence_lease_acknowledges_without_a_list_per_grou
     await unleased.close()
 
 
+@pytest.mark.slow
 async def test_s3_wal_new_owner_waits_out_the_lease_of_a_zombie_acknowledging_under_it(
     make_wal: Any,
 ) -> None:
@@ -329,6 +333,7 @@ async def test_s3_wal_new_owner_waits_out_the_lease_of_a_zombie_acknowledging_un
     await zombie.close()
 
 
+@pytest.mark.slow
 async def test_s3_wal_a_clean_close_gives_the_lease_back(make_wal: Any) -> None:
     from walstream.clock import ManualClock
 

@@ -135,6 +135,7 @@ async def run_case(store: S3ObjectStore, case: int, rng: random.Random, report: 
     report.add(f"s3 wal object ({target})", damage, outcome, detail)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)  # the soak length; CI runs a few seconds
 async def test_s3_wal_corruption_fuzz(store: S3ObjectStore, soak: bool) -> None:
     cases = SOAK_CASES if soak else CI_CASES

@@ -263,6 +263,7 @@ async def test_gap_within_the_in_flight_window_at_the_end_is_a_torn_tail(
     await again.close()
 
 
+@pytest.mark.slow
 async def test_gap_attested_by_a_later_object_is_damage(store: S3ObjectStore) -> None:
     payloads = await write_objects(store, 4)
     keys = await data_keys(store)
@@ -278,6 +279,7 @@ async def test_gap_attested_by_a_later_object_is_damage(store: S3ObjectStore) ->
     await wal.close()
 
 
+@pytest.mark.slow
 async def test_gap_below_a_recovered_base_is_damage(store: S3ObjectStore) -> None:
     for first in (0, 1, 2):
         await put_object(store, first, [f"r{first}".encode()])

@@ -32,10 +32,21 @@ def zones() -> Iterator[list[ZoneServer]]:
         yield servers
 
 
+# Generous for moto on a loaded 2-core machine (a session's zones also answer for earlier tests'
+# chunks, and xdist workers run beside them): with 1 s / 3 s a healthy zone's listing timed out
+# under load and a claim failed with "reached 0 of the 2 replicas". A test of a hung zone waits
+# out these bounds (or sets its own).
+REQUEST_TIMEOUT = "5s"
+WRITE_TIMEOUT = "15s"
+
+
 @pytest.fixture
 def wal_options(zones: list[ZoneServer]) -> dict[str, Any]:
     return zone_wal_options(
-        zones, prefix=f"t{next(_log_numbers)}", request_timeout="1s", write_timeout="3s"
+        zones,
+        prefix=f"t{next(_log_numbers)}",
+        request_timeout=REQUEST_TIMEOUT,
+        write_timeout=WRITE_TIMEOUT,
     )
 
 
@@ -44,8 +55,8 @@ def shared_wal_options(shared_zones: list[ZoneServer]) -> dict[str, Any]:
     return zone_wal_options(
         shared_zones,
         prefix=f"shared{next(_log_numbers)}-{time.monotonic_ns()}",
-        request_timeout="1s",
-        write_timeout="3s",
+        request_timeout=REQUEST_TIMEOUT,
+        write_timeout=WRITE_TIMEOUT,
     )
 
 

@@ -35,5 +35,6 @@ def walstream_wal_medium_fault(shared_zones: list[ZoneServer]) -> Callable[[bool
     return fault
 
 
+@pytest.mark.slow
 class TestS3ExpressWal(WalSuite):
     pass

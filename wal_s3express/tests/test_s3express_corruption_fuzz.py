@@ -184,6 +184,7 @@ async def recover(
         await wal.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)  # the soak length; CI cases take well under a minute
 async def test_s3express_corruption_fuzz(shared_zones: list[ZoneServer], soak: bool) -> None:
     seed = int(os.environ.get("WALSTREAM_SEED", "2207"))

@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 from walstream.wal import WalMode
 from walstream_conformance.backends import BackendSpec
 from walstream_conformance.harness.crash import CrashModel, CrashWriter, WriterOptions
@@ -32,6 +33,7 @@ async def zone_holds(zone_options: dict[str, Any], log_id: str, seqs: set[int]) 
     return seqs <= set(listing.chunks)
 
 
+@pytest.mark.slow
 async def test_zone_kill_and_writer_kill_cycles_recover_every_ack_exactly_once(
     open_wal: Any,
     zones: list[ZoneServer],

@@ -44,6 +44,7 @@ def wal_on(
     return S3ExpressWal(replicas, log_id="node-1", write_quorum=2, request_timeout_s=5.0)
 
 
+@pytest.mark.slow
 async def test_a_superseded_writer_acknowledges_nothing_and_loses_no_ack() -> None:
     buckets = [MemoryBucket(LatencyModel(0.5, 1.0, seed=zone)) for zone in range(3)]
     zombie = wal_on(buckets)
@@ -72,6 +73,7 @@ async def test_a_superseded_writer_acknowledges_nothing_and_loses_no_ack() -> No
     await reader.close()
 
 
+@pytest.mark.slow
 async def test_a_claim_waits_out_the_lease_of_a_writer_acknowledging_under_it() -> None:
     # The zombie's lease comes from checks that ran before the new claim's successor markers
     # existed; its chunk lands on the zones after they exist and is acknowledged under the

@@ -101,6 +101,7 @@ async def test_foreign_prefix_is_refused_and_left_unchanged(
     await tools.close()
 
 
+@pytest.mark.slow
 async def test_foreign_chunk_is_never_yielded(shared_zones: list[ZoneServer], prefix: str) -> None:
     acked = await write_rounds(shared_zones, prefix, 3)
     foreign = encode_chunk([b"not ours"], identity=LogIdentity(OTHER, 1))
@@ -116,6 +117,7 @@ async def test_foreign_chunk_is_never_yielded(shared_zones: list[ZoneServer], pr
     assert "belongs to deployment" in report.damage_before.reason
 
 
+@pytest.mark.slow
 async def test_damaged_copies_on_two_zones_are_repaired(
     shared_zones: list[ZoneServer], prefix: str
 ) -> None:
@@ -137,6 +139,7 @@ async def test_damaged_copies_on_two_zones_are_repaired(
     await wal.close()
 
 
+@pytest.mark.slow
 async def test_no_valid_copy_mid_log_is_reported_and_later_records_recovered(
     shared_zones: list[ZoneServer], prefix: str
 ) -> None:
@@ -155,6 +158,7 @@ async def test_no_valid_copy_mid_log_is_reported_and_later_records_recovered(
     assert [r.offset for r in again if r.damage_before is not None] == [damaged[0].offset]
 
 
+@pytest.mark.slow
 async def test_data_of_the_previous_format_is_still_read(
     shared_zones: list[ZoneServer], prefix: str
 ) -> None:

@@ -42,6 +42,7 @@ def chunk(tag: str) -> bytes:
     return encode_chunk([tag.encode()])
 
 
+@pytest.mark.slow
 async def test_claim_fences_older_epochs(replicas: Any, log_id: str) -> None:
     first, second = replicas(), replicas()
     await first.claim(log_id, 3)
@@ -67,6 +68,7 @@ async def test_claim_fences_older_epochs(replicas: Any, log_id: str) -> None:
     assert listing.trim_seq == 0
 
 
+@pytest.mark.slow
 async def test_write_is_idempotent_and_conditional(replicas: Any, log_id: str) -> None:
     replica = replicas()
     await replica.claim(log_id, 1)
@@ -84,6 +86,7 @@ async def test_write_is_idempotent_and_conditional(replicas: Any, log_id: str) -
         await replica.read_chunk(log_id, 9)
 
 
+@pytest.mark.slow
 async def test_seal_invalidates_older_chunks_beyond_its_end(replicas: Any, log_id: str) -> None:
     replica = replicas()
     await replica.claim(log_id, 1)
@@ -115,6 +118,7 @@ async def test_trim_only_moves_forward_and_deletes(replicas: Any, log_id: str) -
     assert sorted((await replicas().list_chunks(log_id)).chunks) == [4, 5]
 
 
+@pytest.mark.slow
 async def test_concurrent_claims_leave_the_newest_epoch(replicas: Any, log_id: str) -> None:
     """Control-state updates are atomic: of racing claims, the newest epoch wins and an older
     one either happened before it or was fenced."""
@@ -133,6 +137,7 @@ async def test_concurrent_claims_leave_the_newest_epoch(replicas: Any, log_id: s
     assert (listing.claimed_epoch, listing.trim_seq, listing.trim_offset) == (6, 11, 110)
 
 
+@pytest.mark.slow
 async def test_dead_zone_fails_fast_and_typed(zones: list[ZoneServer]) -> None:
     replica = build_replicas(zone_wal_options(zones[:1], request_timeout=1.0), node_id=1)[0]
     try:

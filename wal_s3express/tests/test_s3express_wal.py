@@ -58,6 +58,7 @@ def test_defaults() -> None:
     assert wal.log_id == "node-4"
 
 
+@pytest.mark.slow
 async def test_appends_acknowledged_while_a_zone_hangs_then_it_catches_up(
     open_shared_wal: Any, shared_zones: list[ZoneServer], wait_for: Any
 ) -> None:
@@ -93,6 +94,7 @@ async def test_appends_acknowledged_while_a_zone_hangs_then_it_catches_up(
     assert [(record.offset, record.data) for record in recovered] == acked
 
 
+@pytest.mark.slow
 async def test_zombie_gets_no_ack_after_a_new_owner_claimed(open_shared_wal: Any) -> None:
     zombie, _ = await open_shared_wal(1)
     acked = [(await zombie.append(b"old-%d" % i), b"old-%d" % i) for i in range(10)]
@@ -111,6 +113,7 @@ async def test_zombie_gets_no_ack_after_a_new_owner_claimed(open_shared_wal: Any
     assert [(record.offset, record.data) for record in again] == acked
 
 
+@pytest.mark.slow
 async def test_trim_point_survives_the_loss_of_any_zone(
     open_wal: Any, zones: list[ZoneServer]
 ) -> None:

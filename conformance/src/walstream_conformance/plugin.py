@@ -89,6 +89,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The crash harness and the capacity test take seconds on any backend: ``-m "not slow"``
+    # leaves them out of a quick run.
+    config.addinivalue_line("markers", "slow: takes seconds; -m 'not slow' leaves it out")
     if CONTRACT_VERSION != SUITE_VERSION:
         config.issue_config_time_warning(
             pytest.PytestConfigWarning(

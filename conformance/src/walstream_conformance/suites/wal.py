@@ -276,6 +276,7 @@ class WalSuite:
             recovered, [(kept, b"kept"), (after, b"after")], "around an oversized append"
         )
 
+    @pytest.mark.slow  # seconds on every backend measured
     async def test_capacity_backpressure(self, walstream_wal_kit: WalKit) -> None:
         """When untrimmed records fill the WAL, appends wait for a trim, else fail with
         CapacityError; the WAL stays usable."""
@@ -530,6 +531,7 @@ class WalSuite:
         assert payload(13, 100, 100) not in got.values(), "a refused append was recovered"
 
     # 2, under SIGKILL -----------------------------------------------------------------------------
+    @pytest.mark.slow  # seconds on every backend measured
     async def test_acked_recovered_after_process_kill(
         self, walstream_wal_kit: WalKit, tmp_path: Any
     ) -> None:
