@@ -71,6 +71,7 @@ def test_every_docs_page_named_by_path_exists() -> None:
     assert not missing, "pages cited but missing:\n" + "\n".join(missing)
 
 
+@pytest.mark.slow
 def test_no_module_cites_the_outside_design_documents() -> None:
     stale = []
     for path in repository_files():

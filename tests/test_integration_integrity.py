@@ -191,6 +191,7 @@ def test_flipped_bit_in_the_wal_is_refused_then_accepted_as_an_explicit_gap(
 
 
 @pytest.mark.parametrize("size", [4096, 8192, 1 << 20])
+@pytest.mark.slow
 def test_truncated_wal_file_is_refused(tmp_path: Path, size: int) -> None:
     deploy = make_deployment(tmp_path)
     write_then_kill(deploy)
@@ -206,6 +207,7 @@ def test_truncated_wal_file_is_refused(tmp_path: Path, size: int) -> None:
     asyncio.run(restart())
 
 
+@pytest.mark.slow
 def test_another_deployments_wal_is_refused(tmp_path: Path) -> None:
     ours = make_deployment(tmp_path / "ours")
     theirs = make_deployment(tmp_path / "theirs")

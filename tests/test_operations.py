@@ -156,7 +156,9 @@ def test_the_metrics_reference_is_what_metrics_exports(
 
 # -- alert rules, Prometheus configuration, dashboard -------------------------------------------
 
-_METRIC = re.compile(r"(?<![\w:$])([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?=\{|\[|\)|$|\s(?:[<>=!]|and|or|unless|/|\*|\+|-))")
+_METRIC = re.compile(
+    r"(?<![\w:$])([a-zA-Z_:][a-zA-Z0-9_:]*)\s*(?=\{|\[|\)|$|\s(?:[<>=!]|and|or|unless|/|\*|\+|-))"
+)
 _SELECTOR = re.compile(r"\b(walstream_[a-z0-9_]+|up)\s*\{([^}]*)\}")
 _MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)")
@@ -332,6 +334,7 @@ def _seconds(text: str) -> float:
     return float(match.group(1)) * (60 if match.group(2) == "min" else 1)
 
 
+@pytest.mark.slow
 def test_stopping_the_unit_drains_the_node(tmp_path: Path) -> None:
     service = _unit()["Service"]
     kill_signal = signal.Signals[service.get("KillSignal", "SIGTERM")]

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 DISTS = sorted(path.parent for path in ROOT.glob("*/pyproject.toml"))
 
@@ -37,7 +39,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ``python -m build --no-isolation``)."""
     out = tmp_path_factory.mktemp("dist")
     for dist in DISTS:
-        _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(dist)], ROOT)
+        _run(
+            [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(dist)], ROOT
+        )
     return out
 
 
@@ -124,7 +128,9 @@ def test_installed_wheels_run_the_demo_and_the_conformance_suite(installed: dict
         assert path.startswith(env["VIRTUAL_ENV"]) and not path.startswith(str(ROOT)), path
     assert located["direct"] is None or '"editable": true' not in located["direct"]
 
-    demo = _run(["walstream", "demo", "--streams", "2", "--records", "2000", "--no-progress"], workdir, env)
+    demo = _run(
+        ["walstream", "demo", "--streams", "2", "--records", "2000", "--no-progress"], workdir, env
+    )
     assert "verification              OK (4,000 records) / after restart: OK" in demo, demo
 
     done = subprocess.run(

@@ -11,11 +11,17 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow
+
 HERE = Path(__file__).resolve().parent
 PLANTED = HERE / "planted_backends.py"
 
 
-def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     import os
 
     return subprocess.run(
@@ -29,7 +35,9 @@ def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subpr
     )
 
 
-def _conformance(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _conformance(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return _run([sys.executable, "-m", "walstream.cli", "conformance", *args], cwd, env)
 
 
@@ -68,7 +76,12 @@ def test_a_failing_backend_exits_1_and_is_named(tmp_path: Path) -> None:
         "[walstream.wal]\nplanted-trim = planted_plugin:FACTORY\n"
     )
     done = _conformance(
-        "--wal", "planted-trim", "-k", "trim_inclusive", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)}
+        "--wal",
+        "planted-trim",
+        "-k",
+        "trim_inclusive",
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path)},
     )
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
     assert "  FAILED        test_trim_inclusive (call)" in done.stdout
@@ -110,7 +123,7 @@ def test_without_the_fixtures_the_same_wal_is_not_certified_and_says_what_each_n
             from walstream_conformance.backends import load_target
 
             AppendFileWal = load_target(
-                {str(HERE.parent / 'examples' / 'appendfile_wal.py')!r} + ":AppendFileWal"
+                {str(HERE.parent / "examples" / "appendfile_wal.py")!r} + ":AppendFileWal"
             )
 
             @pytest.fixture

@@ -213,6 +213,7 @@ def test_inspect_object_with_a_flipped_byte_fails_with_corruption_error(
     assert "BAD" in result.stdout
 
 
+@pytest.mark.slow
 def test_misspelled_key_and_unknown_wal_exit_2_naming_them(cli: Cli, tmp_path: Path) -> None:
     misspelled = tmp_path / "misspelled.yaml"
     misspelled.write_text(DEPLOYMENT.replace("object_store:", "object_stor:"))
@@ -232,6 +233,7 @@ def test_misspelled_key_and_unknown_wal_exit_2_naming_them(cli: Cli, tmp_path: P
     assert "floppy-disk" in result.stderr and "memory" in result.stderr
 
 
+@pytest.mark.slow
 def test_usage_errors_exit_2(cli: Cli) -> None:
     result = cli("read", expect=2)
     assert "usage:" in result.stderr
@@ -285,6 +287,7 @@ def test_help_documents_every_command_with_examples(cli: Cli) -> None:
         assert "--config" in text and "example" in text
 
 
+@pytest.mark.slow
 def test_conformance_delegates_or_explains_how_to_install(cli: Cli) -> None:
     if HAS_CONFORMANCE_CLI:
         assert "usage:" in cli("conformance", "--help").stdout
@@ -414,6 +417,7 @@ def test_trim_before_the_start_says_nothing_was_trimmed(cli: Cli) -> None:
     assert "nothing trimmed" in cli("trim", "orders", "500").stdout
 
 
+@pytest.mark.slow
 def test_inspect_object_of_a_missing_file_says_so_and_how_to_find_objects(cli: Cli) -> None:
     missing = cli(
         "inspect", "object", "./walstream-data/objects/51/99/0000000000000001.wso", expect=1

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs the ebs WAL of the embedded deployment",
 )
 
+
 def _walstream(cwd: Path, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [WALSTREAM, *args], input=input, capture_output=True, text=True, cwd=cwd, timeout=120
@@ -82,6 +83,7 @@ def follower(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Lines, Lin
         process.wait()
 
 
+@pytest.mark.slow
 def test_append_succeeds_while_tail_follows_and_the_tail_prints_it(
     tmp_path: Path, follower: tuple[subprocess.Popen[str], Lines, Lines]
 ) -> None:
@@ -103,6 +105,7 @@ def test_append_succeeds_while_tail_follows_and_the_tail_prints_it(
     assert "NodeBusy" not in "\n".join(stderr.seen)
 
 
+@pytest.mark.slow
 def test_tail_without_follow_still_shows_the_last_records(tmp_path: Path) -> None:
     assert _walstream(tmp_path, "streams", "create", "s").returncode == 0
     assert _walstream(tmp_path, "append", "s", input="a\nb\nc\n").returncode == 0

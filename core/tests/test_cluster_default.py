@@ -92,6 +92,7 @@ def nodes(tmp_path: Path) -> Iterator[dict[int, WalstreamServe]]:
             node.kill()
 
 
+@pytest.mark.slow
 async def test_a_dead_node_of_a_deployment_without_a_cluster_section_is_failed_over(
     nodes: dict[int, WalstreamServe],
 ) -> None:

@@ -14,6 +14,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from walstream import Client, EngineConfig, Record
 from walstream.clock import ManualClock
 from walstream.config import CompactionConfig, UploadConfig
@@ -151,6 +152,7 @@ def run_compactor_until_killed(root: Path, rng: random.Random) -> bool:
             process.wait()
 
 
+@pytest.mark.slow
 async def test_a_pass_killed_at_random_points_loses_and_leaves_nothing(tmp_path: Path) -> None:
     before = await fill(tmp_path)
     rng = random.Random(7)

@@ -117,6 +117,7 @@ def _stored_files(root: Path) -> list[Path]:
     return [path for path in root.rglob("*") if path.is_file()]
 
 
+@pytest.mark.slow
 async def test_stored_bytes_hold_no_plaintext_no_repeated_nonce_and_no_key(
     client: walstream.Client, tmp_path: Path
 ) -> None:
@@ -235,6 +236,7 @@ def _values(result: Any) -> list[str]:
 
 
 @pytest.mark.parametrize("through_server", [False, True], ids=["node", "live-server"])
+@pytest.mark.slow
 def test_the_cli_appends_and_reads_an_encrypted_stream_with_its_key_only(
     tmp_path: Path, through_server: bool
 ) -> None:

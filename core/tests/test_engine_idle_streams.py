@@ -46,7 +46,9 @@ async def test_a_parked_stream_appends_on_without_a_new_claim() -> None:
         streams = [await client.create_stream(f"s{i}") for i in range(50)]
         for stream in streams:
             await stream.append([Record(b"a")])
-        epochs = {s.stream_id: (await client.metadata.get_stream(s.stream_id)).epoch for s in streams}
+        epochs = {
+            s.stream_id: (await client.metadata.get_stream(s.stream_id)).epoch for s in streams
+        }
         registry = client._streams
         del stream
         assert registry.park_idle(all_idle=True) == 50
@@ -127,6 +129,7 @@ async def test_streams_idle_for_the_idle_time_are_parked_as_the_node_goes_on() -
         assert (await idle[3].append([Record(b"z")])).start == 1
 
 
+@pytest.mark.slow
 async def test_an_idle_stream_costs_a_fraction_of_an_active_one() -> None:
     async with new_client() as client:
         tracemalloc.start()

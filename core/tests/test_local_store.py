@@ -144,6 +144,7 @@ _RACER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_put_if_absent_two_processes_race_exactly_one_wins(tmp_path: Path) -> None:
     root = tmp_path / "objects"
     go_file = tmp_path / "go"

@@ -79,6 +79,7 @@ _OPENER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_processes_opening_one_new_file_at_once_all_open_it(tmp_path: Path) -> None:
     """Each round, four processes get the name of a new file at the same moment and open it:
     every open succeeds and every migration is recorded once (the WAL switch and each migration

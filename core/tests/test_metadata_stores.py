@@ -579,6 +579,7 @@ async def test_sqlite_journal_mode_wal_and_read_index(tmp_path: Path) -> None:
     assert "ranges_stream_end" in plan and "TEMP B-TREE" not in plan, plan
 
 
+@pytest.mark.slow
 async def test_sqlite_id_lists_of_any_length(tmp_path: Path, clock: ManualClock) -> None:
     """Calls naming many ids at once (listing, forgetting, reading streams) bind them as one
     parameter per id up to a bound and as one JSON array beyond it: both give the same rows,
@@ -798,6 +799,7 @@ async def test_factories_and_entry_points(tmp_path: Path) -> None:
     assert loaded.get("sqlite") is SQLITE_METADATA
 
 
+@pytest.mark.slow
 def test_sqlite_files_opened_by_several_connections_at_once_all_open(tmp_path: Path) -> None:
     """Switching a new file to WAL journaling takes an exclusive lock, and SQLite refuses at
     once ("database is locked", its busy handler not consulted) a connection that would

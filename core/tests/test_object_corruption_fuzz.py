@@ -25,6 +25,7 @@ import random
 import time
 from dataclasses import dataclass
 
+import pytest
 from walstream import Client, EngineConfig
 from walstream.config import CompactionConfig
 from walstream.engine.object_reader import ObjectReader
@@ -323,6 +324,7 @@ async def _read_with_engine(fixture: Fixture, case: Case) -> Observation:
     return Observation(Outcome.DETECTED if detected else Outcome.INTACT)
 
 
+@pytest.mark.slow
 async def test_damaged_objects_read_back_correct_or_fail_typed(soak: bool) -> None:
     began = time.monotonic()
     rng = random.Random(20261123)

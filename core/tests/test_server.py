@@ -669,6 +669,7 @@ def test_serve_rejects_a_bad_listen_address(deployment: Path) -> None:
     assert "ConfigError" in result.stderr and "host:port" in result.stderr
 
 
+@pytest.mark.slow
 async def test_bench_prints_its_table_and_writes_json(deployment: Path, tmp_path: Path) -> None:
     output = tmp_path / "bench.json"
     result = subprocess.run(

@@ -49,9 +49,12 @@ def _loopback_alias_works() -> bool:
         return False
 
 
-pytestmark = pytest.mark.skipif(
-    not _loopback_alias_works(), reason=f"cannot bind {ATTACKER_ADDRESS} (no 127/8 loopback)"
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not _loopback_alias_works(), reason=f"cannot bind {ATTACKER_ADDRESS} (no 127/8 loopback)"
+    ),
+]
 
 
 @pytest.fixture(scope="module")

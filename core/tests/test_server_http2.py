@@ -1062,6 +1062,7 @@ async def test_a_control_frame_flood_gets_goaway_enhance_your_calm(frame: bytes)
         await listener.close(1.0)
 
 
+@pytest.mark.slow
 async def test_nothing_is_read_while_the_client_does_not_read_its_answers() -> None:
     """A client that floods PINGs and never reads: once the server's socket buffer is full the
     server stops reading, so its memory holds no growing pile of PING answers (the flood

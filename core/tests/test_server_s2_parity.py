@@ -352,6 +352,7 @@ def _rss_kib(pid: int, field: str) -> int:
     raise AssertionError(f"no {field} in /proc/{pid}/status")
 
 
+@pytest.mark.slow
 async def test_a_gigabyte_gzip_bomb_gets_413_and_little_memory(
     server: WalstreamServe, http: aiohttp.ClientSession, s2: S2
 ) -> None:
@@ -455,6 +456,7 @@ async def test_an_encrypted_stream_refuses_a_missing_malformed_or_wrong_key(
     assert (await bare.check_tail()).seq_num == 1
 
 
+@pytest.mark.slow
 async def test_the_key_is_stored_nowhere_and_logged_nowhere(tmp_path: Path) -> None:
     """A server with debug logging, an encrypted stream written and read (and refused with a
     wrong key): neither the key nor the plaintext is in any file of the deployment (WAL file,

@@ -25,6 +25,8 @@ from walstream_conformance.waiting import eventually
 from walstream_metadata_postgres.testing.server import PostgresServer
 from walstream_wal_s3.testing.moto import TEST_CREDENTIALS, MotoServer
 
+pytestmark = pytest.mark.slow
+
 WALSTREAM = shutil.which("walstream", path=str(Path(sys.executable).parent)) or "walstream"
 STREAMS = 4
 BATCHES = 6
@@ -84,7 +86,9 @@ def _post(url: str, path: str, body: object) -> dict[str, Any]:
 def _compactions(url: str) -> float:
     with urllib.request.urlopen(url + "/metrics", timeout=30) as answer:
         text = answer.read().decode()
-    (line,) = [line for line in text.splitlines() if line.startswith("walstream_compactions_total ")]
+    (line,) = [
+        line for line in text.splitlines() if line.startswith("walstream_compactions_total ")
+    ]
     return float(line.split()[1])
 
 
@@ -188,7 +192,10 @@ def test_a_backup_restores_into_a_fresh_deployment_with_every_record(
             )
         )
         _walstream(restored, "recover")
-        listed = [json.loads(line) for line in _walstream(restored, "streams", "list", "--json").splitlines()]
+        listed = [
+            json.loads(line)
+            for line in _walstream(restored, "streams", "list", "--json").splitlines()
+        ]
         assert {stream["name"]: stream["committed_end"] for stream in listed} == {
             name: len(values) for name, values in written.items()
         }

@@ -91,14 +91,20 @@ def server() -> Iterator[PostgresServer]:
         yield started
 
 
-def test_the_documented_roles_run_a_node_and_a_backup(tmp_path: Path, server: PostgresServer) -> None:
+@pytest.mark.slow
+def test_the_documented_roles_run_a_node_and_a_backup(
+    tmp_path: Path, server: PostgresServer
+) -> None:
     owner_sql, _schema_sql, reader_sql = _sql_blocks()
     assert "CREATE DATABASE walstream OWNER walstream" in owner_sql
     _run(server, "postgres", owner_sql)
-    assert server.sql(
-        "SELECT rolsuper OR rolcreatedb OR rolcreaterole FROM pg_roles WHERE rolname = 'walstream'",
-        database="postgres",
-    ).strip() == "f"
+    assert (
+        server.sql(
+            "SELECT rolsuper OR rolcreatedb OR rolcreaterole FROM pg_roles WHERE rolname = 'walstream'",
+            database="postgres",
+        ).strip()
+        == "f"
+    )
     dsn = f"postgresql://walstream:change-me@127.0.0.1:{server.port}/walstream"
     _node_creates_a_stream(tmp_path, dsn, "walstream")
 
@@ -129,6 +135,7 @@ def test_the_documented_roles_run_a_node_and_a_backup(tmp_path: Path, server: Po
     assert refused.returncode != 0 and "permission denied" in refused.stderr
 
 
+@pytest.mark.slow
 def test_the_documented_schema_in_an_existing_database_runs_a_node(
     tmp_path: Path, server: PostgresServer
 ) -> None:

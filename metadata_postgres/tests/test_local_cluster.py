@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 BIN = Path(sys.executable).parent
 WALSTREAM = shutil.which("walstream", path=str(BIN)) or "walstream"
 

@@ -325,6 +325,7 @@ _OPENER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_processes_opening_one_new_schema_at_once_all_open_it(
     postgres_server: PostgresServer, postgres_dsn: str, postgres_schema: str
 ) -> None:

@@ -86,6 +86,7 @@ PLAIN_BUILDER_READ = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_the_environment_s_python_run_without_activation_finds_the_format(
     deployment: Path,
 ) -> None:

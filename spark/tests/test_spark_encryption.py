@@ -12,6 +12,8 @@ import pytest
 import walstream.blocking
 from walstream import Cipher, EncryptionKey, Record
 
+pytestmark = pytest.mark.slow
+
 
 def _key_text(key: EncryptionKey) -> str:
     return f"{key.cipher.value}:{base64.b64encode(key.secret).decode()}"

@@ -146,6 +146,7 @@ async def test_s3_put_if_absent_single_and_race(make_store: Any) -> None:
     await store.close()
 
 
+@pytest.mark.slow
 async def test_s3_multipart_put_uploads_parts_concurrently(
     make_store: Any, fault_proxy: Any
 ) -> None:

@@ -21,8 +21,9 @@ from walstream_wal_s3.layout import WalKeys, encode_wal_object
 from walstream_wal_s3.wal import S3Wal
 
 
-async def start(wal: S3Wal, epoch: int, mode: WalMode = WalMode.READ_WRITE,
-                node_id: int = 7) -> list[WalRecord]:
+async def start(
+    wal: S3Wal, epoch: int, mode: WalMode = WalMode.READ_WRITE, node_id: int = 7
+) -> list[WalRecord]:
     await wal.start(node_id, epoch, mode)
     return [record async for record in wal.recover()]
 
@@ -167,8 +168,7 @@ async def test_s3_wal_zombie_under_load_loses_no_ack(make_wal: Any) -> None:
     while len(acked) < 200:
         await asyncio.sleep(0.01)
     rescuer = make_wal()
-    recovered = {record.offset: record.data for record in await start(rescuer, 2,
-                                                                       WalMode.FAILOVER)}
+    recovered = {record.offset: record.data for record in await start(rescuer, 2, WalMode.FAILOVER)}
     await asyncio.wait_for(fenced.wait(), 10)
     await asyncio.gather(*workers)
     for offset, data in acked:
@@ -198,6 +198,7 @@ async def test_s3_wal_late_zombie_object_is_ignored(make_wal: Any) -> None:
     await third.close()
 
 
+@pytest.mark.slow
 async def test_s3_wal_older_epoch_and_read_only(make_wal: Any) -> None:
     wal = make_wal()
     await start(wal, 5)
@@ -253,8 +254,9 @@ async def test_s3_wal_unreachable_endpoint(make_wal: Any) -> None:
 
 
 async def test_s3_wal_factory(s3_bucket: Any) -> None:
-    section = s3_bucket.options(max_batch_bytes="1MiB", max_batch_interval="5ms",
-                                max_inflight=3, prefix="cluster-a")
+    section = s3_bucket.options(
+        max_batch_bytes="1MiB", max_batch_interval="5ms", max_inflight=3, prefix="cluster-a"
+    )
     wal = S3_WAL.build(section, BuildContext(), "wal")
     assert (wal.max_group_bytes, wal.max_group_delay_s, wal.max_inflight) == (1 << 20, 0.005, 3)
     await start(wal, 1)
