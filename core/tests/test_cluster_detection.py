@@ -48,7 +48,7 @@ async def test_an_expiry_between_heartbeats_is_claimed_right_after_it() -> None:
 
     claimed = asyncio.Event()
 
-    async def take_over(node: NodeInfo) -> None:
+    async def take_over(node: NodeInfo, finishing: asyncio.Event) -> None:
         claimed.set()
 
     live = await store.register_node(2, {"type": "memory"})
@@ -83,7 +83,7 @@ async def test_live_nodes_keep_the_heartbeat_interval() -> None:
     await store.renew_lease(1, other.node_epoch, int(LEASE_S * 1000))
     live = await store.register_node(2, {"type": "memory"})
 
-    async def take_over(node: NodeInfo) -> None:
+    async def take_over(node: NodeInfo, finishing: asyncio.Event) -> None:
         raise AssertionError(f"node {node.node_id} is live and must not be claimed")
 
     member = ClusterMember(

@@ -316,3 +316,62 @@ async def test_a_replay_longer_than_the_lease_keeps_its_failover_lease() -> None
     assert await read_all(third) == acked
     for client in (second, third):
         await client.close()
+
+
+class RenewalDuringTheFinalWrites(MemoryMetadataStore):
+    """The claimer's last write of a failover (releasing the dead node's streams) waits until a
+    failover lease renewal has run after the node became FAILED_OVER: the renewal is refused
+    (``refuse``), or, renewals hanging from then on, given up at the claimer's deadline."""
+
+    def __init__(self, name: str, *, hang: bool) -> None:
+        super().__init__(name)
+        self.hang = hang
+        self.renewal_after_outcome = asyncio.Event()
+
+    async def renew_failover(self, node_id: int, node_epoch: int, lease_ms: int) -> NodeInfo:
+        node = await self.get_node(node_id)
+        if node is None or node.state is not NodeState.FAILED_OVER:
+            return await super().renew_failover(node_id, node_epoch, lease_ms)
+        try:
+            if self.hang:
+                await asyncio.Event().wait()  # given up (cancelled) at the claimer's deadline
+            return await super().renew_failover(node_id, node_epoch, lease_ms)
+        finally:
+            self.renewal_after_outcome.set()
+
+    async def release_streams(self, node_id: int, node_epoch: int) -> None:
+        if node_id == 1:
+            await self.renewal_after_outcome.wait()
+        await super().release_streams(node_id, node_epoch)
+
+
+@pytest.mark.parametrize("hang", [False, True], ids=["refused", "timed-out"])
+async def test_a_failover_lease_lost_after_the_node_is_failed_over_does_not_stop_the_failover(
+    hang: bool,
+) -> None:
+    """Once the claimer committed FAILED_OVER, its next failover lease renewal is refused (or,
+    here, times out at the claimer's deadline) while it still releases the dead node's streams.
+    The failover is not stopped there (nobody could claim it again: the streams would stay
+    owned by the dead node and the failover never be reported): it is done, the streams are
+    released, and every acknowledged record is readable."""
+    name = f"finish-{os.urandom(4).hex()}"
+    objects = MemoryObjectStore(name)
+    acked = await dead_node_with_acked_records(name, objects)
+    store = RenewalDuringTheFinalWrites(name, hang=hang)
+    second = survivor(name, objects, 2, metadata=store)
+    await second.start()
+    member = second.cluster
+    assert member is not None
+    stats = member.stats
+
+    async def ended() -> bool:  # bounded whichever way it ends: done, failed or stopped
+        return stats.failovers_done + stats.failovers_failed + stats.failovers_fenced > 0
+
+    await eventually(ended, "the failover to end")
+    assert store.renewal_after_outcome.is_set()
+    assert (stats.failovers_done, stats.failovers_failed, stats.failovers_fenced) == (1, 0, 0)
+    info = await store.get_node(1)
+    assert info is not None and info.state is NodeState.FAILED_OVER
+    assert (await store.get_stream("orders")).owner_node_id is None
+    assert await read_all(second) == acked
+    await second.close()

@@ -30,7 +30,13 @@ A node with a ``cluster:`` section holds a lease in the metadata store
   node retries a failover that failed on it only after a backoff (``lease_duration`` doubling
   per failure, at most :data:`MAX_RETRY_BACKOFF_S`), so a WAL that cannot be read does not
   make it spin; a claimer whose failover lease renewal is fenced, or whose own view of the
-  failover lease runs out, stops its replay.
+  failover lease runs out, stops its replay — until the replay starts its final writes (the
+  node's FAILED_OVER state, then the release of its streams: ``take_over`` sets the
+  ``finishing`` event it is given). From then on the claimer lets the replay finish: the store
+  checks those writes against the claimed epoch itself (a newer claim fences them), and once
+  FAILED_OVER is committed no node can claim the failover again, so a replay stopped there
+  would leave the node's streams owned and its failover never reported done. (The renewal
+  that follows that commit is always fenced: the node is no longer FAILING_OVER.)
 
 Time goes through the injected :class:`~walstream.clock.Clock` only.
 """
@@ -96,7 +102,7 @@ class ClusterMember:
         node_id: int,
         gate: NodeGate,
         clock: Clock,
-        take_over: Callable[[NodeInfo], Coroutine[Any, Any, None]] | None,
+        take_over: Callable[[NodeInfo, asyncio.Event], Coroutine[Any, Any, None]] | None,
     ) -> None:
         self._metadata = metadata
         self.config = config
@@ -104,8 +110,9 @@ class ClusterMember:
         self._gate = gate
         self._clock = clock
         self._take_over = take_over
-        """Runs a claimed failover; None: this node cannot replay others' WALs, so it never
-        claims one (it still renews its own lease)."""
+        """Runs a claimed failover, and sets the event it is given when it starts the
+        failover's final writes (module docstring); None: this node cannot replay others' WALs,
+        so it never claims one (it still renews its own lease)."""
         self._node_epoch = -1
         self._task: asyncio.Task[None] | None = None
         self._failovers: set[asyncio.Task[None]] = set()
@@ -278,19 +285,22 @@ class ClusterMember:
 
     async def _run_failover(self, node: NodeInfo) -> None:
         assert self._take_over is not None
+        finishing = asyncio.Event()
         replay = asyncio.create_task(
-            self._take_over(node), name=f"walstream-replay-{node.node_id}-{node.node_epoch}"
+            self._take_over(node, finishing),
+            name=f"walstream-replay-{node.node_id}-{node.node_epoch}",
         )
         lost: list[FencedError] = []
         holder = asyncio.create_task(
-            self._hold_failover(node, replay, lost),
+            self._hold_failover(node, replay, finishing, lost),
             name=f"walstream-failover-lease-{node.node_id}",
         )
         try:
             await replay
-        except asyncio.CancelledError:
-            if not lost:
+        except (asyncio.CancelledError, FencedError) as error:
+            if isinstance(error, asyncio.CancelledError) and not lost:
                 raise  # this task itself was cancelled
+            # Stopped by the holder, or fenced by the store: another node claimed it again.
             self.stats.failovers_fenced += 1
             backoff = self._back_off(node.node_id)
             log.warning(
@@ -299,7 +309,7 @@ class ClusterMember:
                 self._node_id,
                 node.node_id,
                 node.node_epoch,
-                lost[0],
+                lost[0] if lost else error,
                 backoff,
             )
             return
@@ -338,11 +348,17 @@ class ClusterMember:
         return backoff
 
     async def _hold_failover(
-        self, node: NodeInfo, replay: asyncio.Task[None], lost: list[FencedError]
+        self,
+        node: NodeInfo,
+        replay: asyncio.Task[None],
+        finishing: asyncio.Event,
+        lost: list[FencedError],
     ) -> None:
         """Renew the failover lease of ``node`` while ``replay`` runs; cancel the replay when
         another node claimed the failover again (the renewal is fenced) or when this node's
-        own view of the failover lease runs out (another node may claim it any moment)."""
+        own view of the failover lease runs out (another node may claim it any moment) —
+        unless the replay is ``finishing``: then stop renewing and let it finish (module
+        docstring)."""
         lease_s = self.config.lease_duration_s
         lease_ms = int(lease_s * 1000)
         # The claim was sent before now: the failover lease is measured from here at the latest.
@@ -360,11 +376,15 @@ class ClusterMember:
                     max(deadline - sent, 0.001),
                 )
             except FencedError as error:
+                if finishing.is_set():
+                    return  # FAILED_OVER is (being) committed: the store fences the rest
                 lost.append(error)
                 replay.cancel()
                 return
             except (WalstreamError, TimeoutError) as error:
                 if self._clock.monotonic() >= deadline:
+                    if finishing.is_set():
+                        return  # as above: the replay's final writes are the store's to fence
                     lost.append(
                         FencedError(
                             "its failover lease ran out without a renewal (last error: "

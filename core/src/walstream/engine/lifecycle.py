@@ -9,6 +9,7 @@ the node STOPPED only when nothing failed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -230,9 +231,10 @@ class NodeRuntime:
 
     def _take_over_with(
         self, wal_factory: Callable[[NodeInfo], WriteAheadLog]
-    ) -> Callable[[NodeInfo], Coroutine[Any, Any, None]]:
-        async def take_over(claimed: NodeInfo) -> None:
-            """Fail over a node whose failover this node's :class:`ClusterMember` claimed."""
+    ) -> Callable[[NodeInfo, asyncio.Event], Coroutine[Any, Any, None]]:
+        async def take_over(claimed: NodeInfo, finishing: asyncio.Event) -> None:
+            """Fail over a node whose failover this node's :class:`ClusterMember` claimed
+            (``finishing``: see :func:`~walstream.engine.recovery.failover_node`)."""
             await failover_node(
                 dead_node_id=claimed.node_id,
                 wal=wal_factory(claimed),
@@ -243,6 +245,7 @@ class NodeRuntime:
                 clock=self.clock,
                 rng=self.rng,
                 claimed=claimed,
+                finishing=finishing,
             )
 
         return take_over

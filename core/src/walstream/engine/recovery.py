@@ -38,6 +38,7 @@ A batch after an unaccepted gap is never committed (the gap would have to be rec
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -384,6 +385,7 @@ async def failover_node(
     rng: Rng,
     accept_loss: bool | None = None,
     claimed: NodeInfo | None = None,
+    finishing: asyncio.Event | None = None,
 ) -> RecoveryStats:
     """Take over ``dead_node_id``'s WAL: fence it, upload what it acknowledged, release it.
 
@@ -396,6 +398,13 @@ async def failover_node(
     :class:`RecoveryRefused` and leaves the dead node FAILING_OVER with its streams and WAL
     untouched (nobody can claim its streams and reuse the lost offsets). Calling it again with
     ``accept_loss=True`` records the losses under the dead node's identity and completes.
+
+    ``finishing`` is set just before the final writes (the node's FAILED_OVER state, then the
+    release of its streams). A caller that stops the failover when it loses its failover lease
+    (:class:`~walstream.engine.cluster.ClusterMember`) must not stop it from then on: the store
+    checks both writes against the claimed epoch, and once FAILED_OVER is committed no node can
+    claim the failover again, so a failover stopped there would leave the streams owned by the
+    dead node and never be finished or reported.
     """
     if accept_loss is None:
         accept_loss = config.recovery.accept_loss
@@ -446,6 +455,8 @@ async def failover_node(
         )
     await wal.reset()
     await wal.close()
+    if finishing is not None:
+        finishing.set()
     await metadata.set_node_state(dead_node_id, node.node_epoch, NodeState.FAILED_OVER)
     await metadata.release_streams(dead_node_id, node.node_epoch)
     hooks.emit(Recovered(dead_node_id, stats.records, stats.batches, stats.dropped_batches, True))
