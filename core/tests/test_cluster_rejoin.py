@@ -5,8 +5,12 @@ of the same node and serves it, without a restart, losing and duplicating nothin
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
+import sqlite3
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +52,35 @@ def _deployment(root: Path, node_id: int) -> Path:
     )
     return path
 
+
+def _stopped(pid: int) -> bool:
+    """Every thread of ``pid`` is stopped (Linux: state T in /proc; elsewhere assumed)."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        return True
+    for task in tasks.iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            if (task / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+                return False
+    return True
+
+
+def _pause_between_transactions(pid: int, meta_db: Path) -> None:
+    """SIGSTOP ``pid`` while this test holds the SQLite file's write lock, released only once
+    the process is stopped: so it is paused between two of its metadata transactions. Paused
+    inside one it would hold the write lock of the file every node shares, and the surviving
+    node's renewals would wait for it until that node fenced itself: nobody could fail it over
+    (a paused process on a machine whose metadata is one SQLite file stops every writer; the
+    test is about a server paused longer than its lease, not about that)."""
+    shared = sqlite3.connect(f"file:{meta_db}?mode=rw", uri=True, timeout=30, isolation_level=None)
+    with contextlib.closing(shared) as db:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            while not _stopped(pid):
+                time.sleep(0.001)
+        finally:
+            db.execute("ROLLBACK")
 
 
 async def _call(http: aiohttp.ClientSession, method: str, path: str, **kwargs: Any) -> Any:
@@ -93,7 +126,8 @@ async def test_a_failed_over_server_rejoins_with_a_new_epoch(tmp_path: Path) -> 
             before = await _call(http, "GET", "/health")
             assert before["cluster"]["rejoins"] == 0
 
-            child.send_signal(signal.SIGSTOP)  # longer than its lease: node 2 fails it over
+            # Longer than its lease: node 2 fails it over.
+            await asyncio.to_thread(_pause_between_transactions, child.pid, tmp_path / "meta.db")
             member = survivor.cluster
             assert member is not None
 
