@@ -15,6 +15,7 @@ from walstream.errors import PreconditionFailed
 from walstream.metadata import NodeInfo, NodeState, ObjectCommit
 from walstream.metadata.memory import MemoryMetadataStore
 from walstream.objects.memory import MemoryObjectStore
+from walstream.stream_config import StreamConfig
 from walstream.wal import PreparedGroup, WalMode, WalOffset, WalRecord, WriteAheadLog
 from walstream.wal.memory import MemoryWal
 from walstream_conformance.backends import load_target
@@ -185,6 +186,27 @@ class RacyKv(MemoryMetadataStore):
         if expected_version is not None and expected_version != (current.version if current else 0):
             return await super().kv_put(namespace, key, value, expected_version)
         return await super().kv_put(namespace, key, value, None)
+
+
+class ReconfigureResets(MemoryMetadataStore):
+    """``reconfigure_stream`` writes the fields it names over the defaults: the others are
+    lost (an UPDATE of the whole config from the request alone)."""
+
+    async def reconfigure_stream(self, stream_id: int, changes: dict[str, Any]) -> Any:
+        whole = StreamConfig().to_json()
+        whole.update(changes)
+        return await super().reconfigure_stream(stream_id, whole)
+
+
+class RacyReconfigure(MemoryMetadataStore):
+    """``reconfigure_stream`` reads the config, then writes all of it back with its change:
+    of concurrent reconfigures of different fields only the last one's survives."""
+
+    async def reconfigure_stream(self, stream_id: int, changes: dict[str, Any]) -> Any:
+        whole = (await self.get_stream(stream_id)).config.to_json()
+        await asyncio.sleep(0)
+        whole.update(changes)
+        return await super().reconfigure_stream(stream_id, whole)
 
 
 class RacyConditionalStore(MemoryObjectStore):

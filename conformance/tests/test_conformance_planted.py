@@ -190,6 +190,29 @@ async def test_metadata_kv_writes_that_ignore_the_version_are_caught(
         await sound.aclose()
 
 
+@pytest.mark.parametrize(
+    ("planted_class", "message"),
+    [
+        ("ReconfigureResets", "a reconfigure of one field changed others"),
+        ("RacyReconfigure", "a concurrent reconfigure of another field was lost"),
+    ],
+)
+async def test_metadata_reconfigures_that_lose_fields_are_caught(
+    planted: ModuleType, planted_class: str, message: str
+) -> None:
+    volume = _volume()
+    kit = MetadataKit(lambda: getattr(planted, planted_class)(volume))
+    sound_volume = _volume()
+    sound = MetadataKit(lambda: MemoryMetadataStore(sound_volume))
+    try:
+        with pytest.raises(CAUGHT, match=message):
+            await MetadataSuite().test_stream_config_kept(kit)
+        await MetadataSuite().test_stream_config_kept(sound)
+    finally:
+        await kit.aclose()
+        await sound.aclose()
+
+
 async def test_object_store_with_unconditional_put_if_absent_is_caught(planted: ModuleType) -> None:
     with pytest.raises(CAUGHT, match="concurrent put_if_absent"):
         await ObjectStoreSuite().test_put_if_absent(planted.RacyConditionalStore())

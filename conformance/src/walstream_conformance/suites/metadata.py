@@ -8,6 +8,7 @@ stream names, so a shared database works too.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import time
@@ -37,6 +38,8 @@ from walstream.metadata import (
     ObjectState,
     StreamRange,
 )
+
+from walstream.stream_config import StreamConfig, Timestamping
 
 from ..requirements import check_version
 
@@ -818,6 +821,95 @@ class MetadataSuite:
         for limit in (0, 1001):
             with pytest.raises(InvalidArgument):
                 await store.kv_list(space, limit=limit)
+
+    # 16 -----------------------------------------------------------------------------------------
+    async def test_stream_config_kept(self, walstream_metadata_kit: MetadataKit) -> None:
+        """The config and creation token given at create are what every read returns, across
+        a reopen; a reconfigure changes exactly the fields it names; a bad change changes
+        nothing; claims, trims and commits leave the config alone."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        config = StreamConfig(
+            retention_age_s=7 * 86_400,
+            timestamping=Timestamping.ARRIVAL,
+            uncapped=True,
+            delete_on_empty_min_age_s=3600,
+            storage_class="standard",
+            cipher="aes-256-gcm",
+        )
+        created = await store.create_stream(
+            kit.name("configured"), config, creation_token="digest-1"
+        )
+        assert created.config == config and created.creation_token == "digest-1"
+        plain = await store.create_stream(kit.name("plain"))
+        assert plain.config == StreamConfig() and plain.creation_token is None
+        assert plain.lifecycle_due_ms is None, "a stream without retention had work due"
+        assert created.lifecycle_due_ms is not None, "a stream with retention had nothing due"
+
+        changed = await store.reconfigure_stream(created.stream_id, {"storage_class": "express"})
+        assert changed.config == dataclasses.replace(config, storage_class="express"), (
+            "a reconfigure of one field changed others"
+        )
+        for bad in ({"retention_age_s": -1}, {"nonsense": 1}, {"timestamping": "sometimes"}):
+            with pytest.raises(InvalidArgument):
+                await store.reconfigure_stream(created.stream_id, bad)
+        with pytest.raises(StreamNotFound):
+            await store.reconfigure_stream(plain.stream_id + 10_000_000, {"uncapped": True})
+
+        # Concurrent reconfigures of different fields, from separate store instances: each lands.
+        others = [kit.open() for _ in range(3)]
+        await asyncio.gather(
+            others[0].reconfigure_stream(plain.stream_id, {"retention_age_s": 60}),
+            others[1].reconfigure_stream(plain.stream_id, {"uncapped": True}),
+            others[2].reconfigure_stream(plain.stream_id, {"storage_class": "standard"}),
+        )
+        both = StreamConfig(retention_age_s=60, uncapped=True, storage_class="standard")
+        assert (await store.get_stream(plain.stream_id)).config == both, (
+            "a concurrent reconfigure of another field was lost"
+        )
+
+        writer = await _writer(kit, store, "config-commit")
+        await store.reconfigure_stream(writer.stream_id, {"retention_age_s": 3600})
+        assert await store.set_lifecycle_due(
+            writer.stream_id,
+            None,
+            if_due_ms=(await store.get_stream(writer.stream_id)).lifecycle_due_ms,
+        )
+        (object_id,) = await writer.prepare(1)
+        commit = writer.commit_of(object_id, 0, 10)
+        stamped = dataclasses.replace(
+            commit,
+            ranges=tuple(
+                dataclasses.replace(r, min_timestamp_ms=5_000, max_timestamp_ms=9_000)
+                for r in commit.ranges
+            ),
+        )
+        await writer.commit(stamped)
+        committed = await store.get_stream(writer.stream_id)
+        assert committed.lifecycle_due_ms == 5_000 + 3_600_000, (
+            f"a commit under retention set lifecycle_due_ms {committed.lifecycle_due_ms}, not "
+            "the expiry of its oldest record"
+        )
+        assert committed.config == StreamConfig(retention_age_s=3600)
+        due = await store.due_streams(5_000 + 3_600_000, limit=1000)
+        assert writer.stream_id in {s.stream_id for s in due}
+        assert writer.stream_id not in {
+            s.stream_id for s in await store.due_streams(5_000 + 3_599_999, limit=1000)
+        }
+        assert not await store.set_lifecycle_due(writer.stream_id, None, if_due_ms=1), (
+            "set_lifecycle_due ignored its condition"
+        )
+
+        await store.close()
+        reopened = kit.open()
+        again = await reopened.get_stream(kit.name("configured"))
+        assert again.config == dataclasses.replace(config, storage_class="express")
+        assert again.creation_token == "digest-1"
+        listed = {s.stream_id: s for s in await reopened.list_streams(kit.name(""))}
+        assert listed[plain.stream_id].config == both
+        assert (await reopened.get_streams([created.stream_id]))[created.stream_id].config == (
+            again.config
+        )
 
     # durability -----------------------------------------------------------------------------------
     async def test_reopen_keeps_state(self, walstream_metadata_kit: MetadataKit) -> None:

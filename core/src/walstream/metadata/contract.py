@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from walstream.stream_config import StreamConfig
+
 __all__ = [
     "BasinInfo",
     "DataLossGap",
@@ -68,6 +70,17 @@ class StreamInfo:
     owner_node_id: int | None
     fencing_token: str | None = None
     created_ms: int = 0
+    config: StreamConfig = StreamConfig()
+    """The stream's configuration (invariant 16): retention, timestamping, delete-on-empty,
+    storage class, cipher."""
+    creation_token: str | None = None
+    """What the creator gave to make its create idempotent (S2's ``s2-request-token``, as a
+    digest), or None; kept as given."""
+    lifecycle_due_ms: int | None = None
+    """When the stream's lifecycle work (retention, delete-on-empty) is next due, in Unix
+    milliseconds; None: nothing due. Set by :meth:`MetadataStore.set_lifecycle_due`, by a
+    reconfigure of those settings (due at once) and by a commit of a stream with retention
+    (due no later than its oldest committed record's expiry)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +231,14 @@ class MetadataStore(ABC):
         nothing; of concurrent calls expecting one version exactly one wins; a version is never
         given twice, even to a key deleted and created again; namespaces never see each other's
         keys; :meth:`kv_list` pages a namespace by key in byte order; values survive reopens.
+    16. **stream-config** — the config and creation token given to :meth:`create_stream` are
+        what every read of the stream returns, across reopens; :meth:`reconfigure_stream`
+        changes exactly the fields it names, atomically (of concurrent reconfigures of different
+        fields, each lands), and refuses unknown fields and invalid values with
+        :class:`InvalidArgument`, changing nothing; no other call changes the config. A
+        reconfigure of retention or delete-on-empty, and a commit of a stream with retention,
+        make its lifecycle work due (:attr:`StreamInfo.lifecycle_due_ms`), and
+        :meth:`due_streams` finds exactly the ACTIVE streams due, oldest due first.
     """
 
     # -- identity -----------------------------------------------------------------------------------
@@ -233,8 +254,38 @@ class MetadataStore(ABC):
     # -- streams ------------------------------------------------------------------------------------
 
     @abstractmethod
-    async def create_stream(self, name: str | None) -> StreamInfo:
-        """Create an ACTIVE stream (``StreamExists`` if the name is taken)."""
+    async def create_stream(
+        self,
+        name: str | None,
+        config: StreamConfig | None = None,
+        *,
+        creation_token: str | None = None,
+    ) -> StreamInfo:
+        """Create an ACTIVE stream (``StreamExists`` if the name is taken) with ``config``
+        (None: the defaults) and ``creation_token`` kept with it (invariant 16). A config with
+        retention or delete-on-empty makes the stream's lifecycle work due at once."""
+
+    @abstractmethod
+    async def reconfigure_stream(self, stream_id: int, changes: dict[str, Any]) -> StreamInfo:
+        """Apply ``changes`` (:meth:`StreamConfig.with_changes
+        <walstream.stream_config.StreamConfig.with_changes>`: field name -> value) to the
+        ACTIVE stream's config in one transaction and return the stream (invariant 16):
+        :class:`StreamNotFound` if there is none, :class:`InvalidArgument` for an unknown field
+        or an invalid value. A change of retention or delete-on-empty makes its lifecycle work
+        due now."""
+
+    @abstractmethod
+    async def due_streams(self, now_ms: int, limit: int = 100) -> list[StreamInfo]:
+        """ACTIVE streams whose ``lifecycle_due_ms`` is at or before ``now_ms``, oldest due
+        first, at most ``limit`` (1 to 1000): an index range, however many streams exist."""
+
+    @abstractmethod
+    async def set_lifecycle_due(
+        self, stream_id: int, due_ms: int | None, *, if_due_ms: int | None = None
+    ) -> bool:
+        """Set the stream's ``lifecycle_due_ms`` (None: nothing due) if it is still
+        ``if_due_ms`` (what the caller read; a reconfigure or commit since then wins) and the
+        stream is ACTIVE; True when it was set."""
 
     @abstractmethod
     async def get_stream(self, name_or_id: str | int) -> StreamInfo:

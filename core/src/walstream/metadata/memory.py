@@ -38,6 +38,7 @@ from walstream.metadata.contract import (
     StreamInfo,
     StreamState,
 )
+from walstream.stream_config import StreamConfig
 from walstream.metadata.rules import (
     ObjectRecord,
     all_ranges_dead,
@@ -46,7 +47,10 @@ from walstream.metadata.rules import (
     check_basin_list_args,
     check_basin_name,
     check_claim,
+    check_config_changes,
+    check_creation_token,
     check_data_loss_range,
+    check_due_limit,
     check_kv_delete,
     check_kv_key,
     check_kv_list_args,
@@ -54,10 +58,13 @@ from walstream.metadata.rules import (
     check_object_limit,
     check_prepare_args,
     check_release,
+    check_stream_config,
     check_stream_name,
     decode_basin_config,
     encode_basin_config,
     encode_wal_config,
+    has_lifecycle,
+    lifecycle_due_on_change,
     plan_commit,
     plan_data_loss,
     plan_failover_claim,
@@ -149,9 +156,18 @@ class MemoryMetadataStore(MetadataStore):
 
     # -- streams ----------------------------------------------------------------------------------
 
-    async def create_stream(self, name: str | None) -> StreamInfo:
+    async def create_stream(
+        self,
+        name: str | None,
+        config: StreamConfig | None = None,
+        *,
+        creation_token: str | None = None,
+    ) -> StreamInfo:
         volume = self._state()
         check_stream_name(name)
+        config = check_stream_config(config)
+        token = check_creation_token(creation_token)
+        created_ms = self._clock.now_ms()
         if name is not None:
             for stream in volume.streams.values():
                 if stream.name == name and stream.state is StreamState.ACTIVE:
@@ -168,10 +184,50 @@ class MemoryMetadataStore(MetadataStore):
             committed_end=0,
             state=StreamState.ACTIVE,
             owner_node_id=None,
-            created_ms=self._clock.now_ms(),
+            created_ms=created_ms,
+            config=config,
+            creation_token=token,
+            lifecycle_due_ms=created_ms if has_lifecycle(config) else None,
         )
         volume.streams[stream.stream_id] = stream
         return stream
+
+    async def reconfigure_stream(self, stream_id: int, changes: dict[str, Any]) -> StreamInfo:
+        check_config_changes(changes)
+        stream = self._active(stream_id)
+        config = stream.config.with_changes(changes)
+        due_ms = stream.lifecycle_due_ms
+        if lifecycle_due_on_change(stream.config, config):
+            due_ms = self._clock.now_ms()
+        changed = dataclasses.replace(stream, config=config, lifecycle_due_ms=due_ms)
+        self._state().streams[stream_id] = changed
+        return changed
+
+    async def due_streams(self, now_ms: int, limit: int = 100) -> list[StreamInfo]:
+        check_due_limit(limit)
+        due = [
+            stream
+            for stream in self._state().streams.values()
+            if stream.state is StreamState.ACTIVE
+            and stream.lifecycle_due_ms is not None
+            and stream.lifecycle_due_ms <= now_ms
+        ]
+        due.sort(key=lambda stream: (stream.lifecycle_due_ms or 0, stream.stream_id))
+        return due[:limit]
+
+    async def set_lifecycle_due(
+        self, stream_id: int, due_ms: int | None, *, if_due_ms: int | None = None
+    ) -> bool:
+        streams = self._state().streams
+        stream = streams.get(stream_id)
+        if (
+            stream is None
+            or stream.state is not StreamState.ACTIVE
+            or stream.lifecycle_due_ms != if_due_ms
+        ):
+            return False
+        streams[stream_id] = dataclasses.replace(stream, lifecycle_due_ms=due_ms)
+        return True
 
     async def get_stream(self, name_or_id: str | int) -> StreamInfo:
         volume = self._state()
@@ -275,6 +331,10 @@ class MemoryMetadataStore(MetadataStore):
         for stream_id, end in plan.stream_ends.items():
             volume.streams[stream_id] = dataclasses.replace(
                 volume.streams[stream_id], committed_end=end
+            )
+        for stream_id, due_ms in plan.lifecycle_due.items():
+            volume.streams[stream_id] = dataclasses.replace(
+                volume.streams[stream_id], lifecycle_due_ms=due_ms
             )
         for info in plan.objects:
             volume.objects[info.object_id] = ObjectRecord(info)

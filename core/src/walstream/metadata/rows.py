@@ -21,6 +21,7 @@ from walstream.metadata.contract import (
     StreamState,
 )
 from walstream.metadata.rules import decode_basin_config
+from walstream.stream_config import StreamConfig
 
 __all__ = [
     "BASIN_COLUMNS",
@@ -39,7 +40,7 @@ __all__ = [
 
 STREAM_COLUMNS = (
     "stream_id, name, epoch, start_offset, committed_end, state, owner_node_id, fencing_token, "
-    "created_ms"
+    "created_ms, config, creation_token, lifecycle_due_ms"
 )
 OBJECT_COLUMNS = "object_id, state, expires_ms, expired, key, kind, size, index_size, committed_ms"
 RANGE_COLUMNS = "stream_id, start_offset, end_offset, epoch, min_timestamp_ms, max_timestamp_ms"
@@ -61,6 +62,9 @@ def stream_of(row: Sequence[Any]) -> StreamInfo:
         owner_node_id=row[6],
         fencing_token=row[7],
         created_ms=row[8],
+        config=StreamConfig.decode(row[9]),
+        creation_token=row[10],
+        lifecycle_due_ms=row[11],
     )
 
 

@@ -37,6 +37,7 @@ from walstream.metadata.contract import (
     StreamState,
 )
 from walstream.records import check_stream_name
+from walstream.stream_config import StreamConfig
 
 __all__ = [
     "BASIN_NAME_RULE",
@@ -62,7 +63,13 @@ __all__ = [
     "check_object_limit",
     "check_prepare_args",
     "check_release",
+    "check_config_changes",
+    "check_creation_token",
+    "check_due_limit",
+    "check_stream_config",
     "check_stream_name",
+    "has_lifecycle",
+    "lifecycle_due_on_change",
     "decode_basin_config",
     "encode_basin_config",
     "encode_wal_config",
@@ -103,6 +110,9 @@ class CommitPlan:
 
     stream_ends: dict[int, int]
     objects: list[ObjectInfo]
+    lifecycle_due: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Streams with retention whose lifecycle work becomes due earlier: the expiry of the
+    oldest record this commit adds (invariant 16)."""
 
 
 def stream_not_found(name_or_id: str | int, deleted: bool = False) -> StreamNotFound:
@@ -282,7 +292,74 @@ def plan_commit(
                 )
             end = stream_range.end_offset
         stream_ends[stream_id] = end
-    return CommitPlan(stream_ends, [_final_object(c, streams, now_ms) for c in objects])
+    return CommitPlan(
+        stream_ends,
+        [_final_object(c, streams, now_ms) for c in objects],
+        _retention_due(ranges_by_stream, streams),
+    )
+
+
+def _retention_due(
+    ranges_by_stream: Mapping[int, Sequence[StreamRange]], streams: Mapping[int, StreamInfo]
+) -> dict[int, int]:
+    """When committed ranges expire under their stream's retention, for the streams whose due
+    time this moves earlier."""
+    due: dict[int, int] = {}
+    for stream_id, ranges in ranges_by_stream.items():
+        stream = streams.get(stream_id)
+        if stream is None or stream.state is StreamState.DELETED:
+            continue
+        retention_ms = stream.config.retention_ms
+        if retention_ms is None:
+            continue
+        expires_ms = min(r.min_timestamp_ms for r in ranges) + retention_ms
+        if stream.lifecycle_due_ms is None or expires_ms < stream.lifecycle_due_ms:
+            due[stream_id] = expires_ms
+    return due
+
+
+def lifecycle_due_on_change(before: StreamConfig, after: StreamConfig) -> bool:
+    """Whether a config change makes the stream's lifecycle work due now: retention or
+    delete-on-empty set or changed."""
+    return (before.retention_age_s, before.delete_on_empty_min_age_s) != (
+        after.retention_age_s,
+        after.delete_on_empty_min_age_s,
+    ) and (after.retention_age_s is not None or after.delete_on_empty_min_age_s > 0)
+
+
+def has_lifecycle(config: StreamConfig) -> bool:
+    """Whether a stream of this config has lifecycle work at all."""
+    return config.retention_age_s is not None or config.delete_on_empty_min_age_s > 0
+
+
+def check_due_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+        raise InvalidArgument(f"due_streams: limit is 1 to 1000, got {limit!r}")
+
+
+def check_stream_config(config: Any) -> StreamConfig:
+    if config is None:
+        return StreamConfig()
+    if not isinstance(config, StreamConfig):
+        raise InvalidArgument(f"a stream config is a StreamConfig, got {type(config).__name__}")
+    return config
+
+
+def check_config_changes(changes: Any) -> None:
+    """A reconfigure's changes: a mapping of field names (checked with the values inside the
+    transaction, by :meth:`StreamConfig.with_changes`); checked up front too, so a bad call
+    fails before any I/O."""
+    if not isinstance(changes, Mapping):
+        raise InvalidArgument(f"reconfigure_stream: changes is a mapping, got {changes!r}")
+    StreamConfig().with_changes(changes)
+
+
+def check_creation_token(token: Any) -> str | None:
+    if token is None:
+        return None
+    if not isinstance(token, str) or not 1 <= len(token) <= 256:
+        raise InvalidArgument("creation_token: 1 to 256 characters of text, or None")
+    return token
 
 
 def plan_data_loss(

@@ -312,6 +312,29 @@ MIGRATIONS: tuple[Migration, ...] = (
             ),
         ),
     ),
+    Migration(
+        6,
+        "stream configuration, creation tokens, lifecycle due times",
+        (
+            # Every existing stream has the default configuration ('{}': every field its
+            # default), no creation token and nothing due.
+            PerDialect(
+                sqlite="ALTER TABLE streams ADD COLUMN config TEXT NOT NULL DEFAULT '{}'",
+                postgres="ALTER TABLE streams ADD COLUMN config text NOT NULL DEFAULT '{}'",
+            ),
+            PerDialect(
+                sqlite="ALTER TABLE streams ADD COLUMN creation_token TEXT",
+                postgres="ALTER TABLE streams ADD COLUMN creation_token text",
+            ),
+            PerDialect(
+                sqlite="ALTER TABLE streams ADD COLUMN lifecycle_due_ms INTEGER",
+                postgres="ALTER TABLE streams ADD COLUMN lifecycle_due_ms bigint",
+            ),
+            # due_streams: an index range over the streams with work due, the others left out.
+            "CREATE INDEX streams_lifecycle_due ON streams (lifecycle_due_ms) "
+            "WHERE lifecycle_due_ms IS NOT NULL",
+        ),
+    ),
 )
 
 #: The version this code writes and understands: the last migration's.

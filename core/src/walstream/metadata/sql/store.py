@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from walstream.errors import InvalidArgument, StreamExists
 from walstream.metadata.contract import (
@@ -38,11 +39,17 @@ from walstream.metadata.rows import (
 )
 from walstream.metadata.rules import (
     check_claim,
+    check_config_changes,
+    check_creation_token,
     check_data_loss_range,
+    check_due_limit,
     check_object_limit,
     check_prepare_args,
     check_release,
+    check_stream_config,
     check_stream_name,
+    has_lifecycle,
+    lifecycle_due_on_change,
     plan_commit,
     plan_data_loss,
     plan_replace,
@@ -56,6 +63,7 @@ from walstream.metadata.sql.kv import SqlKv
 from walstream.metadata.sql.nodes import SqlNodes
 from walstream.metadata.sql.tables import Tables
 from walstream.records import DEPLOYMENT_ID_BYTES
+from walstream.stream_config import StreamConfig
 
 __all__ = ["GET_OBJECTS_SQL", "SqlMetadataStore"]
 
@@ -95,9 +103,18 @@ class SqlMetadataStore(SqlNodes, SqlBasins, SqlKv, MetadataStore):
 
     # -- streams ------------------------------------------------------------------------------------
 
-    async def create_stream(self, name: str | None) -> StreamInfo:
+    async def create_stream(
+        self,
+        name: str | None,
+        config: StreamConfig | None = None,
+        *,
+        creation_token: str | None = None,
+    ) -> StreamInfo:
         check_stream_name(name)
+        config = check_stream_config(config)
+        token = check_creation_token(creation_token)
         created_ms = self._clock.now_ms()
+        due_ms = created_ms if has_lifecycle(config) else None
 
         def exists(stream_id: int | str) -> StreamExists:
             return StreamExists(
@@ -115,13 +132,69 @@ class SqlMetadataStore(SqlNodes, SqlBasins, SqlKv, MetadataStore):
             # unique index of active names); never the case while SQLite holds the file.
             row = await tables.db.fetchrow(
                 f"INSERT INTO streams ({STREAM_COLUMNS}) VALUES ({new_id}, $1, 0, 0, 0, 'active', "
-                f"NULL, NULL, $2) ON CONFLICT DO NOTHING RETURNING {STREAM_COLUMNS}",
+                f"NULL, NULL, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING {STREAM_COLUMNS}",
                 name,
                 created_ms,
+                config.encode(),
+                token,
+                due_ms,
             )
             if row is None:
                 raise exists("created concurrently")
             return stream_of(row)
+
+        return await self._write(work)
+
+    async def reconfigure_stream(self, stream_id: int, changes: dict[str, Any]) -> StreamInfo:
+        check_config_changes(changes)
+        now_ms = self._clock.now_ms()
+
+        async def work(tables: Tables) -> StreamInfo:
+            stream = await tables.active_stream(stream_id, Lock.UPDATE)
+            config = stream.config.with_changes(changes)
+            due_ms = stream.lifecycle_due_ms
+            if lifecycle_due_on_change(stream.config, config):
+                due_ms = now_ms
+            await tables.db.execute(
+                "UPDATE streams SET config = $1, lifecycle_due_ms = $2 WHERE stream_id = $3",
+                config.encode(),
+                due_ms,
+                stream_id,
+            )
+            return dataclasses.replace(stream, config=config, lifecycle_due_ms=due_ms)
+
+        return await self._write(work)
+
+    async def due_streams(self, now_ms: int, limit: int = 100) -> list[StreamInfo]:
+        check_due_limit(limit)
+
+        async def work(tables: Tables) -> list[StreamInfo]:
+            rows = await tables.db.fetch(
+                f"SELECT {STREAM_COLUMNS} FROM streams WHERE lifecycle_due_ms IS NOT NULL "
+                "AND lifecycle_due_ms <= $1 AND state = 'active' "
+                "ORDER BY lifecycle_due_ms, stream_id LIMIT $2",
+                now_ms,
+                limit,
+            )
+            return [stream_of(row) for row in rows]
+
+        return await self._read(work)
+
+    async def set_lifecycle_due(
+        self, stream_id: int, due_ms: int | None, *, if_due_ms: int | None = None
+    ) -> bool:
+        async def work(tables: Tables) -> bool:
+            stream = await tables.stream(stream_id, Lock.UPDATE)
+            if (
+                stream is None
+                or stream.state is not StreamState.ACTIVE
+                or stream.lifecycle_due_ms != if_due_ms
+            ):
+                return False
+            await tables.db.execute(
+                "UPDATE streams SET lifecycle_due_ms = $1 WHERE stream_id = $2", due_ms, stream_id
+            )
+            return True
 
         return await self._write(work)
 
@@ -268,6 +341,12 @@ class SqlMetadataStore(SqlNodes, SqlBasins, SqlKv, MetadataStore):
             if plan is None:
                 return
             await tables.write(stream_ends=plan.stream_ends, infos=plan.objects)
+            for stream_id, due_ms in sorted(plan.lifecycle_due.items()):
+                await tables.db.execute(
+                    "UPDATE streams SET lifecycle_due_ms = $1 WHERE stream_id = $2",
+                    due_ms,
+                    stream_id,
+                )
 
         await self._write(work)
 
