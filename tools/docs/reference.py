@@ -149,6 +149,9 @@ SECTION_INTRO: Mapping[str, str] = {
     "cache": "Memory bounds of the read and write caches.",
     "upload": "When the hot tail is sealed into objects and uploaded.",
     "compaction": "Merging small objects into larger ones and deleting trimmed data.",
+    "streams": "The configuration a new stream gets when its creator gives none (retention, "
+    "timestamping, delete-on-empty, storage class), and how often a node looks for lifecycle "
+    "work (see the [lifecycle guide](../guides/lifecycle.md)).",
     "append_timeout": "A top-level duration: how long an append waits under back-pressure; then "
     "it fails with `CapacityError`.",
     "server": "The HTTP service of `walstream serve` (the command's `--listen`, `--token` and "

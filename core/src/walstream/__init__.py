@@ -29,6 +29,7 @@ from walstream.errors import (
     WalstreamError,
 )
 from walstream.records import AppendAck, ReadResult, Record, SequencedRecord
+from walstream.stream_config import StreamConfig, Timestamping
 from walstream.tuning import tune_gc
 
 __version__ = "0.1.0"
@@ -55,9 +56,11 @@ __all__ = [
     "Record",
     "SequencedRecord",
     "Stream",
+    "StreamConfig",
     "StreamExists",
     "StreamNotFound",
     "TailMismatchError",
+    "Timestamping",
     "WalstreamError",
     "open",
     "tune_gc",

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from walstream.encryption import EncryptionKey
 from walstream.metadata.contract import StreamInfo
 from walstream.records import AppendAck, ReadResult, Record, SequencedRecord
+from walstream.stream_config import StreamConfig
 
 if TYPE_CHECKING:
     from walstream.engine.client import Client, Stream
@@ -116,6 +117,15 @@ class SyncStream:
     @property
     def name(self) -> str | None:
         return self._stream.name
+
+    @property
+    def config(self) -> StreamConfig:
+        """The stream's configuration (:attr:`walstream.Stream.config`)."""
+        return self._stream.config
+
+    def reconfigure(self, **changes: Any) -> StreamConfig:
+        """Change the settings named, keep the others (:meth:`walstream.Stream.reconfigure`)."""
+        return self._runner.run(self._stream.reconfigure(**changes))
 
     @property
     def async_stream(self) -> Stream:
@@ -266,9 +276,12 @@ class SyncClient:
         .list_objects())``) and return its result."""
         return self._runner.run(awaitable)
 
-    def create_stream(self, name: str | None) -> SyncStream:
-        """Create a stream (``StreamExists`` if the name is taken)."""
-        return SyncStream(self._runner.run(self._client.create_stream(name)), self._runner)
+    def create_stream(self, name: str | None, *, config: StreamConfig | None = None) -> SyncStream:
+        """Create a stream (``StreamExists`` if the name is taken) with ``config`` (None: the
+        deployment's ``streams:`` defaults)."""
+        return SyncStream(
+            self._runner.run(self._client.create_stream(name, config=config)), self._runner
+        )
 
     def open_stream(self, name_or_id: str | int) -> SyncStream:
         """Open a stream by name or id (``StreamNotFound`` if there is none)."""

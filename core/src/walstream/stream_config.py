@@ -171,7 +171,9 @@ def _timestamping(value: Any) -> Timestamping:
         ) from None
 
 
-def _check_age(value: Any, what: str, *, allow_none: bool = False, allow_zero: bool = False) -> None:
+def _check_age(
+    value: Any, what: str, *, allow_none: bool = False, allow_zero: bool = False
+) -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int):

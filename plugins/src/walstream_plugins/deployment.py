@@ -218,6 +218,7 @@ TOP_LEVEL_KEYS: tuple[str, ...] = (
     "cache",
     "upload",
     "compaction",
+    "streams",
     "append_timeout",
     "server",
     "hooks",

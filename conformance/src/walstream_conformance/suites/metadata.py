@@ -38,7 +38,6 @@ from walstream.metadata import (
     ObjectState,
     StreamRange,
 )
-
 from walstream.stream_config import StreamConfig, Timestamping
 
 from ..requirements import check_version

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from walstream.config.options import Option
-from walstream.errors import ConfigError
+from walstream.errors import ConfigError, InvalidArgument
+from walstream.stream_config import STORAGE_CLASSES, StreamConfig, Timestamping, parse_age
 
 __all__ = [
     "APPEND_TIMEOUT",
@@ -27,6 +28,7 @@ __all__ = [
     "CompactionConfig",
     "EngineConfig",
     "RecoveryConfig",
+    "StreamDefaults",
     "UploadConfig",
     "engine_config_from_sections",
 ]
@@ -143,6 +145,17 @@ class ClusterConfig:
 
 
 @dataclass(frozen=True)
+class StreamDefaults:
+    """The ``streams:`` section: the configuration a stream gets when its creator gives none
+    (docs/guides/lifecycle.md), and how often the node looks for lifecycle work."""
+
+    config: StreamConfig = field(default_factory=StreamConfig)
+    lifecycle_interval_s: float = 1.0
+    """Time between two looks for streams whose retention or delete-on-empty work is due
+    (one index range of the metadata store each)."""
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     node_id: int = 1
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -155,6 +168,8 @@ class EngineConfig:
     """``node.advertise``: the base URL other nodes and clients reach this node at (None: none)."""
     cluster: ClusterConfig | None = None
     """The ``cluster:`` section; None (no section): a single node without a lease, as before."""
+    streams: StreamDefaults = field(default_factory=StreamDefaults)
+    """The ``streams:`` section: new streams' default configuration."""
 
 
 # -- option schemas of the deployment sections ------------------------------------------------
@@ -281,8 +296,7 @@ _COMPACTION_OPTIONS = (
     Option(
         "max_bytes_per_s",
         "size",
-        "average bytes per second a compaction pass reads (it writes about as many); 0: no "
-        "limit",
+        "average bytes per second a compaction pass reads (it writes about as many); 0: no limit",
         default=CompactionConfig.max_bytes_per_s,
         minimum=0,
     ),
@@ -333,11 +347,56 @@ def cluster_config_of(section: Mapping[str, Any] | None) -> ClusterConfig | None
     return config
 
 
+_STREAMS_OPTIONS = (
+    Option(
+        "retention",
+        "str",
+        "how long a new stream keeps records, by record timestamp: an age like 7d, 12h, 30m "
+        "or 90s (units s, m, h, d, w), or infinite",
+        default="infinite",
+    ),
+    Option(
+        "timestamping",
+        "str",
+        "where a new stream's record timestamps come from: client-prefer (the client's, else "
+        "arrival), client-require (refuse records without one), arrival (ignore the client's)",
+        default=Timestamping.CLIENT_PREFER.value,
+        choices=[mode.value for mode in Timestamping],
+    ),
+    Option(
+        "uncapped",
+        "bool",
+        "keep client timestamps that lie in the future (false: capped at the arrival time)",
+        default=False,
+    ),
+    Option(
+        "delete_on_empty",
+        "str",
+        "delete a stream once it has been empty for this age (like retention: 1h, 7d …); "
+        "never (or 0) keeps empty streams",
+        default="never",
+    ),
+    Option(
+        "storage_class",
+        "str",
+        "the storage class new streams report (kept as given; walstream stores every stream alike)",
+        choices=list(STORAGE_CLASSES),
+    ),
+    Option(
+        "lifecycle_interval",
+        "duration",
+        "time between two looks for streams whose retention or delete-on-empty work is due",
+        default=StreamDefaults.lifecycle_interval_s,
+        minimum=0.01,
+    ),
+)
+
 ENGINE_SECTIONS: Mapping[str, tuple[Option, ...]] = {
     "node": _NODE_OPTIONS,
     "cache": _CACHE_OPTIONS,
     "upload": _UPLOAD_OPTIONS,
     "compaction": _COMPACTION_OPTIONS,
+    "streams": _STREAMS_OPTIONS,
 }
 """The engine's deployment sections, in order, each with the options it accepts."""
 
@@ -361,6 +420,31 @@ def _check_advertise(address: str | None) -> str | None:
             "scheme http or https, the host other nodes reach this node at, the port)"
         )
     return address
+
+
+def stream_defaults_of(section: Mapping[str, Any] | None) -> StreamDefaults:
+    """The :class:`StreamDefaults` of a validated ``streams`` section (None: the defaults)."""
+    if section is None:
+        return StreamDefaults()
+    try:
+        retention = parse_age(section.get("retention", "infinite"), "streams.retention")
+        empty = section.get("delete_on_empty", "never")
+        min_age = 0 if empty in ("never", 0, "0") else parse_age(empty, "streams.delete_on_empty")
+        if min_age is None:
+            raise InvalidArgument("streams.delete_on_empty: an age like 1h, or never")
+        config = StreamConfig(
+            retention_age_s=retention,
+            timestamping=Timestamping(section.get("timestamping", "client-prefer")),
+            uncapped=bool(section.get("uncapped", False)),
+            delete_on_empty_min_age_s=min_age,
+            storage_class=section.get("storage_class"),
+        )
+    except InvalidArgument as error:
+        raise ConfigError(f"streams: {error}") from None
+    interval = section.get("lifecycle_interval")
+    return StreamDefaults(
+        config, StreamDefaults.lifecycle_interval_s if interval is None else float(interval)
+    )
 
 
 def engine_config_from_sections(sections: Mapping[str, Any]) -> EngineConfig:
@@ -392,4 +476,5 @@ def engine_config_from_sections(sections: Mapping[str, Any]) -> EngineConfig:
         append_timeout_s=sections["append_timeout"],
         advertise=_check_advertise(sections["node"].get("advertise")),
         cluster=cluster_config_of(sections.get("cluster")),
+        streams=stream_defaults_of(sections.get("streams")),
     )

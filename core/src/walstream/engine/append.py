@@ -23,15 +23,17 @@ from walstream.errors import (
     BackendUnavailable,
     CapacityError,
     FencedError,
+    InvalidArgument,
     OutOfRangeError,
     TailMismatchError,
 )
 from walstream.format.batch import encode_batch
-from walstream.metadata.contract import MetadataStore
+from walstream.metadata.contract import MetadataStore, StreamInfo
 from walstream.records import (
     AppendAck,
     Record,
 )
+from walstream.stream_config import StreamConfig, Timestamping
 from walstream.wal.contract import WriteAheadLog
 from walstream.wal.group_commit import GroupCommitWal, WalCallback
 
@@ -44,7 +46,11 @@ class _Submitted:
     __slots__ = ("answer", "end", "first_timestamp_ms", "last_timestamp_ms")
 
     def __init__(
-        self, answer: asyncio.Future[None], end: int, first_timestamp_ms: int, last_timestamp_ms: int
+        self,
+        answer: asyncio.Future[None],
+        end: int,
+        first_timestamp_ms: int,
+        last_timestamp_ms: int,
     ) -> None:
         self.answer = answer
         self.end = end
@@ -161,8 +167,23 @@ class StreamWriter:
             state.fencing_token = info.fencing_token
             newest = self._cache.last_batch(info.stream_id)
             if newest is not None:
-                state.last_timestamp_ms = newest.max_timestamp_ms
+                state.last_timestamp_ms = max(state.last_timestamp_ms, newest.max_timestamp_ms)
+            elif info.committed_end > 0:
+                # Everything is uploaded (a restart, a move, a failover): the newest committed
+                # range carries the last timestamp, so timestamps go on from it.
+                state.last_timestamp_ms = max(
+                    state.last_timestamp_ms, await self._last_committed_timestamp(info)
+                )
             state.claimed = True
+
+    async def _last_committed_timestamp(self, info: StreamInfo) -> int:
+        """The largest timestamp of the stream's committed records (0 when none is known: the
+        objects holding them are gone, trimmed or expired)."""
+        end = info.committed_end
+        if end == 0:
+            return 0
+        found = await self._metadata.get_objects(info.stream_id, end - 1, end, limit=1)
+        return max((r.max_timestamp_ms for o in found for r in o.ranges), default=0)
 
     async def append(
         self,
@@ -198,9 +219,7 @@ class StreamWriter:
                         await self._claim_locked(state)
                     while True:
                         gate.check_writable(state)
-                        submitted = self._submit(
-                            state, records, match_tail, fencing_token, started
-                        )
+                        submitted = self._submit(state, records, match_tail, fencing_token, started)
                         if type(submitted) is _Submitted:
                             break
                         assert type(submitted) is _MustWait
@@ -253,14 +272,7 @@ class StreamWriter:
         base = state.next_offset
         if match_tail is not None and match_tail != base:
             return _MUST_WAIT_FOR_TAIL
-        now_ms = self._clock.now_ms()
-        last = state.last_timestamp_ms
-        timestamps: list[int] = []
-        for record in records:
-            timestamp = now_ms if record.timestamp_ms is None else record.timestamp_ms
-            if timestamp > last:
-                last = timestamp  # timestamps never go backwards within a stream
-            timestamps.append(last)
+        timestamps, last = stamp(records, state.info.config, self._clock.now_ms(), state)
         count = len(records)
         stream_id = state.info.stream_id
         epoch = state.epoch
@@ -435,3 +447,35 @@ class StreamWriter:
             if handoff is not None:
                 await handoff()
         return True
+
+
+def stamp(
+    records: list[Record], config: StreamConfig, now_ms: int, state: LocalStream
+) -> tuple[list[int], int]:
+    """The timestamps of ``records`` under the stream's timestamping mode, and the last one.
+
+    ``client-prefer``: the record's timestamp when it has one, capped at ``now_ms`` (the
+    arrival time) unless ``uncapped``, else ``now_ms``; ``client-require``: the same, and a
+    record without one refuses the whole append (:class:`InvalidArgument`); ``arrival``:
+    ``now_ms``. Then never below the stream's last timestamp: timestamps do not go backwards
+    within a stream."""
+    mode = config.timestamping
+    uncapped = config.uncapped
+    last = state.last_timestamp_ms
+    timestamps: list[int] = []
+    for index, record in enumerate(records):
+        given = record.timestamp_ms
+        if given is None or mode is Timestamping.ARRIVAL:
+            if given is None and mode is Timestamping.CLIENT_REQUIRE:
+                raise InvalidArgument(
+                    f"records[{index}] has no timestamp, and stream {state.info.stream_id} "
+                    "requires one (timestamping client-require); give every record a "
+                    "timestamp_ms, or reconfigure the stream's timestamping"
+                )
+            timestamp = now_ms
+        else:
+            timestamp = given if uncapped or given < now_ms else now_ms
+        if timestamp > last:
+            last = timestamp  # timestamps never go backwards within a stream
+        timestamps.append(last)
+    return timestamps, last

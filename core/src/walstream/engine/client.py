@@ -41,6 +41,7 @@ from walstream.records import (
     check_optional_int,
     check_optional_text,
 )
+from walstream.stream_config import StreamConfig
 from walstream.wal.contract import WriteAheadLog
 
 __all__ = ["Client", "Stream"]
@@ -155,6 +156,19 @@ class Stream:
                 yield record
             if result.records:
                 position = result.records[-1].offset + 1
+
+    @property
+    def config(self) -> StreamConfig:
+        """The stream's configuration as this node last read or changed it."""
+        return self._state.info.config
+
+    async def reconfigure(self, **changes: Any) -> StreamConfig:
+        """Change the settings named (``retention_age_s=3600``, ``timestamping="arrival"`` …;
+        :class:`~walstream.stream_config.StreamConfig`'s fields), keep the others, and return
+        the new config. Appends through this node use it from the next one; retention and
+        delete-on-empty are applied within their bound (docs/guides/lifecycle.md). The
+        cipher cannot change (:class:`~walstream.errors.InvalidArgument`)."""
+        return await self._client._streams.reconfigure(self._state, changes)
 
     async def trim(self, new_start: int) -> None:
         """Make records before ``new_start`` unreadable (and their storage reclaimable)."""
@@ -370,10 +384,20 @@ class Client:
 
     # -- streams ---------------------------------------------------------------------------------
 
-    async def create_stream(self, name: str | None = None) -> Stream:
+    async def create_stream(
+        self,
+        name: str | None = None,
+        *,
+        config: StreamConfig | None = None,
+        creation_token: str | None = None,
+    ) -> Stream:
         """Create a stream; ``name`` follows the stream-name rule of :mod:`walstream.records`
-        (or is None for a stream addressed only by id)."""
-        return Stream(self, await self._streams.create(name))
+        (or is None for a stream addressed only by id). ``config``: its configuration
+        (:class:`~walstream.stream_config.StreamConfig`; None: the deployment's ``streams:``
+        defaults, infinite retention unless configured). ``creation_token``: kept with the
+        stream (``StreamInfo.creation_token``), so a retried create can tell it made it."""
+        chosen = self.config.streams.config if config is None else config
+        return Stream(self, await self._streams.create(name, chosen, creation_token))
 
     async def open_stream(self, name_or_id: str | int) -> Stream:
         return Stream(self, await self._streams.open(name_or_id))

@@ -17,16 +17,19 @@ handle brings its state back first, so one stream never has two states.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from walstream.clock import Clock
 from walstream.engine.cache import LogCache
 from walstream.errors import BackendUnavailable, FencedError, InvalidArgument, StreamNotFound
 from walstream.metadata.contract import MetadataStore, StreamInfo, StreamState
 from walstream.records import check_stream_name, check_stream_ref, check_text
+from walstream.stream_config import StreamConfig
 
 __all__ = ["IDLE_AFTER_S", "LocalStream", "NodeGate", "StreamRegistry"]
 
@@ -219,9 +222,7 @@ class StreamRegistry:
         self._idle_after_s = idle_after_s
         self._streams: dict[int, LocalStream] = {}
         self._touched: set[int] = set()
-        self._held: weakref.WeakValueDictionary[int, LocalStream] = (
-            weakref.WeakValueDictionary()
-        )
+        self._held: weakref.WeakValueDictionary[int, LocalStream] = weakref.WeakValueDictionary()
         """Parked states a handle still holds."""
         self._parked: dict[int, _Parked] = {}
         self._last_sweep = clock.monotonic() if clock is not None else 0.0
@@ -285,11 +286,26 @@ class StreamRegistry:
             self.touch(state)
         return state
 
-    async def create(self, name: str | None) -> LocalStream:
+    async def create(
+        self, name: str | None, config: StreamConfig, creation_token: str | None = None
+    ) -> LocalStream:
         self._gate.check_open()
         check_stream_name(name)
-        info = await self._metadata.create_stream(name)
+        info = await self._metadata.create_stream(name, config, creation_token=creation_token)
         return self.track(info)
+
+    async def reconfigure(self, state: LocalStream, changes: dict[str, Any]) -> StreamConfig:
+        """Apply ``changes`` to the stream's stored config; this node's appends use the new
+        config from the next one on. The cipher is fixed when the stream is created."""
+        self._gate.check_open()
+        if "cipher" in changes and changes["cipher"] != state.info.config.cipher:
+            raise InvalidArgument(
+                "a stream's cipher is fixed when it is created; create a new stream with the "
+                "cipher and copy the records into it"
+            )
+        info = await self._metadata.reconfigure_stream(state.info.stream_id, changes)
+        state.info = dataclasses.replace(state.info, config=info.config)
+        return info.config
 
     async def open(self, name_or_id: str | int) -> LocalStream:
         self._gate.check_open()

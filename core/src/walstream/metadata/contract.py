@@ -70,7 +70,7 @@ class StreamInfo:
     owner_node_id: int | None
     fencing_token: str | None = None
     created_ms: int = 0
-    config: StreamConfig = StreamConfig()
+    config: StreamConfig = field(default_factory=StreamConfig)
     """The stream's configuration (invariant 16): retention, timestamping, delete-on-empty,
     storage class, cipher."""
     creation_token: str | None = None

@@ -38,7 +38,6 @@ from walstream.metadata.contract import (
     StreamInfo,
     StreamState,
 )
-from walstream.stream_config import StreamConfig
 from walstream.metadata.rules import (
     ObjectRecord,
     all_ranges_dead,
@@ -77,6 +76,7 @@ from walstream.metadata.rules import (
     version_mismatch,
 )
 from walstream.records import DEPLOYMENT_ID_BYTES
+from walstream.stream_config import StreamConfig
 
 __all__ = ["MEMORY_METADATA", "MemoryMetadataStore"]
 
