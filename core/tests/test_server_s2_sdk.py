@@ -102,7 +102,8 @@ async def test_basins_and_streams(s2: S2) -> None:
     assert (await basin.ensure_stream("lines")).status is EnsureStatus.CREATED
     assert [s.name for s in (await basin.list_streams()).items] == ["lines", "orders"]
     config = await basin.get_stream_config("orders")
-    assert config.retention_policy == "infinite"
+    assert config.retention_policy == 7 * 86_400, "S2's default retention: 7 days"
+    assert config.storage_class == "express"
     await basin.delete_stream("lines")
     assert [s.name for s in (await basin.list_streams()).items] == ["orders"]
     with pytest.raises(S2ServerError) as missing:
@@ -244,8 +245,10 @@ async def test_create_stream_on_append_and_unsupported_features_get_s2s_errors(s
     stream = s2.basin(name).stream("made-on-append")
     assert (await stream.append(AppendInput(records=[Record(body=b"v")]))).end.seq_num == 1
 
+    await s2.basin(name).create_stream("aged", config=StreamConfig(retention_policy=3600))
+    assert (await s2.basin(name).get_stream_config("aged")).retention_policy == 3600
     with pytest.raises(S2ServerError) as refused:
-        await s2.basin(name).create_stream("aged", config=StreamConfig(retention_policy=3600))
+        await s2.basin(name).create_stream("never", config=StreamConfig(retention_policy=0))
     assert (refused.value.status_code, refused.value.code) == (422, "invalid")
     with pytest.raises(S2ServerError) as tokens:
         await s2.list_access_tokens()

@@ -136,7 +136,9 @@ async def test_timestamps_do_not_go_backwards_across_a_restart(disks: Disks) -> 
     timestamp, not from 0 (a client timestamp older than it is raised to it)."""
     client = await disks.client().start()
     stream = await client.create_stream("ts")
-    first = await stream.append([Record(b"a", timestamp_ms=5_000), Record(b"b", timestamp_ms=9_000)])
+    first = await stream.append(
+        [Record(b"a", timestamp_ms=5_000), Record(b"b", timestamp_ms=9_000)]
+    )
     assert first.last_timestamp_ms == 9_000
     await client.close()
     restarted = await disks.client().start()

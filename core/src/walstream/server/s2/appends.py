@@ -10,8 +10,10 @@ with an empty name): ``fence`` (the body, at most 36 bytes of UTF-8, becomes the
 batch is durable; appends that arrive meanwhile wait for it, so none checked against the old
 token lands after the fence record) and ``trim`` (the body, an 8-byte big-endian sequence number, becomes the
 first readable record once the batch is durable; clamped to the tail). Command records are
-stored like any record. Timestamps: a client timestamp is capped at the arrival time, a missing
-one is the arrival time, and the engine keeps them non-decreasing. On a stream with a cipher
+stored like any record. Timestamps are the engine's: by the stream's timestamping mode
+(:mod:`walstream.stream_config`; S2's ``client-prefer`` caps a client timestamp at the arrival
+time unless ``uncapped``, ``client-require`` refuses a record without one with 422 ``invalid``,
+``arrival`` ignores them), never decreasing. On a stream with a cipher
 every record of the append (command records too) is sealed with the request's key by the
 engine (:mod:`walstream.encryption`).
 """
@@ -51,9 +53,9 @@ class _Prepared:
     trim: int | None
 
 
-def _prepare(request: AppendRequest, now_ms: int) -> _Prepared:
-    """S2's own rules on an append (the engine checks its own, once: ``check_append_input``);
-    ``now_ms``: the arrival time, from the node's clock."""
+def _prepare(request: AppendRequest) -> _Prepared:
+    """S2's own rules on an append (the engine checks its own, once: ``check_append_input``,
+    and stamps the records by the stream's timestamping mode)."""
     count = len(request.records)
     if not 1 <= count <= MAX_BATCH_RECORDS:
         raise S2Error(
@@ -86,7 +88,7 @@ def _prepare(request: AppendRequest, now_ms: int) -> _Prepared:
                 trim = point if trim is None else max(trim, point)
             else:
                 raise S2Error(422, "invalid", f"records[{index}]: unknown command {command[:40]!r}")
-        records.append(_record(s2_record.headers, s2_record.body, s2_record.timestamp, now_ms))
+        records.append(_record(s2_record.headers, s2_record.body, s2_record.timestamp))
     if size > MAX_BATCH_BYTES:
         raise S2Error(
             422,
@@ -107,7 +109,7 @@ def _fence_token(token: bytes, what: str) -> str:
 
 
 def _record(
-    headers: tuple[tuple[bytes, bytes], ...], body: bytes, timestamp: int | None, now_ms: int
+    headers: tuple[tuple[bytes, bytes], ...], body: bytes, timestamp: int | None
 ) -> Record:
     key: bytes | None = None
     pairs: list[tuple[str, bytes]] = []
@@ -122,7 +124,7 @@ def _record(
         raise S2Error(
             422, "invalid", "header names are UTF-8 text on this server (walstream stores text)"
         ) from None
-    stamped = None if timestamp is None else min(timestamp, now_ms, MAX_I64)
+    stamped = None if timestamp is None else min(timestamp, MAX_I64)
     return Record(body, key, tuple(pairs), stamped)
 
 
@@ -147,7 +149,7 @@ async def append_positions(
     request: AppendRequest,
     encryption: EncryptionKey | None = None,
 ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
-    prepared = _prepare(request, app.now_ms())
+    prepared = _prepare(request)
     wanted = request.fencing_token
     if wanted:
         _fence_token(wanted.encode("utf-8", "surrogatepass"), "fencing_token")

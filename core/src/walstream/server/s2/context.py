@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
@@ -24,18 +23,17 @@ from walstream.metadata.rules import check_basin_name
 from walstream.records import check_text
 from walstream.server.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAIT_S, ServerLimits
 from walstream.server.s2.errors import S2Error
-from walstream.server.s2.model import ROOT_BASIN
+from walstream.server.s2.model import ROOT_BASIN, new_stream_config
 from walstream.server.s2.request import BodyDeadlines, Request
 from walstream.server.s2.routing import Router, not_owner_here
+from walstream.stream_config import StreamConfig
 
 if TYPE_CHECKING:
     from walstream.engine.client import Client, Stream
     from walstream.server.node_auth import NodeCredentials
 
-__all__ = ["CIPHER_HEADER", "MAX_CREATION_TOKENS", "S2Context"]
+__all__ = ["CIPHER_HEADER", "S2Context"]
 
-MAX_CREATION_TOKENS = 10_000
-"""Stream creates whose request tokens a node remembers (:meth:`S2Context.remember_creation`)."""
 CIPHER_HEADER = "walstream-encryption-cipher"
 """A request's cipher, for a stream whose basin names none (walstream's own header)."""
 
@@ -85,23 +83,8 @@ class S2Context:
         """stream id -> (tail, timestamp of the record before it), as last seen."""
         self.router = Router(client)
         """Which other node owns a stream (requests for it are forwarded there)."""
-        self.creation_tokens: OrderedDict[int, str] = OrderedDict()
-        """stream id -> digest of the ``s2-request-token`` and config it was created with
-        (:meth:`remember_creation`)."""
         self.rejoins = 0
         """Times :meth:`replace_client` swapped in a new client (a fenced node rejoined)."""
-
-    def remember_creation(self, stream_id: int, digest: str) -> None:
-        """Keep the digest of a stream create's request token, so a retry of that create
-        answers 201 instead of 409 (S2's idempotent create).
-
-        Kept by this node, in memory, for the :data:`MAX_CREATION_TOKENS` newest creates: a
-        retry after a restart, or sent to another node, answers 409 as a create without a
-        token does. The hook for the stream configuration store (the stream-lifecycle issue):
-        S2 keeps this digest with the stream; store it there and read it back here."""
-        self.creation_tokens[stream_id] = digest
-        while len(self.creation_tokens) > MAX_CREATION_TOKENS:
-            self.creation_tokens.popitem(last=False)
 
     def now_ms(self) -> int:
         """The node's clock (arrival times of records, heartbeats)."""
@@ -267,27 +250,24 @@ class S2Context:
         await self.basin_config(name)
         return name
 
-    async def stream_cipher(self, basin: str, name: str) -> Cipher | None:
-        """The cipher stream ``name`` of ``basin`` is written with (None: plaintext).
+    async def new_stream_config(self, basin: str, given: dict[str, Any]) -> StreamConfig:
+        """The configuration of a stream created in ``basin`` through this API: ``given`` (a
+        checked S2 ``StreamConfig``) over the basin's ``default_stream_config`` over S2's
+        defaults, with the basin's ``stream_cipher`` (fixed for the stream's life)."""
+        stored = await self.basin_config(basin)
+        return new_stream_config(
+            stored.get("default_stream_config", {}), given, stored.get("stream_cipher")
+        )
 
-        The hook for the stream configuration (the stream-lifecycle issue's store): S2 fixes a
-        stream's cipher when the stream is created (its basin's ``stream_cipher`` then) and
-        checks every request against it. Until the stream configuration is stored, the cipher
-        is the basin's ``stream_cipher`` now, so a basin reconfigured to another cipher changes
-        it for its existing streams too (their records stay readable with their key: each
-        stored record names its cipher). Replace this with the stream config's cipher."""
-        del name  # the stream's own config will answer here
-        value = (await self.basin_config(basin)).get("stream_cipher")
-        return None if value is None else Cipher(value)
-
-    async def encryption_for(self, request: Request, basin: str, name: str) -> EncryptionKey | None:
-        """The key of a request to stream ``name`` (S2's ``EncryptionSpec::resolve``): None for
+    async def encryption_for(self, request: Request, stream: Stream) -> EncryptionKey | None:
+        """The key of a request to ``stream`` (S2's ``EncryptionSpec::resolve``): None for
         a plaintext stream (a key sent is ignored); for an encrypted one (or a request naming
         its cipher in the walstream header :data:`CIPHER_HEADER`, which S2's SDKs do not send:
         walstream's CLI does, for streams of a basin without ``stream_cipher``), the
         ``s2-encryption-key`` header (base64 of 32 bytes), else 400 ``bad_header`` naming the
         stream's cipher. The key lives for the request only: it is never stored or logged."""
-        cipher = await self.stream_cipher(basin, name)
+        configured = stream.config.cipher
+        cipher = None if configured is None else Cipher(configured)
         chosen = request.header(CIPHER_HEADER)
         if chosen is not None:
             try:
@@ -330,14 +310,17 @@ class S2Context:
         return stream
 
     async def open_for(self, basin: str, name: str, create_flag: str) -> Stream:
-        """The stream, created first when the basin's ``create_flag`` config says so."""
+        """The stream, created first (with the basin's ``default_stream_config``) when the
+        basin's ``create_flag`` config says so. Of creates racing on several nodes one makes
+        it (the metadata store's names are unique) and the others open what it made."""
         try:
             return await self.open_stream(name)
         except StreamNotFound:
             if not (await self.basin_config(basin)).get(create_flag):
                 raise
+        config = await self.new_stream_config(basin, {})
         with suppress(StreamExists):
-            await self.client.create_stream(name)
+            await self.client.create_stream(name, config=config)
         return await self.open_stream(name)
 
 

@@ -149,12 +149,8 @@ class FastAppend:
         basin, name = names
         if basin != ROOT_BASIN and basin not in app.basins:
             return False
-        if (
-            b"s2-encryption-key" in headers
-            or b"walstream-encryption-cipher" in headers
-            or (basin != ROOT_BASIN and app.basins[basin].get("stream_cipher"))
-        ):
-            return False  # an encrypted stream: the general route resolves its key
+        if b"s2-encryption-key" in headers or b"walstream-encryption-cipher" in headers:
+            return False  # the general route resolves the key
         stream_id = app.stream_ids.get(name)
         if stream_id is None:
             return False
@@ -162,6 +158,8 @@ class FastAppend:
             stream = await app.client.open_stream(stream_id)
         except WalstreamError:
             return False  # deleted meanwhile, or the node stopped: the general route answers
+        if stream.config.cipher is not None:
+            return False  # an encrypted stream: the general route resolves its key
         if not stream.owned_here:
             # Not written here, or claimed by a node past its lease: the general route
             # forwards to the stream's current owner.

@@ -18,14 +18,18 @@ timestamp the record's ``timestamp_ms``. A walstream record's *key* (S2 has none
 the record's first header, named :data:`KEY_HEADER`; an appended record whose first header has
 that name stores it as the key again, so records cross between the two APIs unchanged.
 
-**Configurations.** walstream keeps every record until it is trimmed and has one storage class,
-so a stream's configuration is fixed: :func:`stream_config_json`. A create, ensure or
-reconfigure that asks for anything else (age-based retention, ``arrival`` or ``client-require``
-timestamping, ``uncapped`` timestamps, delete-on-empty) is refused with 422 naming the setting.
-Basin configurations are stored after the same check (:func:`check_basin_config`), reconfigured
-by :func:`reconfigure_basin`; ``create_stream_on_append``, ``create_stream_on_read`` and
-``stream_cipher`` (the cipher of the basin's streams, :mod:`walstream.encryption`) are
-honoured.
+**Configurations.** A stream's configuration is walstream's own
+(:class:`walstream.stream_config.StreamConfig`, kept in the metadata store), under S2's names
+(:func:`stream_config_json`): ``retention_policy`` ``{"age": s}`` or ``{"infinite": {}}`` is
+``retention_age_s``; ``timestamping`` ``mode`` and ``uncapped``; ``delete_on_empty``
+``min_age_secs`` (0: off); ``storage_class`` kept as given (unset reads as ``express``). A stream
+created here takes, field by field, what the request gives, else the basin's
+``default_stream_config``, else S2's defaults (:data:`S2_DEFAULT_RETENTION_S`: 7 days of
+retention), and its basin's ``stream_cipher`` (fixed from then on). A reconfiguration changes
+the fields it names; a null field returns to S2's default. Basin configurations are stored after
+the same check (:func:`check_basin_config`), reconfigured by :func:`reconfigure_basin`;
+``create_stream_on_append`` and ``create_stream_on_read`` create a missing stream with the
+basin's defaults.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 from walstream.errors import InvalidArgument
 from walstream.records import decode_stream_name, encode_stream_name
 from walstream.server.s2.errors import S2Error
+from walstream.stream_config import MAX_AGE_S, STORAGE_CLASSES, StreamConfig, Timestamping
 
 __all__ = [
     "CIPHERS",
@@ -46,16 +51,20 @@ __all__ = [
     "MAX_FENCING_TOKEN_BYTES",
     "MAX_UNARY_WAIT_S",
     "ROOT_BASIN",
+    "S2_DEFAULT_RETENTION_S",
     "basin_config_json",
     "basin_prefix",
     "check_basin_config",
     "check_stream_config",
+    "merge_stream_configs",
     "metered_bytes",
+    "new_stream_config",
     "reconfigure_basin",
     "rfc3339",
     "s2_prefix",
     "s2_stream_name",
     "same_basin_config",
+    "stream_changes",
     "stream_config_json",
     "walstream_stream_name",
 ]
@@ -121,53 +130,138 @@ def rfc3339(milliseconds: int) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def stream_config_json() -> dict[str, Any]:
-    """The configuration of every stream on this server (see the module docstring)."""
+S2_DEFAULT_RETENTION_S = 7 * 86_400
+"""S2's retention of a stream created without one (and without a basin default): 7 days."""
+_STREAM_FIELDS = ("storage_class", "retention_policy", "timestamping", "delete_on_empty")
+
+
+def stream_config_json(config: StreamConfig) -> dict[str, Any]:
+    """A stream's ``StreamConfig`` answer: its walstream configuration under S2's names (an
+    unset storage class is S2's default, ``express``)."""
+    retention = config.retention_age_s
     return {
-        "storage_class": "express",
-        "retention_policy": {"infinite": {}},
-        "timestamping": {"mode": "client-prefer", "uncapped": False},
-        "delete_on_empty": {"min_age_secs": 0},
+        "storage_class": config.storage_class or "express",
+        "retention_policy": {"infinite": {}} if retention is None else {"age": retention},
+        "timestamping": {"mode": config.timestamping.value, "uncapped": config.uncapped},
+        "delete_on_empty": {"min_age_secs": config.delete_on_empty_min_age_s},
     }
 
 
-def _unsupported(setting: str, value: Any) -> S2Error:
-    return S2Error(
-        422,
-        "invalid",
-        f"{setting}={value!r} is not supported by walstream: streams keep records until "
-        "trimmed, take client timestamps capped at arrival (arrival time when absent), and "
-        "are not deleted when empty; leave it unset",
-    )
+def _invalid(what: str, expected: str) -> S2Error:
+    return S2Error(422, "invalid", f"{what}: {expected}")
 
 
-def check_stream_config(config: Any, what: str = "config") -> None:
-    """Refuse (422) a stream configuration this server cannot honour; null fields are fine."""
+def _age(value: Any, what: str, *, zero: bool) -> int:
+    low = 0 if zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_AGE_S:
+        raise _invalid(what, f"whole seconds from {low} to {MAX_AGE_S}")
+    return value
+
+
+def check_stream_config(config: Any, what: str = "config") -> dict[str, Any]:
+    """An S2 ``StreamConfig`` (or ``StreamReconfiguration``) checked (422 naming the field
+    otherwise) and normalised: the fields given, with their values; a null field is kept as
+    null (in a reconfiguration it resets the field to S2's default)."""
     if config is None:
-        return
+        return {}
     if not isinstance(config, dict):
         raise S2Error(422, "invalid", f"{what}: expected a StreamConfig object")
+    checked: dict[str, Any] = {}
     for key, value in config.items():
+        if key not in _STREAM_FIELDS:
+            raise S2Error(422, "invalid", f"{what}: unknown field {key!r}")
+        if value is None:
+            checked[key] = None
+        elif key == "storage_class":
+            if value not in STORAGE_CLASSES:
+                raise _invalid(f"{what}.storage_class", "standard or express")
+            checked[key] = value
+        elif key == "retention_policy":
+            if value == {"infinite": {}}:
+                checked[key] = {"infinite": {}}
+            elif isinstance(value, dict) and set(value) == {"age"}:
+                checked[key] = {"age": _age(value["age"], f"{what}.retention_policy.age", zero=False)}
+            else:
+                raise _invalid(
+                    f"{what}.retention_policy", 'expected {"age": seconds} or {"infinite": {}}'
+                )
+        elif key == "timestamping":
+            if not isinstance(value, dict) or not set(value) <= {"mode", "uncapped"}:
+                raise _invalid(f"{what}.timestamping", "expected an object of mode, uncapped")
+            stamping: dict[str, Any] = {}
+            if "mode" in value:
+                mode = value["mode"]
+                if mode is not None and mode not in {t.value for t in Timestamping}:
+                    raise _invalid(
+                        f"{what}.timestamping.mode", "client-prefer, client-require or arrival"
+                    )
+                stamping["mode"] = mode
+            if "uncapped" in value:
+                if value["uncapped"] is not None and not isinstance(value["uncapped"], bool):
+                    raise _invalid(f"{what}.timestamping.uncapped", "expected true or false")
+                stamping["uncapped"] = value["uncapped"]
+            checked[key] = stamping
+        else:  # delete_on_empty
+            if not isinstance(value, dict) or not set(value) <= {"min_age_secs"}:
+                raise _invalid(f"{what}.delete_on_empty", 'expected {"min_age_secs": seconds}')
+            min_age = value.get("min_age_secs")
+            checked[key] = {
+                "min_age_secs": None
+                if min_age is None
+                else _age(min_age, f"{what}.delete_on_empty.min_age_secs", zero=True)
+            }
+    return checked
+
+
+def merge_stream_configs(defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` over ``defaults`` (both checked), field by field and, in ``timestamping``,
+    mode and ``uncapped`` apart: what a stream of a basin gets (S2 merges the same way)."""
+    merged = {k: v for k, v in defaults.items() if v is not None}
+    for key, value in given.items():
         if value is None:
             continue
-        if key == "storage_class":
-            if value not in ("standard", "express"):
-                raise S2Error(422, "invalid", f"{what}.storage_class: standard or express")
-        elif key == "retention_policy":
-            if value != {"infinite": {}}:
-                raise _unsupported(f"{what}.retention_policy", value)
-        elif key == "timestamping":
-            if not isinstance(value, dict):
-                raise S2Error(422, "invalid", f"{what}.timestamping: expected an object")
-            if value.get("mode") not in (None, "client-prefer"):
-                raise _unsupported(f"{what}.timestamping.mode", value.get("mode"))
-            if value.get("uncapped") not in (None, False):
-                raise _unsupported(f"{what}.timestamping.uncapped", value.get("uncapped"))
-        elif key == "delete_on_empty":
-            if not isinstance(value, dict) or value.get("min_age_secs") not in (None, 0):
-                raise _unsupported(f"{what}.delete_on_empty", value)
+        if key == "timestamping" and isinstance(merged.get(key), dict):
+            stamping = dict(merged[key])
+            stamping.update({k: v for k, v in value.items() if v is not None})
+            merged[key] = stamping
         else:
-            raise S2Error(422, "invalid", f"{what}: unknown field {key!r}")
+            merged[key] = value
+    return merged
+
+
+def stream_changes(config: dict[str, Any]) -> dict[str, Any]:
+    """The walstream config changes (:meth:`StreamConfig.with_changes`) of a checked S2
+    ``StreamReconfiguration``: a field left out keeps its value, a null one returns to S2's
+    default (retention 7 days, storage class unset: ``express``, timestamping
+    ``client-prefer`` capped, delete-on-empty off)."""
+    changes: dict[str, Any] = {}
+    for key, value in config.items():
+        if key == "storage_class":
+            changes["storage_class"] = value
+        elif key == "retention_policy":
+            if value is None:
+                changes["retention_age_s"] = S2_DEFAULT_RETENTION_S
+            else:
+                changes["retention_age_s"] = value.get("age")
+        elif key == "timestamping":
+            stamping = value or {"mode": None, "uncapped": None}
+            if "mode" in stamping:
+                changes["timestamping"] = stamping["mode"] or Timestamping.CLIENT_PREFER.value
+            if "uncapped" in stamping:
+                changes["uncapped"] = bool(stamping["uncapped"])
+        elif key == "delete_on_empty":
+            changes["delete_on_empty_min_age_s"] = ((value or {}).get("min_age_secs")) or 0
+    return changes
+
+
+def new_stream_config(
+    basin_defaults: dict[str, Any], given: dict[str, Any], cipher: str | None
+) -> StreamConfig:
+    """The configuration of a stream created through the S2 API: ``given`` over the basin's
+    ``default_stream_config`` over S2's defaults (retention 7 days), with the basin's cipher."""
+    merged = merge_stream_configs(basin_defaults, given)
+    merged.setdefault("retention_policy", None)
+    return StreamConfig().with_changes({**stream_changes(merged), "cipher": cipher})
 
 
 CIPHERS = ("aegis-256", "aes-256-gcm")
@@ -194,7 +288,9 @@ def check_basin_config(config: Any) -> dict[str, Any]:
         if key in _BASIN_FLAGS:
             stored[key] = _flag(value, f"config.{key}")
         elif key == "default_stream_config":
-            check_stream_config(value, "config.default_stream_config")
+            defaults = _defaults(value, "config.default_stream_config")
+            if defaults:
+                stored[key] = defaults
         elif key == "stream_cipher":
             stored[key] = _cipher(value, "config.stream_cipher")
         else:
@@ -222,8 +318,19 @@ def reconfigure_basin(stored: dict[str, Any], changes: Any) -> dict[str, Any]:
             else:
                 updated[key] = _cipher(value, key)
         elif key == "default_stream_config":
-            if value is not None:
-                check_stream_config(value, key)
+            if value is None:
+                updated.pop(key, None)
+            else:
+                defaults = merge_stream_configs(
+                    updated.get(key, {}), _defaults(value, key, keep_nulls=True)
+                )
+                for field, given in value.items():
+                    if given is None:
+                        defaults.pop(field, None)  # null: back to S2's default
+                if defaults:
+                    updated[key] = defaults
+                else:
+                    updated.pop(key, None)
         else:
             raise S2Error(422, "invalid", f"unknown field {key!r} of a BasinReconfiguration")
     return updated
@@ -232,6 +339,20 @@ def reconfigure_basin(stored: dict[str, Any], changes: Any) -> dict[str, Any]:
 def same_basin_config(stored: dict[str, Any], given: dict[str, Any]) -> bool:
     """True when ``given`` (checked) says what ``stored`` says (an ``ensure`` changes nothing)."""
     return basin_config_json(stored) == basin_config_json(given)
+
+
+def _defaults(value: Any, what: str, *, keep_nulls: bool = False) -> dict[str, Any]:
+    """A basin's ``default_stream_config`` as stored: the fields set (nulls dropped unless
+    ``keep_nulls``: a reconfiguration's null resets a field)."""
+    checked = check_stream_config(value, what)
+    if keep_nulls:
+        return checked
+    stored = {k: v for k, v in checked.items() if v is not None}
+    if isinstance(stored.get("timestamping"), dict):
+        stored["timestamping"] = {
+            k: v for k, v in stored["timestamping"].items() if v is not None
+        }
+    return stored
 
 
 def _flag(value: Any, what: str) -> bool:
@@ -251,6 +372,8 @@ def basin_config_json(stored: dict[str, Any]) -> dict[str, Any]:
     return {
         "create_stream_on_append": bool(stored.get("create_stream_on_append", False)),
         "create_stream_on_read": bool(stored.get("create_stream_on_read", False)),
-        "default_stream_config": stream_config_json(),
+        "default_stream_config": stream_config_json(
+            new_stream_config(stored.get("default_stream_config", {}), {}, None)
+        ),
         "stream_cipher": stored.get("stream_cipher"),
     }

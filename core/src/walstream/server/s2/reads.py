@@ -298,7 +298,7 @@ async def read_committed_here(app: S2Context, request: Request, stream: Stream) 
             byte_limit,
             params.until,
             0,
-            await app.encryption_for(request, await app.basin_of(request), stream.name or ""),
+            await app.encryption_for(request, stream),
         )
     except OutOfRangeError:
         return False

@@ -55,7 +55,7 @@ async def _append_route(app: S2Context, request: Request, basin: str, name: str)
         return await append_session(app, request, basin, name)
     body = await request.body()
     stream = await app.open_for(basin, name, "create_stream_on_append")
-    encryption = await app.encryption_for(request, basin, name)
+    encryption = await app.encryption_for(request, stream)
     # The body's form follows Content-Type, the answer's form follows Accept (as S2's own server).
     parsed = append_input(body, content_type in PROTOBUF_TYPES, wants_base64(request))
     answer_type = protobuf_answer(request)
@@ -73,7 +73,7 @@ async def _read_route(app: S2Context, request: Request, basin: str, name: str) -
         return await read_session(app, request, basin, name, params, sse=S2S not in content_type)
     wants_base64(request)  # a bad s2-format is refused before the stream is looked up
     stream = await app.open_for(basin, name, "create_stream_on_read")
-    encryption = await app.encryption_for(request, basin, name)
+    encryption = await app.encryption_for(request, stream)
     wait = min(params.wait or 0, app.max_wait_s)
     start, timestamp = await resolve_start(app, stream, params, may_follow=wait > 0)
     if reads_nothing(params):

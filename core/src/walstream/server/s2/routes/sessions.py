@@ -97,7 +97,7 @@ async def read_session(
     if sse:
         params = resume_after(params, request.header("last-event-id"))
     stream = await app.open_for(basin, name, "create_stream_on_read")
-    encryption = await app.encryption_for(request, basin, name)
+    encryption = await app.encryption_for(request, stream)
     start, timestamp = await resolve_start(app, stream, params, may_follow=may_follow(params))
     with app.long_poll(request):
         if sse:
@@ -269,7 +269,7 @@ def may_follow(params: ReadParams) -> bool:
 async def append_session(app: S2Context, request: Request, basin: str, name: str) -> None:
     coding = answer_coding(request.header("accept-encoding"))
     stream = await app.open_for(basin, name, "create_stream_on_append")
-    encryption = await app.encryption_for(request, basin, name)
+    encryption = await app.encryption_for(request, stream)
     await request.start(200, _S2S)
     frames = FrameReader(max_message_bytes=min(app.max_body_bytes, (1 << 24) - 1))
     acks: asyncio.Queue[asyncio.Future[Any] | None] = asyncio.Queue(MAX_PIPELINED_INPUTS)

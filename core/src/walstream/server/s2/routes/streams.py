@@ -14,6 +14,7 @@ from walstream.server.s2.model import (
     rfc3339,
     s2_prefix,
     s2_stream_name,
+    stream_changes,
     stream_config_json,
     walstream_stream_name,
 )
@@ -22,8 +23,10 @@ from walstream.server.s2.routes.common import creation_token, list_query, not_al
 from walstream.server.s2.routes.records import check_tail, records_route
 
 if TYPE_CHECKING:
+    from walstream.engine.client import Stream
     from walstream.server.s2.context import S2Context
     from walstream.server.s2.request import Request
+    from walstream.stream_config import StreamConfig
 
 __all__ = ["streams_route"]
 
@@ -38,20 +41,19 @@ async def streams_route(app: S2Context, request: Request, method: str, rest: lis
             stream = body.get("stream")
             if not isinstance(stream, str):
                 raise S2Error(422, "invalid", "stream: expected the stream name (a string)")
-            check_stream_config(body.get("config"))
+            given = check_stream_config(body.get("config"))
             name = walstream_stream_name(basin, stream)
             token = creation_token(request)
             digest = None if token is None else token.digest(body.get("config"))
+            config = await app.new_stream_config(basin, given)
             try:
-                created = await app.client.create_stream(name)
+                await app.client.create_stream(name, config=config, creation_token=digest)
             except StreamExists:
-                # A retry of the same create (same token and config) answers as the first did.
-                existing = await app.open_stream(name)
-                if digest is None or app.creation_tokens.get(existing.stream_id) != digest:
+                # A retry of the same create (same token and config) answers as the first did;
+                # the token is kept with the stream, so this holds across restarts and nodes.
+                existing = await app.client.metadata.get_stream(name)
+                if digest is None or existing.creation_token != digest:
                     raise
-            else:
-                if digest is not None:
-                    app.remember_creation(created.stream_id, digest)
             return await request.respond_json(201, await _stream_info(app, basin, name))
         raise not_allowed(method)
     name = walstream_stream_name(basin, rest[0])
@@ -82,49 +84,74 @@ async def _stream_route(
     if len(rest) != 1:
         raise S2Error(404, "bad_path", "no such stream route")
     if method == "GET":
-        await app.open_stream(name)
-        return await request.respond_json(200, stream_config_json())
+        stream = await app.open_stream(name)
+        info = await app.client.metadata.get_stream(stream.stream_id)
+        return await request.respond_json(200, stream_config_json(info.config))
     if method == "PUT":
-        body = await json_object(request, allow_empty=True)
-        check_stream_config(body)
+        given = check_stream_config(await json_object(request, allow_empty=True))
         try:
-            await app.open_stream(name)
-            result, status = b"noop", 200
+            stream = await app.open_stream(name)
         except StreamNotFound:
-            await app.client.create_stream(name)
-            result, status = b"created", 201
+            try:
+                config = await app.new_stream_config(basin, given)
+                await app.client.create_stream(name, config=config)
+                result, status = b"created", 201
+            except StreamExists:  # created meanwhile: ensure it as below
+                stream = await app.open_stream(name)
+                result, status = b"", 200
+        else:
+            result, status = b"", 200
+        if not result:
+            before = (await app.client.metadata.get_stream(name)).config
+            changes = stream_changes({k: v for k, v in given.items() if v is not None})
+            after = before.with_changes(changes) if changes else before
+            if stream_config_json(after) == stream_config_json(before):
+                result = b"noop"  # the same in S2's terms (an unset storage class is express)
+            else:
+                await _reconfigure(app, stream, changes)
+                result = b"updated"
         return await request.respond_json(
             status,
             await _stream_info(app, basin, name),
             headers=[(b"s2-provision-result", result)],
         )
     if method == "PATCH":
-        check_stream_config(await json_object(request, allow_empty=True))
-        await app.open_stream(name)
-        return await request.respond_json(200, stream_config_json())
+        changes = stream_changes(check_stream_config(await json_object(request, allow_empty=True)))
+        stream = await app.open_stream(name)
+        return await request.respond_json(
+            200, stream_config_json(await _reconfigure(app, stream, changes))
+        )
     if method == "DELETE":
         stream = await app.open_stream(name)
         await app.client.delete_stream(stream.stream_id)
         app.stream_ids.pop(name, None)
-        app.creation_tokens.pop(stream.stream_id, None)
         return await request.respond(202)
     raise not_allowed(method)
+
+
+async def _reconfigure(app: S2Context, stream: Stream, changes: dict[str, Any]) -> StreamConfig:
+    """Apply a reconfiguration's changes (422 for what the engine refuses)."""
+    if not changes:
+        return (await app.client.metadata.get_stream(stream.stream_id)).config
+    try:
+        return await stream.reconfigure(**changes)
+    except InvalidArgument as error:
+        raise S2Error(422, "invalid", str(error)) from None
 
 
 async def _list_streams(app: S2Context, request: Request, basin: str) -> None:
     prefix, start_after, limit = list_query(request)
     infos = await app.client.list_streams(prefix=s2_prefix(basin, prefix))
-    named: list[tuple[str, int]] = []
+    named: list[tuple[str, int, str | None]] = []
     for info in sorted(infos, key=lambda found: found.name or ""):
         if info.name is None:
             continue
         try:
-            named.append((s2_stream_name(basin, info.name), info.created_ms))
+            named.append((s2_stream_name(basin, info.name), info.created_ms, info.config.cipher))
         except InvalidArgument:
             continue  # a name from before the name rule: it has no S2 name
     # The encoding keeps UTF-8 byte order, which is the order of the decoded names too.
     chosen = [item for item in named if item[0] > start_after]
-    cipher = await app.stream_cipher(basin, "")
     await request.respond_json(
         200,
         {
@@ -133,9 +160,9 @@ async def _list_streams(app: S2Context, request: Request, basin: str) -> None:
                     "name": name,
                     "created_at": rfc3339(created),
                     "deleted_at": None,
-                    "cipher": None if cipher is None else cipher.value,
+                    "cipher": cipher,
                 }
-                for name, created in chosen[:limit]
+                for name, created, cipher in chosen[:limit]
             ],
             "has_more": len(chosen) > limit,
         },
@@ -145,10 +172,9 @@ async def _list_streams(app: S2Context, request: Request, basin: str) -> None:
 async def _stream_info(app: S2Context, basin: str, name: str) -> dict[str, Any]:
     info = await app.client.metadata.get_stream(name)
     app.stream_ids[name] = info.stream_id
-    cipher = await app.stream_cipher(basin, name)
     return {
         "name": s2_stream_name(basin, name),
         "created_at": rfc3339(info.created_ms),
         "deleted_at": None,
-        "cipher": None if cipher is None else cipher.value,
+        "cipher": info.config.cipher,
     }
