@@ -177,7 +177,7 @@ async def test_deployment_streams_section_gives_the_defaults(
         given = await client.create_stream("given", config=StreamConfig())
         assert given.config == StreamConfig()
     deployment.write_text(deployment.read_text().replace("7d", "seven days"))
-    with pytest.raises(ConfigError, match="streams.retention"):
+    with pytest.raises(ConfigError, match=r"streams\.retention"):
         await walstream.open(str(deployment))
 
 
