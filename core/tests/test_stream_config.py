@@ -185,7 +185,7 @@ def test_ages_parse_and_print() -> None:
     assert parse_age("7d") == 604_800 and parse_age("infinite") is None
     assert parse_age("90") == 90 and parse_age("2w") == 1_209_600
     assert [format_age(s) for s in (604_800, 86_400, 7200, 90, 61)] == [
-        "1w",
+        "7d",
         "1d",
         "2h",
         "90s",

@@ -204,8 +204,8 @@ def parse_age(value: Any, what: str = "age") -> int | None:
 
 
 def format_age(seconds: int) -> str:
-    """The shortest exact form: 604800 -> ``7d``, 90 -> ``90s``."""
-    for unit, size in (("w", 604_800), ("d", 86_400), ("h", 3600), ("m", 60)):
+    """The shortest exact form in days at most: 604800 -> ``7d``, 90 -> ``90s``."""
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
         if seconds % size == 0:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"

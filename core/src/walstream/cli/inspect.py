@@ -137,10 +137,12 @@ async def cmd_inspect_metadata(args: argparse.Namespace) -> int:
                     info.committed_end,
                     info.epoch,
                     "-" if info.owner_node_id is None else info.owner_node_id,
+                    info.config.describe(),
+                    "-" if info.lifecycle_due_ms is None else info.lifecycle_due_ms,
                 )
                 for info in streams
             ],
-            ("ID", "NAME", "START", "COMMITTED_END", "EPOCH", "OWNER"),
+            ("ID", "NAME", "START", "COMMITTED_END", "EPOCH", "OWNER", "CONFIG", "DUE_MS"),
         )
     )
     out()

@@ -14,7 +14,7 @@ import math
 import os
 import struct
 import sys
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -29,6 +29,7 @@ from walstream.errors import (
     WalstreamError,
 )
 from walstream.records import ReadResult, Record, SequencedRecord
+from walstream.stream_config import StreamConfig
 
 __all__ = [
     "HTTP_TIMEOUT_S",
@@ -308,6 +309,27 @@ def _encode_record(record: Record) -> dict[str, Any]:
     return encoded
 
 
+def _s2_config(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """walstream stream config fields (:meth:`StreamConfig.to_json` names) as S2's
+    ``StreamConfig`` JSON, for the fields given."""
+    s2: dict[str, Any] = {}
+    if "retention_age_s" in fields:
+        age = fields["retention_age_s"]
+        s2["retention_policy"] = {"infinite": {}} if age is None else {"age": age}
+    stamping = {
+        key: fields[name]
+        for key, name in (("mode", "timestamping"), ("uncapped", "uncapped"))
+        if name in fields
+    }
+    if stamping:
+        s2["timestamping"] = stamping
+    if "delete_on_empty_min_age_s" in fields:
+        s2["delete_on_empty"] = {"min_age_secs": fields["delete_on_empty_min_age_s"]}
+    if fields.get("storage_class") is not None:
+        s2["storage_class"] = fields["storage_class"]
+    return s2
+
+
 class _LiveNodeClient:
     """What a command sees of a node that another live process runs: streams and committed
     records from the metadata and object store directly (nothing registered, nothing claimed);
@@ -399,8 +421,11 @@ class _LiveNodeClient:
         info = await self.metadata.get_stream(ref)
         return _LiveStream(self, info.stream_id, info.name)
 
-    async def create_stream(self, name: str) -> Any:
-        await self._remote().call("POST", "/v1/streams", {"stream": name})
+    async def create_stream(self, name: str, *, config: StreamConfig | None = None) -> Any:
+        body: dict[str, Any] = {"stream": name}
+        if config is not None:
+            body["config"] = _s2_config(config.to_json())
+        await self._remote().call("POST", "/v1/streams", body)
         info = await self.metadata.get_stream(name)
         return argparse.Namespace(name=info.name, stream_id=info.stream_id)
 
@@ -553,6 +578,13 @@ class _LiveStream:
             return int((await self._info()).committed_end)
         self._require_name()
         return int((await remote.call("GET", self._path + "/records/tail"))["tail"]["seq_num"])
+
+    async def reconfigure(self, **changes: Any) -> StreamConfig:
+        """Through the server (``PATCH`` of the S2 stream config): its owner applies it."""
+        self._require_name()
+        answer = await self._client._remote().call("PATCH", self._path, _s2_config(changes))
+        del answer  # S2's form; the stored config is walstream's own
+        return (await self._info()).config  # type: ignore[no-any-return]
 
     async def start_offset(self) -> int:
         # A trim updates the metadata before it is acknowledged: its start is current.

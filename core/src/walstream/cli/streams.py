@@ -16,8 +16,15 @@ from walstream.cli.output import PROG, NoProgress, format_record, out, plural, p
 from walstream.cli.remote import READ_PAGE_RECORDS, open_client, open_follower
 from walstream.cli.runner import EXIT_OK, EXIT_USAGE
 from walstream.encryption import EncryptionKey
-from walstream.errors import OutOfRangeError
+from walstream.errors import InvalidArgument, OutOfRangeError
 from walstream.records import ReadResult, Record, parse_stream_ref
+from walstream.stream_config import (
+    STORAGE_CLASSES,
+    StreamConfig,
+    Timestamping,
+    format_age,
+    parse_age,
+)
 
 if TYPE_CHECKING:
     from walstream.engine.client import Stream
@@ -26,6 +33,7 @@ __all__ = [
     "add_commands",
     "cmd_append",
     "cmd_read",
+    "cmd_streams_config",
     "cmd_streams_create",
     "cmd_streams_delete",
     "cmd_streams_list",
@@ -41,10 +49,118 @@ DEFAULT_TAIL_LINES = 10
 
 
 async def cmd_streams_create(args: argparse.Namespace) -> int:
+    changes = config_changes(args)
     async with open_client(args.config) as client:
-        stream = await client.create_stream(args.name)
+        if changes:
+            base = client.config.streams.config if hasattr(client, "config") else StreamConfig()
+            stream = await client.create_stream(args.name, config=base.with_changes(changes))
+        else:
+            stream = await client.create_stream(args.name)
         out(f"created stream {stream.name!r} (id {stream.stream_id})")
     return EXIT_OK
+
+
+async def cmd_streams_config(args: argparse.Namespace) -> int:
+    changes = config_changes(args)
+    async with open_client(args.config, writes=bool(changes)) as client:
+        stream = await client.open_stream(_name_or_id(args.name))
+        if changes:
+            config = await stream.reconfigure(**changes)
+        else:
+            config = (await client.metadata.get_stream(stream.stream_id)).config
+    if args.json:
+        out(json.dumps({"stream_id": stream.stream_id, "name": stream.name, **config.to_json()}))
+        return EXIT_OK
+    retention = config.retention_age_s
+    empty = config.delete_on_empty_min_age_s
+    rows = [
+        ("retention", "infinite" if retention is None else format_age(retention)),
+        ("timestamping", config.timestamping.value),
+        ("uncapped", "yes" if config.uncapped else "no"),
+        ("delete_on_empty", format_age(empty) if empty else "never"),
+        ("storage_class", config.storage_class or "-"),
+        ("cipher", config.cipher or "-"),
+    ]
+    out(f"stream {stream.name!r} (id {stream.stream_id})" + (": changed" if changes else ""))
+    out(table(rows, ("SETTING", "VALUE")))
+    return EXIT_OK
+
+
+def config_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The stream config changes that ``--retention`` & co. name (nothing for those left out)."""
+    changes: dict[str, Any] = {}
+    if args.retention is not None:
+        changes["retention_age_s"] = None if args.retention == _INFINITE else args.retention
+    if args.timestamping is not None:
+        changes["timestamping"] = args.timestamping
+    if args.uncapped is not None:
+        changes["uncapped"] = args.uncapped
+    if args.delete_on_empty is not None:
+        changes["delete_on_empty_min_age_s"] = args.delete_on_empty
+    if args.storage_class is not None:
+        changes["storage_class"] = args.storage_class
+    return changes
+
+
+_INFINITE = "infinite"
+
+
+def _age_or_infinite(text: str) -> int | str:
+    try:
+        age = parse_age(text, "age")
+    except InvalidArgument as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return _INFINITE if age is None else age
+
+
+def _age_or_never(text: str) -> int:
+    if text.strip().lower() in ("never", "0", "off"):
+        return 0
+    age = _age_or_infinite(text)
+    if not isinstance(age, int):
+        raise argparse.ArgumentTypeError("an age like 1h or 7d, or never")
+    return age
+
+
+def _add_config_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--retention",
+        type=_age_or_infinite,
+        metavar="AGE",
+        help="keep records this long by their timestamp: 30s, 15m, 12h, 7d, 2w, or infinite",
+    )
+    parser.add_argument(
+        "--timestamping",
+        choices=[mode.value for mode in Timestamping],
+        help="client-prefer (the client's timestamp, else arrival), client-require (refuse "
+        "records without one), arrival (ignore the client's)",
+    )
+    capped = parser.add_mutually_exclusive_group()
+    capped.add_argument(
+        "--uncapped",
+        dest="uncapped",
+        action="store_const",
+        const=True,
+        help="keep client timestamps that lie in the future",
+    )
+    capped.add_argument(
+        "--capped",
+        dest="uncapped",
+        action="store_const",
+        const=False,
+        help="cap client timestamps at the arrival time (the default)",
+    )
+    parser.add_argument(
+        "--delete-on-empty",
+        type=_age_or_never,
+        metavar="AGE",
+        help="delete the stream once it has been empty this long (or never)",
+    )
+    parser.add_argument(
+        "--storage-class",
+        choices=list(STORAGE_CLASSES),
+        help="the storage class the stream reports (kept as given)",
+    )
 
 
 async def cmd_streams_list(args: argparse.Namespace) -> int:
@@ -61,6 +177,7 @@ async def cmd_streams_list(args: argparse.Namespace) -> int:
                         "committed_end": info.committed_end,
                         "epoch": info.epoch,
                         "owner_node_id": info.owner_node_id,
+                        "config": info.config.to_json(),
                     }
                 )
             )
@@ -73,10 +190,11 @@ async def cmd_streams_list(args: argparse.Namespace) -> int:
             info.committed_end,
             info.epoch,
             "-" if info.owner_node_id is None else info.owner_node_id,
+            info.config.describe(),
         )
         for info in infos
     ]
-    out(table(rows, ("ID", "NAME", "START", "COMMITTED_END", "EPOCH", "OWNER")))
+    out(table(rows, ("ID", "NAME", "START", "COMMITTED_END", "EPOCH", "OWNER", "CONFIG")))
     return EXIT_OK
 
 
@@ -322,7 +440,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         help="create, list, delete and move streams",
         parents=[common],
         description="Create, list, delete and move streams.",
-        epilog="examples:\n  walstream streams create orders\n  walstream streams list "
+        epilog="examples:\n  walstream streams create orders --retention 7d\n"
+        "  walstream streams config orders --timestamping arrival\n  walstream streams list "
         "--prefix ord\n  walstream streams delete orders\n"
         "  walstream streams move orders --to 2",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -339,6 +458,20 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "example:\n  walstream streams create orders",
     )
     create.add_argument("name", help="the new stream's name (unique among active streams)")
+    _add_config_options(create)
+    configure = add_command(
+        streams_commands,
+        "config",
+        "show or change a stream's configuration (retention, timestamping, …)",
+        cmd_streams_config,
+        common,
+        "examples:\n  walstream streams config orders\n"
+        "  walstream streams config orders --retention 7d --timestamping arrival\n"
+        "  walstream streams config orders --retention infinite",
+    )
+    configure.add_argument("name", help="stream name (or #ID)")
+    _add_config_options(configure)
+    configure.add_argument("--json", action="store_true", help="one JSON object")
     listing = add_command(
         streams_commands,
         "list",

@@ -23,7 +23,7 @@ from walstream.metadata.rules import check_basin_name
 from walstream.records import check_text
 from walstream.server.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAIT_S, ServerLimits
 from walstream.server.s2.errors import S2Error
-from walstream.server.s2.model import ROOT_BASIN, new_stream_config
+from walstream.server.s2.model import ROOT_BASIN, new_stream_config, stream_changes
 from walstream.server.s2.request import BodyDeadlines, Request
 from walstream.server.s2.routing import Router, not_owner_here
 from walstream.stream_config import StreamConfig
@@ -253,7 +253,12 @@ class S2Context:
     async def new_stream_config(self, basin: str, given: dict[str, Any]) -> StreamConfig:
         """The configuration of a stream created in ``basin`` through this API: ``given`` (a
         checked S2 ``StreamConfig``) over the basin's ``default_stream_config`` over S2's
-        defaults, with the basin's ``stream_cipher`` (fixed for the stream's life)."""
+        defaults, with the basin's ``stream_cipher`` (fixed for the stream's life). In the
+        root basin (walstream's own streams) the deployment's ``streams:`` defaults stand for
+        S2's, as for a stream created with the Python API or the CLI."""
+        if basin == ROOT_BASIN:
+            set_fields = {k: v for k, v in given.items() if v is not None}
+            return self.client.config.streams.config.with_changes(stream_changes(set_fields))
         stored = await self.basin_config(basin)
         return new_stream_config(
             stored.get("default_stream_config", {}), given, stored.get("stream_cipher")
