@@ -415,6 +415,11 @@ class StreamWriter:
             info = await self._metadata.trim_stream(state.info.stream_id, state.epoch, new_start)
             state.info = info
             state.start_offset = info.start_offset
+            if info.config.delete_on_empty_min_age_s:
+                # Perhaps empty now: delete-on-empty starts counting (engine/retention.py).
+                await self._metadata.set_lifecycle_due(
+                    info.stream_id, self._clock.now_ms(), if_due_ms=info.lifecycle_due_ms
+                )
 
     async def set_fencing_token(self, state: LocalStream, token: str | None) -> None:
         self._gate.check_writable(state)

@@ -27,6 +27,7 @@ from walstream.engine.node_lock import NodeLock
 from walstream.engine.object_reader import ObjectReader
 from walstream.engine.read import StreamReader
 from walstream.engine.recovery import ACCEPT_LOSS_COMMAND, RecoveryRefused, RecoveryStats
+from walstream.engine.retention import LifecycleStats, StreamLifecycle
 from walstream.engine.streams import LocalStream, NodeGate, StreamRegistry
 from walstream.metadata.contract import MetadataStore, NodeInfo, StreamInfo
 from walstream.objects.contract import ObjectStore
@@ -274,6 +275,7 @@ class Client:
             writer=self._writer,
             reader=self.reader,
         )
+        self._lifecycle: StreamLifecycle | None = None
         self.wal_section: dict[str, Any] | None = None
         """With a ``cluster:`` section, the WAL config this node registers (set by
         :func:`walstream.open` from the deployment's ``wal`` section, secrets left out): what
@@ -299,7 +301,30 @@ class Client:
             if self._gate.failure is refused:  # the start-up replay refused: stop what started
                 await self.close()
             raise
+        self._lifecycle = StreamLifecycle(
+            self, self.config.streams.lifecycle_interval_s, self.clock
+        )
+        self._lifecycle.start()
         return self
+
+    @property
+    def lifecycle(self) -> LifecycleStats:
+        """What this node's retention and delete-on-empty work did (:mod:`walstream.engine.retention`)."""
+        return self._lifecycle.stats if self._lifecycle is not None else LifecycleStats()
+
+    async def run_lifecycle(self) -> int:
+        """Run one pass of retention and delete-on-empty now (it also runs every
+        ``streams.lifecycle_interval``); how many due streams it handled."""
+        self._gate.check_open()
+        assert self._lifecycle is not None
+        return await self._lifecycle.run_once()
+
+    async def collect_garbage(self) -> int:
+        """Delete the objects metadata marked destroyed (trimmed, expired, compacted away) from
+        the object store; how many were removed."""
+        self._gate.check_open()
+        compactor = self._runtime.compactor or self._runtime.new_compactor()
+        return await compactor.collect_garbage()
 
     @property
     def node_epoch(self) -> int:
@@ -327,6 +352,8 @@ class Client:
         A client built by :func:`walstream.open` owns its backends and closes them too."""
         if self._gate.closed:
             return
+        if self._lifecycle is not None:
+            await self._lifecycle.close()
         self._gate.closed = True
         try:
             if self._gate.started:
