@@ -1,5 +1,6 @@
 """What ``/health`` and ``/metrics`` of ``walstream serve`` report of the cluster: this node's
-lease and its view of the membership, from the last heartbeat (no metadata call per request)."""
+lease and its view of the membership, from the last heartbeat (no metadata call per request);
+and, in ``/metrics``, its stream lifecycle work (retention, delete-on-empty)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from walstream.engine.client import Client
 
-__all__ = ["cluster_health", "cluster_metrics", "with_cluster_metrics"]
+__all__ = ["cluster_health", "cluster_metrics", "lifecycle_metrics", "with_cluster_metrics"]
 
 
 def cluster_health(client: Client, rejoins: int = 0) -> dict[str, Any] | None:
@@ -80,6 +81,46 @@ def cluster_metrics(client: Client, rejoins: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
+def lifecycle_metrics(client: Client) -> str:
+    """Prometheus text of this node's retention and delete-on-empty work
+    (:mod:`walstream.engine.retention`)."""
+    stats = client.lifecycle
+    lines = [
+        "# HELP walstream_lifecycle_passes_total Passes of the stream lifecycle loop.",
+        "# TYPE walstream_lifecycle_passes_total counter",
+        f"walstream_lifecycle_passes_total {stats.passes}",
+        "# HELP walstream_lifecycle_streams_total Streams whose retention or delete-on-empty "
+        "work this node ran.",
+        "# TYPE walstream_lifecycle_streams_total counter",
+        f"walstream_lifecycle_streams_total {stats.streams_handled}",
+        "# HELP walstream_lifecycle_due_streams Streams found due by the last pass.",
+        "# TYPE walstream_lifecycle_due_streams gauge",
+        f"walstream_lifecycle_due_streams {stats.last_due}",
+        "# HELP walstream_lifecycle_lag_seconds How late the most overdue stream of the last "
+        "pass was handled.",
+        "# TYPE walstream_lifecycle_lag_seconds gauge",
+        f"walstream_lifecycle_lag_seconds {stats.last_lag_s}",
+        "# HELP walstream_retention_trims_total Trims made by retention.",
+        "# TYPE walstream_retention_trims_total counter",
+        f"walstream_retention_trims_total {stats.trims}",
+        "# HELP walstream_retention_expired_records_total Records made unreadable by retention.",
+        "# TYPE walstream_retention_expired_records_total counter",
+        f"walstream_retention_expired_records_total {stats.records_expired}",
+        "# HELP walstream_retention_objects_deleted_total Objects deleted by the garbage "
+        "collection after retention passes.",
+        "# TYPE walstream_retention_objects_deleted_total counter",
+        f"walstream_retention_objects_deleted_total {stats.objects_collected}",
+        "# HELP walstream_streams_deleted_on_empty_total Streams deleted once empty for their "
+        "delete_on_empty age.",
+        "# TYPE walstream_streams_deleted_on_empty_total counter",
+        f"walstream_streams_deleted_on_empty_total {stats.streams_deleted}",
+        "# HELP walstream_lifecycle_failures_total Lifecycle work that failed (retried later).",
+        "# TYPE walstream_lifecycle_failures_total counter",
+        f"walstream_lifecycle_failures_total {stats.failures}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def with_cluster_metrics(
     render: Callable[[], str] | None, client: Client | Callable[[], tuple[Client, int]]
 ) -> Callable[[], str] | None:
@@ -92,8 +133,8 @@ def with_cluster_metrics(
 
     def rendered() -> str:
         if isinstance(client, Client):
-            return inner() + cluster_metrics(client)
+            return inner() + cluster_metrics(client) + lifecycle_metrics(client)
         current, rejoins = client()
-        return inner() + cluster_metrics(current, rejoins)
+        return inner() + cluster_metrics(current, rejoins) + lifecycle_metrics(current)
 
     return rendered
