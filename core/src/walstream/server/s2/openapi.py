@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from walstream.stream_config import MAX_AGE_S
+
 __all__ = ["document"]
 
 _U64 = {"type": "integer", "minimum": 0, "maximum": 2**64 - 1}
@@ -103,26 +105,50 @@ _SCHEMAS: dict[str, Any] = {
     },
     "StreamConfig": {
         "type": "object",
+        "description": "A stream's configuration (docs/guides/lifecycle.md); in a "
+        "reconfiguration, fields left out keep their value and a null field returns to S2's "
+        "default",
         "properties": {
             "storage_class": _nullable({"type": "string", "enum": ["standard", "express"]}),
             "retention_policy": _nullable(
                 {
-                    "type": "object",
-                    "required": ["infinite"],
-                    "properties": {"infinite": {"type": "object"}},
+                    "oneOf": [
+                        {
+                            "type": "object",
+                            "required": ["age"],
+                            "properties": {
+                                "age": {"type": "integer", "minimum": 1, "maximum": MAX_AGE_S}
+                            },
+                        },
+                        {
+                            "type": "object",
+                            "required": ["infinite"],
+                            "properties": {"infinite": {"type": "object"}},
+                        },
+                    ]
                 }
             ),
             "timestamping": _nullable(
                 {
                     "type": "object",
                     "properties": {
-                        "mode": _nullable({"type": "string", "enum": ["client-prefer"]}),
-                        "uncapped": {"type": ["boolean", "null"], "enum": [False, None]},
+                        "mode": _nullable(
+                            {
+                                "type": "string",
+                                "enum": ["client-prefer", "client-require", "arrival"],
+                            }
+                        ),
+                        "uncapped": {"type": ["boolean", "null"]},
                     },
                 }
             ),
             "delete_on_empty": _nullable(
-                {"type": "object", "properties": {"min_age_secs": {"const": 0}}}
+                {
+                    "type": "object",
+                    "properties": {
+                        "min_age_secs": {"type": "integer", "minimum": 0, "maximum": MAX_AGE_S}
+                    },
+                }
             ),
         },
     },
