@@ -222,3 +222,86 @@ async def test_a_stream_empty_for_its_min_age_is_deleted(tmp_path: Path) -> None
     await client.run_lifecycle()
     assert [r.value for r in (await busy.read(0)).records] == [b"kept"]
     await client.close()
+
+
+CHILD = """
+import asyncio, sys, walstream
+
+async def main():
+    client = await walstream.open(sys.argv[1])
+    stream = await client.create_stream(
+        "expiring", config=walstream.StreamConfig(retention_age_s=2)
+    )
+    for i in range(20):
+        await stream.append([walstream.Record(b"record-%d" % i)])
+    await client.flush()
+    print("DONE", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def _cluster_node(root: Path, node_id: int) -> Path:
+    path = root / f"node{node_id}.yaml"
+    path.write_text(
+        f"node: {{id: {node_id}, advertise: 'http://127.0.0.1:{7400 + node_id}'}}\n"
+        f"wal: {{type: ebs, path: wal{node_id}.img, capacity: 16MiB}}\n"
+        "object_store: {type: local, root: objects}\n"
+        "metadata: {type: sqlite, path: meta.db}\n"
+        "compaction: {enabled: false}\n"
+        "streams: {lifecycle_interval: 200ms}\n"
+        "cluster: {lease_duration: 1s, heartbeat_interval: 200ms}\n"
+    )
+    return path
+
+
+@pytest.mark.slow
+async def test_retention_runs_when_the_owner_was_killed(tmp_path: Path) -> None:
+    """Node 1 writes a stream with 2 s of retention and is killed with SIGKILL; node 2 trims
+    it and deletes its objects (real clock and processes; the waits are generous bounds)."""
+    import sys
+
+    import walstream
+
+    survivor = await walstream.open(_cluster_node(tmp_path, 2))
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CHILD,
+        str(_cluster_node(tmp_path, 1)),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        line = (await asyncio.wait_for(child.stdout.readline(), 60)).decode()
+        assert line.startswith("DONE"), (await child.stderr.read()).decode()
+        objects_before = sum(1 for p in (tmp_path / "objects").rglob("*") if p.is_file())
+        assert objects_before >= 1
+        child.kill()
+        await child.wait()
+
+        async def trimmed() -> bool:
+            return (await survivor.metadata.get_stream("expiring")).start_offset == 20
+
+        for _ in range(1200):
+            if await trimmed():
+                break
+            await asyncio.sleep(0.05)
+        assert await trimmed(), "the survivor did not apply the dead owner's stream retention"
+        stream = await survivor.open_stream("expiring")
+        with pytest.raises(OutOfRangeError):
+            await stream.read(0)
+        for _ in range(1200):
+            if not any(p.is_file() for p in (tmp_path / "objects").rglob("*")):
+                break
+            await asyncio.sleep(0.05)
+        assert not any(p.is_file() for p in (tmp_path / "objects").rglob("*")), (
+            "the expired records' objects were kept"
+        )
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+        await survivor.close()

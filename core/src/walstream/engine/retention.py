@@ -45,7 +45,7 @@ from walstream.errors import (
 from walstream.metadata.contract import MetadataStore, NodeInfo, NodeState, StreamInfo
 
 if TYPE_CHECKING:
-    from walstream.engine.client import Client
+    from walstream.engine.client import Client, Stream
 
 __all__ = ["DUE_BATCH", "KV_NAMESPACE", "LifecycleStats", "StreamLifecycle"]
 
@@ -216,13 +216,10 @@ class StreamLifecycle:
         return trimmed
 
     async def _empty_check(
-        self, info: StreamInfo, stream: object, owned: bool, now_ms: int, min_age_ms: int
+        self, info: StreamInfo, stream: Stream, owned: bool, now_ms: int, min_age_ms: int
     ) -> int | None:
         """Delete-on-empty: -1 when the stream was deleted, else when to look again (None: it
         holds records; a trim makes it due again)."""
-        from walstream.engine.client import Stream
-
-        assert isinstance(stream, Stream)
         tail = await stream.check_tail()
         start = await stream.start_offset()
         key = f"empty/{info.stream_id}"
