@@ -305,3 +305,20 @@ async def test_retention_runs_when_the_owner_was_killed(tmp_path: Path) -> None:
             child.kill()
             await child.wait()
         await survivor.close()
+
+
+async def test_a_reconfigure_through_another_node_reaches_the_owner(tmp_path: Path) -> None:
+    """Node 2 changes the timestamping of a stream node 1 writes: node 1's next lifecycle pass
+    takes the new config for its appends."""
+    clock = ManualClock(1_800_000_000_000)
+    owner = await Node(tmp_path, clock, 1).client().start()
+    other = await Node(tmp_path, clock, 2).client().start()
+    stream = await owner.create_stream("shared")
+    assert (await stream.append([Record(b"a", timestamp_ms=5)])).first_timestamp_ms == 5
+    await (await other.open_stream("shared")).reconfigure(timestamping="arrival")
+    await owner.run_lifecycle()
+    ack = await stream.append([Record(b"b", timestamp_ms=6)])
+    assert ack.first_timestamp_ms == clock.now_ms(), "the owner kept the old timestamping"
+    assert await owner.metadata.due_streams(clock.now_ms() + 10**9) == []
+    await other.close()
+    await owner.close()

@@ -15,7 +15,9 @@ one index range, so a pass costs what is due, not what exists) and handles each 
    the garbage collection that follows the pass. The next due time is that first unexpired
    record's expiry (its timestamp + R); with no record left, nothing is due until a commit
    brings one (the commit sets it, invariant 16).
-3. **Delete-on-empty.** With ``delete_on_empty_min_age_s`` M, a stream found empty (start =
+3. **Config changes.** A reconfigure makes the stream due at once: the owner's pass takes the
+   new config for its appends (timestamping) even when it was made through another node.
+4. **Delete-on-empty.** With ``delete_on_empty_min_age_s`` M, a stream found empty (start =
    tail) is marked with the tail and the time (a key of the metadata store's key/value table,
    namespace :data:`KV_NAMESPACE`); once it has stayed empty at that tail for M it is deleted.
    An append in between changes the tail and starts over. A trim makes the check due at once.
@@ -175,6 +177,7 @@ class StreamLifecycle:
 
     async def _handle(self, info: StreamInfo, now_ms: int) -> bool:
         """The stream's due work; True when it trimmed."""
+        self._client._streams.update_config(info)
         stream = await self._client.open_stream(info.stream_id)
         config = info.config
         owned = stream.writing

@@ -350,6 +350,13 @@ class StreamRegistry:
             self._streams[info.stream_id] = state
         return self.touch(state)
 
+    def update_config(self, info: StreamInfo) -> None:
+        """Take ``info``'s config (read from the metadata store) for a stream this node knows:
+        a reconfigure made through another node reaches the owner's appends this way."""
+        state = self._known(info.stream_id)
+        if state is not None and state.info.config != info.config:
+            state.info = dataclasses.replace(state.info, config=info.config)
+
     def is_live(self, stream_id: int) -> bool:
         """False once this node deleted the stream (the uploader drops its batches)."""
         state = self._streams.get(stream_id)

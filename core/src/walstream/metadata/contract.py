@@ -236,8 +236,8 @@ class MetadataStore(ABC):
         changes exactly the fields it names, atomically (of concurrent reconfigures of different
         fields, each lands), and refuses unknown fields and invalid values with
         :class:`InvalidArgument`, changing nothing; no other call changes the config. A
-        reconfigure of retention or delete-on-empty, and a commit of a stream with retention,
-        make its lifecycle work due (:attr:`StreamInfo.lifecycle_due_ms`), and
+        reconfigure that changes the config, and a commit of a stream with retention, make its
+        lifecycle work due (:attr:`StreamInfo.lifecycle_due_ms`), and
         :meth:`due_streams` finds exactly the ACTIVE streams due, oldest due first.
     """
 
@@ -271,8 +271,8 @@ class MetadataStore(ABC):
         <walstream.stream_config.StreamConfig.with_changes>`: field name -> value) to the
         ACTIVE stream's config in one transaction and return the stream (invariant 16):
         :class:`StreamNotFound` if there is none, :class:`InvalidArgument` for an unknown field
-        or an invalid value. A change of retention or delete-on-empty makes its lifecycle work
-        due now."""
+        or an invalid value. A change makes its lifecycle work due now (the owner reads the
+        new config then)."""
 
     @abstractmethod
     async def due_streams(self, now_ms: int, limit: int = 100) -> list[StreamInfo]:

@@ -319,12 +319,10 @@ def _retention_due(
 
 
 def lifecycle_due_on_change(before: StreamConfig, after: StreamConfig) -> bool:
-    """Whether a config change makes the stream's lifecycle work due now: retention or
-    delete-on-empty set or changed."""
-    return (before.retention_age_s, before.delete_on_empty_min_age_s) != (
-        after.retention_age_s,
-        after.delete_on_empty_min_age_s,
-    ) and (after.retention_age_s is not None or after.delete_on_empty_min_age_s > 0)
+    """Whether a config change makes the stream's lifecycle work due now: any change, so the
+    node that owns the stream reads its new config at its next lifecycle pass (retention and
+    delete-on-empty are judged then too)."""
+    return before != after
 
 
 def has_lifecycle(config: StreamConfig) -> bool:
