@@ -252,17 +252,22 @@ async def test_create_list_get_ensure_delete_streams(http: aiohttp.ClientSession
     again = await call(http, "POST", "/v1/streams", 409, json={"stream": "orders"})
     assert again["code"] == "resource_already_exists"
     config = await call(http, "GET", "/v1/streams/orders", 200)
-    assert config["retention_policy"] == {"infinite": {}}
+    assert config["retention_policy"] == {"age": 7 * 86_400}, "S2's default in an S2 basin"
     assert config["timestamping"] == {"mode": "client-prefer", "uncapped": False}
     async with http.put("/v1/streams/orders") as response:
         assert response.status == 200 and response.headers["s2-provision-result"] == "noop"
     async with http.put("/v1/streams/fresh", json={"storage_class": "standard"}) as response:
         assert response.status == 201 and response.headers["s2-provision-result"] == "created"
+    changed = await call(
+        http, "PATCH", "/v1/streams/orders", 200, json={"retention_policy": {"age": 3600}}
+    )
+    assert changed["retention_policy"] == {"age": 3600}
     refused = await call(
-        http, "PATCH", "/v1/streams/orders", 422, json={"retention_policy": {"age": 3600}}
+        http, "PATCH", "/v1/streams/orders", 422, json={"retention_policy": {"age": 0}}
     )
     assert "retention_policy" in refused["message"]
-    await call(http, "PATCH", "/v1/streams/orders", 200, json={"storage_class": "express"})
+    kept = await call(http, "PATCH", "/v1/streams/orders", 200, json={"storage_class": "express"})
+    assert (kept["storage_class"], kept["retention_policy"]) == ("express", {"age": 3600})
 
     assert await call(http, "DELETE", "/v1/streams/orders", 202) is None
     missing = await call(http, "GET", "/v1/streams/orders", 404)
