@@ -895,6 +895,13 @@ class MetadataSuite:
         assert writer.stream_id not in {
             s.stream_id for s in await store.due_streams(5_000 + 3_599_999, limit=1000)
         }
+        page = await store.due_streams(5_000 + 3_600_000, limit=1000)
+        keys = [(s.lifecycle_due_ms or 0, s.stream_id) for s in page]
+        assert keys == sorted(keys), "due_streams is not in (due, id) order"
+        after = await store.due_streams(5_000 + 3_600_000, limit=1000, start_after=keys[0])
+        assert [(s.lifecycle_due_ms, s.stream_id) for s in after] == keys[1:], (
+            "due_streams(start_after=) is not the rest of the listing"
+        )
         assert not await store.set_lifecycle_due(writer.stream_id, None, if_due_ms=1), (
             "set_lifecycle_due ignored its condition"
         )

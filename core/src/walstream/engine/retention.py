@@ -122,20 +122,19 @@ class StreamLifecycle:
         due_count = 0
         nodes: dict[int, NodeInfo | None] = {}
         store_now_ms = await self._metadata.store_time_ms()
-        skipped: set[int] = set()
+        after: tuple[int, int] | None = None
         trimmed = False
         while True:
-            batch = [
-                s
-                for s in await self._metadata.due_streams(now_ms, DUE_BATCH)
-                if s.stream_id not in skipped
-            ]
+            # Keyset pages of the due index: streams left to their live owners do not hide
+            # the ones after them.
+            batch = await self._metadata.due_streams(now_ms, DUE_BATCH, after)
             if not batch:
                 break
+            last = batch[-1]
+            after = (last.lifecycle_due_ms or 0, last.stream_id)
             due_count += len(batch)
             for info in batch:
                 if not await self._acts_on(info, nodes, store_now_ms):
-                    skipped.add(info.stream_id)
                     continue
                 lag_ms = max(lag_ms, now_ms - (info.lifecycle_due_ms or now_ms))
                 try:
@@ -149,7 +148,6 @@ class StreamLifecycle:
                     log.warning(
                         "lifecycle work of stream %d failed, will retry: %s", info.stream_id, error
                     )
-                skipped.add(info.stream_id)  # handled (or failed): not again in this pass
                 handled += 1
             if len(batch) < DUE_BATCH:
                 break

@@ -275,9 +275,13 @@ class MetadataStore(ABC):
         new config then)."""
 
     @abstractmethod
-    async def due_streams(self, now_ms: int, limit: int = 100) -> list[StreamInfo]:
-        """ACTIVE streams whose ``lifecycle_due_ms`` is at or before ``now_ms``, oldest due
-        first, at most ``limit`` (1 to 1000): an index range, however many streams exist."""
+    async def due_streams(
+        self, now_ms: int, limit: int = 100, start_after: tuple[int, int] | None = None
+    ) -> list[StreamInfo]:
+        """ACTIVE streams whose ``lifecycle_due_ms`` is at or before ``now_ms``, by
+        ``(lifecycle_due_ms, stream_id)``, after ``start_after`` (such a pair: the last of the
+        previous page), at most ``limit`` (1 to 1000): an index range, however many streams
+        exist."""
 
     @abstractmethod
     async def set_lifecycle_due(

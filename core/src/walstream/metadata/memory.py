@@ -203,14 +203,18 @@ class MemoryMetadataStore(MetadataStore):
         self._state().streams[stream_id] = changed
         return changed
 
-    async def due_streams(self, now_ms: int, limit: int = 100) -> list[StreamInfo]:
+    async def due_streams(
+        self, now_ms: int, limit: int = 100, start_after: tuple[int, int] | None = None
+    ) -> list[StreamInfo]:
         check_due_limit(limit)
+        after = start_after if start_after is not None else (-(1 << 62), -1)
         due = [
             stream
             for stream in self._state().streams.values()
             if stream.state is StreamState.ACTIVE
             and stream.lifecycle_due_ms is not None
             and stream.lifecycle_due_ms <= now_ms
+            and (stream.lifecycle_due_ms, stream.stream_id) > after
         ]
         due.sort(key=lambda stream: (stream.lifecycle_due_ms or 0, stream.stream_id))
         return due[:limit]

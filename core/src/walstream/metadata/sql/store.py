@@ -165,16 +165,22 @@ class SqlMetadataStore(SqlNodes, SqlBasins, SqlKv, MetadataStore):
 
         return await self._write(work)
 
-    async def due_streams(self, now_ms: int, limit: int = 100) -> list[StreamInfo]:
+    async def due_streams(
+        self, now_ms: int, limit: int = 100, start_after: tuple[int, int] | None = None
+    ) -> list[StreamInfo]:
         check_due_limit(limit)
+        after_due, after_id = start_after if start_after is not None else (-(1 << 62), -1)
 
         async def work(tables: Tables) -> list[StreamInfo]:
             rows = await tables.db.fetch(
                 f"SELECT {STREAM_COLUMNS} FROM streams WHERE lifecycle_due_ms IS NOT NULL "
                 "AND lifecycle_due_ms <= $1 AND state = 'active' "
+                "AND (lifecycle_due_ms > $3 OR (lifecycle_due_ms = $3 AND stream_id > $4)) "
                 "ORDER BY lifecycle_due_ms, stream_id LIMIT $2",
                 now_ms,
                 limit,
+                after_due,
+                after_id,
             )
             return [stream_of(row) for row in rows]
 
