@@ -88,6 +88,7 @@ def test_streams_config_shows_and_changes_settings(cli: Cli) -> None:
 def test_streams_config_through_a_running_server(
     cli: Cli, deployment: Path, tmp_path: Path
 ) -> None:
+    deployment.write_text(DEPLOYMENT + "streams: {retention: 30d}\n")
     server = WalstreamServe(deployment, workdir=tmp_path)
     server.start()
     try:
@@ -96,9 +97,12 @@ def test_streams_config_through_a_running_server(
             "a create through the server took S2's default instead of the setting given"
         )
         cli("streams", "create", "plain")
-        assert _config(cli, "plain")["retention_age_s"] is None, (
-            "the root basin's streams take the deployment's defaults (infinite), not S2's"
+        assert _config(cli, "plain")["retention_age_s"] == 30 * 86_400, (
+            "the root basin's streams take the deployment's defaults, not S2's"
         )
+        cli("streams", "create", "classed", "--storage-class", "standard")
+        classed = _config(cli, "classed")
+        assert (classed["storage_class"], classed["retention_age_s"]) == ("standard", 30 * 86_400)
         cli("streams", "config", "events", "--timestamping", "client-require")
         changed = _config(cli, "events")
         assert (changed["timestamping"], changed["retention_age_s"]) == (

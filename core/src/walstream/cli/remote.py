@@ -421,10 +421,12 @@ class _LiveNodeClient:
         info = await self.metadata.get_stream(ref)
         return _LiveStream(self, info.stream_id, info.name)
 
-    async def create_stream(self, name: str, *, config: StreamConfig | None = None) -> Any:
+    async def create_stream(self, name: str, *, changes: Mapping[str, Any] | None = None) -> Any:
+        """Create through the server: the settings in ``changes`` (StreamConfig field names)
+        over the server's ``streams:`` defaults."""
         body: dict[str, Any] = {"stream": name}
-        if config is not None:
-            body["config"] = _s2_config(config.to_json())
+        if changes:
+            body["config"] = _s2_config(changes)
         await self._remote().call("POST", "/v1/streams", body)
         info = await self.metadata.get_stream(name)
         return argparse.Namespace(name=info.name, stream_id=info.stream_id)

@@ -16,11 +16,11 @@ from walstream.cli.output import PROG, NoProgress, format_record, out, plural, p
 from walstream.cli.remote import READ_PAGE_RECORDS, open_client, open_follower
 from walstream.cli.runner import EXIT_OK, EXIT_USAGE
 from walstream.encryption import EncryptionKey
+from walstream.engine.client import Client
 from walstream.errors import InvalidArgument, OutOfRangeError
 from walstream.records import ReadResult, Record, parse_stream_ref
 from walstream.stream_config import (
     STORAGE_CLASSES,
-    StreamConfig,
     Timestamping,
     format_age,
     parse_age,
@@ -51,11 +51,13 @@ DEFAULT_TAIL_LINES = 10
 async def cmd_streams_create(args: argparse.Namespace) -> int:
     changes = config_changes(args)
     async with open_client(args.config) as client:
-        if changes:
-            base = client.config.streams.config if hasattr(client, "config") else StreamConfig()
-            stream = await client.create_stream(args.name, config=base.with_changes(changes))
-        else:
+        if not changes:
             stream = await client.create_stream(args.name)
+        elif isinstance(client, Client):
+            config = client.config.streams.config.with_changes(changes)
+            stream = await client.create_stream(args.name, config=config)
+        else:  # through a running server: the settings given, over the server's defaults
+            stream = await client.create_stream(args.name, changes=changes)
         out(f"created stream {stream.name!r} (id {stream.stream_id})")
     return EXIT_OK
 
