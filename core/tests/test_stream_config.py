@@ -193,3 +193,17 @@ def test_ages_parse_and_print() -> None:
     ]
     with pytest.raises(InvalidArgument):
         parse_age("7 years")
+
+
+def test_the_blocking_facade_creates_and_reconfigures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from walstream import blocking
+
+    monkeypatch.chdir(tmp_path)
+    with blocking.open(None) as client:
+        stream = client.create_stream("sync", config=StreamConfig(retention_age_s=60))
+        assert stream.config.retention_age_s == 60
+        changed = stream.reconfigure(storage_class="express")
+        assert changed == StreamConfig(retention_age_s=60, storage_class="express")
+        assert stream.config == changed
