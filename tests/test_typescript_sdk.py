@@ -2,7 +2,7 @@
 install``) against ``walstream serve``: ``clients/node/sdk-check.mjs`` runs each check (create
 basin and stream, appends JSON and protobuf, match_seq_num, fencing, reads by seq_num, tail
 offset and timestamp, long polls, trim, append and read sessions over HTTP/2 (s2s) and over
-HTTP/1.1 (fetch), the producer, errors) and prints one JSON line per check; each check is one
+HTTP/1.1 (fetch), the producer, errors, a stream's own configuration) and prints one JSON line per check; each check is one
 test here.
 
 The test skips only when the server does not answer S2's REST API v1 (``GET /v1/basins`` is not
@@ -57,6 +57,7 @@ CHECKS = [
     ),
     "read_count_zero",
     "reconfigure_basin",
+    "stream_config",
     "utf8_stream_name",
     "encryption_aegis-256",
     "encryption_aes-256-gcm",

@@ -287,6 +287,49 @@ const checks = [
 		expect(back.createStreamOnRead === false, "and changed back", back);
 		return { changed };
 	}],
+	["stream_config", async () => {
+		// A stream's own configuration: kept as set (storage class included), changed in part,
+		// and enforced (client-require refuses an append without a timestamp).
+		const name = "configured";
+		await basin.streams.create({
+			stream: name,
+			config: {
+				storageClass: "standard",
+				retentionPolicy: { ageSecs: 3600 },
+				timestamping: { mode: "client-require", uncapped: true },
+				deleteOnEmpty: { minAgeSecs: 600 },
+			},
+		});
+		try {
+			const config = await basin.streams.getConfig({ stream: name });
+			expect(config.storageClass === "standard", "the storage class is kept", config);
+			expect(config.retentionPolicy?.ageSecs === 3600, "the retention is kept", config);
+			expect(
+				config.timestamping?.mode === "client-require" && config.timestamping?.uncapped === true,
+				"the timestamping is kept", config);
+			expect(config.deleteOnEmpty?.minAgeSecs === 600, "delete-on-empty is kept", config);
+			await basin.streams.reconfigure({ stream: name, retentionPolicy: { infinite: {} } });
+			const after = await basin.streams.getConfig({ stream: name });
+			expect("infinite" in (after.retentionPolicy ?? {}), "the retention is now infinite", after);
+			expect(after.storageClass === "standard", "a partial change keeps the rest", after);
+			const configured = basin.stream(name);
+			const error = await expectError(
+				configured.append(AppendInput.create([AppendRecord.string({ body: "no timestamp" })])),
+				S2Error, "an append without a timestamp under client-require");
+			expect(error.status === 422, "422 for a missing timestamp", error.status);
+			const future = Date.now() + 3_600_000;
+			const ack = await configured.append(AppendInput.create([
+				AppendRecord.string({ body: "stamped", timestamp: future }),
+			]));
+			expect(ack.start.seqNum === 0, "a stamped append is acked", ack);
+			const batch = await configured.read({ start: { from: { seqNum: 0 } } });
+			const stamp = batch.records[0]?.timestamp?.getTime();
+			expect(stamp === future, "uncapped keeps the future timestamp", { stamp, future });
+			return { config: after };
+		} finally {
+			await basin.streams.delete({ stream: name });
+		}
+	}],
 	["utf8_stream_name", async () => {
 		const name = "日本語/ストリーム 🙂";
 		await basin.streams.create({ stream: name });
