@@ -2,8 +2,8 @@
 install``) against ``walstream serve``: ``clients/node/sdk-check.mjs`` runs each check (create
 basin and stream, appends JSON and protobuf, match_seq_num, fencing, reads by seq_num, tail
 offset and timestamp, long polls, trim, append and read sessions over HTTP/2 (s2s) and over
-HTTP/1.1 (fetch), the producer, errors, a stream's own configuration) and prints one JSON line per check; each check is one
-test here.
+HTTP/1.1 (fetch), the producer, errors, a stream's own configuration) and prints one JSON line
+per check; each check is one test here.
 
 The test skips only when the server does not answer S2's REST API v1 (``GET /v1/basins`` is not
 200 with the token); a missing Node.js or SDK install is a failure, not a skip.
