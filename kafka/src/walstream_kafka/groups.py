@@ -5,13 +5,23 @@ Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups.
 names the same one while the set of live nodes is the same). A group request that reaches
 another node is answered ``NOT_COORDINATOR`` and the client asks FindCoordinator again.
 
-**State.** Membership (members, generation, leader, assignments) is soft state in the
-coordinator's memory, as in Kafka: when the coordinator dies its successor starts the group
-empty and the members simply join again. What must survive is kept in the metadata store's
-key/value table (namespace ``kafka.groups``, one entry per group, written by compare-and-set
-before the commit is answered): the group's existence, its protocol type and its committed
-offsets. OffsetFetch and ListGroups read it, so a group resumes from its committed offsets on
-any node after any crash.
+**State.** A group lives in the metadata store's key/value table (namespace ``kafka.groups``,
+one entry per group, every write a compare-and-set): its protocol type, its committed offsets
+(written before OffsetCommit is answered) and its last stable generation: the generation
+number, protocol, leader and every member (id, client, timeouts, protocols, assignment),
+written before the leader's SyncGroup hands out the assignments and when the group empties.
+The coordinator keeps a copy in memory for heartbeats and rebalances in progress. When the
+coordinator dies, its successor loads the group from the table the first time a request names
+it: the members carry on with the same member ids and generation (their heartbeats and commits
+are accepted, no rebalance), each getting a full session timeout from the load to reach the new
+coordinator; one that does not is removed as a session timeout and the group rebalances.
+OffsetFetch and ListGroups read the table, so committed offsets are found on any node after
+any crash.
+
+**Fencing.** A node writes a group's entry only at the version it last read or wrote. A write
+that finds another version means another node coordinated the group meanwhile (the live-node
+set changed): this node drops its copy and answers ``NOT_COORDINATOR``, and the client asks
+FindCoordinator again. A node also drops the copies of groups it no longer coordinates.
 
 **Rebalance.** A JoinGroup (or a member leaving, or a session expiring) moves the group to
 PreparingRebalance; it completes when every member has joined again, or when the longest
@@ -24,6 +34,7 @@ rejoin with the member id it is given (``MEMBER_ID_REQUIRED``), as Kafka does.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import time
@@ -86,6 +97,10 @@ class _Group:
     """Member ids handed out by MEMBER_ID_REQUIRED that have not joined yet."""
     rebalance_deadline: float = 0.0
     next_member: int = 0
+    version: int = 0
+    """The version of the group's key/value entry this node last read or wrote."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held across each read-modify-write of the entry (this node's writes in turn)."""
 
 
 class Coordinator:
@@ -95,14 +110,72 @@ class Coordinator:
         self.broker = broker
         self.groups: dict[str, _Group] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[bool]] = set()
 
-    def group(self, group_id: str) -> _Group:
+    async def group(self, group_id: str) -> _Group:
+        """The group in memory, loaded from the key/value table the first time."""
         found = self.groups.get(group_id)
         if found is None:
-            found = self.groups[group_id] = _Group(group_id)
+            stored, version = await _stored(self.broker, group_id)
+            found = self.groups.get(group_id)  # another request loaded it meanwhile
+            if found is None:
+                found = self.groups[group_id] = _restore(group_id, stored, version)
         if self._reaper is None or self._reaper.done():
             self._reaper = asyncio.ensure_future(self._reap())
         return found
+
+    async def existing(self, group_id: str) -> _Group | None:
+        """The group if it has members (loaded from the table when not in memory)."""
+        if group_id in self.groups:
+            return self.groups[group_id]
+        found = await self.group(group_id)
+        return found if found.members else None
+
+    def drop(self, group: _Group) -> None:
+        """Forget this node's copy of ``group`` (another node coordinates it): waiting joins
+        and syncs are answered ``NOT_COORDINATOR``."""
+        if self.groups.get(group.group_id) is group:
+            del self.groups[group.group_id]
+        for member in group.members.values():
+            for future in (member.join, member.sync):
+                if future is not None and not future.done():
+                    future.set_result(
+                        {**_join_error(codes.NOT_COORDINATOR, member.member_id), "assignment": b""}
+                    )
+
+    async def persist(self, group: _Group) -> bool:
+        """Write ``group``'s generation and members at the version this node knows; False
+        (and the copy dropped) when another node wrote the entry meanwhile."""
+        async with group.lock:
+            if self.groups.get(group.group_id) is not group:
+                return False
+            try:
+                stored, version = await _stored(self.broker, group.group_id)
+                if version != group.version:
+                    raise VersionConflict(f"group {group.group_id!r} moved on to {version}")
+                stored["group"] = _snapshot(group)
+                if group.protocol_type:
+                    stored["protocol_type"] = group.protocol_type
+                group.version = await self.broker.kv.kv_put(
+                    GROUPS_NAMESPACE, group.group_id, json.dumps(stored).encode(), version
+                )
+                return True
+            except VersionConflict:
+                log.info(
+                    "kafka: group %r was coordinated by another node meanwhile; this node "
+                    "drops its copy",
+                    group.group_id,
+                )
+            except Exception as error:
+                log.warning("kafka: storing group %r failed: %s", group.group_id, error)
+            self.drop(group)
+            return False
+
+    def persist_later(self, group: _Group) -> None:
+        """:meth:`persist` in the background (a transition made outside a request)."""
+        task = asyncio.ensure_future(self.persist(group))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _reap(self) -> None:
         """Expire members whose session ran out; finish rebalances whose time ran out."""
@@ -126,6 +199,8 @@ class Coordinator:
                     self.complete_rebalance(group, force=True)
                 if group.state == "Empty" and not group.members and not group.pending:
                     self.groups.pop(group.group_id, None)
+                elif await _not_here(self.broker, group.group_id):
+                    self.drop(group)
 
     # -- transitions -----------------------------------------------------------------------------
 
@@ -157,6 +232,7 @@ class Coordinator:
             group.generation += 1
             group.leader = None
             group.protocol_name = None
+            self.persist_later(group)
 
     def complete_rebalance(self, group: _Group, force: bool = False) -> None:
         """Finish the rebalance when every member has joined (or ``force``: time is up)."""
@@ -169,6 +245,7 @@ class Coordinator:
         if not group.members:
             group.state = "Empty"
             group.generation += 1
+            self.persist_later(group)
             return
         group.generation += 1
         group.state = "CompletingRebalance"
@@ -204,6 +281,63 @@ class Coordinator:
             member.last_seen = time.monotonic()
 
 
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _snapshot(group: _Group) -> dict[str, Any]:
+    """What the key/value entry keeps of ``group``'s membership (its ``group`` field)."""
+    return {
+        "generation": group.generation,
+        "protocol_name": group.protocol_name,
+        "leader": group.leader,
+        "members": [
+            {
+                "member_id": member.member_id,
+                "client_id": member.client_id,
+                "client_host": member.client_host,
+                "session_timeout_s": member.session_timeout_s,
+                "rebalance_timeout_s": member.rebalance_timeout_s,
+                "protocol_type": member.protocol_type,
+                "protocols": [[name, _b64(metadata)] for name, metadata in member.protocols],
+                "instance_id": member.instance_id,
+                "assignment": _b64(member.assignment),
+            }
+            for member in group.members.values()
+        ],
+    }
+
+
+def _restore(group_id: str, stored: dict[str, Any], version: int) -> _Group:
+    """The group as its key/value entry (at ``version``) left it: Stable with its members,
+    each given a full session timeout from now, or Empty."""
+    group = _Group(group_id, version=version, protocol_type=stored.get("protocol_type"))
+    snapshot = stored.get("group")
+    if not snapshot:
+        return group
+    group.generation = int(snapshot["generation"])
+    now = time.monotonic()
+    for item in snapshot["members"]:
+        member = _Member(
+            str(item["member_id"]),
+            str(item["client_id"]),
+            str(item["client_host"]),
+            float(item["session_timeout_s"]),
+            float(item["rebalance_timeout_s"]),
+            str(item["protocol_type"]),
+            [(str(name), base64.b64decode(data)) for name, data in item["protocols"]],
+            item.get("instance_id"),
+            base64.b64decode(item["assignment"]),
+            last_seen=now,
+        )
+        group.members[member.member_id] = member
+    if group.members:
+        group.state = "Stable"
+        group.protocol_name = snapshot.get("protocol_name")
+        group.leader = snapshot.get("leader")
+    return group
+
+
 def _common_protocol(members: list[_Member]) -> str | None:
     names = [name for name, _ in members[0].protocols]
     for name in names:
@@ -226,7 +360,14 @@ async def _coordinator_node(broker: KafkaBroker, group_id: str) -> int:
 
 
 async def _not_here(broker: KafkaBroker, group_id: str) -> bool:
-    return await _coordinator_node(broker, group_id) != broker.node_id
+    """True when another node coordinates ``group_id`` (this node's copy is then dropped)."""
+    if await _coordinator_node(broker, group_id) == broker.node_id:
+        return False
+    coordinator = coordinator_of(broker)
+    stale = coordinator.groups.get(group_id)
+    if stale is not None:
+        coordinator.drop(stale)
+    return True
 
 
 # -- FindCoordinator ------------------------------------------------------------------------------
@@ -299,7 +440,7 @@ async def handle_join_group(session: Any, request: DecodedRequest) -> dict[str, 
     if not protocols or not body.protocol_type:
         return _join_error(codes.INCONSISTENT_GROUP_PROTOCOL)
     coordinator = coordinator_of(broker)
-    group = coordinator.group(group_id)
+    group = await coordinator.group(group_id)
     if group.members and group.protocol_type != body.protocol_type:
         return _join_error(codes.INCONSISTENT_GROUP_PROTOCOL)
     if group.members and not any(
@@ -363,7 +504,7 @@ async def handle_sync_group(session: Any, request: DecodedRequest) -> dict[str, 
     if await _not_here(broker, body.group_id):
         return {"error_code": codes.NOT_COORDINATOR, "assignment": b""}
     coordinator = coordinator_of(broker)
-    group = coordinator.groups.get(body.group_id)
+    group = await coordinator.existing(body.group_id)
     member = None if group is None else group.members.get(body.member_id)
     if group is None or member is None:
         return {"error_code": codes.UNKNOWN_MEMBER_ID, "assignment": b""}
@@ -379,9 +520,25 @@ async def handle_sync_group(session: Any, request: DecodedRequest) -> dict[str, 
     sync = member.sync
     if body.member_id == group.leader:
         given = {item.member_id: bytes(item.assignment) for item in body.assignments}
-        group.state = "Stable"
+        generation = group.generation
         for other in group.members.values():
             other.assignment = given.get(other.member_id, b"")
+        # The generation is stored before anyone is told its assignment, so a successor
+        # coordinator knows every member this generation hands partitions to.
+        stored = await coordinator.persist(group)
+        if (
+            not stored
+            or group.generation != generation
+            or group.state != "CompletingRebalance"
+            or coordinator.groups.get(group.group_id) is not group
+        ):
+            # Dropped (the syncs were answered NOT_COORDINATOR), or a join started the next
+            # rebalance meanwhile (answered REBALANCE_IN_PROGRESS).
+            if not sync.done():
+                sync.set_result({"error_code": codes.REBALANCE_IN_PROGRESS, "assignment": b""})
+            return sync.result()
+        group.state = "Stable"
+        for other in group.members.values():
             if other.sync is not None and not other.sync.done():
                 other.sync.set_result(
                     {"error_code": codes.NONE, "assignment": other.assignment, **answer_common}
@@ -403,7 +560,7 @@ async def handle_heartbeat(session: Any, request: DecodedRequest) -> dict[str, A
     body = request.body
     if await _not_here(broker, body.group_id):
         return {"throttle_time": 0, "error_code": codes.NOT_COORDINATOR}
-    group = coordinator_of(broker).groups.get(body.group_id)
+    group = await coordinator_of(broker).existing(body.group_id)
     member = None if group is None else group.members.get(body.member_id)
     if group is None or member is None:
         return {"throttle_time": 0, "error_code": codes.UNKNOWN_MEMBER_ID}
@@ -426,7 +583,7 @@ async def handle_leave_group(session: Any, request: DecodedRequest) -> dict[str,
     if await _not_here(broker, body.group_id):
         return {"throttle_time": 0, "error_code": codes.NOT_COORDINATOR, "members": []}
     coordinator = coordinator_of(broker)
-    group = coordinator.groups.get(body.group_id)
+    group = await coordinator.existing(body.group_id)
     leaving = (
         [(member.member_id, member.group_instance_id) for member in body.members]
         if hasattr(body, "members")
@@ -485,43 +642,55 @@ async def handle_offset_commit(session: Any, request: DecodedRequest) -> dict[st
         return answer(codes.INVALID_GROUP_ID)
     if await _not_here(broker, body.group_id):
         return answer(codes.NOT_COORDINATOR)
-    group = coordinator_of(broker).groups.get(body.group_id)
+    coordinator = coordinator_of(broker)
+    group = await coordinator.group(body.group_id)
     generation = getattr(body, "generation_id", None)
     if generation is None:
         generation = body.generation_id_or_member_epoch
     if generation >= 0 or body.member_id:
-        member = None if group is None else group.members.get(body.member_id)
-        if group is None or member is None:
+        member = group.members.get(body.member_id)
+        if member is None:
             return answer(codes.UNKNOWN_MEMBER_ID)
         if generation != group.generation:
             return answer(codes.ILLEGAL_GENERATION)
         if group.state == "PreparingRebalance":
             return answer(codes.REBALANCE_IN_PROGRESS)
         member.last_seen = time.monotonic()
-    elif group is not None and group.members:
+    elif group.members:
         # A commit without membership to a group that has members (Kafka's rule).
         return answer(codes.UNKNOWN_MEMBER_ID)
     for _ in range(_COMMIT_ATTEMPTS):
-        stored, version = await _stored(broker, body.group_id)
-        offsets: dict[str, dict[str, list[Any]]] = stored.setdefault("offsets", {})
-        for topic in body.topics:
-            for part in topic.partitions:
-                offsets.setdefault(topic.name, {})[str(part.partition_index)] = [
-                    part.committed_offset,
-                    part.committed_metadata or "",
-                ]
-        if group is not None and group.protocol_type:
-            stored["protocol_type"] = group.protocol_type
-        try:
-            await broker.kv.kv_put(
-                GROUPS_NAMESPACE, body.group_id, json.dumps(stored).encode(), version
-            )
-        except VersionConflict:
-            continue
-        except Exception as error:
-            log.warning("kafka: committing offsets of group %r failed: %s", body.group_id, error)
-            return answer(codes.COORDINATOR_NOT_AVAILABLE)
-        return answer(codes.NONE)
+        async with group.lock:
+            if coordinator.groups.get(body.group_id) is not group:
+                return answer(codes.NOT_COORDINATOR)
+            stored, version = await _stored(broker, body.group_id)
+            if version != group.version:
+                if group.members or (stored.get("group") or {}).get("members"):
+                    # Another node coordinated this group meanwhile: it is not ours.
+                    coordinator.drop(group)
+                    return answer(codes.NOT_COORDINATOR)
+                group.version = version  # another commit without membership: no conflict
+            offsets: dict[str, dict[str, list[Any]]] = stored.setdefault("offsets", {})
+            for topic in body.topics:
+                for part in topic.partitions:
+                    offsets.setdefault(topic.name, {})[str(part.partition_index)] = [
+                        part.committed_offset,
+                        part.committed_metadata or "",
+                    ]
+            if group.protocol_type:
+                stored["protocol_type"] = group.protocol_type
+            try:
+                group.version = await broker.kv.kv_put(
+                    GROUPS_NAMESPACE, body.group_id, json.dumps(stored).encode(), version
+                )
+            except VersionConflict:
+                continue  # the next attempt reads the entry again and decides
+            except Exception as error:
+                log.warning(
+                    "kafka: committing offsets of group %r failed: %s", body.group_id, error
+                )
+                return answer(codes.COORDINATOR_NOT_AVAILABLE)
+            return answer(codes.NONE)
     return answer(codes.COORDINATOR_LOAD_IN_PROGRESS)
 
 
@@ -593,7 +762,7 @@ async def handle_describe_groups(session: Any, request: DecodedRequest) -> dict[
         if await _not_here(broker, group_id):
             answers.append({"error_code": codes.NOT_COORDINATOR, "group_id": group_id})
             continue
-        group = coordinator.groups.get(group_id)
+        group = await coordinator.existing(group_id)
         if group is None or not group.members:
             stored, version = await _stored(broker, group_id)
             answers.append(
