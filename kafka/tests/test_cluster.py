@@ -14,6 +14,8 @@ CI runs one partition and a few thousand records; ``--soak`` three partitions an
 
 from __future__ import annotations
 
+import asyncio
+import struct
 import threading
 import time
 import zlib
@@ -52,21 +54,101 @@ SASL = {
 """The nodes have a token (the rig's), so every client authenticates with SASL/PLAIN."""
 
 
+class AnswerGate:
+    """A TCP relay in front of one node's Kafka listener (the address the node advertises).
+    While :attr:`swallowing`, it relays requests but not the answers to Produce requests: the
+    node stores the batch and answers, the client never hears so and retries elsewhere once
+    the node is gone — the batch whose acknowledgement a crash cut off."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = free_port()
+        self.swallowing = False
+        self.swallowed = 0
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._serve, args=(ready,), daemon=True)
+        self.thread.start()
+        ready.wait(10)
+
+    def _serve(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(
+            asyncio.start_server(self._relay, "127.0.0.1", self.port)
+        )
+        ready.set()
+        self.loop.run_forever()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:
+            writer.close()
+            return
+        produce_ids: set[int] = set()
+
+        async def requests() -> None:
+            while True:
+                head = await reader.readexactly(4)
+                frame = await reader.readexactly(struct.unpack(">i", head)[0])
+                api_key, _version, correlation = struct.unpack_from(">hhi", frame)
+                if api_key == 0:
+                    produce_ids.add(correlation)
+                up_writer.write(head + frame)
+                await up_writer.drain()
+
+        async def answers() -> None:
+            while True:
+                head = await up_reader.readexactly(4)
+                frame = await up_reader.readexactly(struct.unpack(">i", head)[0])
+                (correlation,) = struct.unpack_from(">i", frame)
+                if self.swallowing and correlation in produce_ids:
+                    self.swallowed += 1
+                    continue
+                writer.write(head + frame)
+                await writer.drain()
+
+        tasks = [asyncio.ensure_future(requests()), asyncio.ensure_future(answers())]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            task.cancel()
+        for stream in (writer, up_writer):
+            stream.close()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
 class KafkaCluster(Cluster):
-    """The cluster rig with a ``kafka:`` section per node, on a port kept across restarts."""
+    """The cluster rig with a ``kafka:`` section per node, on a port kept across restarts,
+    advertising an :class:`AnswerGate` in front of it."""
 
     def __init__(self, settings: ClusterSettings, folder: Path) -> None:
         super().__init__(settings, folder)
         self.kafka_ports: dict[int, int] = {}
+        self.gates: dict[int, AnswerGate] = {}
 
     def deployment(self, node_id: int, port: int) -> dict[str, Any]:
         document = super().deployment(node_id, port)
         kafka_port = self.kafka_ports.setdefault(node_id, free_port())
-        document["kafka"] = {"listen": f"127.0.0.1:{kafka_port}"}
+        gate = self.gates.get(node_id) or self.gates.setdefault(node_id, AnswerGate(kafka_port))
+        document["kafka"] = {
+            "listen": f"127.0.0.1:{kafka_port}",
+            "advertise": f"127.0.0.1:{gate.port}",
+        }
         return document
 
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            for gate in self.gates.values():
+                gate.close()
+
     def bootstrap(self, *nodes: int) -> str:
-        return ",".join(f"127.0.0.1:{self.kafka_ports[node]}" for node in nodes or self.nodes)
+        return ",".join(f"127.0.0.1:{self.gates[node].port}" for node in nodes or self.nodes)
 
 
 @pytest.fixture(scope="module")
@@ -291,18 +373,35 @@ def test_the_partition_leader_is_sigkilled_nothing_acknowledged_is_lost_or_doubl
             failed.append(str(error))
 
     tail = Tail(bootstrap, topic, partitions)
-    killed_at = -1
     try:
-        for index in range(total):
-            producer.produce(topic, value=b"r%d" % index, on_delivery=delivered)
+        sent = 0
+
+        def send() -> None:
+            nonlocal sent
+            producer.produce(topic, value=b"r%d" % sent, on_delivery=delivered)
+            sent += 1
             producer.poll(0)
-            if index % 100 == 99:
-                time.sleep(0.01)  # a few thousand records a second: the kill lands mid-stream
-            if killed_at < 0 and len(acknowledged) >= total // 3:
-                cluster.kill(victim)
-                killed_at = index
+
+        while sent < total // 3:
+            send()
         assert producer.flush(TIMEOUT_S) == 0
-        assert killed_at > 0, "the producer finished before the kill"
+        # The leader stores batches whose acknowledgement it never gets to send, then dies:
+        # the producer retries them at the next leader, which must not store them again.
+        gate = cluster.gates[victim]
+        gate.swallowing = True
+        while gate.swallowed == 0 and sent < total:
+            send()
+            time.sleep(0.001)
+        cluster.kill(victim)
+        gate.swallowing = False
+        killed_at = sent
+        while sent < total:
+            send()
+            if sent % 100 == 0:
+                time.sleep(0.01)  # records keep coming while the clients look for the leader
+        assert producer.flush(TIMEOUT_S) == 0
+        assert 0 < killed_at < total, "the producer finished before the kill"
+        assert cluster.gates[victim].swallowed > 0
         assert failed == []
         assert len(acknowledged) == total
         stored = {
