@@ -29,7 +29,11 @@ def start_server(
     token: str | None = None,
     advertise: str | None = None,
     kafka_port: int | None = None,
+    kafka_options: str = "",
+    extra: str = "",
 ) -> KafkaServer:
+    """A ``walstream serve`` with a ``kafka:`` section (``kafka_options``: more keys of it, as
+    ``, key: value``; ``extra``: more YAML sections)."""
     port = kafka_port or free_port()
     advertised = f", advertise: '{advertise}'" if advertise else ""
     deployment = folder / "deploy.yaml"
@@ -39,7 +43,8 @@ def start_server(
         "object_store: {type: local, root: data/objects, fsync: false}\n"
         "metadata: {type: sqlite, path: data/meta.db}\n"
         "upload: {max_bytes: 1MiB, max_interval: 100ms}\n"
-        f"kafka: {{listen: '127.0.0.1:{port}'{advertised}}}\n"
+        f"kafka: {{listen: '127.0.0.1:{port}'{advertised}{kafka_options}}}\n"
+        f"{extra}"
     )
     process = WalstreamServe(deployment, token=token)
     url = process.start()

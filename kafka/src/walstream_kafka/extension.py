@@ -7,6 +7,10 @@ kafka:
   listen: 0.0.0.0:9092          # where the listener binds (port 0: any free port)
   advertise: kafka1.example:9092 # what Metadata tells clients (default: listen's)
 ```
+
+The ``server:`` section's bounds apply here too unless the section sets its own
+(``max_connections_per_address``, ``send_timeout``), and ``server.tls`` makes this listener
+speak TLS with the same certificate (``tls: false`` keeps it cleartext).
 """
 
 from __future__ import annotations
@@ -63,11 +67,32 @@ OPTIONS: tuple[Option, ...] = (
         minimum=1,
     ),
     Option(
+        "max_connections_per_address",
+        "int",
+        "connections one remote address may hold open at once; more are closed (default: "
+        "server.max_connections_per_address)",
+        minimum=1,
+    ),
+    Option(
         "idle_timeout",
         "duration",
         "close a connection that sends nothing this long",
         default=600.0,
         minimum=0.001,
+    ),
+    Option(
+        "send_timeout",
+        "duration",
+        "close a connection that takes none of an answer's bytes this long (default: "
+        "server.send_timeout)",
+        minimum=0.001,
+    ),
+    Option(
+        "tls",
+        "bool",
+        "speak TLS (clients' SSL / SASL_SSL) with server.tls's certificate when server.tls is "
+        "set; false: cleartext even then",
+        default=True,
     ),
 )
 
@@ -100,11 +125,15 @@ class KafkaExtension:
             )
 
     async def start(self, context: ListenerContext) -> ExtraListener:
+        from walstream.server.http.tls import server_context
+        from walstream.server.limits import limits_from_section
+
         from walstream_kafka.broker import BrokerAddress, KafkaBroker
         from walstream_kafka.kv import open_kv
         from walstream_kafka.server import KafkaListener, ListenerLimits
 
         section = context.section
+        server_limits = limits_from_section(context.deployment.sections.get("server") or {})
         host, port = parse_address(section["listen"], "kafka.listen")
         broker_host, broker_port = host, port
         if section.get("advertise") is not None:
@@ -113,7 +142,17 @@ class KafkaExtension:
             max_request_bytes=int(section["max_request_size"]),
             max_in_flight=int(section["max_in_flight"]),
             max_connections=int(section["max_connections"]),
+            max_connections_per_address=int(
+                section.get("max_connections_per_address")
+                or server_limits.max_connections_per_address
+            ),
             idle_timeout_s=float(section["idle_timeout"]),
+            send_timeout_s=float(section.get("send_timeout") or server_limits.send_timeout_s),
+            tls=(
+                server_context(server_limits.tls)
+                if section["tls"] and server_limits.tls is not None
+                else None
+            ),
         )
         client = context.client
         placeholder = BrokerAddress(client.node_id, broker_host, broker_port)

@@ -13,10 +13,15 @@ Per connection, requests are read one after another and answered in the order th
 Bounds a hostile client cannot get past: a request frame larger than ``kafka.max_request_size``
 closes the connection before its body is read; at most ``kafka.max_in_flight`` requests per
 connection are in progress (reading stops until one is answered); at most
-``kafka.max_connections`` connections at once (more are closed at accept); a connection that
-sends nothing for ``kafka.idle_timeout`` is closed; a request that does not decode closes its
-connection. With a server token, a connection must authenticate (SASL/PLAIN, the token as the
-password) before any request but ApiVersions and the SASL ones, else it is closed.
+``kafka.max_connections`` connections at once, and ``kafka.max_connections_per_address`` from
+one remote address (more are closed at accept); a connection that sends nothing for
+``kafka.idle_timeout`` is closed, and one that takes none of an answer's bytes for
+``kafka.send_timeout`` (it stopped reading) is closed with its work; a request that does not
+decode closes its connection. With a server token, a connection must authenticate
+(SASL/PLAIN, the token as the password) before any request but ApiVersions and the SASL ones,
+else it is closed. With ``server.tls`` the listener speaks TLS (Kafka's ``SSL`` and
+``SASL_SSL``) with the same certificate, and a TLS handshake not done within
+``kafka.idle_timeout`` (at most 60 s) is dropped.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
+import ssl
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -58,7 +65,10 @@ class ListenerLimits:
     max_request_bytes: int = 100 << 20
     max_in_flight: int = 32
     max_connections: int = 1024
+    max_connections_per_address: int = 64
     idle_timeout_s: float = 600.0
+    send_timeout_s: float = 30.0
+    tls: ssl.SSLContext | None = None
 
 
 class Session:
@@ -133,6 +143,7 @@ class KafkaListener:
         self._connections: dict[asyncio.Task[None], Connection] = {}
         self._host = ""
         self._port = 0
+        self._per_address: dict[str, int] = {}
         self.refused = 0
 
     @property
@@ -147,7 +158,15 @@ class KafkaListener:
     async def start(self, host: str, port: int) -> None:
         try:
             self._server = await asyncio.start_server(
-                self._accept, host, port, limit=64 * 1024, reuse_address=True
+                self._accept,
+                host,
+                port,
+                limit=64 * 1024,
+                reuse_address=True,
+                ssl=self.limits.tls,
+                ssl_handshake_timeout=(
+                    None if self.limits.tls is None else min(60.0, self.limits.idle_timeout_s)
+                ),
             )
         except OSError as error:
             raise ConfigError(
@@ -186,10 +205,24 @@ class KafkaListener:
                 await self._server.wait_closed()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
+        held = self._per_address.get(address, 0)
         if (
             len(self._connections) >= self.limits.max_connections
+            or held >= self.limits.max_connections_per_address
             or self.broker.shutting_down.is_set()
         ):
+            if self.refused % 1000 == 0:
+                log.warning(
+                    "kafka: refusing a connection from %s (%d open from that address, %d in "
+                    "all; kafka.max_connections_per_address %d, kafka.max_connections %d)",
+                    address,
+                    held,
+                    len(self._connections),
+                    self.limits.max_connections_per_address,
+                    self.limits.max_connections,
+                )
             self.refused += 1
             writer.close()
             return
@@ -197,10 +230,16 @@ class KafkaListener:
         assert task is not None
         connection = Connection(self, reader, writer)
         self._connections[task] = connection
+        self._per_address[address] = held + 1
         try:
             await connection.run()
         finally:
             self._connections.pop(task, None)
+            left = self._per_address.get(address, 1) - 1
+            if left > 0:
+                self._per_address[address] = left
+            else:
+                self._per_address.pop(address, None)
 
 
 class Connection:
@@ -228,7 +267,7 @@ class Connection:
         writing = asyncio.create_task(self._write_answers())
         try:
             await self._read_requests()
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, ssl.SSLError):
             pass
         except _Close as reason:
             log.info("kafka: closing connection from %s: %s", self.session.peer, reason)
@@ -296,7 +335,7 @@ class Connection:
                     return
                 if isinstance(answer, bytes):
                     self.writer.write(answer)
-                    await self.writer.drain()
+                    await self._drain()
                     continue
                 assert request is not None and answer is not None
                 try:
@@ -316,11 +355,31 @@ class Connection:
                     self.writer.close()
                     return
                 self.writer.write(framed)
-                await self.writer.drain()
+                await self._drain()
             except (ConnectionError, OSError):
                 return
             finally:
                 self.answers.task_done()
+
+    async def _drain(self) -> None:
+        """Wait until the client takes the answer written; one that takes nothing for
+        ``kafka.send_timeout`` is cut off (the connection aborted, its reading ends)."""
+        try:
+            await asyncio.wait_for(self.writer.drain(), self.limits.send_timeout_s)
+        except TimeoutError:
+            log.warning(
+                "kafka: closing connection from %s: it took no answer bytes for %gs "
+                "(kafka.send_timeout)",
+                self.session.peer,
+                self.limits.send_timeout_s,
+            )
+            # Reset, not closed: the answers queued in the kernel are dropped, not delivered.
+            raw = self.writer.get_extra_info("socket")
+            if raw is not None:
+                with contextlib.suppress(OSError):
+                    raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.writer.transport.abort()
+            raise ConnectionResetError("send timeout") from None
 
 
 class _Close(Exception):
