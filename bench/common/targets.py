@@ -187,6 +187,14 @@ def _spark(doc: dict[str, Any]) -> Reading:
     return f"{one / 1e3:.0f}k -> {two / 1e3:.0f}k rec/s", limit, scaling, scaling >= 1.7
 
 
+def _kafka(doc: dict[str, Any]) -> Reading:
+    workload = "64c x 100 rec"
+    kafka = doc["summary"]["walstream-kafka"][workload]["records_per_s"]
+    redis = doc["summary"]["redis"][workload]["records_per_s"]
+    ratio = kafka / redis
+    return f"{kafka:,.0f} rec/s", f"Redis MULTI/EXEC XADD {redis:,.0f} rec/s", ratio, ratio >= 1.0
+
+
 TARGETS: list[tuple[Row, Callable[[dict[str, Any]], Reading]]] = [
     (Row("ebs WAL, 1 appender x 4 KiB, p99", "wal_ebs", "<= 1.5x fio"), _ebs_p99),
     (
@@ -235,6 +243,10 @@ TARGETS: list[tuple[Row, Callable[[dict[str, Any]], Reading]]] = [
     ),
     (Row("catch-up read of a cold stream", "cold_read", ">= 0.8x GETs"), _cold_read),
     (Row("Spark replay local[1] -> local[2]", "spark_replay", ">= 1.7x"), _spark),
+    (
+        Row("Kafka produce, 64 producers x 100 x 1 KiB, rec/s", "kafka", ">= 1.0x Redis"),
+        _kafka,
+    ),
 ]
 
 
