@@ -184,3 +184,16 @@ def test_confluent_kafka_produces_and_consumes(
         got.append((message.key(), message.value(), message.headers(), message.offset()))
     consumer.close()
     assert got == [(k, v, [("n", k)], index) for index, (k, v) in enumerate(records())]
+
+
+def test_an_admin_client_lists_every_topic(kafka_server: KafkaServer, topic: str) -> None:
+    """``AdminClient.list_topics()`` (a Metadata request for every topic, which librdkafka
+    sends with bytes after its body) lists the brokers and the topics."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka_server.bootstrap})
+    for future in admin.create_topics([NewTopic(topic, 2)]).values():
+        future.result(60)
+    listed = admin.list_topics(timeout=60)
+    assert sorted(listed.brokers) == [1]
+    assert sorted(listed.topics[topic].partitions) == [0, 1]

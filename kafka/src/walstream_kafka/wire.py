@@ -141,9 +141,9 @@ def decode_request(frame: bytes) -> DecodedRequest:
         raise UnsupportedRequest(api_key, api_version, correlation_id)
     read_header, read_body, _ = _request_reader(api_key, api_version)
     header, header_size = read_header(frame, 0)
-    body, body_size = read_body(frame, header_size)
-    if header_size + body_size != len(frame):
-        raise ValueError("trailing bytes after the request")
+    body, _body_size = read_body(frame, header_size)
+    # Bytes after the body are ignored, as Kafka's brokers do: librdkafka 2.x sends three
+    # after a Metadata v12 request for every topic (AdminClient.list_topics()).
     return DecodedRequest(api_key, api_version, correlation_id, header.client_id, body)
 
 
