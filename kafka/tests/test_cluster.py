@@ -228,7 +228,7 @@ def take(consumer: Consumer, count: int) -> list[bytes]:
     return values
 
 
-def commit(consumer: Consumer, topic: str, offset: int) -> None:
+def commit(consumer: Consumer, topic: str, offset: int, cluster: KafkaCluster) -> None:
     """Commit ``offset`` of partition 0, retrying while the coordinator is being replaced."""
     deadline = time.monotonic() + TIMEOUT_S
     while True:
@@ -237,7 +237,8 @@ def commit(consumer: Consumer, topic: str, offset: int) -> None:
             return
         except KafkaException as error:
             if time.monotonic() > deadline:
-                raise
+                logs = "\n".join(f"node {n}: {log}" for n, log in cluster.node_logs().items())
+                raise AssertionError(f"commit refused until the end: {error}\n{logs}") from None
             assert error.args[0].retriable() or error.args[0].code() in (
                 KafkaError._TRANSPORT,
                 KafkaError.NOT_COORDINATOR,
@@ -281,10 +282,10 @@ def test_a_group_carries_on_after_its_coordinator_is_sigkilled(cluster: KafkaClu
     )
     try:
         assert take(consumer, 50) == values[:50]
-        commit(consumer, topic, 50)
+        commit(consumer, topic, 50, cluster)
         cluster.kill(victim)
         assert take(consumer, 30) == values[50:80]
-        commit(consumer, topic, 80)  # accepted by the new coordinator, same generation
+        commit(consumer, topic, 80, cluster)  # accepted by the new coordinator, same generation
         # The new coordinator carried the group on: no rebalance, one assignment all along.
         assert assignments == [[0]]
         committed = consumer.committed([TopicPartition(topic, 0)], timeout=60)
@@ -307,6 +308,78 @@ def test_a_group_carries_on_after_its_coordinator_is_sigkilled(cluster: KafkaClu
     finally:
         resumed.close()
         cluster.start_node(victim)
+
+
+def brokers_seen(bootstrap: str) -> set[int] | None:
+    """The broker ids Metadata lists (through the nodes of ``bootstrap``); None when no answer
+    came (a node being failed over may drop the connection)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, **SASL})
+    try:
+        return set(admin.list_topics(timeout=10).brokers)
+    except KafkaException:
+        return None
+
+
+def test_a_coordinator_paused_past_its_lease_serves_its_groups_after_it_rejoins(
+    cluster: KafkaCluster,
+) -> None:
+    """SIGSTOP past the lease: the node is failed over, wakes up fenced and rejoins with a new
+    epoch (a new client and metadata store); the groups it coordinates again work there."""
+    topic = "orders.paused-coordinator"
+    bootstrap = cluster.bootstrap()
+    create_topic(bootstrap, topic, 1)
+    values = [b"p%d" % index for index in range(20)]
+    produce_all(bootstrap, topic, values)
+    live = sorted(cluster.nodes)
+    victim = live[-1]
+    group = next(
+        name for name in (f"audit-{i}" for i in range(1000)) if coordinator_of(name, live) == victim
+    )
+    others = cluster.bootstrap(*[node for node in live if node != victim])
+    cluster.pause(victim)
+    try:
+        wait_until(
+            lambda: victim not in (brokers_seen(others) or {victim}),
+            "the paused node's lease to expire",
+        )
+    finally:
+        cluster.resume(victim)
+    # The woken node finds itself fenced, opens a new epoch and closes the old client (whose
+    # metadata store the listener must no longer use).
+    wait_until(
+        lambda: "rejoined with epoch" in cluster.nodes[victim]._read_log(tail_chars=None),
+        "the woken node to rejoin",
+    )
+    wait_until(lambda: victim in (brokers_seen(others) or set()), "Metadata to list it again")
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            **SASL,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        assert take(consumer, 10) == values[:10]
+        commit(consumer, topic, 10, cluster)
+    finally:
+        consumer.close()
+    resumed = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            **SASL,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        resumed.subscribe([topic])
+        assert take(resumed, 10) == values[10:]
+    finally:
+        resumed.close()
 
 
 # -- the partition leader dies ---------------------------------------------------------------------

@@ -28,7 +28,7 @@ from walstream.engine.client import Client, Stream
 from walstream.errors import StreamNotFound
 from walstream.metadata.contract import NodeState, StreamInfo
 
-from walstream_kafka.kv import KeyValueStore, VersionConflict
+from walstream_kafka.kv import KeyValueStore, VersionConflict, open_kv
 from walstream_kafka.mapping import STREAM_PREFIX, parse_stream_name, stream_name
 
 __all__ = ["BrokerAddress", "KafkaBroker", "Partition"]
@@ -119,10 +119,17 @@ class KafkaBroker:
                 continue
 
     def rebind(self, client: Client) -> None:
+        """Serve ``client`` (the node rejoined with a new epoch): its metadata store's
+        key/value table (the previous client's store is closed), and no state of the previous
+        epoch: another node may have led its partitions and coordinated its groups meanwhile."""
         self.client = client
+        self.kv = open_kv(client.metadata)
         self._streams.clear()
         self._nodes = _NodesView()
         self.producer_tables.clear()
+        coordinator = getattr(self, "coordinator", None)
+        if coordinator is not None:
+            coordinator.forget_all()
 
     # -- nodes -----------------------------------------------------------------------------------
 

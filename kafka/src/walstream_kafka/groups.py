@@ -143,6 +143,11 @@ class Coordinator:
                         {**_join_error(codes.NOT_COORDINATOR, member.member_id), "assignment": b""}
                     )
 
+    def forget_all(self) -> None:
+        """Drop every group's copy (the node rejoined: the table is the truth)."""
+        for group in list(self.groups.values()):
+            self.drop(group)
+
     async def persist(self, group: _Group) -> bool:
         """Write ``group``'s generation and members at the version this node knows; False
         (and the copy dropped) when another node wrote the entry meanwhile."""
