@@ -15,8 +15,8 @@ Peers:
 
 Workloads: 1 and 64 producers, one 1 KiB record per operation or a batch of 100 x 1 KiB, each
 cell ``--seconds`` per run and ``--runs`` runs; ``--rounds N`` measures every peer N times, the
-order reversed every other round; the table shows medians (records/s, p50/p99 of an operation)
-and the ratio to Redis. Then, for walstream only:
+order reversed every other round; the table shows medians (records/s, p50/p99 of an operation,
+the server process's user + system CPU per operation) and the ratio to Redis. Then, for walstream only:
 
 - **consume**: one confluent-kafka Consumer reads the whole topic from offset 0
   (records/s), and the end-to-end latency (p50/p99 from ``produce`` to the consumer's ``poll``,
@@ -138,7 +138,7 @@ async def measure_peer(name: str, args: argparse.Namespace, info: dict[str, Any]
                 operation = await peer.make(clients, batch)
                 await closed_loop(operation, clients, min(0.3, args.seconds))  # warm up
                 cells[peers.workload_name(clients, batch)] = [
-                    (await closed_loop(operation, clients, args.seconds)).summary()
+                    await peers.measured_run(operation, clients, args.seconds, peer.server_pid)
                     for _ in range(args.runs)
                 ]
             if name == "walstream-kafka":
@@ -302,6 +302,7 @@ TABLE = Table(
         Column("records_per_s", "RECORDS/S", 11, ",.0f", "<"),
         Column("p50_ms", "P50 MS", 8, ".3f", "<"),
         Column("p99_ms", "P99 MS", 8, ".3f", "<"),
+        Column("server_cpu_us", "SERVER US/OP", 12, ",.0f", "<"),
         Column("vs_redis", "VS REDIS", 26, align="<"),
     ],
     separator="  ",
@@ -309,14 +310,18 @@ TABLE = Table(
 
 
 def summarize(raw: dict[str, Cells]) -> dict[str, dict[str, dict[str, float]]]:
-    keys = ["records_per_s", "p50_ms", "p99_ms"]
-    return {
-        peer: {
-            workload: {key: statistics.median(s[key] for s in samples) for key in keys}
-            for workload, samples in cells.items()
-        }
-        for peer, cells in raw.items()
-    }
+    """Per peer and workload, the medians of the runs (the server's CPU per operation when the
+    peer is a child process)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for peer, cells in raw.items():
+        for workload, samples in cells.items():
+            keys = ["records_per_s", "p50_ms", "p99_ms"]
+            if all("server_cpu_us" in sample for sample in samples):
+                keys.append("server_cpu_us")
+            out.setdefault(peer, {})[workload] = {
+                key: statistics.median(sample[key] for sample in samples) for key in keys
+            }
+    return out
 
 
 def ratios(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
@@ -347,7 +352,10 @@ def print_report(summary: dict[str, dict[str, dict[str, float]]], document: dict
                 if ratio is None
                 else f"{ratio['throughput_vs_redis']:.2f}x tput, {ratio['p99_vs_redis']:.2f}x p99"
             )
-            rows.append({"workload": workload, "peer": peer, **cells[workload], "vs_redis": text})
+            rows.append(
+                {"workload": workload, "peer": peer, "server_cpu_us": "-", **cells[workload],
+                 "vs_redis": text}
+            )  # fmt: skip
     print()
     TABLE.print(rows)
     consume_figures = document.get("consume")
