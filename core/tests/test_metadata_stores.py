@@ -326,8 +326,8 @@ async def test_names_unique(store: MetadataStore, clock: ManualClock) -> None:
         4: again,
     }
     await store.create_stream("order-lines")
-    assert [s.name for s in await store.list_streams("order")] == ["orders", "order-lines"]
-    assert [s.stream_id for s in await store.list_streams()] == [2, 3, 4, 5]
+    assert [s.name for s in await store.list_streams("order")] == ["order-lines", "orders"]
+    assert [s.stream_id for s in await store.list_streams()] == [2, 3, 5, 4]  # by name: order-lines, orders
     with pytest.raises(StreamExists):
         await store.create_stream("orders")
 

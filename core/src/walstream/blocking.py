@@ -287,8 +287,20 @@ class SyncClient:
         """Open a stream by name or id (``StreamNotFound`` if there is none)."""
         return SyncStream(self._runner.run(self._client.open_stream(name_or_id)), self._runner)
 
-    def list_streams(self, prefix: str = "") -> list[StreamInfo]:
-        return self._runner.run(self._client.list_streams(prefix=prefix))
+    def create_streams(self, names: Sequence[str]) -> list[SyncStream]:
+        """Create streams in one transaction (:meth:`walstream.Client.create_streams`)."""
+        return [
+            SyncStream(stream, self._runner)
+            for stream in self._runner.run(self._client.create_streams(names))
+        ]
+
+    def list_streams(
+        self, prefix: str = "", start_after: str | int | None = None, limit: int | None = None
+    ) -> list[StreamInfo]:
+        """A page of streams (:meth:`walstream.Client.list_streams`)."""
+        return self._runner.run(
+            self._client.list_streams(prefix=prefix, start_after=start_after, limit=limit)
+        )
 
     def delete_stream(self, name_or_id: str | int) -> None:
         self._runner.run(self._client.delete_stream(name_or_id))

@@ -35,10 +35,11 @@ from typing import Any, TypeVar
 import asyncpg
 from walstream.clock import Clock, make_rng
 from walstream.errors import AmbiguousError, BackendUnavailable, WalstreamError
-from walstream.metadata.contract import ObjectInfo
-from walstream.metadata.rows import RANGE_COLUMNS
+from walstream.metadata.contract import ObjectInfo, StreamInfo
+from walstream.metadata.rows import RANGE_COLUMNS, STREAM_COLUMNS, stream_of
 from walstream.metadata.sql.dialect import Connection, Dialect, Lock, Row
 from walstream.metadata.sql.migrations import is_current, migrate_step
+from walstream.stream_config import StreamConfig
 
 from .errors import classify, translate
 from .schema import LEGACY_VERSION_OFFSET, migration_lock_key, quote_identifier
@@ -91,6 +92,7 @@ class PostgresDialect(Dialect):
 
     name = "postgres"
     now_ms_sql = SERVER_NOW_MS
+    name_bytes = 'name COLLATE "C"'
     config_key = "metadata.schema"
     version_table_sql = """CREATE TABLE schema_version (
         version integer PRIMARY KEY CHECK (version > 0),
@@ -146,6 +148,28 @@ class PostgresDialect(Dialect):
         if sequence not in _SEQUENCES:
             raise ValueError(f"no sequence {sequence!r}")
         return f"nextval('{sequence}')"
+
+    async def insert_streams(
+        self,
+        db: Connection,
+        names: Sequence[str],
+        created_ms: int,
+        config: StreamConfig,
+        due_ms: int | None,
+    ) -> list[StreamInfo]:
+        """One statement: ids from the sequence in the names' order."""
+        rows = await db.fetch(
+            f"INSERT INTO streams ({STREAM_COLUMNS}) "
+            "SELECT nextval('stream_ids'), t.name, 0, 0, 0, 'active', NULL, NULL, $2, $3, NULL, "
+            "$4::bigint FROM unnest($1::text[]) WITH ORDINALITY AS t(name, position) "
+            f"ORDER BY t.position RETURNING {STREAM_COLUMNS}",
+            list(names),
+            created_ms,
+            config.encode(),
+            due_ms,
+        )
+        order = {name: index for index, name in enumerate(names)}
+        return sorted((stream_of(row) for row in rows), key=lambda s: order[s.name or ""])
 
     async def insert_prepared(self, db: Connection, count: int, expires_ms: int) -> list[int]:
         """One statement: the ids come from the sequence inside the INSERT."""

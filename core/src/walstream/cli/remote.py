@@ -343,7 +343,10 @@ class _LiveNodeClient:
         reader: Any,
         remote: _RemoteNode | None,
         poll_interval_s: float = 0.25,
+        stream_defaults: Any = None,
     ):
+        self.stream_defaults = stream_defaults
+        """The deployment's ``streams:`` defaults (what the server gives a new stream)."""
         self.holder = holder
         self.metadata = metadata
         self.reader = reader
@@ -411,10 +414,21 @@ class _LiveNodeClient:
                 remote,
                 # Polling the store more often than records can be committed finds nothing.
                 poll_interval_s=min(max(interval_s, 0.05), 1.0),
+                stream_defaults=deployment.engine_config.streams.config,
             )
 
-    async def list_streams(self, prefix: str = "") -> list[Any]:
-        result: list[Any] = await self.metadata.list_streams(prefix)
+    async def list_streams(
+        self, prefix: str = "", start_after: str | int | None = None, limit: int | None = None
+    ) -> list[Any]:
+        result: list[Any] = await self.metadata.list_streams(prefix, start_after, limit)
+        return result
+
+    async def create_streams(self, names: list[str], *, config: Any = None) -> list[Any]:
+        # Creating is a metadata transaction the server needs no part in: it finds a new
+        # stream in metadata on first use, as it does one another node created. Its config is
+        # the deployment's defaults, as the server would give it.
+        chosen = self.stream_defaults if config is None else config
+        result: list[Any] = await self.metadata.create_streams(names, chosen)
         return result
 
     async def open_stream(self, ref: str | int) -> _LiveStream:

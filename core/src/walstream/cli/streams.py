@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from walstream.cli.runner import EXIT_OK, EXIT_USAGE
 from walstream.encryption import EncryptionKey
 from walstream.engine.client import Client
 from walstream.errors import InvalidArgument, OutOfRangeError
+from walstream.metadata.contract import page_key
 from walstream.records import ReadResult, Record, parse_stream_ref
 from walstream.stream_config import (
     STORAGE_CLASSES,
@@ -48,17 +50,50 @@ DEFAULT_TAIL_LINES = 10
 # -- commands: streams ----------------------------------------------------------------------------
 
 
+#: Streams ``streams create`` creates per metadata transaction, and ``streams list`` reads per page.
+CREATE_CHUNK = 10_000
+LIST_PAGE = 1_000
+
+
+def _names_to_create(args: argparse.Namespace) -> list[str]:
+    names = list(args.name)
+    if args.from_file is not None:
+        if args.from_file == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            lines = Path(args.from_file).read_text(encoding="utf-8").splitlines()
+        names += [line.strip() for line in lines if line.strip()]
+    if not names:
+        raise InvalidArgument("streams create: name at least one stream (NAME ... or --from-file)")
+    return names
+
+
 async def cmd_streams_create(args: argparse.Namespace) -> int:
+    names = _names_to_create(args)
     changes = config_changes(args)
     async with open_client(args.config) as client:
-        if not changes:
-            stream = await client.create_stream(args.name)
-        elif isinstance(client, Client):
-            config = client.config.streams.config.with_changes(changes)
-            stream = await client.create_stream(args.name, config=config)
-        else:  # through a running server: the settings given, over the server's defaults
-            stream = await client.create_stream(args.name, changes=changes)
-        out(f"created stream {stream.name!r} (id {stream.stream_id})")
+        local = isinstance(client, Client)
+        config = None
+        if changes:  # the settings given, over the deployment's `streams:` defaults
+            defaults = client.config.streams.config if local else client.stream_defaults
+            config = defaults.with_changes(changes)
+        if len(names) == 1 and args.from_file is None:
+            if not changes:
+                stream = await client.create_stream(names[0])
+            elif local:
+                stream = await client.create_stream(names[0], config=config)
+            else:  # through a running server, which applies its defaults
+                stream = await client.create_stream(names[0], changes=changes)
+            out(f"created stream {stream.name!r} (id {stream.stream_id})")
+            return EXIT_OK
+        done = 0
+        for start in range(0, len(names), CREATE_CHUNK):
+            chunk = names[start : start + CREATE_CHUNK]
+            await client.create_streams(chunk, config=config)
+            done += len(chunk)
+            if len(names) > CREATE_CHUNK:
+                print(f"{PROG}: created {done:,} of {len(names):,}", file=sys.stderr, flush=True)
+        out(f"created {plural(done, 'stream')}")
     return EXIT_OK
 
 
@@ -165,38 +200,69 @@ def _add_config_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _start_after(text: str | None) -> str | int | None:
+    """``--start-after``: a name, or ``#ID`` for a stream without a name."""
+    return None if text is None else parse_stream_ref(text)
+
+
+def _key_text(info: Any) -> str:
+    key = page_key(info)
+    return f"#{key}" if isinstance(key, int) else key
+
+
 async def cmd_streams_list(args: argparse.Namespace) -> int:
+    start_after = _start_after(args.start_after)
+    left = args.limit
+    rows: list[tuple[Any, ...]] = []
+    last: Any = None
+    more = False
     async with open_client(args.config, writes=False) as client:
-        infos = await client.list_streams(prefix=args.prefix)
-    if args.json:
-        for info in infos:
-            out(
-                json.dumps(
-                    {
-                        "stream_id": info.stream_id,
-                        "name": info.name,
-                        "start_offset": info.start_offset,
-                        "committed_end": info.committed_end,
-                        "epoch": info.epoch,
-                        "owner_node_id": info.owner_node_id,
-                        "config": info.config.to_json(),
-                    }
-                )
-            )
-        return EXIT_OK
-    rows = [
-        (
-            info.stream_id,
-            info.name or "-",
-            info.start_offset,
-            info.committed_end,
-            info.epoch,
-            "-" if info.owner_node_id is None else info.owner_node_id,
-            info.config.describe(),
+        while left is None or left > 0:
+            page = LIST_PAGE if left is None else min(LIST_PAGE, left)
+            infos = await client.list_streams(args.prefix, start_after, page + 1)
+            more = len(infos) > page
+            infos = infos[:page]
+            for info in infos:
+                if args.json:
+                    out(
+                        json.dumps(
+                            {
+                                "stream_id": info.stream_id,
+                                "name": info.name,
+                                "start_offset": info.start_offset,
+                                "committed_end": info.committed_end,
+                                "epoch": info.epoch,
+                                "owner_node_id": info.owner_node_id,
+                                "config": info.config.to_json(),
+                            }
+                        )
+                    )
+                else:
+                    rows.append(
+                        (
+                            info.stream_id,
+                            info.name or "-",
+                            info.start_offset,
+                            info.committed_end,
+                            info.epoch,
+                            "-" if info.owner_node_id is None else info.owner_node_id,
+                            info.config.describe(),
+                        )
+                    )
+            if infos:
+                last = infos[-1]
+                start_after = page_key(last)
+            if left is not None:
+                left -= len(infos)
+            if not more:
+                break
+    if not args.json:
+        out(table(rows, ("ID", "NAME", "START", "COMMITTED_END", "EPOCH", "OWNER", "CONFIG")))
+    if more and last is not None:
+        print(
+            f"{PROG}: more streams follow: --start-after {shlex.quote(_key_text(last))} lists the next ones",
+            file=sys.stderr,
         )
-        for info in infos
-    ]
-    out(table(rows, ("ID", "NAME", "START", "COMMITTED_END", "EPOCH", "OWNER", "CONFIG")))
     return EXIT_OK
 
 
@@ -457,9 +523,22 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "create a stream",
         cmd_streams_create,
         common,
-        "example:\n  walstream streams create orders",
+        "examples:\n  walstream streams create orders\n"
+        "  walstream streams create orders-1 orders-2 orders-3\n"
+        "  walstream streams create --from-file names.txt",
     )
-    create.add_argument("name", help="the new stream's name (unique among active streams)")
+    create.add_argument(
+        "name",
+        nargs="*",
+        help="the new streams' names (unique among active streams); several are created in "
+        "one transaction: all or none",
+    )
+    create.add_argument(
+        "--from-file",
+        metavar="FILE",
+        help="also create the names in FILE, one per line ('-': stdin), in transactions of "
+        f"{CREATE_CHUNK:,} (each all or none; progress on stderr)",
+    )
     _add_config_options(create)
     configure = add_command(
         streams_commands,
@@ -480,9 +559,22 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         "list active streams",
         cmd_streams_list,
         common,
-        "example:\n  walstream streams list --prefix orders-",
+        "examples:\n  walstream streams list --prefix orders-\n"
+        "  walstream streams list --limit 100 --start-after orders-099",
     )
     listing.add_argument("--prefix", default="", help="only streams whose name starts with it")
+    listing.add_argument(
+        "--start-after",
+        metavar="NAME",
+        help="start after this name (or #ID for a stream without a name): the value a "
+        "listing cut by --limit prints on stderr. Order: streams without a name by id, then "
+        "names in byte order",
+    )
+    listing.add_argument(
+        "--limit",
+        type=at_least(1),
+        help=f"list at most this many (default: all, read {LIST_PAGE:,} per page)",
+    )
     listing.add_argument(
         "--json",
         action="store_true",

@@ -96,4 +96,3 @@ def validate_options(
                 default = option.parse(default, f"{key_prefix}.{option.name}", base_dir)
             result[option.name] = default
     return result
-

@@ -170,4 +170,3 @@ class Option:
     def describe(self) -> str:
         extra = " (required)" if self.required else f" (default: {self.default!r})"
         return f"{self.name}: {self.kind}{extra} — {self.doc}"
-

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 from walstream.clock import Clock
 from walstream.engine.cache import LogBlock, LogCache
+from walstream.engine.claims import ClaimBatcher
 from walstream.engine.events import EngineHooks, NullHooks, WalAppended
 from walstream.engine.streams import LocalStream, NodeGate
 from walstream.engine.upload import Uploader
@@ -91,6 +92,7 @@ class StreamWriter:
     ) -> None:
         self._wal = wal
         self._metadata = metadata
+        self._claims = ClaimBatcher(metadata, gate.node_id, lambda: self._node_epoch)
         self._cache = cache
         self._gate = gate
         self._hooks = hooks
@@ -156,9 +158,7 @@ class StreamWriter:
         """Claim ``state``'s stream for this node, unless it is claimed already; the caller
         holds ``state.lock``."""
         if not state.claimed:
-            info = await self._metadata.claim_stream(
-                state.info.stream_id, self._gate.node_id, self._node_epoch
-            )
+            info = await self._claims.claim(state.info.stream_id)
             state.info = info
             state.epoch = info.epoch
             state.next_offset = max(state.next_offset, info.committed_end)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from walstream.clock import Clock, Rng, SystemClock, make_rng
@@ -447,8 +447,25 @@ class Client:
         state = await self._streams.open(name_or_id)
         return await self._writer.release(state, handoff)
 
-    async def list_streams(self, prefix: str = "") -> list[StreamInfo]:
-        return await self._streams.list(prefix)
+    async def create_streams(
+        self, names: Sequence[str], *, config: StreamConfig | None = None
+    ) -> list[Stream]:
+        """Create streams named ``names`` (1 to 10,000 distinct names), each with ``config``
+        (None: the deployment's ``streams:`` defaults), in one metadata transaction: all of
+        them, or none (:class:`~walstream.errors.StreamExists` naming the first name taken).
+        Their handles, in order."""
+        chosen = self.config.streams.config if config is None else config
+        return [Stream(self, state) for state in await self._streams.create_many(names, chosen)]
+
+    async def list_streams(
+        self, prefix: str = "", start_after: str | int | None = None, limit: int | None = None
+    ) -> list[StreamInfo]:
+        """Active streams whose name starts with ``prefix``, a page at a time: streams without
+        a name first (by id, with an empty ``prefix`` only), then by name in byte order. At most
+        ``limit`` (1 to 10,000; None: all that are left); the next page starts after
+        :func:`walstream.metadata.contract.page_key` of this page's last stream. Each page is
+        read through an index."""
+        return await self._streams.list(prefix, start_after, limit)
 
     async def delete_stream(self, name_or_id: str | int) -> None:
         await self._streams.delete(name_or_id)

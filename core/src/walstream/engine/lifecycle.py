@@ -18,6 +18,7 @@ from walstream.clock import Clock, Rng
 from walstream.config.engine import EngineConfig
 from walstream.engine.append import StreamWriter
 from walstream.engine.cache import LogCache
+from walstream.engine.claims import adopt_owned
 from walstream.engine.cluster import ClusterMember
 from walstream.engine.compaction import Compactor
 from walstream.engine.events import EngineHooks, Recovered
@@ -134,6 +135,9 @@ class NodeRuntime:
         self.uploader.start()
         self.writer.attach(self.uploader, self.node_epoch)
         await self._recover(accept_loss_command)
+        # Streams this node still owns (it crashed, or stopped without releasing them): claimed
+        # again in a few transactions now, rather than one per stream at its next append.
+        self.streams.adopt(await adopt_owned(self.metadata, self.node_id, self.node_epoch))
         if self.config.compaction.enabled:
             self.compactor = self.new_compactor()
             self.compactor.start()

@@ -20,7 +20,7 @@ import asyncio
 import dataclasses
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,10 +317,17 @@ class StreamRegistry:
         info = await self._metadata.get_stream(name_or_id)
         return self.track(info)
 
-    async def list(self, prefix: str) -> list[StreamInfo]:
+    async def create_many(self, names: Sequence[str], config: StreamConfig) -> list[LocalStream]:
+        self._gate.check_open()
+        infos = await self._metadata.create_streams(names, config)
+        return [self.track(info) for info in infos]
+
+    async def list(
+        self, prefix: str, start_after: str | int | None = None, limit: int | None = None
+    ) -> list[StreamInfo]:
         self._gate.check_open()
         check_text(prefix, "prefix")
-        return await self._metadata.list_streams(prefix)
+        return await self._metadata.list_streams(prefix, start_after, limit)
 
     async def delete(self, name_or_id: str | int) -> None:
         self._gate.check_open()
@@ -356,6 +363,25 @@ class StreamRegistry:
         state = self._known(info.stream_id)
         if state is not None and state.info.config != info.config:
             state.info = dataclasses.replace(state.info, config=info.config)
+
+    def adopt(self, infos: Sequence[StreamInfo]) -> None:
+        """Streams this node claimed again at start (:func:`walstream.engine.claims.adopt_owned`):
+        kept parked, ready to be written without another claim."""
+        for info in infos:
+            if self._known(info.stream_id) is not None:
+                continue
+            newest = self._cache.last_batch(info.stream_id)
+            state = LocalStream(
+                info=info,
+                claimed=True,
+                epoch=info.epoch,
+                next_offset=info.committed_end,
+                acked_tail=info.committed_end,
+                start_offset=info.start_offset,
+                last_timestamp_ms=0 if newest is None else newest.max_timestamp_ms,
+                fencing_token=info.fencing_token,
+            )
+            self._parked[info.stream_id] = _Parked(state)
 
     def is_live(self, stream_id: int) -> bool:
         """False once this node deleted the stream (the uploader drops its batches)."""

@@ -11,6 +11,9 @@ from typing import Any, NamedTuple
 from walstream.stream_config import StreamConfig
 
 __all__ = [
+    "MAX_CLAIM_STREAMS",
+    "MAX_CREATE_STREAMS",
+    "MAX_LIST_STREAMS",
     "BasinInfo",
     "DataLossGap",
     "KvEntry",
@@ -25,7 +28,15 @@ __all__ = [
     "StreamInfo",
     "StreamRange",
     "StreamState",
+    "page_key",
 ]
+
+#: The largest page :meth:`MetadataStore.list_streams` returns.
+MAX_LIST_STREAMS = 10_000
+#: The most streams :meth:`MetadataStore.create_streams` creates in one call.
+MAX_CREATE_STREAMS = 10_000
+#: The most streams :meth:`MetadataStore.claim_streams` and ``adopt_streams`` claim in one call.
+MAX_CLAIM_STREAMS = 10_000
 
 
 class StreamState(enum.Enum):
@@ -81,6 +92,12 @@ class StreamInfo:
     milliseconds; None: nothing due. Set by :meth:`MetadataStore.set_lifecycle_due`, by a
     reconfigure of those settings (due at once) and by a commit of a stream with retention
     (due no later than its oldest committed record's expiry)."""
+
+
+def page_key(info: StreamInfo) -> str | int:
+    """Where the next page of :meth:`MetadataStore.list_streams` starts when ``info`` ends this
+    one: its name, or its id when it has none."""
+    return info.stream_id if info.name is None else info.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,8 +317,44 @@ class MetadataStore(ABC):
         """Streams by id, including DELETED ones; unknown ids are absent from the result."""
 
     @abstractmethod
-    async def list_streams(self, prefix: str = "") -> list[StreamInfo]:
-        """ACTIVE streams whose name starts with ``prefix``, by id."""
+    async def list_streams(
+        self, prefix: str = "", start_after: str | int | None = None, limit: int | None = None
+    ) -> list[StreamInfo]:
+        """ACTIVE streams whose name starts with ``prefix``, one keyset page at a time.
+
+        The order: streams without a name first, by id (only when ``prefix`` is empty: they
+        match no other prefix), then named streams by name in byte order (of UTF-8). A page
+        holds at most ``limit`` streams (1 to :data:`MAX_LIST_STREAMS`; None: every one left).
+        The next page starts after the last stream of this one: ``start_after`` is its
+        :func:`page_key` (its name, or its id when it has none); None starts at the beginning.
+        A page is served by an index: its cost follows ``limit``, not the number of streams."""
+
+    @abstractmethod
+    async def create_streams(
+        self, names: Sequence[str], config: StreamConfig | None = None
+    ) -> list[StreamInfo]:
+        """Create ACTIVE streams named ``names`` (1 to :data:`MAX_CREATE_STREAMS` distinct
+        names), each with ``config`` (as :meth:`create_stream`), in one transaction, in that
+        order: all of them, or none (``StreamExists`` naming the first name taken)."""
+
+    @abstractmethod
+    async def claim_streams(
+        self, stream_ids: Sequence[int], node_id: int, node_epoch: int
+    ) -> dict[int, StreamInfo]:
+        """:meth:`claim_stream` of each of ``stream_ids`` (at most :data:`MAX_CLAIM_STREAMS`)
+        in one transaction. The streams it may claim are claimed and returned by id; those it
+        may not (unknown, deleted, owned by a node still running) are left as they were and
+        absent from the result (:meth:`claim_stream` says why). A stale ``node_epoch`` raises
+        :class:`FencedError` and claims nothing."""
+
+    @abstractmethod
+    async def adopt_streams(
+        self, node_id: int, node_epoch: int, start_after: int = 0, limit: int = 10_000
+    ) -> list[StreamInfo]:
+        """Claim as ``node_epoch``, in one transaction, the ACTIVE streams ``node_id`` owns with
+        ids above ``start_after``, at most ``limit`` (1 to :data:`MAX_CLAIM_STREAMS`), by id:
+        a node restarted after a crash takes back what it wrote in a few transactions instead
+        of one per stream. The next page starts after the last id returned."""
 
     @abstractmethod
     async def delete_stream(self, stream_id: int) -> None:

@@ -20,6 +20,7 @@ from walstream.config.options import Option
 from walstream.errors import (
     BackendUnavailable,
     BasinExists,
+    FencedError,
     InvalidArgument,
     StreamExists,
 )
@@ -46,7 +47,9 @@ from walstream.metadata.rules import (
     check_basin_list_args,
     check_basin_name,
     check_claim,
+    check_claim_count,
     check_config_changes,
+    check_create_streams_args,
     check_creation_token,
     check_data_loss_range,
     check_due_limit,
@@ -54,6 +57,7 @@ from walstream.metadata.rules import (
     check_kv_key,
     check_kv_list_args,
     check_kv_put,
+    check_list_streams_args,
     check_object_limit,
     check_prepare_args,
     check_release,
@@ -72,6 +76,7 @@ from walstream.metadata.rules import (
     plan_replace,
     require_node_epoch,
     require_stream_epoch,
+    stream_exists,
     stream_not_found,
     version_mismatch,
 )
@@ -246,14 +251,87 @@ class MemoryMetadataStore(MetadataStore):
         streams = self._state().streams
         return {stream_id: streams[stream_id] for stream_id in stream_ids if stream_id in streams}
 
-    async def list_streams(self, prefix: str = "") -> list[StreamInfo]:
-        streams = self._state().streams
-        return [
-            streams[stream_id]
-            for stream_id in sorted(streams)
-            if streams[stream_id].state is StreamState.ACTIVE
-            and _matches_prefix(streams[stream_id], prefix)
-        ]
+    async def list_streams(
+        self, prefix: str = "", start_after: str | int | None = None, limit: int | None = None
+    ) -> list[StreamInfo]:
+        check_list_streams_args(prefix, start_after, limit)
+        active = [s for s in self._state().streams.values() if s.state is StreamState.ACTIVE]
+        found: list[StreamInfo] = []
+        if prefix == "" and not isinstance(start_after, str):
+            after_id = 0 if start_after is None else start_after
+            found = sorted(
+                (s for s in active if s.name is None and s.stream_id > after_id),
+                key=lambda s: s.stream_id,
+            )
+        after_name = start_after if isinstance(start_after, str) else ""
+        # Code-point order is the byte order of UTF-8.
+        found += sorted(
+            (
+                s
+                for s in active
+                if s.name is not None and s.name > after_name and s.name.startswith(prefix)
+            ),
+            key=lambda s: s.name or "",
+        )
+        return found if limit is None else found[:limit]
+
+    async def create_streams(
+        self, names: Sequence[str], config: StreamConfig | None = None
+    ) -> list[StreamInfo]:
+        wanted = check_create_streams_args(names)
+        volume = self._state()
+        taken = {
+            s.name: s.stream_id
+            for s in volume.streams.values()
+            if s.name is not None and s.state is StreamState.ACTIVE
+        }
+        for name in wanted:
+            if name in taken:
+                raise stream_exists(name, taken[name])
+        return [await self.create_stream(name, config) for name in wanted]
+
+    async def claim_streams(
+        self, stream_ids: Sequence[int], node_id: int, node_epoch: int
+    ) -> dict[int, StreamInfo]:
+        ids = list(stream_ids)
+        check_claim_count("claim_streams", len(ids))
+        volume = self._state()
+        require_node_epoch(volume.nodes.get(node_id), node_id, node_epoch)
+        claimed: dict[int, StreamInfo] = {}
+        for stream_id in sorted(set(ids)):
+            stream = volume.streams.get(stream_id)
+            if stream is None or stream.state is not StreamState.ACTIVE:
+                continue
+            owner = (
+                volume.nodes.get(stream.owner_node_id) if stream.owner_node_id is not None else None
+            )
+            try:
+                info = check_claim(stream, volume.nodes.get(node_id), owner, node_id, node_epoch)
+            except FencedError:
+                continue  # owned by a node still running: claim_stream says so
+            volume.streams[stream_id] = claimed[stream_id] = info
+        return claimed
+
+    async def adopt_streams(
+        self, node_id: int, node_epoch: int, start_after: int = 0, limit: int = 10_000
+    ) -> list[StreamInfo]:
+        check_claim_count("adopt_streams", limit)
+        volume = self._state()
+        node = volume.nodes.get(node_id)
+        require_node_epoch(node, node_id, node_epoch)
+        owned = sorted(
+            stream_id
+            for stream_id, s in volume.streams.items()
+            if s.owner_node_id == node_id
+            and s.state is StreamState.ACTIVE
+            and stream_id > start_after
+        )[:limit]
+        adopted: list[StreamInfo] = []
+        for stream_id in owned:
+            info = check_claim(volume.streams[stream_id], node, node, node_id, node_epoch)
+            volume.streams[stream_id] = info
+            adopted.append(info)
+        return adopted
 
     async def delete_stream(self, stream_id: int) -> None:
         volume = self._state()

@@ -21,10 +21,14 @@ from walstream.errors import (
     FencedError,
     InvalidArgument,
     PreconditionFailed,
+    StreamExists,
     StreamNotFound,
     VersionMismatchError,
 )
 from walstream.metadata.contract import (
+    MAX_CLAIM_STREAMS,
+    MAX_CREATE_STREAMS,
+    MAX_LIST_STREAMS,
     DataLossGap,
     NodeInfo,
     NodeState,
@@ -36,7 +40,7 @@ from walstream.metadata.contract import (
     StreamRange,
     StreamState,
 )
-from walstream.records import check_stream_name
+from walstream.records import check_stream_name, check_text
 from walstream.stream_config import StreamConfig
 
 __all__ = [
@@ -54,7 +58,9 @@ __all__ = [
     "check_basin_list_args",
     "check_basin_name",
     "check_claim",
+    "check_claim_count",
     "check_config_changes",
+    "check_create_streams_args",
     "check_creation_token",
     "check_data_loss_range",
     "check_due_limit",
@@ -63,6 +69,7 @@ __all__ = [
     "check_kv_list_args",
     "check_kv_put",
     "check_lease_ms",
+    "check_list_streams_args",
     "check_object_limit",
     "check_prepare_args",
     "check_release",
@@ -84,6 +91,7 @@ __all__ = [
     "range_is_dead",
     "require_node_epoch",
     "require_stream_epoch",
+    "stream_exists",
     "stream_not_found",
     "version_mismatch",
 ]
@@ -776,3 +784,57 @@ def prefix_end(prefix: str) -> str | None:
                 following = 0xE000
             return "".join(chars) + chr(following)
     return None
+
+
+def check_list_streams_args(prefix: Any, start_after: Any, limit: Any) -> None:
+    """The arguments of :meth:`MetadataStore.list_streams
+    <walstream.metadata.contract.MetadataStore.list_streams>`."""
+    check_text(prefix, "list_streams: prefix")
+    if isinstance(start_after, str):
+        check_text(start_after, "list_streams: start_after")
+    elif start_after is not None and (
+        isinstance(start_after, bool) or not isinstance(start_after, int)
+    ):
+        raise InvalidArgument(
+            "list_streams: start_after is the last page's last name, or its id for a stream "
+            f"without name (page_key), or None; got {start_after!r}"
+        )
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_STREAMS
+    ):
+        raise InvalidArgument(
+            f"list_streams: limit must be between 1 and {MAX_LIST_STREAMS} (or None), got {limit!r}"
+        )
+
+
+def check_create_streams_args(names: Any) -> list[str]:
+    """The names of :meth:`MetadataStore.create_streams
+    <walstream.metadata.contract.MetadataStore.create_streams>`, as a list."""
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise InvalidArgument(f"create_streams: expected a list of names, got {names!r:.80}")
+    found = list(names)
+    if not 1 <= len(found) <= MAX_CREATE_STREAMS:
+        raise InvalidArgument(
+            f"create_streams: 1 to {MAX_CREATE_STREAMS} names at a time, got {len(found)}; "
+            "create more in several calls"
+        )
+    seen: set[str] = set()
+    for name in found:
+        if name is None:
+            raise InvalidArgument("create_streams: every stream needs a name (None is not one)")
+        check_stream_name(name)
+        if name in seen:
+            raise InvalidArgument(f"create_streams: {name!r} is named twice")
+        seen.add(name)
+    return found
+
+
+def check_claim_count(what: str, count: int) -> None:
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_CLAIM_STREAMS:
+        raise InvalidArgument(f"{what}: 1 to {MAX_CLAIM_STREAMS} streams at a time, got {count!r}")
+
+
+def stream_exists(name: str, stream_id: int | str) -> StreamExists:
+    return StreamExists(
+        f"stream {name!r} already exists (id {stream_id}); open it instead, or delete it first"
+    )

@@ -48,9 +48,12 @@ from walstream.errors import (
     CorruptionError,
     WalstreamError,
 )
+from walstream.metadata.contract import StreamInfo, StreamState
+from walstream.metadata.rows import STREAM_COLUMNS
 from walstream.metadata.sql.dialect import Connection, Dialect, Row
 from walstream.metadata.sql.migrations import SCHEMA_VERSION, is_current, migrate_step
 from walstream.metadata.sql.store import SqlMetadataStore
+from walstream.stream_config import StreamConfig
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -238,6 +241,42 @@ class SqliteDialect(Dialect):
     async def new_id(self, db: Connection, sequence: str) -> str:
         await self._advance(db, sequence, 1)
         return f"(SELECT value FROM meta WHERE key = '{_COUNTERS[sequence]}')"
+
+    async def insert_streams(
+        self,
+        db: Connection,
+        names: Sequence[str],
+        created_ms: int,
+        config: StreamConfig,
+        due_ms: int | None,
+    ) -> list[StreamInfo]:
+        """The ids in one counter step, the rows in one executemany."""
+        last = await self._advance(db, "stream_ids", len(names))
+        first = last - len(names) + 1
+        encoded = config.encode()
+        await db.executemany(
+            f"INSERT INTO streams ({STREAM_COLUMNS}) VALUES ($1, $2, 0, 0, 0, 'active', NULL, "
+            "NULL, $3, $4, NULL, $5)",
+            [
+                (first + index, name, created_ms, encoded, due_ms)
+                for index, name in enumerate(names)
+            ],
+        )
+        return [
+            StreamInfo(
+                stream_id=first + index,
+                name=name,
+                epoch=0,
+                start_offset=0,
+                committed_end=0,
+                state=StreamState.ACTIVE,
+                owner_node_id=None,
+                created_ms=created_ms,
+                config=config,
+                lifecycle_due_ms=due_ms,
+            )
+            for index, name in enumerate(names)
+        ]
 
     async def insert_prepared(self, db: Connection, count: int, expires_ms: int) -> list[int]:
         last = await self._advance(db, "object_ids", count)

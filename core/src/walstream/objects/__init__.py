@@ -1,5 +1,4 @@
-"""Object storage: the contract (``contract``) and the reference stores (``memory``, ``local``).
-"""
+"""Object storage: the contract (``contract``) and the reference stores (``memory``, ``local``)."""
 
 from walstream.objects.contract import (
     BufferedObjectWriter,

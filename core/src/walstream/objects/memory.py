@@ -1,5 +1,4 @@
-"""The reference in-memory object store: named process-wide volumes, nothing survives the process.
-"""
+"""The reference in-memory object store: named process-wide volumes, nothing survives the process."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ __all__ = [
     "MEMORY_OBJECT_STORE",
     "MemoryObjectStore",
 ]
-
 
 
 _OBJECT_VOLUMES: dict[str, dict[str, bytes]] = {}

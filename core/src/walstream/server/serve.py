@@ -334,6 +334,7 @@ async def serve(
     def rebind_extras(new: Client) -> None:
         for extra in extras.values():
             extra.rebind(new)
+
     try:
         app = S2App(
             client,

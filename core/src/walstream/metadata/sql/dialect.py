@@ -33,8 +33,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
 
-from walstream.metadata.contract import ObjectInfo
-from walstream.metadata.rows import RANGE_COLUMNS
+from walstream.metadata.contract import ObjectInfo, StreamInfo
+from walstream.metadata.rows import RANGE_COLUMNS, STREAM_COLUMNS, stream_of
+from walstream.stream_config import StreamConfig
 
 __all__ = ["Connection", "Dialect", "Lock", "Row"]
 
@@ -130,7 +131,37 @@ class Dialect(ABC):
     def id_list(self, ids: Sequence[int]) -> Any:
         """The argument :meth:`any_id`'s placeholder takes."""
 
+    #: The stream name as an expression that sorts by its bytes (of UTF-8), as the index of
+    #: active names does: the name itself on SQLite (BINARY); ``name COLLATE "C"`` on PostgreSQL.
+    name_bytes: ClassVar[str] = "name"
+
     # -- ids ----------------------------------------------------------------------------------------
+
+    async def insert_streams(
+        self,
+        db: Connection,
+        names: Sequence[str],
+        created_ms: int,
+        config: StreamConfig,
+        due_ms: int | None,
+    ) -> list[StreamInfo]:
+        """Insert ACTIVE streams named ``names`` (none of them taken) with ``config`` and
+        ``lifecycle_due_ms`` ``due_ms``, in order; their rows. This one runs a statement per
+        name; a dialect may do better."""
+        created: list[StreamInfo] = []
+        for name in names:
+            new_id = await self.new_id(db, "stream_ids")
+            row = await db.fetchrow(
+                f"INSERT INTO streams ({STREAM_COLUMNS}) VALUES ({new_id}, $1, 0, 0, 0, "
+                f"'active', NULL, NULL, $2, $3, NULL, $4) RETURNING {STREAM_COLUMNS}",
+                name,
+                created_ms,
+                config.encode(),
+                due_ms,
+            )
+            assert row is not None
+            created.append(stream_of(row))
+        return created
 
     @abstractmethod
     async def new_id(self, db: Connection, sequence: str) -> str:

@@ -335,6 +335,22 @@ MIGRATIONS: tuple[Migration, ...] = (
             "WHERE lifecycle_due_ms IS NOT NULL",
         ),
     ),
+    Migration(
+        7,
+        "stream listing pages: names in byte order, streams without a name",
+        (
+            # list_streams pages named streams by name in byte order: SQLite's BINARY index of
+            # active names (migration 1) already sorts so; PostgreSQL's sorts by the database's
+            # collation, so it gets one in "C" order.
+            PerDialect(
+                sqlite=None,
+                postgres='CREATE INDEX streams_active_name_bytes ON streams (name COLLATE "C") '
+                "WHERE state = 'active' AND name IS NOT NULL",
+            ),
+            "CREATE INDEX streams_unnamed ON streams (stream_id) "
+            "WHERE state = 'active' AND name IS NULL",
+        ),
+    ),
 )
 
 #: The version this code writes and understands: the last migration's.

@@ -18,7 +18,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from walstream.errors import InvalidArgument, StreamExists
+from walstream.errors import FencedError, InvalidArgument, StreamExists
 from walstream.metadata.contract import (
     DataLossGap,
     MetadataStore,
@@ -39,10 +39,13 @@ from walstream.metadata.rows import (
 )
 from walstream.metadata.rules import (
     check_claim,
+    check_claim_count,
     check_config_changes,
+    check_create_streams_args,
     check_creation_token,
     check_data_loss_range,
     check_due_limit,
+    check_list_streams_args,
     check_object_limit,
     check_prepare_args,
     check_release,
@@ -53,8 +56,10 @@ from walstream.metadata.rules import (
     plan_commit,
     plan_data_loss,
     plan_replace,
+    prefix_end,
     require_node_epoch,
     require_stream_epoch,
+    stream_exists,
     stream_not_found,
 )
 from walstream.metadata.sql.basins import SqlBasins
@@ -224,16 +229,122 @@ class SqlMetadataStore(SqlNodes, SqlBasins, SqlKv, MetadataStore):
         found = await self._read(work)
         return {stream_id: found[stream_id] for stream_id in ids if stream_id in found}
 
-    async def list_streams(self, prefix: str = "") -> list[StreamInfo]:
-        async def work(tables: Tables) -> list[StreamInfo]:
-            rows = await tables.db.fetch(
-                f"SELECT {STREAM_COLUMNS} FROM streams WHERE state = 'active' "
-                "AND ($1 = '' OR substr(name, 1, length($1)) = $1) ORDER BY stream_id",
-                prefix,
-            )
-            return [stream_of(row) for row in rows]
+    async def list_streams(
+        self, prefix: str = "", start_after: str | int | None = None, limit: int | None = None
+    ) -> list[StreamInfo]:
+        check_list_streams_args(prefix, start_after, limit)
+        unnamed = prefix == "" and not isinstance(start_after, str)
+        after_name = start_after if isinstance(start_after, str) else ""
+        # Named streams: the prefix as a name range, so the index of active names bounds the
+        # scan at both ends (in byte order: the dialect's name_bytes), and LIMIT ends it.
+        end = prefix_end(prefix)
+        name = self._dialect.name_bytes
 
-        return await self._read(work)
+        async def work(tables: Tables) -> list[StreamInfo]:
+            found: list[StreamInfo] = []
+            if unnamed:
+                # Streams without a name, by id, through their own partial index.
+                args: list[object] = [0 if start_after is None else start_after]
+                sql = (
+                    f"SELECT {STREAM_COLUMNS} FROM streams WHERE state = 'active' "
+                    "AND name IS NULL AND stream_id > $1 ORDER BY stream_id"
+                )
+                if limit is not None:
+                    args.append(limit)
+                    sql += " LIMIT $2"
+                found = [stream_of(row) for row in await tables.db.fetch(sql, *args)]
+            left = None if limit is None else limit - len(found)
+            if left is None or left > 0:
+                args = [after_name, prefix]
+                sql = (
+                    f"SELECT {STREAM_COLUMNS} FROM streams WHERE state = 'active' "
+                    f"AND {name} > $1 AND {name} >= $2"
+                )
+                if end is not None:
+                    args.append(end)
+                    sql += f" AND {name} < ${len(args)}"
+                sql += f" ORDER BY {name}"
+                if left is not None:
+                    args.append(left)
+                    sql += f" LIMIT ${len(args)}"
+                found += [stream_of(row) for row in await tables.db.fetch(sql, *args)]
+            return found
+
+        return await self._read(work, snapshot=unnamed)
+
+    async def create_streams(
+        self, names: Sequence[str], config: StreamConfig | None = None
+    ) -> list[StreamInfo]:
+        wanted = check_create_streams_args(names)
+        config = check_stream_config(config)
+        created_ms = self._clock.now_ms()
+        due_ms = created_ms if has_lifecycle(config) else None
+
+        async def work(tables: Tables) -> list[StreamInfo]:
+            taken = await tables.active_streams_named(wanted)
+            for name in wanted:
+                if name in taken:
+                    raise stream_exists(name, taken[name])
+            return await tables.dialect.insert_streams(
+                tables.db, wanted, created_ms, config, due_ms
+            )
+
+        return await self._write(work)
+
+    async def claim_streams(
+        self, stream_ids: Sequence[int], node_id: int, node_epoch: int
+    ) -> dict[int, StreamInfo]:
+        ids = list(stream_ids)
+        check_claim_count("claim_streams", len(ids))
+
+        async def work(tables: Tables) -> dict[int, StreamInfo]:
+            node = await tables.node(node_id, Lock.SHARE)
+            require_node_epoch(node, node_id, node_epoch)
+            streams = await tables.streams(ids, Lock.UPDATE)
+            owner_ids = {
+                s.owner_node_id
+                for s in streams.values()
+                if s.owner_node_id is not None and s.owner_node_id != node_id
+            }
+            owners = {
+                owner_id: await tables.node(owner_id, Lock.SHARE) for owner_id in sorted(owner_ids)
+            }
+            claimed: dict[int, StreamInfo] = {}
+            for stream_id, stream in streams.items():
+                if stream.state is not StreamState.ACTIVE:
+                    continue
+                owner_id = stream.owner_node_id
+                owner = node if owner_id == node_id else owners.get(owner_id or 0)
+                try:
+                    claimed[stream_id] = check_claim(stream, node, owner, node_id, node_epoch)
+                except FencedError:
+                    continue  # owned by a node still running: claim_stream says so
+            await tables.claim(claimed.values(), node_id)
+            return claimed
+
+        return await self._write(work)
+
+    async def adopt_streams(
+        self, node_id: int, node_epoch: int, start_after: int = 0, limit: int = 10_000
+    ) -> list[StreamInfo]:
+        check_claim_count("adopt_streams", limit)
+
+        async def work(tables: Tables) -> list[StreamInfo]:
+            node = await tables.node(node_id, Lock.SHARE)
+            require_node_epoch(node, node_id, node_epoch)
+            rows = await tables.db.fetch(
+                f"SELECT {STREAM_COLUMNS} FROM streams WHERE owner_node_id = $1 "
+                "AND state = 'active' AND stream_id > $2 ORDER BY stream_id LIMIT $3 "
+                f"{tables.dialect.lock(Lock.UPDATE)}",
+                node_id,
+                start_after,
+                limit,
+            )
+            adopted = [check_claim(stream_of(row), node, node, node_id, node_epoch) for row in rows]
+            await tables.claim(adopted, node_id)
+            return adopted
+
+        return await self._write(work)
 
     async def delete_stream(self, stream_id: int) -> None:
         async def work(tables: Tables) -> None:

@@ -75,6 +75,30 @@ class Tables:
         )
         return None if row is None else stream_of(row)
 
+    async def active_streams_named(self, names: Sequence[str]) -> dict[str, int]:
+        """The ids of the ACTIVE streams among ``names``, by name (the index of active names,
+        one look-up per name)."""
+        found: dict[str, int] = {}
+        for name in names:
+            stream_id = await self.db.fetchval(
+                "SELECT stream_id FROM streams WHERE name = $1 AND state = 'active'", name
+            )
+            if stream_id is not None:
+                found[name] = int(stream_id)
+        return found
+
+    async def claim(self, claimed: Iterable[StreamInfo], node_id: int) -> None:
+        """Write the claims of ``claimed`` (read locked in this transaction, each one epoch
+        above its row): one statement."""
+        ids = _ids(stream.stream_id for stream in claimed)
+        if ids:
+            await self.db.execute(
+                "UPDATE streams SET epoch = epoch + 1, owner_node_id = $1 "
+                f"WHERE stream_id {self.dialect.any_id('$2')}",
+                node_id,
+                self.dialect.id_list(ids),
+            )
+
     async def streams(
         self, stream_ids: Iterable[int], lock: Lock | None = None
     ) -> dict[int, StreamInfo]:

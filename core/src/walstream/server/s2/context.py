@@ -23,6 +23,7 @@ from walstream.metadata.rules import check_basin_name
 from walstream.records import check_text
 from walstream.server.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAIT_S, ServerLimits
 from walstream.server.s2.errors import S2Error
+from walstream.server.s2.lru import Lru
 from walstream.server.s2.model import ROOT_BASIN, new_stream_config, stream_changes
 from walstream.server.s2.request import BodyDeadlines, Request
 from walstream.server.s2.routing import Router, not_owner_here
@@ -75,11 +76,12 @@ class S2Context:
         self.requests: dict[tuple[str, str, int], int] = {}
         self.basins: dict[str, dict[str, Any]] = {}
         """Basins known to exist: name -> stored config (a cache; deletes go through here)."""
-        self.stream_ids: dict[str, int] = {}
-        """walstream stream name -> id, so the hot path opens streams without a metadata query."""
+        self.stream_ids: Lru[str, int] = Lru()
+        """walstream stream name -> id, so the hot path opens streams without a metadata query
+        (the most recently used :data:`~walstream.server.s2.lru.STREAM_CACHE_ENTRIES`)."""
         self.fences: dict[int, asyncio.Future[None]] = {}
         """stream id -> a fence command in progress (appends wait for its token)."""
-        self.tail_timestamps: dict[int, tuple[int, int]] = {}
+        self.tail_timestamps: Lru[int, tuple[int, int]] = Lru()
         """stream id -> (tail, timestamp of the record before it), as last seen."""
         self.router = Router(client)
         """Which other node owns a stream (requests for it are forwarded there)."""

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from walstream.metadata.contract import MetadataStore, NodeInfo, NodeState
 from walstream.server.s2.errors import S2Error
+from walstream.server.s2.lru import Lru
 
 if TYPE_CHECKING:
     from walstream.engine.client import Client
@@ -54,7 +55,7 @@ class Router:
     def __init__(self, client: Client, cache_s: float = OWNER_CACHE_S) -> None:
         self.client = client
         self.cache_s = cache_s
-        self._owners: dict[int, tuple[float, Owner]] = {}
+        self._owners: Lru[int, tuple[float, Owner]] = Lru()
         self.forwarded = 0
         """Requests relayed to another node (for tests and metrics)."""
         self.served_committed = 0

@@ -141,17 +141,31 @@ async def _reconfigure(app: S2Context, stream: Stream, changes: dict[str, Any]) 
 
 async def _list_streams(app: S2Context, request: Request, basin: str) -> None:
     prefix, start_after, limit = list_query(request)
-    infos = await app.client.list_streams(prefix=s2_prefix(basin, prefix))
+    # One keyset page of the basin's names (the encoding keeps UTF-8 byte order, which is the
+    # order of the decoded names too), one more than asked to learn whether more follow; a
+    # stream named before the name rule has no S2 name and is skipped, so a page that held
+    # one reads on.
+    walstream_prefix = s2_prefix(basin, prefix)
+    after: str = s2_prefix(basin, start_after) if start_after else ""
     named: list[tuple[str, int, str | None]] = []
-    for info in sorted(infos, key=lambda found: found.name or ""):
-        if info.name is None:
-            continue
-        try:
-            named.append((s2_stream_name(basin, info.name), info.created_ms, info.config.cipher))
-        except InvalidArgument:
-            continue  # a name from before the name rule: it has no S2 name
-    # The encoding keeps UTF-8 byte order, which is the order of the decoded names too.
-    chosen = [item for item in named if item[0] > start_after]
+    more = False
+    while len(named) <= limit:
+        want = limit + 1 - len(named)
+        infos = await app.client.list_streams(walstream_prefix, after, want)
+        for info in infos:
+            assert info.name is not None  # a prefix query lists named streams only
+            try:
+                named.append(
+                    (s2_stream_name(basin, info.name), info.created_ms, info.config.cipher)
+                )
+            except InvalidArgument:
+                continue  # a name from before the name rule: it has no S2 name
+        if len(infos) < want:
+            break
+        after = infos[-1].name or ""
+    if len(named) > limit:
+        more = True
+        named = named[:limit]
     await request.respond_json(
         200,
         {
@@ -162,9 +176,9 @@ async def _list_streams(app: S2Context, request: Request, basin: str) -> None:
                     "deleted_at": None,
                     "cipher": cipher,
                 }
-                for name, created, cipher in chosen[:limit]
+                for name, created, cipher in named
             ],
-            "has_more": len(chosen) > limit,
+            "has_more": more,
         },
     )
 
