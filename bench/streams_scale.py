@@ -3,7 +3,8 @@ store, SQLite or PostgreSQL metadata) with N streams, N from 1 to 1,000,000.
 
 For each N and metadata store, in a fresh folder:
 
-- **create/s**: N ``create_stream`` calls, 64 at a time (``common.loadgen.for_each``);
+- **create/s**: N streams created by ``create_streams`` in transactions of 1,000 names, 4 at a
+  time (``common.loadgen.for_each``);
 - **claim/s**: the first append to each stream (it claims the stream, then appends one 16-byte
   record), 64 at a time;
 - **RSS per stream**: the process's resident memory after the claims (each appended one
@@ -19,7 +20,9 @@ For each N and metadata store, in a fresh folder:
   and the lowest 5 s window of appends during the pass over the median window before it (the
   issue asks ≥ 0.6); then a second pass is started and ``client.close()`` timed while it runs
   (the issue asks ≤ 5 s);
-- **list**: ``list_streams()`` time (one call: paging comes with the metadata work);
+- **list**: every stream listed in keyset pages of 1,000 (``list_streams(prefix, start_after,
+  limit)``): the whole listing's time and the median page's; ``--create-only`` stops there (the
+  1,000,000 point);
 - **bytes read per cold 100 KiB**: 100 KiB appended to one stream amid the random appends (so it
   lands in shared stream-set objects), then read by a fresh reader from object storage; the
   bytes fetched over the bytes of records, before compaction.
@@ -79,6 +82,8 @@ class Options:
     inline_compaction: bool = False
     window_s: float = 5.0
     """The windows appends are counted in while a pass runs (5 s; short in a smoke run)."""
+    create_only: bool = False
+    """Only create and list (``--create-only``)."""
 
 
 class CountingStore(LocalObjectStore):
@@ -244,18 +249,52 @@ async def cold_read_cost(
     return {"cold_read_bytes_per_100KiB": store.bytes_read * 100 / len(records)}
 
 
+CREATE_CHUNK = 1_000
+"""Streams per ``create_streams`` call (one metadata transaction each)."""
+LIST_PAGE = 1_000
+
+
+async def create_and_list(client: Client, n: int, point: dict[str, Any]) -> list[Stream]:
+    """N streams created in transactions of :data:`CREATE_CHUNK` (``create_streams``, 4 calls
+    at a time), then listed page by page; create/s, the whole listing's time and the median
+    time of a page of :data:`LIST_PAGE` names go into ``point``."""
+    chunks = (n + CREATE_CHUNK - 1) // CREATE_CHUNK
+    created: dict[int, list[Stream]] = {}
+
+    async def create(chunk: int) -> None:
+        names = [
+            f"scale-{index:07d}"
+            for index in range(chunk * CREATE_CHUNK, min(n, (chunk + 1) * CREATE_CHUNK))
+        ]
+        created[chunk] = await client.create_streams(names)  # fmt: skip
+
+    point["create_per_s"] = n / (await for_each(chunks, create, 4)).elapsed_s
+    streams = [stream for chunk in range(chunks) for stream in created[chunk]]
+    created.clear()
+    page_times: list[float] = []
+    listed = 0
+    after: str | None = None
+    started = time.perf_counter()
+    while True:
+        page_started = time.perf_counter()
+        page = await client.list_streams("", after, LIST_PAGE)
+        page_times.append(time.perf_counter() - page_started)
+        listed += len(page)
+        if len(page) < LIST_PAGE:
+            break
+        after = page[-1].name
+    point["list_s"] = time.perf_counter() - started
+    point["list_page_s"] = statistics.median(page_times)
+    assert listed == n, (listed, n)
+    return streams
+
+
 async def populate(client: Client, n: int, point: dict[str, Any]) -> list[Stream]:
     """N streams created, then claimed by a first append, then parked; create/s, claim/s, RSS
-    per stream and the list time go into ``point``."""
+    per stream and the list times go into ``point``."""
     gc.collect()
     rss_before = rss_bytes()
-    created: dict[int, Stream] = {}
-
-    async def create(index: int) -> None:
-        created[index] = await client.create_stream(f"scale-{index:07d}")
-
-    point["create_per_s"] = n / (await for_each(n, create, PARALLEL)).elapsed_s
-    streams = [created[index] for index in range(n)]
+    streams = await create_and_list(client, n, point)
 
     async def claim(index: int) -> None:
         await streams[index].append([Record(b"c" * 16)])
@@ -265,10 +304,6 @@ async def populate(client: Client, n: int, point: dict[str, Any]) -> list[Stream
     point["parked"] = client._streams.park_idle(all_idle=True)
     gc.collect()
     point["rss_per_stream"] = max(0, rss_bytes() - rss_before) / n
-    started = time.perf_counter()
-    listed = await client.list_streams()
-    point["list_s"] = time.perf_counter() - started
-    assert len(listed) == n
     return streams
 
 
@@ -278,6 +313,10 @@ async def measure_point(
     rng = random.Random(n)
     point: dict[str, Any] = {"n": n, "load_before": load_1min()}
     async with node(folder, metadata) as client:
+        if options.create_only:
+            await create_and_list(client, n, point)
+            point["load_after"] = load_1min()
+            return point
         if options.inline_compaction and client._runtime.compactor is not None:
             client._runtime.compactor.in_thread = False
         tune_gc()
@@ -299,7 +338,8 @@ METRICS = [
     ("rss_per_stream", "RSS bytes per stream"),
     ("random_over_single", "random ÷ single appends"),
     ("compaction_pass_s", "compaction pass (s)"),
-    ("list_s", "list_streams (s)"),
+    ("list_s", "list every stream, paged (s)"),
+    ("list_page_s", "a page of 1,000 names (s)"),
     ("cold_read_bytes_per_100KiB", "bytes read per cold 100 KiB"),
     ("close_s", "close() during a pass (s)"),
 ]
@@ -320,7 +360,7 @@ def plot(points: dict[str, list[dict[str, Any]]], path: Path) -> bool:
             axis.set_xlabel("streams", fontsize=8)
             axis.legend(fontsize=7)
 
-    return save_plot(path, paint, figsize=(16, 7), columns=4, rows=2)
+    return save_plot(path, paint, figsize=(16, 10), columns=3, rows=3)
 
 
 COLUMNS = [
@@ -339,6 +379,7 @@ COLUMNS = [
     Column("window_min_ratio", "min win", 7, ".2f"),
     Column("close_s", "close s", 7, ".2f"),
     Column("list_s", "list s", 7, ".3f"),
+    Column("list_page_s", "page s", 7, ".4f"),
     Column("cold_read_bytes_per_100KiB", "cold B/100K", 11, ".0f"),
     Column("load_before", "load", 5, ".1f"),
 ]
@@ -437,6 +478,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Optio
         action="store_true",
         help="run compaction's CPU work on the event loop (what the worker thread buys)",
     )
+    parser.add_argument(
+        "--create-only",
+        action="store_true",
+        help="only create and list the N streams (the 1,000,000 point)",
+    )
     parser.add_argument("--resume", action="store_true", help="skip points already in the JSON")
     parser.add_argument("--profile", action="store_true", help="py-spy (WALSTREAM_BENCH_PROFILE)")
     args = parser.parse_args(argv)
@@ -448,6 +494,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Optio
         runs=cli.sized(args, args.runs, full=3, quick=2, smoke=1),
         pre_windows=cli.sized(args, args.pre_windows, full=3, quick=2, smoke=1),
         inline_compaction=args.inline_compaction,
+        create_only=args.create_only,
         window_s=0.3 if args.smoke else 5.0,
     )
     return args, options
