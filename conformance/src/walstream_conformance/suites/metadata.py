@@ -917,6 +917,146 @@ class MetadataSuite:
             again.config
         )
 
+    # 17 -----------------------------------------------------------------------------------------
+    async def test_streams_in_bulk_list_pages(self, walstream_metadata_kit: MetadataKit) -> None:
+        """list_streams: pages of any size joined end to end are the whole listing, in byte
+        order of the names; a prefix is a prefix; deleted streams are absent; unnamed streams
+        come first, by id, and page by id."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        base = kit.name("pages")
+        tails = ["b", "a", "a.1", "a-2", "A", "b_x", "a0", "z", "a.1.b"]
+        created = await store.create_streams([f"{base}.{tail}" for tail in tails])
+        assert [s.name for s in created] == [f"{base}.{tail}" for tail in tails]
+        assert [s.stream_id for s in created] == sorted(s.stream_id for s in created)
+        await store.create_stream(f"{base}x.after")  # shares the prefix without its dot
+        await store.delete_stream(created[tails.index("z")].stream_id)
+        alive = sorted(f"{base}.{tail}" for tail in tails if tail != "z")
+        prefix = f"{base}."
+        listed = [s.name for s in await store.list_streams(prefix)]
+        assert listed == sorted(alive, key=lambda name: name.encode()), listed
+        for size in (1, 2, 3, 100):
+            pages: list[str] = []
+            after: str | int | None = None
+            while True:
+                page = await store.list_streams(prefix, after, size)
+                assert len(page) <= size
+                pages += [s.name or "" for s in page]
+                if len(page) < size:
+                    break
+                after = page[-1].name
+            assert pages == listed, (size, pages)
+        assert [s.name for s in await store.list_streams(f"{base}.a.1")] == [
+            f"{base}.a.1",
+            f"{base}.a.1.b",
+        ]
+        after_a0 = listed.index(f"{base}.a0") + 1
+        page = await store.list_streams(prefix, f"{base}.a0", 2)
+        assert [s.name for s in page] == listed[after_a0 : after_a0 + 2]
+        assert await store.list_streams(f"{base}.zz") == []
+        assert [s.name for s in await store.list_streams(base, limit=100)][-1] == f"{base}x.after"
+
+        unnamed = [await store.create_stream(None) for _ in range(3)]
+        first = await store.list_streams("", unnamed[0].stream_id - 1, 3)
+        assert [s.stream_id for s in first] == [s.stream_id for s in unnamed]
+        assert all(s.name is None for s in first)
+        assert all(s.stream_id not in {u.stream_id for u in unnamed}
+                   for s in await store.list_streams(prefix))  # fmt: skip
+        start = await store.list_streams("", None, 1)
+        assert start and start[0].name is None  # unnamed streams come first
+        for limit in (0, 10_001, True):
+            with pytest.raises(InvalidArgument):
+                await store.list_streams(prefix, None, limit)
+        with pytest.raises(InvalidArgument):
+            await store.list_streams(prefix, 1.5)  # type: ignore[arg-type]
+
+    async def test_streams_in_bulk_create(self, walstream_metadata_kit: MetadataKit) -> None:
+        """create_streams: all of its names, or none."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        names = [kit.name(f"bulk-{index}") for index in range(5)]
+        created = await store.create_streams(names[:3])
+        for info in created:
+            assert (await store.get_stream(info.name or "")).stream_id == info.stream_id
+        with pytest.raises(StreamExists, match=names[1]):
+            await store.create_streams([names[3], names[1], names[4]])
+        for name in names[3:]:
+            with pytest.raises(StreamNotFound):
+                await store.get_stream(name)  # nothing of the refused call was created
+        for bad in ([], [names[3], names[3]], [names[3], None], names[3]):
+            with pytest.raises(InvalidArgument):
+                await store.create_streams(bad)  # type: ignore[arg-type]
+        with pytest.raises(StreamNotFound):
+            await store.get_stream(names[3])
+        again = await kit.open().get_streams([s.stream_id for s in created])
+        assert sorted(again) == sorted(s.stream_id for s in created)  # durable
+
+    async def test_streams_in_bulk_claim(self, walstream_metadata_kit: MetadataKit) -> None:
+        """claim_streams claims what claim_stream would, one epoch each, and nothing with a
+        stale node epoch."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        a_id, b_id = kit.node_id(0), kit.node_id(1)
+        a = await store.register_node(a_id, {"type": "conformance"})
+        b = await store.register_node(b_id, {"type": "conformance"})
+        s1, s2, s3, gone = await store.create_streams(
+            [kit.name(f"claims-{index}") for index in range(4)]
+        )
+        await store.claim_stream(s1.stream_id, a_id, a.node_epoch)
+        await store.delete_stream(gone.stream_id)
+        ids = [s1.stream_id, s2.stream_id, s3.stream_id, gone.stream_id, 10**15]
+        claimed = await store.claim_streams(ids, b_id, b.node_epoch)
+        assert sorted(claimed) == [s2.stream_id, s3.stream_id]  # s1 is a running node's
+        for before in (s2, s3):
+            after = (await store.get_streams([before.stream_id]))[before.stream_id]
+            assert after == claimed[before.stream_id]
+            assert (after.epoch, after.owner_node_id) == (before.epoch + 1, b_id)
+        s1_now = (await store.get_streams([s1.stream_id]))[s1.stream_id]
+        assert s1_now.owner_node_id == a_id
+        restarted = await store.register_node(b_id, {"type": "conformance"})
+        with pytest.raises(FencedError):
+            await store.claim_streams([s1.stream_id, s2.stream_id], b_id, b.node_epoch)
+        unchanged = (await store.get_streams([s2.stream_id]))[s2.stream_id]
+        assert unchanged.epoch == s2.epoch + 1  # the stale call claimed nothing
+        await store.set_node_state(a_id, a.node_epoch, NodeState.STOPPED)
+        taken = await store.claim_streams([s1.stream_id, s2.stream_id], b_id, restarted.node_epoch)
+        assert sorted(taken) == [s1.stream_id, s2.stream_id]
+        assert taken[s1.stream_id].epoch == s1_now.epoch + 1
+        for bad in ([], [s1.stream_id] * 10_001):
+            with pytest.raises(InvalidArgument):
+                await store.claim_streams(bad, b_id, restarted.node_epoch)
+
+    async def test_streams_in_bulk_adopt(self, walstream_metadata_kit: MetadataKit) -> None:
+        """adopt_streams pages through the streams a node owns, claiming each for its new
+        epoch, and leaves other nodes' streams alone."""
+        kit = walstream_metadata_kit
+        store = kit.open()
+        node_id, other_id = kit.node_id(0), kit.node_id(1)
+        node = await store.register_node(node_id, {"type": "conformance"})
+        other = await store.register_node(other_id, {"type": "conformance"})
+        streams = await store.create_streams([kit.name(f"adopt-{index}") for index in range(5)])
+        mine = await store.claim_streams(
+            [s.stream_id for s in streams[:4]], node_id, node.node_epoch
+        )
+        theirs = await store.claim_stream(streams[4].stream_id, other_id, other.node_epoch)
+        restarted = await store.register_node(node_id, {"type": "conformance"})
+        with pytest.raises(FencedError):
+            await store.adopt_streams(node_id, node.node_epoch)
+        adopted: list[int] = []
+        after = 0
+        while True:
+            page = await store.adopt_streams(node_id, restarted.node_epoch, after, 3)
+            adopted += [s.stream_id for s in page]
+            for info in page:
+                assert info.epoch == mine[info.stream_id].epoch + 1
+                assert info.owner_node_id == node_id
+                assert (await store.get_streams([info.stream_id]))[info.stream_id] == info
+            if len(page) < 3:
+                break
+            after = page[-1].stream_id
+        assert adopted == sorted(mine)
+        assert (await store.get_streams([theirs.stream_id]))[theirs.stream_id] == theirs
+
     # durability -----------------------------------------------------------------------------------
     async def test_reopen_keeps_state(self, walstream_metadata_kit: MetadataKit) -> None:
         """A new instance on the same database sees committed streams, objects and nodes."""

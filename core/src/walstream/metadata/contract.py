@@ -256,6 +256,12 @@ class MetadataStore(ABC):
         reconfigure that changes the config, and a commit of a stream with retention, make its
         lifecycle work due (:attr:`StreamInfo.lifecycle_due_ms`), and
         :meth:`due_streams` finds exactly the ACTIVE streams due, oldest due first.
+    17. **streams-in-bulk** — :meth:`list_streams` pages joined end to end are the whole listing
+        (unnamed streams by id, then names in byte order; a prefix is a prefix, deleted streams
+        absent); :meth:`create_streams` creates all of its names or none; :meth:`claim_streams`
+        claims exactly the streams :meth:`claim_stream` would, each epoch bumped once, and a stale
+        node epoch claims nothing; :meth:`adopt_streams` pages through the streams a node owns,
+        claiming each for its new epoch.
     """
 
     # -- identity -----------------------------------------------------------------------------------
