@@ -112,6 +112,33 @@ def test_streams_create_list_delete(cli: Cli) -> None:
 
 
 @pytest.mark.slow
+def test_streams_create_in_bulk_and_list_in_pages(cli: Cli, tmp_path: Path) -> None:
+    """``streams create A B …`` and ``--from-file`` create in one transaction (all or none);
+    ``streams list --limit/--start-after`` pages by name and says where the next page starts."""
+    assert "created 3 streams" in cli("streams", "create", "b", "a", "c").stdout
+    names = tmp_path / "names.txt"
+    names.write_text("".join(f"n{i:04d}\n" for i in range(2_500)))
+    made = cli("streams", "create", "--from-file", str(names))
+    assert "created 2500 streams" in made.stdout
+    cli("streams", "create", "--from-file", "-", input="d\ne\n")
+    refused = cli("streams", "create", "f", "a", "g", expect=1)
+    assert_one_line_error(refused, "StreamExists")
+    every = [str(e["name"]) for e in json_lines(cli("streams", "list", "--json").stdout)]
+    assert every == sorted(["a", "b", "c", "d", "e"] + [f"n{i:04d}" for i in range(2_500)])
+    assert "f" not in every and "g" not in every  # the refused call created nothing
+
+    first = cli("streams", "list", "--limit", "2", "--json")
+    assert [e["name"] for e in json_lines(first.stdout)] == ["a", "b"]
+    assert "--start-after b" in first.stderr
+    after = cli("streams", "list", "--start-after", "b", "--limit", "3", "--json")
+    assert [e["name"] for e in json_lines(after.stdout)] == ["c", "d", "e"]
+    tail = cli("streams", "list", "--prefix", "n", "--start-after", "n2497", "--json")
+    assert [e["name"] for e in json_lines(tail.stdout)] == ["n2498", "n2499"]
+    assert "more streams follow" not in tail.stderr
+    assert cli("streams", "list", "--limit", "0", expect=2).returncode == 2
+
+
+@pytest.mark.slow
 def test_append_from_stdin_and_file_then_read_json(cli: Cli, tmp_path: Path) -> None:
     cli("streams", "create", "events")
     appended = cli("append", "events", input="alpha\nbeta\nγάμμα\n")
