@@ -350,12 +350,17 @@ def plot(points: dict[str, list[dict[str, Any]]], path: Path) -> bool:
 
     def paint(figure: Any, axes: Any) -> None:
         for axis, (key, title) in zip(axes.flat, METRICS, strict=True):
+            plotted = False
             for backend, rows in points.items():
-                rows = sorted(rows, key=lambda row: row["n"])
-                axis.plot([row["n"] for row in rows], [row.get(key, float("nan")) for row in rows],
-                          marker="o", label=backend)  # fmt: skip
-            axis.set_xscale("log")
-            axis.set_yscale("log")
+                # Points that lack the metric (--create-only) or measured it as 0 are left out.
+                rows = sorted((row for row in rows if row.get(key, 0) > 0), key=lambda r: r["n"])
+                if rows:
+                    axis.plot([row["n"] for row in rows], [row[key] for row in rows], marker="o",
+                              label=backend)  # fmt: skip
+                    plotted = True
+            if plotted:
+                axis.set_xscale("log")
+                axis.set_yscale("log")
             axis.set_title(title, fontsize=9)
             axis.set_xlabel("streams", fontsize=8)
             axis.legend(fontsize=7)
