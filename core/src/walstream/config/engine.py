@@ -25,6 +25,7 @@ __all__ = [
     "ENGINE_SECTIONS",
     "CacheConfig",
     "ClusterConfig",
+    "OBJECT_FORMATS",
     "CompactionConfig",
     "EngineConfig",
     "RecoveryConfig",
@@ -52,6 +53,10 @@ class CacheConfig:
     holds at most that much for all streams together (0: no read-ahead GETs)."""
 
 
+OBJECT_FORMATS = (2, 3)
+"""The object format versions a node can be told to write (``upload.object_format``)."""
+
+
 @dataclass(frozen=True)
 class UploadConfig:
     max_bytes: int = 32 << 20
@@ -63,6 +68,18 @@ class UploadConfig:
     max_concurrency: int = 4
     """Objects uploaded at once (commits stay in FIFO order)."""
     prepare_ttl_s: float = 600.0
+    object_format: int = 3
+    """The object format version uploads and compaction write: 3 (the paged index), or 2 while
+    a rolling upgrade still runs nodes that read only versions 1 and 2
+    (docs/operations/upgrades.md)."""
+
+    def __post_init__(self) -> None:
+        if self.object_format not in OBJECT_FORMATS:
+            raise ConfigError(
+                f"upload.object_format must be one of {', '.join(map(str, OBJECT_FORMATS))}, "
+                f"got {self.object_format!r}: 3 is the current format, 2 the one releases "
+                "before it read"
+            )
 
 
 @dataclass(frozen=True)
@@ -260,6 +277,14 @@ _UPLOAD_OPTIONS = (
         "how long a prepared object id stays reserved",
         default=UploadConfig.prepare_ttl_s,
         minimum=1,
+    ),
+    Option(
+        "object_format",
+        "int",
+        "the object format version uploads and compaction write: 3, or 2 until every node of a "
+        "rolling upgrade reads 3",
+        default=UploadConfig.object_format,
+        choices=OBJECT_FORMATS,
     ),
 )
 _COMPACTION_OPTIONS = (
@@ -463,6 +488,7 @@ def engine_config_from_sections(sections: Mapping[str, Any]) -> EngineConfig:
             split_bytes=upload["split_bytes"],
             max_concurrency=upload["max_concurrency"],
             prepare_ttl_s=upload["prepare_ttl"],
+            object_format=upload["object_format"],
         ),
         compaction=CompactionConfig(
             enabled=compaction["enabled"],

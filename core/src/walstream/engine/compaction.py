@@ -139,7 +139,10 @@ class Compactor:
         deployment_id: bytes | None = None,
         rng: Rng | None = None,
         prepare_ttl_ms: int = _DEFAULT_PREPARE_TTL_MS,
+        object_format: int | None = None,
     ) -> None:
+        self._object_format = object_format
+        """The object format version outputs are written in (None: the current one)."""
         self._deployment_id = deployment_id
         """The deployment whose objects this compacts (loaded from metadata when not given)."""
         self._rng = rng or make_rng(None)
@@ -390,7 +393,12 @@ class Compactor:
         )
         identities = [ObjectIdentity(deployment_id, object_id) for object_id in ids]
         built = await self._offload(
-            build_outputs, plan.outputs, identities, DEFAULT_BLOCK_TARGET_BYTES, self._halt
+            build_outputs,
+            plan.outputs,
+            identities,
+            DEFAULT_BLOCK_TARGET_BYTES,
+            self._halt,
+            self._object_format,
         )
         shapes = [
             (output.kind, tuple(run.stream_range() for run in output.runs))

@@ -315,12 +315,16 @@ def build_outputs(
     identities: Sequence[ObjectIdentity],
     block_target_bytes: int,
     halt: threading.Event | None = None,
+    format_version: int | None = None,
 ) -> list[BuiltObject]:
-    """The bytes of each planned output, built for its identity (same order)."""
+    """The bytes of each planned output, built for its identity (same order), in
+    ``format_version`` (None: the current one)."""
     built: list[BuiltObject] = []
     pacer = _Pacer(halt)
     for output, identity in zip(outputs, identities, strict=True):
-        builder = ObjectBuilder(block_target_bytes, identity=identity)
+        builder = ObjectBuilder(
+            block_target_bytes, identity=identity, format_version=format_version
+        )
         for run in output.runs:
             _halt_check(halt)
             pacer.tick(len(run.pieces))

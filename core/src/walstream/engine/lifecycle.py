@@ -191,6 +191,7 @@ class NodeRuntime:
             deployment_id=self.deployment_id,
             rng=self.rng,
             prepare_ttl_ms=int(self.config.upload.prepare_ttl_s * 1000),
+            object_format=self.config.upload.object_format,
         )
 
     async def stop(self) -> None:

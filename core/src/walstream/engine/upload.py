@@ -355,7 +355,7 @@ class Uploader:
         if total >= _OFFLOAD_BUILD_BYTES:
             built = await asyncio.to_thread(_build, plan.streams, identity)
         else:
-            built = _build(plan.streams, identity)
+            built = _build(plan.streams, identity, self._config.object_format)
         key = object_key(object_id, self._deployment_id)
         await publish_object(
             self._objects,
@@ -385,8 +385,8 @@ class Uploader:
         return ObjectCommit(object_id, key, plan.kind, len(built.data), built.index_size, ranges)
 
 
-def _build(runs: list[StreamRun], identity: ObjectIdentity) -> BuiltObject:
-    builder = ObjectBuilder(identity=identity)
+def _build(runs: list[StreamRun], identity: ObjectIdentity, format_version: int) -> BuiltObject:
+    builder = ObjectBuilder(identity=identity, format_version=format_version)
     for run in runs:
         if len(run.indexes) == 1:
             (index,) = run.indexes
