@@ -353,7 +353,9 @@ class Uploader:
         identity = ObjectIdentity(self._deployment_id, object_id)
         total = sum(run.size_bytes for run in plan.streams)
         if total >= _OFFLOAD_BUILD_BYTES:
-            built = await asyncio.to_thread(_build, plan.streams, identity)
+            built = await asyncio.to_thread(
+                _build, plan.streams, identity, self._config.object_format
+            )
         else:
             built = _build(plan.streams, identity, self._config.object_format)
         key = object_key(object_id, self._deployment_id)
