@@ -68,6 +68,18 @@ async def test_uploads_and_compaction_write_the_configured_format(written: int |
             ]
 
 
+async def test_a_large_upload_built_off_the_loop_writes_the_configured_format() -> None:
+    objects = MemoryObjectStore()
+    async with Client(
+        wal=MemoryWal(), objects=objects, metadata=MemoryMetadataStore(), config=config(2)
+    ) as node:
+        stream = await node.create_stream("large")
+        for _ in range(3):  # 3 MiB in one upload: built in a worker thread
+            await stream.append([Record(b"x" * 1024) for _ in range(1024)])
+        await node.flush()
+        assert set(await versions(node, objects)) == {2}
+
+
 def test_a_format_no_node_writes_is_refused() -> None:
     for bad in (1, 4):
         with pytest.raises(ConfigError, match=r"upload\.object_format"):
