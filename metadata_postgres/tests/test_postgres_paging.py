@@ -91,3 +91,48 @@ async def test_late_offset_read_does_not_scan_from_zero(
             assert scan["Shared Hit Blocks"] + scan.get("Shared Read Blocks", 0) < 50, scan
     finally:
         await connection.close()
+
+
+def _streams_scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [plan] if plan.get("Relation Name") == "streams" else []
+    for child in plan.get("Plans", []):
+        found.extend(_streams_scans(child))
+    return found
+
+
+@pytest.mark.slow
+async def test_a_page_of_streams_is_an_index_range_scan(
+    make_store: Any, postgres_dsn: str, postgres_schema: str
+) -> None:
+    """list_streams pages in byte order through the index of active names in "C" order: a
+    prefix is a range of it, and a page reads its `limit` rows, not the 20,000 streams."""
+    from walstream.metadata.sql.store import UNNAMED_PAGE_SQL, named_page_sql
+    from walstream_metadata_postgres.dialect import PostgresDialect
+
+    store = make_store()
+    for first in range(0, 20_000, 10_000):
+        await store.create_streams(
+            [f"tenant-{n % 7}.s{n:06d}" for n in range(first, first + 10_000)]
+        )
+    await store.create_stream(None)
+    page = await store.list_streams("tenant-3.", "tenant-3.s000500", 100)
+    assert [s.name for s in page][:2] == ["tenant-3.s000507", "tenant-3.s000514"]
+    assert len(page) == 100
+    connection = await asyncpg.connect(
+        postgres_dsn, server_settings={"search_path": f'"{postgres_schema}"'}
+    )
+    try:
+        await connection.execute("ANALYZE streams")
+        name = PostgresDialect.name_bytes
+        for sql, args in (
+            (named_page_sql(name, True, True), ("tenant-3.s000500", "tenant-3.", "tenant-3/", 100)),
+            (named_page_sql(name, False, True), ("", "", 100)),
+            (UNNAMED_PAGE_SQL + " LIMIT $2", (0, 100)),
+        ):
+            raw = await connection.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *args)
+            (scan,) = _streams_scans(json.loads(raw)[0]["Plan"])
+            assert scan["Node Type"] in ("Index Scan", "Index Only Scan"), scan
+            assert scan["Index Name"] in ("streams_active_name_bytes", "streams_unnamed"), scan
+            assert scan["Actual Rows"] <= 100, scan
+    finally:
+        await connection.close()

@@ -70,7 +70,7 @@ from walstream.metadata.sql.tables import Tables
 from walstream.records import DEPLOYMENT_ID_BYTES
 from walstream.stream_config import StreamConfig
 
-__all__ = ["GET_OBJECTS_SQL", "SqlMetadataStore"]
+__all__ = ["GET_OBJECTS_SQL", "UNNAMED_PAGE_SQL", "SqlMetadataStore", "named_page_sql"]
 
 #: The read path of :meth:`SqlMetadataStore.get_objects` (each dialect checks its plan in tests).
 #: COMMITTED ranges of one stream never overlap (continuity; compaction swaps whole ranges), so
@@ -83,6 +83,33 @@ GET_OBJECTS_SQL = (
     "FROM ranges AS r JOIN objects AS o ON o.object_id = r.object_id "
     "WHERE r.stream_id = $1 AND r.end_offset > $2 AND r.start_offset < $3 "
     "AND o.state = 'committed' ORDER BY r.end_offset LIMIT $4"
+)
+
+
+def named_page_sql(name: str, bounded: bool, limited: bool) -> str:
+    """The read of one page of named streams (:meth:`SqlMetadataStore.list_streams`): names above
+    ``$1`` and from the prefix ``$2``, below ``$3`` when ``bounded`` (the prefix's end), at most
+    the last argument's count when ``limited``; ``name`` is the dialect's
+    :attr:`~walstream.metadata.sql.dialect.Dialect.name_bytes` (each dialect checks its plan in
+    tests: an index range scan)."""
+    sql = (
+        f"SELECT {STREAM_COLUMNS} FROM streams WHERE state = 'active' "
+        f"AND {name} > $1 AND {name} >= $2"
+    )
+    last = 2
+    if bounded:
+        last += 1
+        sql += f" AND {name} < ${last}"
+    sql += f" ORDER BY {name}"
+    if limited:
+        sql += f" LIMIT ${last + 1}"
+    return sql
+
+
+#: The read of one page of streams without a name, by id (``$1``: after this id; ``$2``: limit).
+UNNAMED_PAGE_SQL = (
+    f"SELECT {STREAM_COLUMNS} FROM streams WHERE state = 'active' "
+    "AND name IS NULL AND stream_id > $1 ORDER BY stream_id"
 )
 
 
@@ -245,10 +272,7 @@ class SqlMetadataStore(SqlNodes, SqlBasins, SqlKv, MetadataStore):
             if unnamed:
                 # Streams without a name, by id, through their own partial index.
                 args: list[object] = [0 if start_after is None else start_after]
-                sql = (
-                    f"SELECT {STREAM_COLUMNS} FROM streams WHERE state = 'active' "
-                    "AND name IS NULL AND stream_id > $1 ORDER BY stream_id"
-                )
+                sql = UNNAMED_PAGE_SQL
                 if limit is not None:
                     args.append(limit)
                     sql += " LIMIT $2"
@@ -256,17 +280,11 @@ class SqlMetadataStore(SqlNodes, SqlBasins, SqlKv, MetadataStore):
             left = None if limit is None else limit - len(found)
             if left is None or left > 0:
                 args = [after_name, prefix]
-                sql = (
-                    f"SELECT {STREAM_COLUMNS} FROM streams WHERE state = 'active' "
-                    f"AND {name} > $1 AND {name} >= $2"
-                )
                 if end is not None:
                     args.append(end)
-                    sql += f" AND {name} < ${len(args)}"
-                sql += f" ORDER BY {name}"
                 if left is not None:
                     args.append(left)
-                    sql += f" LIMIT ${len(args)}"
+                sql = named_page_sql(name, end is not None, left is not None)
                 found += [stream_of(row) for row in await tables.db.fetch(sql, *args)]
             return found
 
