@@ -68,13 +68,20 @@ async def basins_route(app: S2Context, request: Request, method: str, rest: list
                 f"basin {ROOT_BASIN!r} holds every walstream stream and cannot be deleted",
             )
         await app.basin_config(name)
-        for stream_info in await app.client.list_streams(prefix=f"{name}."):
-            await app.client.delete_stream(stream_info.stream_id)
-            app.stream_ids.pop(stream_info.name or "", None)
+        # A page at a time (each page starts again at the prefix: its streams are gone), so a
+        # basin of a million streams never sits in memory whole.
+        while page := await app.client.list_streams(f"{name}.", None, _DELETE_PAGE):
+            for stream_info in page:
+                await app.client.delete_stream(stream_info.stream_id)
+                app.stream_ids.pop(stream_info.name or "", None)
         app.basins.pop(name, None)
         await app.client.metadata.delete_basin(name)
         return await request.respond(202)
     raise not_allowed(method)
+
+
+_DELETE_PAGE = 1_000
+"""Streams a basin delete lists at a time."""
 
 
 async def _create_basin(app: S2Context, request: Request) -> None:
