@@ -97,7 +97,9 @@ def _settle(
     for future in futures:
         if future.done():
             continue  # its waiter was cancelled
-        if error is not None:
+        if isinstance(error, asyncio.CancelledError):
+            future.cancel()  # the batch was cancelled (the loop is closing): so are its waiters
+        elif error is not None:
             future.set_exception(error)
         else:
             assert info is not None
