@@ -196,9 +196,7 @@ def run(args: argparse.Namespace) -> int:
         pytest_args += [f"--walstream-{option}", name]
         if configs[kind] is not None:
             pytest_args += [f"--walstream-{option}-config", str(configs[kind])]
-    not_run = [
-        f"{label} (add --{option} NAME)" for kind, option, label in _KINDS if not chosen[kind]
-    ]
+    not_run = [f"{label} (add --{option} NAME)" for kind, option, label in _KINDS if not chosen[kind]]
     if args.junit_xml is not None:
         pytest_args += ["--junit-xml", str(args.junit_xml)]
     if args.crash_cycles is not None:

@@ -103,7 +103,9 @@ def pytest_configure(config: pytest.Config) -> None:
     selected = any(
         config.getoption(f"--walstream-{kind}") for kind in ("wal", "object-store", "metadata")
     )
-    if selected and not any(arg.partition("::")[0] == str(SELECTED_SUITES) for arg in config.args):
+    if selected and not any(
+        arg.partition("::")[0] == str(SELECTED_SUITES) for arg in config.args
+    ):
         # Run the whole suite against the chosen backends even when no test path was given.
         invocation = Path(str(config.invocation_params.dir))
         args = [arg for arg in config.args if Path(arg).resolve() != invocation.resolve()]
@@ -268,3 +270,4 @@ def walstream_metadata_factory(
             return store
 
         yield make
+

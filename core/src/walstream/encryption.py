@@ -136,7 +136,8 @@ class EncryptionKey:
             ) from None
         if len(secret) != KEY_BYTES:
             raise EncryptionKeyRequired(
-                f"invalid encryption key length for stream cipher '{chosen.value}': {len(secret)}"
+                f"invalid encryption key length for stream cipher '{chosen.value}': "
+                f"{len(secret)}"
             )
         return cls(chosen, secret)
 
@@ -222,7 +223,9 @@ def encrypt_record(record: Record, encryption: EncryptionKey, stream_id: int) ->
     plaintext = _plaintext(record.key, record.headers, record.value)
     sealed = _seal(encryption, nonce, plaintext, associated_data(stream_id))
     envelope = bytes([cipher.format_id]) + nonce + sealed
-    return Record(envelope, None, ((ENCRYPTED_HEADER, cipher.value.encode()),), record.timestamp_ms)
+    return Record(
+        envelope, None, ((ENCRYPTED_HEADER, cipher.value.encode()),), record.timestamp_ms
+    )
 
 
 def decrypt_record(

@@ -561,7 +561,8 @@ class WalSuite:
         if kit.power_loss is None:
             skip_unchecked(
                 "fixture walstream_wal_power_loss",
-                "a medium that can lose every unsynced write, defined in the backend's own tests",
+                "a medium that can lose every unsynced write, defined in the backend's own "
+                "tests",
             )
         wal = await kit.fresh()
         acked: list[tuple[WalOffset, bytes]] = []

@@ -96,3 +96,4 @@ def validate_options(
                 default = option.parse(default, f"{key_prefix}.{option.name}", base_dir)
             result[option.name] = default
     return result
+

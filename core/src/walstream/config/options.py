@@ -170,3 +170,4 @@ class Option:
     def describe(self) -> str:
         extra = " (required)" if self.required else f" (default: {self.default!r})"
         return f"{self.name}: {self.kind}{extra} — {self.doc}"
+

@@ -167,9 +167,7 @@ class LogBlock:
     def last_acked_wal_offset(self) -> int:
         fields, states = self.fields, self.states
         offsets = [
-            fields[_FIELDS * index + _WAL]
-            for index in range(len(states))
-            if states[index] == _ACKED
+            fields[_FIELDS * index + _WAL] for index in range(len(states)) if states[index] == _ACKED
         ]
         return max(offsets) if offsets else -1
 

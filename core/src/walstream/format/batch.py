@@ -87,9 +87,7 @@ def encode_batch(
         record = records[0]
         if record.key is None and not record.headers:
             value = record.value
-            payload_len = 18 + len(
-                value
-            )  # timestamp 8, key length 4, value length 4, header count 2
+            payload_len = 18 + len(value)  # timestamp 8, key length 4, value length 4, header count 2
             try:
                 head = _SINGLE_HEAD.pack(
                     BATCH_MAGIC, stream_id, epoch, base_offset, 1, payload_len,

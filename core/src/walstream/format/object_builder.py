@@ -152,7 +152,9 @@ class ObjectBuilder:
             header.stream_id, [(bytes(batch), header.base_offset, header.end_offset)]
         )
 
-    def add_stream_batches(self, stream_id: int, batches: Iterable[tuple[bytes, int, int]]) -> None:
+    def add_stream_batches(
+        self, stream_id: int, batches: Iterable[tuple[bytes, int, int]]
+    ) -> None:
         """Append batches of ``stream_id`` given as ``(encoded batch, base_offset,
         end_offset)``, for callers that know each batch's header because they encoded it (the
         uploader's cached batches): the headers are not decoded again, only the grouping and

@@ -1,4 +1,5 @@
-"""Object storage: the contract (``contract``) and the reference stores (``memory``, ``local``)."""
+"""Object storage: the contract (``contract``) and the reference stores (``memory``, ``local``).
+"""
 
 from walstream.objects.contract import (
     BufferedObjectWriter,

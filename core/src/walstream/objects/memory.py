@@ -1,4 +1,5 @@
-"""The reference in-memory object store: named process-wide volumes, nothing survives the process."""
+"""The reference in-memory object store: named process-wide volumes, nothing survives the process.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ __all__ = [
     "MEMORY_OBJECT_STORE",
     "MemoryObjectStore",
 ]
+
 
 
 _OBJECT_VOLUMES: dict[str, dict[str, bytes]] = {}

@@ -334,7 +334,6 @@ async def serve(
     def rebind_extras(new: Client) -> None:
         for extra in extras.values():
             extra.rebind(new)
-
     try:
         app = S2App(
             client,

@@ -185,3 +185,5 @@ class WriteAheadLog(ABC):
     def describe(self) -> dict[str, Any]:
         """A JSON-friendly description for ``walstream inspect`` and logs."""
         return {"type": type(self).__name__}
+
+

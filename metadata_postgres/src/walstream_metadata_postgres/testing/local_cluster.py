@@ -117,9 +117,7 @@ class LocalClusterCommand:
             ("up", "run the cluster in the foreground until Ctrl-C or SIGTERM"),
             ("start", "run the cluster in the background; returns once every node is healthy"),
         ):
-            action = actions.add_parser(
-                name, help=help_text, description=help_text, parents=[folder]
-            )
+            action = actions.add_parser(name, help=help_text, description=help_text, parents=[folder])
             action.add_argument(
                 "nodes",
                 nargs="?",

@@ -108,7 +108,9 @@ def _fence_token(token: bytes, what: str) -> str:
         raise S2Error(422, "invalid", f"{what} is UTF-8") from None
 
 
-def _record(headers: tuple[tuple[bytes, bytes], ...], body: bytes, timestamp: int | None) -> Record:
+def _record(
+    headers: tuple[tuple[bytes, bytes], ...], body: bytes, timestamp: int | None
+) -> Record:
     key: bytes | None = None
     pairs: list[tuple[str, bytes]] = []
     try:

@@ -180,9 +180,7 @@ def check_stream_config(config: Any, what: str = "config") -> dict[str, Any]:
             if value == {"infinite": {}}:
                 checked[key] = {"infinite": {}}
             elif isinstance(value, dict) and set(value) == {"age"}:
-                checked[key] = {
-                    "age": _age(value["age"], f"{what}.retention_policy.age", zero=False)
-                }
+                checked[key] = {"age": _age(value["age"], f"{what}.retention_policy.age", zero=False)}
             else:
                 raise _invalid(
                     f"{what}.retention_policy", 'expected {"age": seconds} or {"infinite": {}}'
@@ -351,7 +349,9 @@ def _defaults(value: Any, what: str, *, keep_nulls: bool = False) -> dict[str, A
         return checked
     stored = {k: v for k, v in checked.items() if v is not None}
     if isinstance(stored.get("timestamping"), dict):
-        stored["timestamping"] = {k: v for k, v in stored["timestamping"].items() if v is not None}
+        stored["timestamping"] = {
+            k: v for k, v in stored["timestamping"].items() if v is not None
+        }
     return stored
 
 
