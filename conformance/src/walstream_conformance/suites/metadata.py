@@ -990,6 +990,12 @@ class MetadataSuite:
             await store.get_stream(names[3])
         again = await kit.open().get_streams([s.stream_id for s in created])
         assert sorted(again) == sorted(s.stream_id for s in created)  # durable
+        assert all(info.config == StreamConfig() for info in again.values())
+        config = StreamConfig(retention_age_s=3600, storage_class="standard")
+        configured = await store.create_streams([kit.name("bulk-c0"), kit.name("bulk-c1")], config)
+        for info in configured:
+            read = await store.get_stream(info.stream_id)
+            assert read.config == config and read.lifecycle_due_ms is not None, read
 
     async def test_streams_in_bulk_claim(self, walstream_metadata_kit: MetadataKit) -> None:
         """claim_streams claims what claim_stream would, one epoch each, and nothing with a
