@@ -55,6 +55,8 @@ def test_retention_ms_is_the_partitions_stream_retention(
     new = NewTopic(
         topic, num_partitions=3, replication_factor=1, config={"retention.ms": "3600000"}
     )
+    admin.create_topics([new], validate_only=True)[topic].result(timeout=60)
+    assert topic not in admin.list_topics(timeout=60).topics
     admin.create_topics([new])[topic].result(timeout=60)
     entry = describe(admin, topic)
     assert (entry.value, entry.source, entry.is_read_only) == (
@@ -108,7 +110,7 @@ def test_kafka_python_alters_retention_with_both_apis(
                         "config_source": "DYNAMIC_TOPIC_CONFIG",
                         "is_sensitive": False,
                         "synonyms": [],
-                        "config_type": "UNKNOWN",
+                        "config_type": "LONG",
                         "documentation": None,
                     }
                 }

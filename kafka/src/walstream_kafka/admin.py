@@ -59,6 +59,16 @@ TOPIC_CONFIGS: dict[str, str] = {
     "max.message.bytes": str(64 << 20),
     "min.insync.replicas": "1",
 }
+#: Kafka's ConfigType of each key (DescribeConfigs v3+): STRING 2, INT 3, LONG 5, LIST 7.
+_CONFIG_TYPES: dict[str, int] = {
+    "cleanup.policy": 7,
+    "retention.ms": 5,
+    "retention.bytes": 5,
+    "message.timestamp.type": 2,
+    "compression.type": 2,
+    "max.message.bytes": 3,
+    "min.insync.replicas": 3,
+}
 _RESOURCE_TOPIC = 2
 _RESOURCE_BROKER = 4
 _SOURCE_TOPIC = 1  # DYNAMIC_TOPIC_CONFIG
@@ -310,7 +320,7 @@ async def handle_describe_configs(session: Any, request: DecodedRequest) -> dict
                         "config_source": source,
                         "is_sensitive": False,
                         "synonyms": [],
-                        "config_type": 0,
+                        "config_type": _CONFIG_TYPES[name],
                         "documentation": None,
                     }
                     for name, value, read_only, source in _topic_configs(
