@@ -134,14 +134,14 @@ async def measure_peer(name: str, args: argparse.Namespace, info: dict[str, Any]
     workdir = Path(tempfile.mkdtemp(prefix=f"kafka-bench-{name}-"))
     try:
         async with peer_context(name)(workdir, "auto", info) as peer:
-            for clients, batch in WORKLOADS:
+            for clients, batch in args.workloads:
                 operation = await peer.make(clients, batch)
                 await closed_loop(operation, clients, min(0.3, args.seconds))  # warm up
                 cells[peers.workload_name(clients, batch)] = [
                     await peers.measured_run(operation, clients, args.seconds, peer.server_pid)
                     for _ in range(args.runs)
                 ]
-            if name == "walstream-kafka":
+            if name == "walstream-kafka" and args.workloads == WORKLOADS:
                 info["consume"] = await asyncio.to_thread(consume, info["kafka_bootstrap"], args)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -366,6 +366,8 @@ def print_report(summary: dict[str, dict[str, dict[str, float]]], document: dict
             f"p50 {consume_figures['end_to_end_p50_ms']:.2f} ms, "
             f"p99 {consume_figures['end_to_end_p99_ms']:.2f} ms"
         )
+    if not document["codec"]:
+        return
     print("\ncodec, microseconds per call (medians of alternating runs):")
     for path, libraries in document["codec"].items():
         figures = ", ".join(f"{name} {value:,.1f}" for name, value in libraries.items())
@@ -393,7 +395,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=None, help="runs per cell")
     parser.add_argument("--rounds", type=int, default=None, help="times every peer is measured")
     parser.add_argument("--only", nargs="+", choices=PEERS, help="measure only these peers")
+    parser.add_argument(
+        "--workload",
+        nargs="+",
+        choices=[f"{clients}x{batch}" for clients, batch in WORKLOADS],
+        help="measure only these produce workloads (CLIENTSxBATCH), and not consume or the "
+        "codecs (to profile one workload: py-spy record the server meanwhile)",
+    )
     args = parser.parse_args(argv)
+    args.workloads = (
+        WORKLOADS
+        if not args.workload
+        else [(int(c), int(b)) for c, b in (w.split("x") for w in args.workload)]
+    )
     args.seconds = cli.sized(args, args.seconds, full=3.0, quick=1.0, smoke=0.2)
     args.runs = cli.sized(args, args.runs, full=3, quick=1, smoke=1)
     args.rounds = cli.sized(args, args.rounds, full=2, quick=1, smoke=1)
@@ -439,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "vs_redis": ratios(summary),
         "consume": info.get("consume"),
-        "codec": measure_codec(args),
+        "codec": measure_codec(args) if args.workloads == WORKLOADS else None,
         "raw": {peer: without_latencies(cells) for peer, cells in raw.items()},
     }
     print_report(summary, document)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
+import crc32c
 from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
 from aiokafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
@@ -25,6 +27,9 @@ __all__ = ["BatchError", "ProducedBatch", "ProducedRecord", "encode_batch", "spl
 _HEADER = struct.Struct(">qiib")  # base offset, batch length, leader epoch, magic
 _LOG_OVERHEAD = 12  # base offset + batch length
 _MIN_BATCH_BYTES = 61  # the v2 batch header, without records
+_CRC = struct.Struct(">I")
+_CRC_START = 17  # after base offset, batch length, leader epoch, magic
+_CRC_END = _CRC_START + 4  # the CRC covers the attributes onwards
 _ATTR_TRANSACTIONAL = 0x10
 _ATTR_CONTROL = 0x20
 #: A built batch never grows past this (records beyond it go in the next batch).
@@ -46,8 +51,10 @@ INVALID_RECORD = 87
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 
 
-@dataclass(frozen=True, slots=True)
-class ProducedRecord:
+class ProducedRecord(NamedTuple):
+    """One record of a produced batch (a tuple: made 100 times per batch on the produce path,
+    where a frozen dataclass's ``__init__`` showed in the profile)."""
+
     timestamp_ms: int
     key: bytes | None
     value: bytes | None
@@ -89,9 +96,12 @@ def split_batches(data: bytes | memoryview) -> list[ProducedBatch]:
 
 
 def _decode(raw: bytes) -> ProducedBatch:
-    batch = DefaultRecordBatch(raw)
-    if not batch.validate_crc():
+    # The CRC-32C covers the batch from its attributes to its end; checked with the crc32c
+    # package (hardware instructions where the CPU has them), 2-3x faster than aiokafka's
+    # validate_crc() on a 100 KiB batch, the same check.
+    if crc32c.crc32c(memoryview(raw)[_CRC_END:]) != _CRC.unpack_from(raw, _CRC_START)[0]:
         raise BatchError(CORRUPT_MESSAGE, "a record batch failed its CRC-32C check")
+    batch = DefaultRecordBatch(raw)
     attributes = batch.attributes
     if attributes & _ATTR_CONTROL:
         raise BatchError(INVALID_RECORD, "control batches are written by brokers, not producers")

@@ -27,6 +27,7 @@ from typing import Any
 from walstream.engine.client import Client, Stream
 from walstream.errors import StreamNotFound
 from walstream.metadata.contract import NodeState, StreamInfo
+from walstream.stream_config import StreamConfig
 
 from walstream_kafka.kv import KeyValueStore, VersionConflict, open_kv
 from walstream_kafka.mapping import STREAM_PREFIX, parse_stream_name, stream_name
@@ -251,11 +252,14 @@ class KafkaBroker:
             if parse_stream_name(name) is not None and parse_stream_name(name)[0] == topic:  # type: ignore[index]
                 del self._streams[name]
 
-    async def create_partitions(self, topic: str, start: int, end: int) -> None:
+    async def create_partitions(
+        self, topic: str, start: int, end: int, config: StreamConfig | None = None
+    ) -> None:
         """Create the streams of partitions ``start..end-1`` of ``topic``, in order (a crash
-        in between leaves a topic of the partitions made so far)."""
+        in between leaves a topic of the partitions made so far), with ``config`` (None: the
+        deployment's ``streams:`` defaults)."""
         for index in range(start, end):
-            await self.client.create_stream(stream_name(topic, index))
+            await self.client.create_stream(stream_name(topic, index), config=config)
 
     async def topic_id(self, partitions: list[StreamInfo]) -> uuid.UUID:
         """A topic's id: derived from its partition 0's stream id and the deployment, so every

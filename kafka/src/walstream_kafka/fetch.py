@@ -84,7 +84,10 @@ async def _read_partition(
         "log_start_offset": -1,
         "aborted_transactions": [],
         "preferred_read_replica": -1,
-        "records": None,
+        # Empty, not null, as Kafka's brokers answer: librdkafka drops a partition whose
+        # records are null as a protocol error ("invalid MessageSetSize -1") and never sees
+        # its error code (OFFSET_OUT_OF_RANGE after retention or DeleteRecords).
+        "records": b"",
     }
     if partition is None:
         return answer

@@ -130,6 +130,10 @@ def to_walstream(
     mark: ProducerMark | None = None,
 ) -> Record:
     """The walstream record of a produced Kafka record (``mark`` on a batch's last record)."""
+    if not headers and mark is None and value is not None:
+        # The common record (no headers, a value, not a batch's idempotence mark): nothing to say
+        # in META_HEADER.
+        return Record(value=value, key=key, timestamp_ms=timestamp_ms)
     tokens: list[str] = [] if value is not None else ["value"]
     stored: list[tuple[str, bytes]] = []
     for index, (name, data) in enumerate(headers):

@@ -122,6 +122,7 @@ def _register() -> None:
         33: admin.handle_alter_configs,
         36: auth.handle_sasl_authenticate,
         37: admin.handle_create_partitions,
+        44: admin.handle_incremental_alter_configs,
     }.items():
         HANDLERS[api_key] = _task_handler(function)
 

@@ -66,6 +66,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     33: (0, 2),  # AlterConfigs
     36: (0, 2),  # SaslAuthenticate
     37: (0, 3),  # CreatePartitions
+    44: (0, 1),  # IncrementalAlterConfigs
 }
 
 API_NAMES: dict[int, str] = {
@@ -92,6 +93,7 @@ API_NAMES: dict[int, str] = {
     33: "AlterConfigs",
     36: "SaslAuthenticate",
     37: "CreatePartitions",
+    44: "IncrementalAlterConfigs",
 }
 
 API_VERSIONS_KEY = 18
