@@ -13,6 +13,9 @@ a fresh schema per run. Workloads, each through the shared closed loop
   object of one range per ``commit_objects`` call, ids prepared beforehand (bench/metadata.py's
   shape);
 - ``upload x16``: 16 committers each ``prepare_objects(1)`` then commit it (the engine's upload);
+- ``commit wide``: 1 committer commits one stream-set object of 256 ranges per call, of streams
+  drawn at random from 10,000 it owns (what a sealed block of appends to random streams
+  commits; issue #31);
 - ``read x16``: 16 readers call ``get_objects`` at random offsets of a stream of committed
   objects;
 - ``renew x1``: one node renews its lease.
@@ -53,7 +56,9 @@ from common.report import Column, Table, grouped_bars, save_plot, write_results
 
 ROOT = cli.BENCH.parent
 STORES = ("sqlite", "postgres")
-WORKLOADS = ("commit x1", "commit x16", "upload x16", "read x16", "renew x1")
+WORKLOADS = ("commit x1", "commit x16", "upload x16", "commit wide", "read x16", "renew x1")
+#: ``commit wide``: streams owned, and ranges per committed object.
+WIDE_STREAMS, WIDE_RANGES = 10_000, 256
 SOURCES = ("core/src", "metadata_postgres/src")
 Work = Callable[[], Awaitable[None]]
 
@@ -124,6 +129,37 @@ async def _child(kind: str, where: str, seconds: float, filled: int) -> dict[str
     results["upload x16"] = await _measure(
         [await committer("u16", True) for _ in range(16)], seconds
     )
+
+    async def wide_committer() -> Work:
+        node_id = next(node_ids)
+        node = await store.register_node(node_id, {"type": "bench"})
+        epochs: dict[int, int] = {}
+        for first in range(0, WIDE_STREAMS, 1000):
+            names = [f"wide-{i}" for i in range(first, first + 1000)]
+            created = await store.create_streams(names)
+            ids = [stream.stream_id for stream in created]
+            claimed = await store.claim_streams(ids, node_id, node.node_epoch)
+            epochs.update((stream_id, info.epoch) for stream_id, info in claimed.items())
+        streams = sorted(epochs)
+        ends = dict.fromkeys(streams, 0)
+        ready = await store.prepare_objects(5_000, 3_600_000)
+        rng = random.Random(31)
+
+        async def commit() -> None:
+            object_id = ready.pop()
+            ranges = []
+            for stream_id in sorted(rng.sample(streams, WIDE_RANGES)):
+                end = ends[stream_id]
+                ranges.append(StreamRange(stream_id, end, end + 4, epochs[stream_id], 1000, 2000))
+                ends[stream_id] = end + 4
+            commit = ObjectCommit(
+                object_id, f"o/{object_id}", ObjectKind.STREAM_SET, 1 << 20, 64, tuple(ranges)
+            )
+            await store.commit_objects(node_id, node.node_epoch, [commit])
+
+        return commit
+
+    results["commit wide"] = await _measure([await wide_committer()], seconds)
 
     fill = await committer("read", False)
     for _ in range(filled):

@@ -164,6 +164,38 @@ async def test_atomic_commit(store: MetadataStore) -> None:
     ]
 
 
+async def test_commit_of_many_streams_keeps_every_field(store: MetadataStore) -> None:
+    """A commit naming many streams over two objects stores each stream's end and each range
+    exactly as given: offsets, epoch, timestamps."""
+    node = await store.register_node(1, {})
+    streams = [await writable_stream(store, node, f"wide-{i}") for i in range(12)]
+    first = await store.create_stream("bumped")
+    await store.claim_stream(first.stream_id, node.node_id, node.node_epoch)
+    bumped = await store.claim_stream(first.stream_id, node.node_id, node.node_epoch)
+    streams.append(bumped)  # an epoch of 2 among epochs of 1
+    a, b = await store.prepare_objects(2, ttl_ms=60_000)
+    ranges = [
+        StreamRange(s.stream_id, 0, 3 + i, s.epoch, 1_000 + i, 2_000 + 7 * i)
+        for i, s in enumerate(streams)
+    ]
+    later = [
+        StreamRange(s.stream_id, 3 + i, 10 + i, s.epoch, 3_000, 4_000 + i)
+        for i, s in enumerate(streams[:5])
+    ]
+    commits = [
+        ObjectCommit(a, "objects/a", ObjectKind.STREAM_SET, 1000, 96, tuple(ranges)),
+        ObjectCommit(b, "objects/b", ObjectKind.STREAM_SET, 500, 64, tuple(later)),
+    ]
+    await store.commit_objects(node.node_id, node.node_epoch, commits)
+    ends = await store.get_streams([s.stream_id for s in streams])
+    assert {i: ends[s.stream_id].committed_end for i, s in enumerate(streams)} == {
+        i: (10 + i if i < 5 else 3 + i) for i in range(len(streams))
+    }
+    for i, s in enumerate(streams):
+        stored = [o.ranges[0] for o in await store.get_objects(s.stream_id, 0)]
+        assert stored == ([ranges[i], later[i]] if i < 5 else [ranges[i]])
+
+
 async def test_continuity(store: MetadataStore) -> None:
     node = await store.register_node(1, {})
     stream = await writable_stream(store, node, "orders")
@@ -327,7 +359,12 @@ async def test_names_unique(store: MetadataStore, clock: ManualClock) -> None:
     }
     await store.create_stream("order-lines")
     assert [s.name for s in await store.list_streams("order")] == ["order-lines", "orders"]
-    assert [s.stream_id for s in await store.list_streams()] == [2, 3, 5, 4]  # by name: order-lines, orders
+    assert [s.stream_id for s in await store.list_streams()] == [
+        2,
+        3,
+        5,
+        4,
+    ]  # by name: order-lines, orders
     with pytest.raises(StreamExists):
         await store.create_stream("orders")
 

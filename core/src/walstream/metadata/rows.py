@@ -7,6 +7,7 @@ The SQL store (:mod:`walstream.metadata.sql`) reads and writes these columns on 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -51,6 +52,14 @@ BASIN_COLUMNS = "name, config, created_ms"
 MAX_OFFSET = (1 << 63) - 1
 
 
+@functools.lru_cache(maxsize=256)
+def _config_of(text: str | None) -> StreamConfig:
+    """A stored config decoded once per distinct text: most streams share a few configs, and a
+    :class:`StreamConfig` is immutable, so the rows of a commit of thousands of streams share
+    the decoded one (a bad text raises each time: errors are not cached)."""
+    return StreamConfig.decode(text)
+
+
 def stream_of(row: Sequence[Any]) -> StreamInfo:
     return StreamInfo(
         stream_id=row[0],
@@ -62,7 +71,7 @@ def stream_of(row: Sequence[Any]) -> StreamInfo:
         owner_node_id=row[6],
         fencing_token=row[7],
         created_ms=row[8],
-        config=StreamConfig.decode(row[9]),
+        config=_config_of(row[9]),
         creation_token=row[10],
         lifecycle_due_ms=row[11],
     )
