@@ -14,8 +14,6 @@ CI runs one partition and a few thousand records; ``--soak`` three partitions an
 
 from __future__ import annotations
 
-import asyncio
-import struct
 import threading
 import time
 import zlib
@@ -33,6 +31,8 @@ from walstream_metadata_postgres.testing.cluster import (
     ClusterSettings,
     cluster_features_available,
 )
+
+from .conftest import ProduceAnswerRelay
 
 pytestmark = [
     pytest.mark.slow,
@@ -54,71 +54,22 @@ SASL = {
 """The nodes have a token (the rig's), so every client authenticates with SASL/PLAIN."""
 
 
-class AnswerGate:
+class AnswerGate(ProduceAnswerRelay):
     """A TCP relay in front of one node's Kafka listener (the address the node advertises).
     While :attr:`swallowing`, it relays requests but not the answers to Produce requests: the
     node stores the batch and answers, the client never hears so and retries elsewhere once
     the node is gone — the batch whose acknowledgement a crash cut off."""
 
     def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.port = free_port()
         self.swallowing = False
         self.swallowed = 0
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        self.thread = threading.Thread(target=self._serve, args=(ready,), daemon=True)
-        self.thread.start()
-        ready.wait(10)
+        super().__init__(upstream_port)
 
-    def _serve(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(
-            asyncio.start_server(self._relay, "127.0.0.1", self.port)
-        )
-        ready.set()
-        self.loop.run_forever()
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        except OSError:
-            writer.close()
-            return
-        produce_ids: set[int] = set()
-
-        async def requests() -> None:
-            while True:
-                head = await reader.readexactly(4)
-                frame = await reader.readexactly(struct.unpack(">i", head)[0])
-                api_key, _version, correlation = struct.unpack_from(">hhi", frame)
-                if api_key == 0:
-                    produce_ids.add(correlation)
-                up_writer.write(head + frame)
-                await up_writer.drain()
-
-        async def answers() -> None:
-            while True:
-                head = await up_reader.readexactly(4)
-                frame = await up_reader.readexactly(struct.unpack(">i", head)[0])
-                (correlation,) = struct.unpack_from(">i", frame)
-                if self.swallowing and correlation in produce_ids:
-                    self.swallowed += 1
-                    continue
-                writer.write(head + frame)
-                await writer.drain()
-
-        tasks = [asyncio.ensure_future(requests()), asyncio.ensure_future(answers())]
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            task.cancel()
-        for stream in (writer, up_writer):
-            stream.close()
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+    def on_produce_answer(self) -> bool:
+        if self.swallowing:
+            self.swallowed += 1
+            return False
+        return True
 
 
 class KafkaCluster(Cluster):

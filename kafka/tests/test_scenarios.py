@@ -6,7 +6,6 @@ answer), and Kafka-produced records read back through S2's SDK."""
 from __future__ import annotations
 
 import asyncio
-import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, NewTopic
 from walstream_conformance.harness.child import free_port
 
-from .conftest import KafkaServer, start_server
+from .conftest import KafkaServer, ProduceAnswerRelay, start_server
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
@@ -163,65 +162,19 @@ def test_consumer_group_rebalances_and_resumes_from_committed_offsets(
         resumed.close()
 
 
-class DropFirstProduceAnswer:
+class DropFirstProduceAnswer(ProduceAnswerRelay):
     """A TCP proxy in front of the Kafka listener that closes the client's connection instead
     of relaying the first Produce answer: the batch is stored, the client never hears so."""
 
     def __init__(self, upstream_port: int) -> None:
-        self.upstream_port = upstream_port
-        self.port = free_port()
         self.dropped = 0
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-        self.ready.wait(10)
+        super().__init__(upstream_port)
 
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._start())
-        self.ready.set()
-        self.loop.run_forever()
-
-    async def _start(self) -> None:
-        self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        produce_ids: set[int] = set()
-
-        async def requests() -> None:
-            while True:
-                head = await reader.readexactly(4)
-                frame = await reader.readexactly(struct.unpack(">i", head)[0])
-                api_key, _version, correlation = struct.unpack_from(">hhi", frame)
-                if api_key == 0:
-                    produce_ids.add(correlation)
-                up_writer.write(head + frame)
-                await up_writer.drain()
-
-        async def answers() -> None:
-            while True:
-                head = await up_reader.readexactly(4)
-                frame = await up_reader.readexactly(struct.unpack(">i", head)[0])
-                (correlation,) = struct.unpack_from(">i", frame)
-                if correlation in produce_ids and self.dropped == 0:
-                    self.dropped += 1
-                    raise ConnectionResetError("dropped the first produce answer")
-                writer.write(head + frame)
-                await writer.drain()
-
-        tasks = [asyncio.ensure_future(requests()), asyncio.ensure_future(answers())]
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            task.cancel()
-        for stream in (writer, up_writer):
-            stream.close()
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.server.close)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+    def on_produce_answer(self) -> bool:
+        if self.dropped == 0:
+            self.dropped += 1
+            raise ConnectionResetError("dropped the first produce answer")
+        return True
 
 
 @pytest.fixture
