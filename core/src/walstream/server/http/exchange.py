@@ -131,11 +131,8 @@ class Exchange(RequestBody):
         if kind == "http.response.body":
             body = message.get("body", b"")
             self.body(body, message.get("more_body", False))
-            connection = self.connection
-            if connection.writing_paused and not connection.closed:
-                if not await connection.drained(connection.listener.limits.send_timeout_s):
-                    connection.stalled()
-                    return
+            if self.connection.writing_paused and not await self._wait_for_room():
+                return
             if self.reserved:
                 self.settle(len(body))
             return
@@ -143,10 +140,20 @@ class Exchange(RequestBody):
             self.start(message["status"], message.get("headers", ()))
         else:
             raise ValueError(f"unexpected ASGI message {kind!r} for an HTTP request")
+        if self.connection.writing_paused:
+            await self._wait_for_room()
+
+    async def _wait_for_room(self) -> bool:
+        """Wait for the paused writes of an open connection to drain (called only while they are
+        paused, so an answer that fits costs no await); False when the client took nothing
+        within ``send_timeout``: the connection is then stalled and dropped."""
         connection = self.connection
-        if connection.writing_paused and not connection.closed:
-            if not await connection.drained(connection.listener.limits.send_timeout_s):
-                connection.stalled()
+        if not connection.closed and not await connection.drained(
+            connection.listener.limits.send_timeout_s
+        ):
+            connection.stalled()
+            return False
+        return True
 
     def start(self, status: int, headers: Any) -> None:
         if self.started:
