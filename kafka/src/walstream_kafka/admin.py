@@ -24,6 +24,7 @@ partition changes; it then reconfigures partitions in order, so a failure half-w
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from walstream.errors import InvalidArgument, StreamExists, StreamNotFound, WalstreamError
@@ -347,44 +348,42 @@ async def handle_describe_configs(session: Any, request: DecodedRequest) -> dict
 async def handle_alter_configs(session: Any, request: DecodedRequest) -> dict[str, Any]:
     """AlterConfigs replaces a topic's whole configuration, as Kafka's does: ``retention.ms``
     left out goes back to the deployment's default."""
-    broker: KafkaBroker = session.broker
-    responses = []
-    for resource in request.body.resources:
-        changes = [(config.name, _OP_SET, config.value) for config in resource.configs]
-        if not any(name == _RETENTION for name, _, _ in changes):
-            changes.append((_RETENTION, _OP_DELETE, None))
-        error, message = await _alter_one(
-            broker,
-            resource.resource_type,
-            resource.resource_name,
-            changes,
-            request.body.validate_only,
-        )
-        responses.append(
-            {
-                "error_code": error,
-                "error_message": message,
-                "resource_type": resource.resource_type,
-                "resource_name": resource.resource_name,
-            }
-        )
-    return {"throttle_time": 0, "responses": responses}
+
+    def changes(resource: Any) -> list[tuple[str, int, str | None]]:
+        named = [(config.name, _OP_SET, config.value) for config in resource.configs]
+        if not any(name == _RETENTION for name, _, _ in named):
+            named.append((_RETENTION, _OP_DELETE, None))
+        return named
+
+    return await _alter_resources(session.broker, request, changes)
 
 
 async def handle_incremental_alter_configs(session: Any, request: DecodedRequest) -> dict[str, Any]:
     """IncrementalAlterConfigs changes the keys named: SET, or DELETE (back to the default);
     APPEND and SUBTRACT apply to list-valued keys, which walstream's topics have none of."""
-    broker: KafkaBroker = session.broker
-    responses = []
-    for resource in request.body.resources:
-        changes = [
+
+    def changes(resource: Any) -> list[tuple[str, int, str | None]]:
+        return [
             (config.name, config.config_operation, config.value) for config in resource.configs
         ]
+
+    return await _alter_resources(session.broker, request, changes)
+
+
+async def _alter_resources(
+    broker: KafkaBroker,
+    request: DecodedRequest,
+    changes: Callable[[Any], list[tuple[str, int, str | None]]],
+) -> dict[str, Any]:
+    """Each resource of an AlterConfigs or IncrementalAlterConfigs request altered by
+    :func:`_alter_one` with the ``changes`` its request names."""
+    responses = []
+    for resource in request.body.resources:
         error, message = await _alter_one(
             broker,
             resource.resource_type,
             resource.resource_name,
-            changes,
+            changes(resource),
             request.body.validate_only,
         )
         responses.append(
