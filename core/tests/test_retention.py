@@ -19,6 +19,7 @@ from walstream.config.engine import StreamDefaults
 from walstream.errors import OutOfRangeError, StreamNotFound
 from walstream.metadata.sqlite import SqliteMetadataStore
 from walstream.objects.local import LocalObjectStore
+from walstream.server.cluster_status import lifecycle_metrics
 from walstream.wal.memory import MemoryWal
 
 CONFIG = EngineConfig(
@@ -126,6 +127,11 @@ async def test_expired_records_are_trimmed_and_their_objects_deleted(tmp_path: P
     assert [r.value for r in (await stream.read(5)).records] == [b"c1"]
     assert node.object_files() == files_before - 2
     assert client.lifecycle.records_expired == 5 and client.lifecycle.objects_collected == 2
+    # /metrics shows the same work (the server's exposition appends these families).
+    exposition = lifecycle_metrics(client).splitlines()
+    assert "walstream_retention_expired_records_total 5" in exposition
+    assert "walstream_retention_objects_deleted_total 2" in exposition
+    assert "walstream_retention_trims_total 2" in exposition
     await client.close()
 
     # After a restart the due time is still in the metadata store: c1 expires at t0 + 5 s.
